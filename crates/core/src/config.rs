@@ -1,0 +1,303 @@
+//! Tool declarations from configuration: the `[[tools]]` tables of a
+//! `toolfleet.toml`, with each schema inline or in a JSON file.
+//!
+//! This module parses text; reading a schema file is the caller's, through
+//! the `read_file` function it passes, so the core does no I/O. The executor
+//! is named here ([`ExecutorSpec`]) and bound by the caller, which knows the
+//! builtin functions and how to call out over HTTP or run a program.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::middleware::RateLimit;
+use crate::tool::{Executor, Hints, MiddlewareSpec, Shape, ToolDecl};
+
+/// A configuration that could not be read, with where and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    pub message: String,
+}
+
+impl ConfigError {
+    fn new(message: impl Into<String>) -> Self {
+        ConfigError {
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// How a tool's work is done.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ExecutorSpec {
+    /// A Rust function registered under `name`.
+    Builtin { name: String },
+    /// POST the arguments as JSON to `url`.
+    Http {
+        url: String,
+        #[serde(default)]
+        headers: BTreeMap<String, String>,
+        timeout_s: Option<f64>,
+    },
+    /// Run `program` with the arguments as JSON on standard input.
+    Exec {
+        program: String,
+        #[serde(default)]
+        args: Vec<String>,
+        timeout_s: Option<f64>,
+    },
+}
+
+/// Cache settings of a tool.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CacheConfig {
+    pub ttl_s: f64,
+}
+
+/// Rate limit settings of a tool: `max` calls per `per_s` seconds per tenant.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimitConfig {
+    pub max: u32,
+    pub per_s: f64,
+}
+
+/// The middleware table of a tool.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MiddlewareConfig {
+    #[serde(default)]
+    pub audit: bool,
+    #[serde(default)]
+    pub require_scope: Vec<String>,
+    pub rate_limit: Option<RateLimitConfig>,
+    pub cache_reads: Option<CacheConfig>,
+    pub timeout_s: Option<f64>,
+    #[serde(default)]
+    pub redact: Vec<String>,
+}
+
+/// One `[[tools]]` table.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolConfig {
+    pub name: String,
+    pub shape: Shape,
+    pub title: Option<String>,
+    #[serde(default)]
+    pub description: String,
+    pub input_schema: Option<Value>,
+    pub input_schema_file: Option<String>,
+    pub output_schema: Option<Value>,
+    pub output_schema_file: Option<String>,
+    #[serde(default)]
+    pub hints: Hints,
+    #[serde(default)]
+    pub middleware: MiddlewareConfig,
+    pub executor: Option<ExecutorSpec>,
+    pub handle_threshold: Option<usize>,
+    pub poll_after_s: Option<u32>,
+    pub pool: Option<String>,
+    pub max_attempts: Option<u32>,
+}
+
+#[derive(Deserialize)]
+struct ToolTables {
+    #[serde(default)]
+    tools: Vec<ToolConfig>,
+}
+
+fn seconds(what: &str, tool: &str, s: f64) -> Result<Duration, ConfigError> {
+    Duration::try_from_secs_f64(s)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| ConfigError::new(format!("tool `{tool}`: {what} must be a positive number of seconds, got {s}")))
+}
+
+impl ToolConfig {
+    /// Turns the table into a declaration, reading schema files through
+    /// `read_file` and taking the executor the caller bound.
+    pub fn into_decl(
+        self,
+        read_file: &dyn Fn(&str) -> Result<String, String>,
+        executor: Option<Arc<dyn Executor>>,
+    ) -> Result<ToolDecl, ConfigError> {
+        let name = self.name.clone();
+        let schema = |inline: Option<Value>, file: Option<String>, which: &str| -> Result<Option<Value>, ConfigError> {
+            match (inline, file) {
+                (Some(_), Some(_)) => Err(ConfigError::new(format!(
+                    "tool `{name}`: give {which} inline or {which}_file, not both"
+                ))),
+                (Some(v), None) => Ok(Some(v)),
+                (None, Some(path)) => {
+                    let text = read_file(&path).map_err(|e| {
+                        ConfigError::new(format!("tool `{name}`: cannot read {which}_file `{path}`: {e}"))
+                    })?;
+                    serde_json::from_str(&text).map(Some).map_err(|e| {
+                        ConfigError::new(format!("tool `{name}`: {which}_file `{path}` is not JSON: {e}"))
+                    })
+                }
+                (None, None) => Ok(None),
+            }
+        };
+        let input = schema(self.input_schema, self.input_schema_file, "input_schema")?
+            .unwrap_or_else(|| serde_json::json!({"type": "object"}));
+        let output = schema(self.output_schema, self.output_schema_file, "output_schema")?;
+        let m = self.middleware;
+        let middleware = MiddlewareSpec {
+            audit: m.audit,
+            scopes: m.require_scope,
+            rate_limit: m
+                .rate_limit
+                .map(|r| {
+                    Ok::<_, ConfigError>(RateLimit {
+                        max: r.max,
+                        per: seconds("rate_limit.per_s", &name, r.per_s)?,
+                    })
+                })
+                .transpose()?,
+            cache_ttl: m
+                .cache_reads
+                .map(|c| seconds("cache_reads.ttl_s", &name, c.ttl_s))
+                .transpose()?,
+            timeout: m
+                .timeout_s
+                .map(|t| seconds("timeout_s", &name, t))
+                .transpose()?,
+            redact: m.redact,
+            custom: Vec::new(),
+        };
+        Ok(ToolDecl {
+            name: self.name,
+            title: self.title,
+            description: self.description,
+            shape: self.shape,
+            input_schema: input,
+            output_schema: output,
+            hints: self.hints,
+            middleware,
+            executor,
+            handle_threshold: self.handle_threshold,
+            poll_after_s: self.poll_after_s,
+            pool: self.pool,
+            max_attempts: self.max_attempts,
+        })
+    }
+}
+
+/// The `[[tools]]` tables of a configuration file; other keys are ignored here.
+pub fn parse_tools(text: &str) -> Result<Vec<ToolConfig>, ConfigError> {
+    toml::from_str::<ToolTables>(text)
+        .map(|t| t.tools)
+        .map_err(|e| ConfigError::new(format!("tool configuration: {e}")))
+}
+
+/// Parses the tools of `text` and binds builtin executors from `builtins`;
+/// a tool naming another kind of executor is refused (the fleet binds those).
+pub fn load_builtin_tools(
+    text: &str,
+    read_file: &dyn Fn(&str) -> Result<String, String>,
+    builtins: &BTreeMap<String, Arc<dyn Executor>>,
+) -> Result<Vec<ToolDecl>, ConfigError> {
+    parse_tools(text)?
+        .into_iter()
+        .map(|tool| {
+            let executor = match &tool.executor {
+                None => None,
+                Some(ExecutorSpec::Builtin { name }) => Some(builtins.get(name).cloned().ok_or_else(|| {
+                    ConfigError::new(format!(
+                        "tool `{}`: no builtin executor named `{name}`; known: {}",
+                        tool.name,
+                        builtins.keys().cloned().collect::<Vec<_>>().join(", ")
+                    ))
+                })?),
+                Some(other) => {
+                    return Err(ConfigError::new(format!(
+                        "tool `{}`: executor {other:?} needs the fleet to bind it",
+                        tool.name
+                    )));
+                }
+            };
+            tool.into_decl(read_file, executor)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TEXT: &str = r#"
+listen = "127.0.0.1:8080"
+
+[[tools]]
+name = "find_things"
+shape = "query"
+description = "Find things."
+input_schema = { type = "object", properties = { q = { type = "string" } }, required = ["q"] }
+hints = { idempotent = true }
+middleware = { audit = true, require_scope = ["things:read"], cache_reads = { ttl_s = 60 }, rate_limit = { max = 5, per_s = 1 }, timeout_s = 2.5, redact = ["secret"] }
+executor = { kind = "builtin", name = "things.find" }
+
+[[tools]]
+name = "fetch_report"
+shape = "job"
+input_schema_file = "schemas/report.json"
+executor = { kind = "http", url = "http://127.0.0.1:9000/report" }
+poll_after_s = 20
+"#;
+
+    #[test]
+    fn tables_become_declarations() {
+        let tools = parse_tools(TEXT).unwrap();
+        assert_eq!(tools.len(), 2);
+        let read = |path: &str| {
+            assert_eq!(path, "schemas/report.json");
+            Ok::<_, String>(r#"{"type": "object", "properties": {"id": {"type": "integer"}}}"#.to_owned())
+        };
+        let find = tools[0].clone().into_decl(&read, None).unwrap();
+        assert_eq!(find.shape, Shape::Query);
+        assert_eq!(find.middleware.scopes, vec!["things:read".to_owned()]);
+        assert_eq!(find.middleware.cache_ttl, Some(Duration::from_secs(60)));
+        assert_eq!(find.middleware.timeout, Some(Duration::from_millis(2500)));
+        assert_eq!(find.middleware.rate_limit.unwrap().max, 5);
+        assert_eq!(find.input_schema["required"][0], "q");
+        let report = tools[1].clone().into_decl(&read, None).unwrap();
+        assert_eq!(report.input_schema["properties"]["id"]["type"], "integer");
+        assert_eq!(report.poll_after_s, Some(20));
+        assert!(matches!(tools[1].executor, Some(ExecutorSpec::Http { .. })));
+    }
+
+    #[test]
+    fn mistakes_are_named() {
+        let typo = "[[tools]]\nname = \"x\"\nshape = \"query\"\nmiddlewre = {}\n";
+        assert!(parse_tools(typo).unwrap_err().message.contains("middlewre"));
+        let shape = "[[tools]]\nname = \"x\"\nshape = \"querry\"\n";
+        assert!(parse_tools(shape).unwrap_err().message.contains("querry"));
+        let both = "[[tools]]\nname = \"x\"\nshape = \"query\"\ninput_schema = {type = \"object\"}\ninput_schema_file = \"a.json\"\n";
+        let tool = parse_tools(both).unwrap().remove(0);
+        let err = tool.into_decl(&|_| Ok(String::new()), None).unwrap_err();
+        assert!(err.message.contains("not both"), "{}", err.message);
+        let missing = "[[tools]]\nname = \"x\"\nshape = \"query\"\ninput_schema_file = \"nope.json\"\n";
+        let tool = parse_tools(missing).unwrap().remove(0);
+        let err = tool.into_decl(&|_| Err("no such file".into()), None).unwrap_err();
+        assert!(err.message.contains("nope.json") && err.message.contains("no such file"));
+        let zero = "[[tools]]\nname = \"x\"\nshape = \"query\"\nmiddleware = { timeout_s = 0 }\n";
+        let tool = parse_tools(zero).unwrap().remove(0);
+        assert!(tool.into_decl(&|_| Ok(String::new()), None).is_err());
+    }
+}

@@ -1,0 +1,65 @@
+//! toolfleet's neutral tool layer.
+//!
+//! A tool is declared once ([`ToolDecl`]: name, description, JSON Schema, one
+//! of six [`Shape`]s, hints and middleware), registered in a [`Runtime`]
+//! that checks it against its shape, and called through one entry point,
+//! [`Runtime::invoke`], which validates, runs the declared middleware in a
+//! fixed order and then the shape's contract, and answers an [`Envelope`].
+//! [`adapters`] serve the same registry to every model provider and to MCP.
+//!
+//! This crate owns the contract of a call and must never do I/O of its own:
+//! stores, brokers and networks sit behind the traits it defines
+//! ([`AuditSink`], [`Fleet`], [`CommitLog`], [`HandleStore`]).
+//!
+//! ```
+//! use std::sync::Arc;
+//! use serde_json::json;
+//! use toolfleet_core::{CallCtx, Principal, Runtime, ToolDecl, ToolError};
+//!
+//! # tokio_test();
+//! # fn tokio_test() {
+//! # let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+//! # rt.block_on(async {
+//! let mut runtime = Runtime::builder().build();
+//! runtime
+//!     .register(
+//!         ToolDecl::query("greet")
+//!             .description("Greet someone by name.")
+//!             .input_schema(json!({
+//!                 "type": "object",
+//!                 "properties": {"name": {"type": "string", "maxLength": 40}},
+//!                 "required": ["name"]
+//!             }))
+//!             .audit()
+//!             .run(|_ctx, args: serde_json::Value| async move {
+//!                 Ok::<_, ToolError>(json!({"greeting": format!("hello {}", args["name"].as_str().unwrap_or(""))}))
+//!             }),
+//!     )
+//!     .unwrap();
+//! let ctx = CallCtx::new(Arc::new(Principal::new("acme", "alice", ["greet"])));
+//! let answer = runtime.invoke("greet", json!({"name": "Ada"}), &ctx).await;
+//! assert_eq!(answer.result().unwrap().to_value()["greeting"], "hello Ada");
+//! # });
+//! # }
+//! ```
+
+pub mod adapters;
+pub mod config;
+pub mod envelope;
+pub mod middleware;
+pub mod registry;
+mod runtime;
+pub mod shapes;
+pub mod tool;
+
+pub use envelope::{Envelope, ErrorCode, JobState, Json, ToolError};
+pub use middleware::{AuditRecord, AuditSink, MemoryAuditSink, RateLimit};
+pub use registry::{RegistrationError, Registry, Tool};
+pub use runtime::{Runtime, RuntimeBuilder, RuntimeConfig};
+pub use shapes::command::{CommitLog, MemoryCommitLog};
+pub use shapes::fleet::{Fleet, JobRequest, MemoryFleet, TicketRequest};
+pub use shapes::handle::{HandleStore, MemoryHandleStore};
+pub use tool::{
+    CallCtx, Executor, Hints, MiddlewareSpec, Principal, ResolvedHints, Shape, ToolDecl,
+    executor_fn, executor_value, new_id,
+};

@@ -1,0 +1,158 @@
+//! `rate_limit`: a token bucket per tenant and tool. A caller over the limit
+//! gets `rate_limited` with `retry_after_s`, never a queue that grows.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures_util::future::BoxFuture;
+use serde::{Deserialize, Serialize};
+
+use super::{Call, Layer, Next, Stage};
+use crate::envelope::{Envelope, ErrorCode, ToolError};
+
+/// At most `max` calls per `per`, per tenant and tool; bursts up to `max`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct RateLimit {
+    pub max: u32,
+    #[serde(with = "secs")]
+    pub per: Duration,
+}
+
+mod secs {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::time::Duration;
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_f64(d.as_secs_f64())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let secs = f64::deserialize(d)?;
+        Duration::try_from_secs_f64(secs).map_err(serde::de::Error::custom)
+    }
+}
+
+struct Bucket {
+    tokens: f64,
+    updated: Instant,
+}
+
+/// The buckets of every tenant and tool, bounded in number.
+pub struct RateLimits {
+    capacity: usize,
+    buckets: Mutex<HashMap<(String, String), Bucket>>,
+}
+
+impl RateLimits {
+    pub fn new(capacity: usize) -> Self {
+        RateLimits {
+            capacity: capacity.max(1),
+            buckets: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Takes a token, or answers how long until one is free.
+    fn take(&self, tool: &str, tenant: &str, limit: RateLimit, now: Instant) -> Result<(), Duration> {
+        let rate = f64::from(limit.max.max(1)) / limit.per.as_secs_f64().max(1e-9);
+        let burst = f64::from(limit.max.max(1));
+        let mut buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
+        let key = (tool.to_owned(), tenant.to_owned());
+        if !buckets.contains_key(&key) && buckets.len() >= self.capacity {
+            // A full bucket carries no state worth keeping.
+            buckets.retain(|_, b| {
+                b.tokens + now.duration_since(b.updated).as_secs_f64() * rate < burst
+            });
+        }
+        let bucket = buckets.entry(key).or_insert(Bucket {
+            tokens: burst,
+            updated: now,
+        });
+        let elapsed = now.saturating_duration_since(bucket.updated).as_secs_f64();
+        bucket.tokens = (bucket.tokens + elapsed * rate).min(burst);
+        bucket.updated = now;
+        if bucket.tokens >= 1.0 {
+            bucket.tokens -= 1.0;
+            Ok(())
+        } else {
+            Err(Duration::from_secs_f64((1.0 - bucket.tokens) / rate))
+        }
+    }
+}
+
+impl Default for RateLimits {
+    fn default() -> Self {
+        RateLimits::new(100_000)
+    }
+}
+
+/// The rate limit layer of one tool.
+pub struct RateLimiter {
+    limit: RateLimit,
+    buckets: Arc<RateLimits>,
+}
+
+impl RateLimiter {
+    pub fn new(limit: RateLimit, buckets: Arc<RateLimits>) -> Self {
+        RateLimiter { limit, buckets }
+    }
+}
+
+impl Layer for RateLimiter {
+    fn stage(&self) -> Stage {
+        Stage::RateLimit
+    }
+
+    fn call<'a>(&'a self, call: Call<'a>, next: Next<'a>) -> BoxFuture<'a, Envelope> {
+        let name = call.tool.name();
+        match self
+            .buckets
+            .take(name, call.ctx.tenant(), self.limit, Instant::now())
+        {
+            Ok(()) => next.run(call),
+            Err(wait) => {
+                let retry_after_s = wait.as_secs_f64().ceil().max(1.0) as u64;
+                let message = format!(
+                    "`{name}` allows {} calls per {} s per tenant; wait {retry_after_s} s before calling it again",
+                    self.limit.max,
+                    self.limit.per.as_secs_f64()
+                );
+                Box::pin(async move {
+                    Envelope::error(
+                        ToolError::new(ErrorCode::RateLimited, message).with_retry_after(retry_after_s),
+                    )
+                })
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_refill_at_the_declared_rate() {
+        let limits = RateLimits::new(10);
+        let limit = RateLimit { max: 2, per: Duration::from_secs(10) };
+        let t0 = Instant::now();
+        assert!(limits.take("t", "a", limit, t0).is_ok());
+        assert!(limits.take("t", "a", limit, t0).is_ok());
+        let wait = limits.take("t", "a", limit, t0).unwrap_err();
+        assert!(wait > Duration::from_secs(4) && wait <= Duration::from_secs(5));
+        // Another tenant has its own bucket.
+        assert!(limits.take("t", "b", limit, t0).is_ok());
+        assert!(limits.take("t", "a", limit, t0 + Duration::from_secs(5)).is_ok());
+    }
+
+    #[test]
+    fn the_bucket_table_stays_bounded() {
+        let limits = RateLimits::new(3);
+        let limit = RateLimit { max: 5, per: Duration::from_secs(1) };
+        let t0 = Instant::now();
+        for tenant in 0..50 {
+            let _ = limits.take("t", &tenant.to_string(), limit, t0 + Duration::from_secs(tenant));
+        }
+        assert!(limits.buckets.lock().unwrap().len() <= 3);
+    }
+}

@@ -1,0 +1,427 @@
+//! The runtime: one entry point, [`Runtime::invoke`], for every call.
+//!
+//! A call is looked up, its arguments validated, its tool's middleware run,
+//! and then its shape's contract: query and handle run inline, commands run
+//! the two-step protocol, jobs and agents are handed to the fleet, human
+//! tools open a ticket. Whatever happens, `invoke` answers an [`Envelope`]:
+//! no panic and no `Err` escapes it.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use futures_util::future::BoxFuture;
+use serde_json::{Value, json};
+
+use crate::envelope::{Envelope, ErrorCode, Json, ToolError};
+use crate::middleware::{
+    AuditSink, Call, Endpoint, LayerServices, MemoryAuditSink, Next, RateLimits, ReadCache,
+};
+use crate::registry::{RegistrationError, Registry, Tool};
+use crate::shapes::command::{Binding, Claim, CommitLog, ConfirmSigner, MemoryCommitLog, commit_key, unix_now};
+use crate::shapes::fleet::{Fleet, JobRequest, NoFleet, TicketRequest};
+use crate::shapes::handle::{HandleAnswer, HandleStore, MemoryHandleStore, read_handle_tool};
+use crate::tool::{CallCtx, Shape, ToolDecl};
+
+/// Settings of the runtime; every one has a default that suits a single machine.
+#[derive(Debug, Clone)]
+pub struct RuntimeConfig {
+    /// Bounds every inline call whose tool declares no timeout.
+    pub default_timeout: Duration,
+    /// Handle tools: results above this many bytes become a handle.
+    pub handle_threshold: usize,
+    /// How long a confirm token stays valid.
+    pub confirm_ttl: Duration,
+    /// The poll hint of `running` answers when a tool declares none.
+    pub default_poll_after_s: u32,
+    /// The pool of job tools that name none.
+    pub default_pool: String,
+    /// The pool of agent tools that name none.
+    pub default_agent_pool: String,
+    /// Attempts of a job whose tool declares none.
+    pub default_max_attempts: u32,
+    /// Entries in the read cache.
+    pub cache_capacity: usize,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        RuntimeConfig {
+            default_timeout: Duration::from_secs(30),
+            handle_threshold: 8 * 1024,
+            confirm_ttl: Duration::from_secs(15 * 60),
+            default_poll_after_s: 5,
+            default_pool: "default".to_owned(),
+            default_agent_pool: "agents".to_owned(),
+            default_max_attempts: 3,
+            cache_capacity: 10_000,
+        }
+    }
+}
+
+/// Builds a [`Runtime`]; anything not set is kept in memory.
+pub struct RuntimeBuilder {
+    config: RuntimeConfig,
+    secret: Option<[u8; 32]>,
+    audit_sink: Option<Arc<dyn AuditSink>>,
+    fleet: Option<Arc<dyn Fleet>>,
+    commit_log: Option<Arc<dyn CommitLog>>,
+    handles: Option<Arc<dyn HandleStore>>,
+}
+
+impl RuntimeBuilder {
+    pub fn config(mut self, config: RuntimeConfig) -> Self {
+        self.config = config;
+        self
+    }
+    /// The key that signs confirm tokens; random when not set (tokens then
+    /// do not survive a restart).
+    pub fn secret(mut self, secret: [u8; 32]) -> Self {
+        self.secret = Some(secret);
+        self
+    }
+    pub fn audit_sink(mut self, sink: Arc<dyn AuditSink>) -> Self {
+        self.audit_sink = Some(sink);
+        self
+    }
+    pub fn fleet(mut self, fleet: Arc<dyn Fleet>) -> Self {
+        self.fleet = Some(fleet);
+        self
+    }
+    pub fn commit_log(mut self, log: Arc<dyn CommitLog>) -> Self {
+        self.commit_log = Some(log);
+        self
+    }
+    pub fn handles(mut self, store: Arc<dyn HandleStore>) -> Self {
+        self.handles = Some(store);
+        self
+    }
+
+    pub fn build(self) -> Runtime {
+        let secret = self.secret.unwrap_or_else(random_secret);
+        let handles = self
+            .handles
+            .unwrap_or_else(|| Arc::new(MemoryHandleStore::default()));
+        let services = LayerServices {
+            audit_sink: self
+                .audit_sink
+                .unwrap_or_else(|| Arc::new(MemoryAuditSink::default())),
+            cache: Arc::new(ReadCache::new(self.config.cache_capacity)),
+            rate_limits: Arc::new(RateLimits::default()),
+        };
+        let mut runtime = Runtime {
+            signer: ConfirmSigner::new(secret, self.config.confirm_ttl),
+            config: self.config,
+            registry: Registry::default(),
+            services,
+            fleet: self.fleet.unwrap_or_else(|| Arc::new(NoFleet)),
+            commit_log: self
+                .commit_log
+                .unwrap_or_else(|| Arc::new(MemoryCommitLog::default())),
+            handles: handles.clone(),
+        };
+        runtime
+            .register(read_handle_tool(handles))
+            .expect("the built-in read_handle declaration is valid");
+        runtime
+    }
+}
+
+fn random_secret() -> [u8; 32] {
+    let mut key = [0u8; 32];
+    key[..16].copy_from_slice(uuid::Uuid::new_v4().as_bytes());
+    key[16..].copy_from_slice(uuid::Uuid::new_v4().as_bytes());
+    key
+}
+
+/// The tool runtime.
+pub struct Runtime {
+    config: RuntimeConfig,
+    registry: Registry,
+    services: LayerServices,
+    signer: ConfirmSigner,
+    fleet: Arc<dyn Fleet>,
+    commit_log: Arc<dyn CommitLog>,
+    handles: Arc<dyn HandleStore>,
+}
+
+impl Runtime {
+    pub fn builder() -> RuntimeBuilder {
+        RuntimeBuilder {
+            config: RuntimeConfig::default(),
+            secret: None,
+            audit_sink: None,
+            fleet: None,
+            commit_log: None,
+            handles: None,
+        }
+    }
+
+    /// Checks and registers a tool.
+    pub fn register(&mut self, decl: ToolDecl) -> Result<Arc<Tool>, RegistrationError> {
+        self.registry
+            .register(decl, &self.services, self.config.default_timeout)
+    }
+
+    /// Registers every declaration, stopping at the first refused.
+    pub fn register_all(
+        &mut self,
+        decls: impl IntoIterator<Item = ToolDecl>,
+    ) -> Result<(), RegistrationError> {
+        for decl in decls {
+            self.register(decl)?;
+        }
+        Ok(())
+    }
+
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    pub fn config(&self) -> &RuntimeConfig {
+        &self.config
+    }
+
+    pub fn audit_sink(&self) -> &Arc<dyn AuditSink> {
+        &self.services.audit_sink
+    }
+
+    /// Calls tool `name` with `args` for `ctx`. Always answers an envelope.
+    pub async fn invoke(&self, name: &str, args: Value, ctx: &CallCtx) -> Envelope {
+        let Some(tool) = self.registry.get(name) else {
+            return Envelope::error(self.registry.unknown(name));
+        };
+        if let Err(error) = tool.validate(&args) {
+            return Envelope::error(error);
+        }
+        let call = Call { tool, ctx, args };
+        let run = Next::new(tool.stack(), self).run(call);
+        match AssertUnwindSafe(run).catch_unwind().await {
+            Ok(envelope) => envelope,
+            Err(panic) => Envelope::error(panicked(tool.name(), panic)),
+        }
+    }
+
+    /// Runs a tool's executor directly, under the tool's timeout, catching
+    /// panics: what a worker does with a job. Middleware ran when the job was
+    /// accepted.
+    pub async fn execute(&self, tool: &Tool, args: Value, ctx: CallCtx) -> Result<Json, ToolError> {
+        let Some(executor) = tool.executor() else {
+            return Err(ToolError::failed(
+                format!("`{}` has no executor", tool.name()),
+                false,
+            ));
+        };
+        let run = AssertUnwindSafe(executor.execute(ctx, args)).catch_unwind();
+        match run.await {
+            Ok(result) => result,
+            Err(panic) => Err(panicked(tool.name(), panic)),
+        }
+    }
+
+    async fn run_inline(&self, call: Call<'_>) -> Envelope {
+        match self.execute(call.tool, call.args, call.ctx.clone()).await {
+            Ok(result) => Envelope::ok(result, call.ctx.call_id.clone()),
+            Err(error) => Envelope::error(error),
+        }
+    }
+
+    async fn run_handle(&self, call: Call<'_>) -> Envelope {
+        let threshold = call
+            .tool
+            .declaration()
+            .handle_threshold
+            .unwrap_or(self.config.handle_threshold);
+        let ctx = call.ctx;
+        let result = match self.execute(call.tool, call.args, ctx.clone()).await {
+            Ok(result) => result,
+            Err(error) => return Envelope::error(error),
+        };
+        if result.len() <= threshold {
+            return Envelope::ok(result, ctx.call_id.clone());
+        }
+        match self.handles.put(ctx.tenant(), ctx.user(), result.clone()).await {
+            Ok(handle) => Envelope::ok(
+                Json::encode(&HandleAnswer::new(handle, &result)).unwrap_or(result),
+                ctx.call_id.clone(),
+            ),
+            Err(error) => Envelope::error(error),
+        }
+    }
+
+    async fn run_command(&self, call: Call<'_>) -> Envelope {
+        let (tool, ctx) = (call.tool, call.ctx);
+        let binding = Binding {
+            tenant: ctx.tenant(),
+            user: ctx.user(),
+            tool: tool.name(),
+            args: &call.args,
+        };
+        let now = unix_now();
+        if call.args.get("dry_run") == Some(&Value::Bool(true)) {
+            let (token, expires_at) = self.signer.issue(&binding, now);
+            let plan = match self.execute(tool, call.args, ctx.clone()).await {
+                Ok(plan) => plan,
+                Err(error) => return Envelope::error(error),
+            };
+            let answer = json!({
+                "plan": plan,
+                "confirm_token": token,
+                "expires_at": expires_at,
+                "next": format!("to commit, call `{}` again with the same arguments, dry_run=false and this confirm_token", tool.name()),
+            });
+            return Envelope::ok(Json::from(answer), ctx.call_id.clone());
+        }
+        let Some(token) = call.args.get("confirm_token").and_then(Value::as_str) else {
+            return Envelope::error(ToolError::new(
+                ErrorCode::ConfirmRequired,
+                format!(
+                    "`{}` commits in two calls: call it with dry_run=true first, show the plan, then call it with dry_run=false and the confirm_token it returned",
+                    tool.name()
+                ),
+            ));
+        };
+        let expires_at = match self.signer.verify(token, &binding, now) {
+            Ok(exp) => exp,
+            Err(error) => return Envelope::error(error),
+        };
+        let key = commit_key(ctx.tenant(), token);
+        let lease = tool
+            .middleware()
+            .timeout
+            .unwrap_or(self.config.default_timeout);
+        match self.commit_log.claim(&key, lease).await {
+            Err(error) => return Envelope::error(error),
+            Ok(Claim::Settled(envelope)) => return with_call_id(envelope, &ctx.call_id),
+            Ok(Claim::Busy) => {
+                return Envelope::error(
+                    ToolError::new(
+                        ErrorCode::Conflict,
+                        "a commit with this confirm_token is still running; wait a moment and call again with the same token",
+                    )
+                    .retryable(true),
+                );
+            }
+            Ok(Claim::Run) => {}
+        }
+        let exec_ctx = ctx.clone().with_idempotency_key(token);
+        let token = token.to_owned();
+        let envelope = match self.execute(tool, call.args, exec_ctx).await {
+            Ok(result) => Envelope::ok(result, ctx.call_id.clone()),
+            Err(error) => Envelope::error(error),
+        };
+        let settled = match &envelope {
+            Envelope::Error { error, .. } if error.retryable => None,
+            other => Some(other),
+        };
+        // Keep the outcome as long as the token could be presented again.
+        if let Err(error) = self.commit_log.settle(&key, settled, expires_at + 60).await {
+            return Envelope::error(ToolError::new(
+                ErrorCode::Unavailable,
+                format!(
+                    "the commit ran but its outcome could not be recorded ({}); call again with the same confirm_token {token} to read it",
+                    error.message
+                ),
+            ));
+        }
+        envelope
+    }
+
+    async fn run_enqueued(&self, call: Call<'_>) -> Envelope {
+        let (tool, ctx) = (call.tool, call.ctx);
+        let decl = tool.declaration();
+        let pool = decl.pool.clone().unwrap_or_else(|| {
+            if tool.shape() == Shape::Agent {
+                self.config.default_agent_pool.clone()
+            } else {
+                self.config.default_pool.clone()
+            }
+        });
+        let request = JobRequest {
+            tool: tool.name().to_owned(),
+            shape: tool.shape(),
+            pool,
+            args: call.args,
+            ctx: ctx.clone(),
+            max_attempts: decl
+                .max_attempts
+                .unwrap_or(self.config.default_max_attempts)
+                .max(1),
+        };
+        match self.fleet.submit(request).await {
+            Ok(job_id) => Envelope::running(
+                job_id,
+                decl.poll_after_s.unwrap_or(self.config.default_poll_after_s),
+            ),
+            Err(error) => Envelope::error(error),
+        }
+    }
+
+    async fn run_human(&self, call: Call<'_>) -> Envelope {
+        let (tool, ctx) = (call.tool, call.ctx);
+        let question = call
+            .args
+            .get("question")
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+            .unwrap_or_else(|| tool.description().to_owned());
+        let options: Vec<String> = call
+            .args
+            .get("options")
+            .and_then(Value::as_array)
+            .map(|o| o.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect())
+            .unwrap_or_default();
+        let request = TicketRequest {
+            tool: tool.name().to_owned(),
+            question: question.clone(),
+            options: options.clone(),
+            args: call.args,
+            ctx: ctx.clone(),
+        };
+        match self.fleet.open_ticket(request).await {
+            Ok(ticket) => Envelope::Suspended {
+                ticket,
+                question,
+                options,
+            },
+            Err(error) => Envelope::error(error),
+        }
+    }
+}
+
+impl Endpoint for Runtime {
+    fn run<'a>(&'a self, call: Call<'a>) -> BoxFuture<'a, Envelope> {
+        Box::pin(async move {
+            match call.tool.shape() {
+                Shape::Query => self.run_inline(call).await,
+                Shape::Handle => self.run_handle(call).await,
+                Shape::Command => self.run_command(call).await,
+                Shape::Job | Shape::Agent => self.run_enqueued(call).await,
+                Shape::Human => self.run_human(call).await,
+            }
+        })
+    }
+}
+
+fn with_call_id(envelope: Envelope, call_id: &str) -> Envelope {
+    match envelope {
+        Envelope::Ok { result, .. } => Envelope::ok(result, call_id),
+        other => other,
+    }
+}
+
+fn panicked(tool: &str, panic: Box<dyn std::any::Any + Send>) -> ToolError {
+    let detail = panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "no message".to_owned());
+    ToolError::failed(
+        format!(
+            "`{tool}` failed inside its executor ({}); this is a fault of the tool, not of the arguments",
+            crate::registry::truncate(&detail, 200)
+        ),
+        false,
+    )
+}

@@ -1,0 +1,157 @@
+//! The hand-off of enqueued shapes. Job and agent calls become jobs, human
+//! calls become tickets, through [`Fleet`]: the runtime answers `running` or
+//! `suspended` at once. The fleet crates implement it on a store and a
+//! broker; [`MemoryFleet`] keeps jobs and tickets in memory.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use futures_util::future::BoxFuture;
+use serde_json::Value;
+
+use crate::envelope::{ErrorCode, JobState, ToolError};
+use crate::middleware::canonical_json;
+use crate::tool::{CallCtx, Shape, new_id};
+
+/// A job to enqueue.
+#[derive(Debug, Clone)]
+pub struct JobRequest {
+    pub tool: String,
+    pub shape: Shape,
+    /// The worker pool that runs it.
+    pub pool: String,
+    pub args: Value,
+    /// Principal, run id, call id, the caller's idempotency key and callback.
+    pub ctx: CallCtx,
+    pub max_attempts: u32,
+}
+
+/// A question for a person.
+#[derive(Debug, Clone)]
+pub struct TicketRequest {
+    pub tool: String,
+    pub question: String,
+    pub options: Vec<String>,
+    pub args: Value,
+    pub ctx: CallCtx,
+}
+
+/// Accepts jobs and tickets.
+pub trait Fleet: Send + Sync + 'static {
+    /// Records and enqueues a job; answers its id. The same tenant, tool and
+    /// idempotency key answer the same job; the same key with other arguments
+    /// answers `conflict`.
+    fn submit<'a>(&'a self, job: JobRequest) -> BoxFuture<'a, Result<String, ToolError>>;
+    /// Records a ticket; answers its id.
+    fn open_ticket<'a>(&'a self, ticket: TicketRequest) -> BoxFuture<'a, Result<String, ToolError>>;
+}
+
+/// A runtime with no fleet: enqueued shapes answer `unavailable`.
+pub struct NoFleet;
+
+impl Fleet for NoFleet {
+    fn submit<'a>(&'a self, job: JobRequest) -> BoxFuture<'a, Result<String, ToolError>> {
+        Box::pin(async move {
+            Err(ToolError::new(
+                ErrorCode::Unavailable,
+                format!("`{}` runs on the fleet, and this runtime has none configured", job.tool),
+            )
+            .retryable(false))
+        })
+    }
+
+    fn open_ticket<'a>(&'a self, ticket: TicketRequest) -> BoxFuture<'a, Result<String, ToolError>> {
+        Box::pin(async move {
+            Err(ToolError::new(
+                ErrorCode::Unavailable,
+                format!("`{}` needs an inbox for tickets, and this runtime has none configured", ticket.tool),
+            )
+            .retryable(false))
+        })
+    }
+}
+
+/// A job as [`MemoryFleet`] keeps it.
+#[derive(Debug, Clone)]
+pub struct MemoryJob {
+    pub id: String,
+    pub request: JobRequest,
+    pub state: JobState,
+}
+
+#[derive(Default)]
+struct Tables {
+    jobs: HashMap<String, MemoryJob>,
+    /// (tenant, tool, idempotency key) -> job id
+    keys: HashMap<(String, String, String), String>,
+    tickets: Vec<(String, TicketRequest)>,
+}
+
+/// Jobs and tickets in memory, with the idempotency rules of the contract.
+#[derive(Default)]
+pub struct MemoryFleet {
+    tables: Mutex<Tables>,
+}
+
+impl MemoryFleet {
+    pub fn job(&self, id: &str) -> Option<MemoryJob> {
+        self.lock().jobs.get(id).cloned()
+    }
+
+    pub fn jobs(&self) -> Vec<MemoryJob> {
+        self.lock().jobs.values().cloned().collect()
+    }
+
+    pub fn tickets(&self) -> Vec<(String, TicketRequest)> {
+        self.lock().tickets.clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Tables> {
+        self.tables.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Fleet for MemoryFleet {
+    fn submit<'a>(&'a self, job: JobRequest) -> BoxFuture<'a, Result<String, ToolError>> {
+        Box::pin(async move {
+            let mut tables = self.lock();
+            let key = job.ctx.idempotency_key.clone().map(|k| {
+                (job.ctx.principal.tenant.clone(), job.tool.clone(), k)
+            });
+            if let Some(existing) = key.as_ref().and_then(|k| tables.keys.get(k)) {
+                let existing = &tables.jobs[existing];
+                if canonical_json(&existing.request.args) != canonical_json(&job.args) {
+                    return Err(ToolError::new(
+                        ErrorCode::Conflict,
+                        format!(
+                            "idempotency_key was already used for a `{}` job with other arguments; use a new key for new work",
+                            job.tool
+                        ),
+                    ));
+                }
+                return Ok(existing.id.clone());
+            }
+            let id = new_id();
+            if let Some(key) = key {
+                tables.keys.insert(key, id.clone());
+            }
+            tables.jobs.insert(
+                id.clone(),
+                MemoryJob {
+                    id: id.clone(),
+                    request: job,
+                    state: JobState::Queued,
+                },
+            );
+            Ok(id)
+        })
+    }
+
+    fn open_ticket<'a>(&'a self, ticket: TicketRequest) -> BoxFuture<'a, Result<String, ToolError>> {
+        Box::pin(async move {
+            let id = format!("t_{}", uuid::Uuid::now_v7().simple());
+            self.lock().tickets.push((id.clone(), ticket));
+            Ok(id)
+        })
+    }
+}

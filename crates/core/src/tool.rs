@@ -1,0 +1,451 @@
+//! A tool declaration: what a tool is, written once, in Rust or in configuration.
+//!
+//! A declaration is data plus an executor. It is checked when it is registered
+//! (see [`crate::Registry`]); nothing here runs a tool or touches the outside.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::envelope::{Json, ToolError};
+use crate::middleware::{Layer, RateLimit};
+
+/// The six shapes of DESIGN.md. The shape fixes a tool's contract.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Shape {
+    Query,
+    Handle,
+    Command,
+    Job,
+    Agent,
+    Human,
+}
+
+impl Shape {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Shape::Query => "query",
+            Shape::Handle => "handle",
+            Shape::Command => "command",
+            Shape::Job => "job",
+            Shape::Agent => "agent",
+            Shape::Human => "human",
+        }
+    }
+
+    /// Shapes whose work goes to the fleet rather than running inline.
+    pub fn is_enqueued(self) -> bool {
+        matches!(self, Shape::Job | Shape::Agent)
+    }
+
+    /// The hints a shape implies when a declaration leaves them out.
+    fn default_hints(self) -> ResolvedHints {
+        let reads = matches!(self, Shape::Query | Shape::Handle);
+        ResolvedHints {
+            read_only: reads,
+            destructive: !reads && self != Shape::Human,
+            idempotent: reads,
+            open_world: self == Shape::Human,
+        }
+    }
+}
+
+impl fmt::Display for Shape {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Hints as declared; `None` takes the shape's default.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Hints {
+    pub read_only: Option<bool>,
+    pub destructive: Option<bool>,
+    pub idempotent: Option<bool>,
+    pub open_world: Option<bool>,
+}
+
+/// Hints after the shape's defaults are applied: what clients are told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ResolvedHints {
+    pub read_only: bool,
+    pub destructive: bool,
+    pub idempotent: bool,
+    pub open_world: bool,
+}
+
+impl Hints {
+    pub(crate) fn resolve(self, shape: Shape) -> ResolvedHints {
+        let d = shape.default_hints();
+        let read_only = self.read_only.unwrap_or(d.read_only);
+        ResolvedHints {
+            read_only,
+            // A tool that only reads destroys nothing.
+            destructive: self.destructive.unwrap_or(d.destructive && !read_only),
+            idempotent: self.idempotent.unwrap_or(d.idempotent || read_only),
+            open_world: self.open_world.unwrap_or(d.open_world),
+        }
+    }
+}
+
+/// Who is calling: the identity every policy and every key is built from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal {
+    pub tenant: String,
+    pub user: String,
+    pub scopes: BTreeSet<String>,
+}
+
+impl Principal {
+    pub fn new<S: Into<String>>(
+        tenant: impl Into<String>,
+        user: impl Into<String>,
+        scopes: impl IntoIterator<Item = S>,
+    ) -> Self {
+        Principal {
+            tenant: tenant.into(),
+            user: user.into(),
+            scopes: scopes.into_iter().map(Into::into).collect(),
+        }
+    }
+
+    pub fn has_scope(&self, scope: &str) -> bool {
+        self.scopes.contains(scope)
+    }
+}
+
+/// The context of one call: principal, run and call ids, and the keys a
+/// caller may attach.
+#[derive(Debug, Clone)]
+pub struct CallCtx {
+    pub principal: Arc<Principal>,
+    /// The agent run this call belongs to; its events and audit share it.
+    pub run_id: String,
+    /// This call; the `ok` envelope carries it.
+    pub call_id: String,
+    /// The caller's idempotency key (jobs) or, for the executor of a command,
+    /// the confirm token. Downstream systems deduplicate on it.
+    pub idempotency_key: Option<String>,
+    /// Where to announce the settled job (checked against the allow-list by the server).
+    pub callback_url: Option<String>,
+}
+
+impl CallCtx {
+    /// A fresh call for `principal`, its run id the same as its call id.
+    pub fn new(principal: Arc<Principal>) -> Self {
+        let call_id = new_id();
+        CallCtx {
+            principal,
+            run_id: call_id.clone(),
+            call_id,
+            idempotency_key: None,
+            callback_url: None,
+        }
+    }
+
+    pub fn with_run_id(mut self, run_id: impl Into<String>) -> Self {
+        self.run_id = run_id.into();
+        self
+    }
+
+    pub fn with_idempotency_key(mut self, key: impl Into<String>) -> Self {
+        self.idempotency_key = Some(key.into());
+        self
+    }
+
+    pub fn tenant(&self) -> &str {
+        &self.principal.tenant
+    }
+
+    pub fn user(&self) -> &str {
+        &self.principal.user
+    }
+}
+
+/// A new time-ordered id (UUIDv7).
+pub fn new_id() -> String {
+    uuid::Uuid::now_v7().to_string()
+}
+
+/// Runs a tool's work. Implemented for async closures by [`executor_fn`] and
+/// [`executor_value`]; the fleet adds executors that call out over HTTP or
+/// run programs.
+pub trait Executor: Send + Sync + 'static {
+    fn execute(&self, ctx: CallCtx, args: Value) -> BoxFuture<'static, Result<Json, ToolError>>;
+}
+
+struct FnExecutor<F>(F);
+
+impl<F, Fut> Executor for FnExecutor<F>
+where
+    F: Fn(CallCtx, Value) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Json, ToolError>> + Send + 'static,
+{
+    fn execute(&self, ctx: CallCtx, args: Value) -> BoxFuture<'static, Result<Json, ToolError>> {
+        Box::pin((self.0)(ctx, args))
+    }
+}
+
+/// An executor from an async function of typed arguments and a serialisable
+/// output. Arguments that do not decode answer `invalid_arguments`.
+pub fn executor_fn<A, T, F, Fut>(f: F) -> Arc<dyn Executor>
+where
+    A: DeserializeOwned + Send + 'static,
+    T: Serialize + Send + 'static,
+    F: Fn(CallCtx, A) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<T, ToolError>> + Send + 'static,
+{
+    let f = Arc::new(f);
+    Arc::new(FnExecutor(move |ctx: CallCtx, args: Value| {
+        let f = f.clone();
+        async move {
+            let args: A = serde_json::from_value(args)
+                .map_err(|e| ToolError::invalid_arguments(format!("arguments: {e}")))?;
+            let out = f(ctx, args).await?;
+            Json::encode(&out)
+                .map_err(|e| ToolError::failed(format!("the result could not be encoded: {e}"), false))
+        }
+    }))
+}
+
+/// An executor from an async function of raw JSON arguments.
+pub fn executor_value<F, Fut>(f: F) -> Arc<dyn Executor>
+where
+    F: Fn(CallCtx, Value) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Json, ToolError>> + Send + 'static,
+{
+    Arc::new(FnExecutor(f))
+}
+
+/// The middleware a tool declares. The runtime composes it at call time in
+/// the fixed order audit, redact, authorise, rate limit, cache, timeout,
+/// custom layers, tool, whatever order it was written in.
+#[derive(Clone, Default)]
+pub struct MiddlewareSpec {
+    pub audit: bool,
+    pub scopes: Vec<String>,
+    pub rate_limit: Option<RateLimit>,
+    pub cache_ttl: Option<Duration>,
+    pub timeout: Option<Duration>,
+    pub redact: Vec<String>,
+    pub custom: Vec<Arc<dyn Layer>>,
+}
+
+impl fmt::Debug for MiddlewareSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MiddlewareSpec")
+            .field("audit", &self.audit)
+            .field("scopes", &self.scopes)
+            .field("rate_limit", &self.rate_limit)
+            .field("cache_ttl", &self.cache_ttl)
+            .field("timeout", &self.timeout)
+            .field("redact", &self.redact)
+            .field("custom", &self.custom.len())
+            .finish()
+    }
+}
+
+/// A tool as declared, before registration checks it.
+#[derive(Clone)]
+pub struct ToolDecl {
+    pub name: String,
+    pub title: Option<String>,
+    pub description: String,
+    pub shape: Shape,
+    pub input_schema: Value,
+    pub output_schema: Option<Value>,
+    pub hints: Hints,
+    pub middleware: MiddlewareSpec,
+    /// Runs the tool. Human tools have none: a person answers them.
+    pub executor: Option<Arc<dyn Executor>>,
+    /// Handle tools: results larger than this many bytes become a handle.
+    pub handle_threshold: Option<usize>,
+    /// Job and agent tools: the poll hint of the `running` answer.
+    pub poll_after_s: Option<u32>,
+    /// Job and agent tools: the worker pool that runs them.
+    pub pool: Option<String>,
+    /// Job and agent tools: how many times a retryable failure is tried.
+    pub max_attempts: Option<u32>,
+}
+
+impl fmt::Debug for ToolDecl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ToolDecl")
+            .field("name", &self.name)
+            .field("shape", &self.shape)
+            .field("hints", &self.hints)
+            .field("middleware", &self.middleware)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ToolDecl {
+    /// A declaration of `shape` with an empty object schema.
+    pub fn new(name: impl Into<String>, shape: Shape) -> Self {
+        ToolDecl {
+            name: name.into(),
+            title: None,
+            description: String::new(),
+            shape,
+            input_schema: serde_json::json!({"type": "object"}),
+            output_schema: None,
+            hints: Hints::default(),
+            middleware: MiddlewareSpec::default(),
+            executor: None,
+            handle_threshold: None,
+            poll_after_s: None,
+            pool: None,
+            max_attempts: None,
+        }
+    }
+
+    pub fn query(name: impl Into<String>) -> Self {
+        ToolDecl::new(name, Shape::Query)
+    }
+    pub fn handle(name: impl Into<String>) -> Self {
+        ToolDecl::new(name, Shape::Handle)
+    }
+    pub fn command(name: impl Into<String>) -> Self {
+        ToolDecl::new(name, Shape::Command)
+    }
+    pub fn job(name: impl Into<String>) -> Self {
+        ToolDecl::new(name, Shape::Job)
+    }
+    pub fn agent(name: impl Into<String>) -> Self {
+        ToolDecl::new(name, Shape::Agent)
+    }
+    pub fn human(name: impl Into<String>) -> Self {
+        ToolDecl::new(name, Shape::Human)
+    }
+
+    pub fn title(mut self, title: impl Into<String>) -> Self {
+        self.title = Some(title.into());
+        self
+    }
+    pub fn description(mut self, description: impl Into<String>) -> Self {
+        self.description = description.into();
+        self
+    }
+    pub fn input_schema(mut self, schema: Value) -> Self {
+        self.input_schema = schema;
+        self
+    }
+    pub fn output_schema(mut self, schema: Value) -> Self {
+        self.output_schema = Some(schema);
+        self
+    }
+    pub fn hints(mut self, hints: Hints) -> Self {
+        self.hints = hints;
+        self
+    }
+    pub fn read_only(mut self, yes: bool) -> Self {
+        self.hints.read_only = Some(yes);
+        self
+    }
+    pub fn destructive(mut self, yes: bool) -> Self {
+        self.hints.destructive = Some(yes);
+        self
+    }
+    pub fn idempotent(mut self, yes: bool) -> Self {
+        self.hints.idempotent = Some(yes);
+        self
+    }
+    pub fn open_world(mut self, yes: bool) -> Self {
+        self.hints.open_world = Some(yes);
+        self
+    }
+    pub fn executor(mut self, executor: Arc<dyn Executor>) -> Self {
+        self.executor = Some(executor);
+        self
+    }
+    /// Runs `f` on typed arguments; see [`executor_fn`].
+    pub fn run<A, T, F, Fut>(self, f: F) -> Self
+    where
+        A: DeserializeOwned + Send + 'static,
+        T: Serialize + Send + 'static,
+        F: Fn(CallCtx, A) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<T, ToolError>> + Send + 'static,
+    {
+        self.executor(executor_fn(f))
+    }
+    pub fn handle_threshold(mut self, bytes: usize) -> Self {
+        self.handle_threshold = Some(bytes);
+        self
+    }
+    pub fn poll_after_s(mut self, seconds: u32) -> Self {
+        self.poll_after_s = Some(seconds);
+        self
+    }
+    pub fn pool(mut self, pool: impl Into<String>) -> Self {
+        self.pool = Some(pool.into());
+        self
+    }
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = Some(attempts);
+        self
+    }
+
+    // Middleware, in any order: the runtime fixes the order.
+    pub fn audit(mut self) -> Self {
+        self.middleware.audit = true;
+        self
+    }
+    pub fn require_scope(mut self, scope: impl Into<String>) -> Self {
+        self.middleware.scopes.push(scope.into());
+        self
+    }
+    pub fn rate_limit(mut self, limit: RateLimit) -> Self {
+        self.middleware.rate_limit = Some(limit);
+        self
+    }
+    pub fn cache_reads(mut self, ttl: Duration) -> Self {
+        self.middleware.cache_ttl = Some(ttl);
+        self
+    }
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.middleware.timeout = Some(timeout);
+        self
+    }
+    pub fn redact<S: Into<String>>(mut self, fields: impl IntoIterator<Item = S>) -> Self {
+        self.middleware
+            .redact
+            .extend(fields.into_iter().map(Into::into));
+        self
+    }
+    /// Adds a layer of the user's own.
+    pub fn layer(mut self, layer: Arc<dyn Layer>) -> Self {
+        self.middleware.custom.push(layer);
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shapes_imply_honest_default_hints() {
+        let q = Hints::default().resolve(Shape::Query);
+        assert!(q.read_only && q.idempotent && !q.destructive && !q.open_world);
+        let c = Hints::default().resolve(Shape::Command);
+        assert!(!c.read_only && c.destructive && !c.idempotent);
+        let h = Hints::default().resolve(Shape::Human);
+        assert!(h.open_world && !h.destructive);
+        let declared = Hints {
+            destructive: Some(false),
+            idempotent: Some(true),
+            ..Hints::default()
+        }
+        .resolve(Shape::Command);
+        assert!(!declared.destructive && declared.idempotent);
+    }
+}
