@@ -103,6 +103,10 @@ impl Tool {
     pub(crate) fn stack(&self) -> &[Arc<dyn Layer>] {
         &self.stack
     }
+    /// The stages of the composed stack, outermost first.
+    pub fn stages(&self) -> Vec<middleware::Stage> {
+        self.stack.iter().map(|layer| layer.stage()).collect()
+    }
 
     /// Checks arguments against the compiled schema; the error lists every
     /// violation (up to a bound) with its JSON path and rule.

@@ -1,1 +1,380 @@
+//! The expense agent of toolfleet's design, as a tool pack.
+//!
+//! The tools are declared in `toolfleet.toml` beside this crate; this crate
+//! holds their executors (the builtin functions the declarations name) and an
+//! in-memory expense book. Every new user starts with 62 expense lines dated
+//! 2026-09: six have a receipt but no amount, two are ambiguous between travel
+//! and meals, and one meal is over the policy limit. No executor here holds
+//! audit, scope or cache code: the runtime adds those from the declarations.
 
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use serde::{Deserialize, Serialize};
+use toolfleet_core::config::{ConfigError, load_builtin_tools};
+use toolfleet_core::{CallCtx, Executor, ToolDecl, ToolError, executor_fn};
+
+/// The pack's declarations, as `toolfleet serve` loads them.
+pub const TOOLS_TOML: &str = include_str!("../toolfleet.toml");
+
+/// Lines per page of `find_expenses`.
+pub const PAGE: usize = 50;
+/// The most a single meal may cost before the plan flags it, in cents.
+pub const MEAL_LIMIT_CENTS: i64 = 75_00;
+/// The month every new user's lines are dated in.
+pub const SEED_MONTH: &str = "2026-09";
+
+/// One expense line.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Line {
+    pub id: String,
+    pub date: String,
+    pub merchant: String,
+    /// `None` while the category is ambiguous; see `category_options`.
+    pub category: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub category_options: Vec<String>,
+    /// `None` while only the receipt image is known.
+    pub amount_cents: Option<i64>,
+    pub currency: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub receipt_id: Option<String>,
+}
+
+/// A submitted report.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Report {
+    pub report_id: String,
+    pub line_ids: Vec<String>,
+    pub total_cents: i64,
+    pub currency: &'static str,
+    pub policy_flags: Vec<String>,
+}
+
+#[derive(Default)]
+struct Ledger {
+    lines: Vec<Line>,
+    /// Reports by the idempotency key they were submitted with.
+    reports: HashMap<String, Report>,
+}
+
+/// Every user's expense lines and reports, in memory.
+#[derive(Default)]
+pub struct ExpenseBook {
+    ledgers: Mutex<HashMap<(String, String), Ledger>>,
+}
+
+const MERCHANTS: [&str; 5] = ["Rail Co", "Bistro Nord", "Hotel Lumen", "Paper & Pen", "City Cabs"];
+const CATEGORIES: [&str; 5] = ["travel", "meals", "lodging", "office", "transport"];
+/// Lines with a receipt but no amount.
+const RECEIPT_ONLY: [usize; 6] = [5, 15, 25, 35, 45, 55];
+/// Lines that could be travel or meals.
+const AMBIGUOUS: [usize; 2] = [20, 40];
+/// The one meal over the limit.
+const EXPENSIVE_MEAL: usize = 12;
+
+fn seed() -> Vec<Line> {
+    (1..=62)
+        .map(|i: usize| {
+            let kind = (i - 1) % 5;
+            let amount = match kind {
+                _ if i == EXPENSIVE_MEAL => 128_50,
+                1 => 12_00 + (i as i64 * 311) % 50_00,
+                _ => 10_00 + (i as i64 * 737) % 90_00,
+            };
+            let ambiguous = AMBIGUOUS.contains(&i);
+            let receipt_only = RECEIPT_ONLY.contains(&i);
+            Line {
+                id: format!("exp-{i:03}"),
+                date: format!("{SEED_MONTH}-{:02}", 1 + (i - 1) % 30),
+                merchant: MERCHANTS[kind].to_owned(),
+                category: (!ambiguous).then(|| CATEGORIES[kind].to_owned()),
+                category_options: if ambiguous {
+                    vec!["travel".to_owned(), "meals".to_owned()]
+                } else {
+                    Vec::new()
+                },
+                amount_cents: (!receipt_only).then_some(amount),
+                currency: "EUR",
+                receipt_id: receipt_only.then(|| format!("rcpt-{i:03}")),
+            }
+        })
+        .collect()
+}
+
+/// What OCR reads off a receipt: a fixed amount per receipt.
+fn read_receipt(receipt_id: &str) -> i64 {
+    let n: i64 = receipt_id.bytes().map(i64::from).sum();
+    15_00 + (n * 97) % 30_00
+}
+
+impl ExpenseBook {
+    fn ledger<'a>(
+        guard: &'a mut MutexGuard<'_, HashMap<(String, String), Ledger>>,
+        ctx: &CallCtx,
+    ) -> &'a mut Ledger {
+        guard
+            .entry((ctx.tenant().to_owned(), ctx.user().to_owned()))
+            .or_insert_with(|| Ledger {
+                lines: seed(),
+                reports: HashMap::new(),
+            })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<(String, String), Ledger>> {
+        self.ledgers.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The user's lines of `month`, from `offset`, at most [`PAGE`].
+    pub fn find(&self, ctx: &CallCtx, month: &str, offset: usize) -> Page {
+        let mut guard = self.lock();
+        let ledger = Self::ledger(&mut guard, ctx);
+        let prefix = format!("{month}-");
+        let mut matching = ledger.lines.iter().filter(|l| l.date.starts_with(&prefix));
+        let lines: Vec<Line> = matching.by_ref().skip(offset).take(PAGE).cloned().collect();
+        let next_cursor = matching.next().map(|_| format!("c{}", offset + lines.len()));
+        Page { lines, next_cursor }
+    }
+
+    /// Fills in the amounts OCR reads off `receipt_ids`.
+    pub fn read_receipts(&self, ctx: &CallCtx, receipt_ids: &[String]) -> Result<Vec<Receipt>, ToolError> {
+        let mut guard = self.lock();
+        let ledger = Self::ledger(&mut guard, ctx);
+        let mut read = Vec::new();
+        let mut unknown = Vec::new();
+        for receipt_id in receipt_ids {
+            match ledger.lines.iter_mut().find(|l| l.receipt_id.as_ref() == Some(receipt_id)) {
+                Some(line) => {
+                    let amount = read_receipt(receipt_id);
+                    line.amount_cents = Some(amount);
+                    read.push(Receipt {
+                        receipt_id: receipt_id.clone(),
+                        line_id: line.id.clone(),
+                        amount_cents: amount,
+                    });
+                }
+                None => unknown.push(receipt_id.as_str()),
+            }
+        }
+        if !unknown.is_empty() {
+            return Err(ToolError::invalid_arguments(format!(
+                "receipt_ids not found: {}; take receipt ids from find_expenses lines",
+                unknown.join(", ")
+            )));
+        }
+        Ok(read)
+    }
+
+    /// The plan of a report of `args.line_ids`.
+    fn plan(&self, ctx: &CallCtx, args: &SubmitArgs) -> Result<Plan, ToolError> {
+        let mut guard = self.lock();
+        let ledger = Self::ledger(&mut guard, ctx);
+        plan_of(ledger, args)
+    }
+
+    fn submit(&self, ctx: &CallCtx, args: &SubmitArgs, key: &str) -> Result<Report, ToolError> {
+        let mut guard = self.lock();
+        let ledger = Self::ledger(&mut guard, ctx);
+        if let Some(report) = ledger.reports.get(key) {
+            // The same key submits once, whatever reaches us twice.
+            return Ok(report.clone());
+        }
+        let plan = plan_of(ledger, args)?;
+        if !plan.missing_amounts.is_empty() || !plan.needs_category.is_empty() {
+            return Err(ToolError::failed(
+                format!(
+                    "cannot submit: {} lines have no amount (run start_receipt_ocr on their receipts) and {} need a category (pass `categories`)",
+                    plan.missing_amounts.len(),
+                    plan.needs_category.len()
+                ),
+                false,
+            ));
+        }
+        let report = Report {
+            report_id: format!("rpt-{}", ledger.reports.len() + 1),
+            line_ids: args.line_ids.clone(),
+            total_cents: plan.total_cents,
+            currency: "EUR",
+            policy_flags: plan.policy_flags,
+        };
+        ledger.reports.insert(key.to_owned(), report.clone());
+        Ok(report)
+    }
+
+    /// The user's submitted reports.
+    pub fn reports(&self, ctx: &CallCtx) -> Vec<Report> {
+        let mut guard = self.lock();
+        let mut reports: Vec<Report> = Self::ledger(&mut guard, ctx).reports.values().cloned().collect();
+        reports.sort_by(|a, b| a.report_id.cmp(&b.report_id));
+        reports
+    }
+}
+
+fn plan_of(ledger: &Ledger, args: &SubmitArgs) -> Result<Plan, ToolError> {
+    let mut plan = Plan {
+        currency: "EUR",
+        ..Plan::default()
+    };
+    let mut unknown = Vec::new();
+    for id in &args.line_ids {
+        let Some(line) = ledger.lines.iter().find(|l| &l.id == id) else {
+            unknown.push(id.as_str());
+            continue;
+        };
+        let category = line
+            .category
+            .clone()
+            .or_else(|| args.categories.get(id).cloned());
+        match line.amount_cents {
+            Some(amount) => plan.total_cents += amount,
+            None => plan.missing_amounts.push(id.clone()),
+        }
+        match category.as_deref() {
+            None => plan.needs_category.push(id.clone()),
+            Some("meals") if line.amount_cents.unwrap_or(0) > MEAL_LIMIT_CENTS => plan.policy_flags.push(format!(
+                "{id}: meal of {:.2} EUR is over the {:.2} EUR limit",
+                line.amount_cents.unwrap_or(0) as f64 / 100.0,
+                MEAL_LIMIT_CENTS as f64 / 100.0
+            )),
+            Some(_) => {}
+        }
+        plan.lines += 1;
+    }
+    if !unknown.is_empty() {
+        return Err(ToolError::invalid_arguments(format!(
+            "line_ids not found: {}; take line ids from find_expenses",
+            unknown.join(", ")
+        )));
+    }
+    Ok(plan)
+}
+
+/// A page of `find_expenses`.
+#[derive(Debug, Serialize)]
+pub struct Page {
+    pub lines: Vec<Line>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
+}
+
+/// What OCR read off one receipt.
+#[derive(Debug, Clone, Serialize)]
+pub struct Receipt {
+    pub receipt_id: String,
+    pub line_id: String,
+    pub amount_cents: i64,
+}
+
+/// The plan a dry run of `submit_report` shows.
+#[derive(Debug, Default, Serialize)]
+pub struct Plan {
+    pub lines: usize,
+    pub total_cents: i64,
+    pub currency: &'static str,
+    pub policy_flags: Vec<String>,
+    pub missing_amounts: Vec<String>,
+    pub needs_category: Vec<String>,
+}
+
+#[derive(Deserialize)]
+struct FindArgs {
+    month: String,
+    cursor: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct SubmitArgs {
+    line_ids: Vec<String>,
+    dry_run: bool,
+    #[serde(default)]
+    categories: BTreeMap<String, String>,
+}
+
+#[derive(Deserialize)]
+struct OcrArgs {
+    receipt_ids: Vec<String>,
+}
+
+#[derive(Serialize)]
+#[serde(untagged)]
+enum SubmitOutcome {
+    Plan(Plan),
+    Report(Report),
+}
+
+/// The builtin executors the declarations name, working on `book`.
+pub fn builtins(book: Arc<ExpenseBook>) -> BTreeMap<String, Arc<dyn Executor>> {
+    let mut map: BTreeMap<String, Arc<dyn Executor>> = BTreeMap::new();
+    let b = book.clone();
+    map.insert(
+        "expenses.find".into(),
+        executor_fn(move |ctx: CallCtx, args: FindArgs| {
+            let book = b.clone();
+            async move {
+                let offset = match args.cursor.as_deref() {
+                    None => 0,
+                    Some(c) => c
+                        .strip_prefix('c')
+                        .and_then(|n| n.parse().ok())
+                        .ok_or_else(|| ToolError::invalid_arguments("cursor is not a next_cursor from this tool; start again without it"))?,
+                };
+                Ok(book.find(&ctx, &args.month, offset))
+            }
+        }),
+    );
+    let b = book.clone();
+    map.insert(
+        "expenses.submit".into(),
+        executor_fn(move |ctx: CallCtx, args: SubmitArgs| {
+            let book = b.clone();
+            async move {
+                if args.dry_run {
+                    return book.plan(&ctx, &args).map(SubmitOutcome::Plan);
+                }
+                let key = ctx.idempotency_key.clone().ok_or_else(|| {
+                    ToolError::failed("a commit reached the executor without its confirm token", false)
+                })?;
+                book.submit(&ctx, &args, &key).map(SubmitOutcome::Report)
+            }
+        }),
+    );
+    map.insert(
+        "expenses.ocr".into(),
+        executor_fn(move |ctx: CallCtx, args: OcrArgs| {
+            let book = book.clone();
+            async move {
+                let receipts = book.read_receipts(&ctx, &args.receipt_ids)?;
+                Ok(serde_json::json!({ "receipts": receipts }))
+            }
+        }),
+    );
+    map
+}
+
+/// The pack's declarations with their executors bound to `book`.
+pub fn tools(book: Arc<ExpenseBook>) -> Result<Vec<ToolDecl>, ConfigError> {
+    load_builtin_tools(
+        TOOLS_TOML,
+        &|path| Err(format!("the expense pack has its schemas inline, not in {path}")),
+        &builtins(book),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_seed_matches_the_worked_example() {
+        let lines = seed();
+        assert_eq!(lines.len(), 62);
+        assert!(lines.iter().all(|l| l.date.starts_with("2026-09-")));
+        assert_eq!(lines.iter().filter(|l| l.amount_cents.is_none() && l.receipt_id.is_some()).count(), 6);
+        assert_eq!(lines.iter().filter(|l| l.category_options == ["travel", "meals"]).count(), 2);
+        let over = lines
+            .iter()
+            .filter(|l| l.category.as_deref() == Some("meals") && l.amount_cents.unwrap_or(0) > MEAL_LIMIT_CENTS)
+            .count();
+        assert_eq!(over, 1);
+    }
+}
