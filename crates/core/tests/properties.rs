@@ -73,8 +73,9 @@ proptest! {
     #[test]
     fn any_arguments_give_an_envelope(
         tool in prop_oneof![
-            Just("find_expenses"), Just("submit_report"), Just("start_receipt_ocr"),
-            Just("ask_user"), Just("read_handle"), ".{0,20}"
+            Just("find_expenses".to_owned()), Just("submit_report".to_owned()),
+            Just("start_receipt_ocr".to_owned()), Just("ask_user".to_owned()),
+            Just("read_handle".to_owned()), ".{0,20}"
         ],
         args in json_value(),
         scoped in any::<bool>(),
