@@ -148,7 +148,7 @@ impl Tool {
 }
 
 /// Cuts `text` to at most `max` characters, marking the cut.
-pub(crate) fn truncate(text: &str, max: usize) -> String {
+pub fn truncate(text: &str, max: usize) -> String {
     match text.char_indices().nth(max) {
         None => text.to_owned(),
         Some((at, _)) => format!("{}…", &text[..at]),

@@ -41,6 +41,8 @@ pub struct RuntimeConfig {
     pub default_agent_pool: String,
     /// Attempts of a job whose tool declares none.
     pub default_max_attempts: u32,
+    /// Wall-time budget of one attempt of a job whose tool declares no timeout.
+    pub default_job_timeout: Duration,
     /// Entries in the read cache.
     pub cache_capacity: usize,
 }
@@ -55,6 +57,7 @@ impl Default for RuntimeConfig {
             default_pool: "default".to_owned(),
             default_agent_pool: "agents".to_owned(),
             default_max_attempts: 3,
+            default_job_timeout: Duration::from_secs(15 * 60),
             cache_capacity: 10_000,
         }
     }
@@ -203,7 +206,7 @@ impl Runtime {
         }
     }
 
-    /// Runs a tool's executor directly, under the tool's timeout, catching
+    /// Runs a tool's executor directly, catching
     /// panics: what a worker does with a job. Middleware ran when the job was
     /// accepted.
     pub async fn execute(&self, tool: &Tool, args: Value, ctx: CallCtx) -> Result<Json, ToolError> {
@@ -348,6 +351,10 @@ impl Runtime {
                 .max_attempts
                 .unwrap_or(self.config.default_max_attempts)
                 .max(1),
+            timeout: decl
+                .middleware
+                .timeout
+                .unwrap_or(self.config.default_job_timeout),
         };
         match self.fleet.submit(request).await {
             Ok(job_id) => Envelope::running(

@@ -24,6 +24,8 @@ pub struct JobRequest {
     /// Principal, run id, call id, the caller's idempotency key and callback.
     pub ctx: CallCtx,
     pub max_attempts: u32,
+    /// Wall-time budget of one attempt.
+    pub timeout: std::time::Duration,
 }
 
 /// A question for a person.

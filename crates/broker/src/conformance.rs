@@ -1,0 +1,510 @@
+//! The conformance suites: the behaviours every [`Broker`] and every
+//! [`Notices`] implementation must show, written once and run against each
+//! (the in-process ones here, RabbitMQ in its own crate), so the backends are
+//! proven equal by the same tests.
+//!
+//! This module owns the behaviours and the macros that turn them into one
+//! test per behaviour. It must never depend on one implementation: anything
+//! only an implementation can show (dead-letter lists, capacity bounds, what
+//! closing means) belongs in that implementation's own tests. Each behaviour
+//! uses pools and tenants of its own, so the tests may share one broker and
+//! run in parallel; every wait is bounded, so a broken implementation fails
+//! instead of hanging.
+//!
+//! ```ignore
+//! toolfleet_broker::broker_conformance!(async { MemoryBroker::new() });
+//! toolfleet_broker::notices_conformance!(async { MemoryNotices::new() });
+//! ```
+//!
+//! Each expands to a module (`broker_conformance`, `notices_conformance`, or
+//! a name given as `mod name, expr`) of `#[tokio::test]`s, so the calling
+//! crate needs tokio with `macros` and `rt-multi-thread` among its
+//! dev-dependencies. The expression is awaited once per test and must yield a
+//! value of a type that implements the trait.
+
+use std::time::Duration;
+
+use serde_json::json;
+use tokio::time::{Instant, timeout};
+
+use crate::{Broker, Consumer, Delivery, Event, Notices, Subscription};
+
+/// How long something that should arrive may take before the test fails.
+/// Only a broken or badly stalled implementation ever waits this long.
+pub const ARRIVAL: Duration = Duration::from_secs(5);
+
+/// How long the suites watch for something that should not arrive.
+pub const QUIET: Duration = Duration::from_millis(60);
+
+/// Runs the [`Broker`] suite: one `#[tokio::test]` per behaviour of
+/// [`broker`].
+#[macro_export]
+macro_rules! broker_conformance {
+    ($make:expr $(,)?) => {
+        $crate::broker_conformance!(mod broker_conformance, $make);
+    };
+    (mod $module:ident, $make:expr $(,)?) => {
+        $crate::__conformance_suite!($module, broker, $make, [
+            publish_then_consume,
+            fifo_for_one_consumer,
+            two_consumers_split_the_work,
+            concurrent_consumers_lose_and_duplicate_nothing,
+            prefetch_bounds_unacked_deliveries,
+            requeue_redelivers,
+            dropped_consumer_gives_back_unacked,
+            rejected_message_is_not_redelivered,
+            delayed_message_waits_its_delay,
+            pools_are_isolated,
+            depth_counts_ready_messages,
+        ]);
+    };
+}
+
+/// Runs the [`Notices`] suite: one `#[tokio::test]` per behaviour of
+/// [`notices`].
+#[macro_export]
+macro_rules! notices_conformance {
+    ($make:expr $(,)?) => {
+        $crate::notices_conformance!(mod notices_conformance, $make);
+    };
+    (mod $module:ident, $make:expr $(,)?) => {
+        $crate::__conformance_suite!($module, notices, $make, [
+            every_subscriber_receives_each_event_in_order,
+            events_before_subscribing_are_not_received,
+            event_arrives_whole_with_its_routing_key,
+            lagging_subscriber_skips_and_keeps_up,
+        ]);
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __conformance_suite {
+    ($module:ident, $suite:ident, $make:expr, [$($behaviour:ident),* $(,)?]) => {
+        mod $module {
+            #[allow(unused_imports)]
+            use super::*;
+            $(
+                #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $behaviour() {
+                    let subject = $make.await;
+                    $crate::conformance::$suite::$behaviour(&subject).await;
+                }
+            )*
+        }
+    };
+}
+
+/// A name no other test uses, so tests may share one broker.
+pub fn unique(prefix: &str) -> String {
+    format!("conformance-{prefix}-{}", toolfleet_core::new_id())
+}
+
+/// The next delivery, failing the test if none comes within [`ARRIVAL`].
+pub async fn next_delivery(consumer: &mut dyn Consumer, what: &str) -> Delivery {
+    match timeout(ARRIVAL, consumer.next()).await {
+        Ok(Some(delivery)) => delivery,
+        Ok(None) => panic!("{what}: the consumer ended instead of delivering"),
+        Err(_) => panic!("{what}: nothing delivered within {ARRIVAL:?}"),
+    }
+}
+
+/// Fails the test if a delivery comes within [`QUIET`].
+pub async fn assert_nothing_delivered(consumer: &mut dyn Consumer, what: &str) {
+    if let Ok(Some(delivery)) = timeout(QUIET, consumer.next()).await {
+        panic!("{what}: unexpected delivery of {}", delivery.job_id);
+    }
+}
+
+/// The behaviours of every [`Broker`].
+pub mod broker {
+    use super::*;
+
+    async fn publish_all(broker: &dyn Broker, pool: &str, ids: &[String]) {
+        for id in ids {
+            let published = broker.publish(pool, id).await;
+            assert_eq!(published, Ok(()), "publishing {id} to {pool}");
+        }
+    }
+
+    fn job_ids(count: usize) -> Vec<String> {
+        (0..count).map(|n| format!("job-{n}")).collect()
+    }
+
+    async fn consume(broker: &dyn Broker, pool: &str, prefetch: u16) -> Box<dyn Consumer> {
+        match broker.consume(pool, prefetch).await {
+            Ok(consumer) => consumer,
+            Err(e) => panic!("consuming {pool}: {e}"),
+        }
+    }
+
+    async fn ack(delivery: Delivery) {
+        let id = delivery.job_id.clone();
+        assert_eq!(delivery.ack().await, Ok(()), "acking {id}");
+    }
+
+    pub async fn publish_then_consume(broker: &dyn Broker) {
+        let pool = unique("publish");
+        publish_all(broker, &pool, &["job-a".to_owned()]).await;
+        let mut consumer = consume(broker, &pool, 1).await;
+        let delivery = next_delivery(consumer.as_mut(), "published message").await;
+        assert_eq!(delivery.job_id, "job-a");
+        assert!(!delivery.redelivered, "a first delivery is not redelivered");
+        ack(delivery).await;
+    }
+
+    pub async fn fifo_for_one_consumer(broker: &dyn Broker) {
+        let pool = unique("fifo");
+        let ids = job_ids(5);
+        publish_all(broker, &pool, &ids).await;
+        let mut consumer = consume(broker, &pool, 10).await;
+        let mut received = Vec::new();
+        for _ in &ids {
+            let delivery = next_delivery(consumer.as_mut(), "fifo").await;
+            received.push(delivery.job_id.clone());
+            ack(delivery).await;
+        }
+        assert_eq!(received, ids, "one consumer receives in publish order");
+    }
+
+    /// With prefetch 1 and no ack in between, each consumer must take a
+    /// different message, so alternating shows both get work.
+    pub async fn two_consumers_split_the_work(broker: &dyn Broker) {
+        let pool = unique("split");
+        let ids = job_ids(10);
+        publish_all(broker, &pool, &ids).await;
+        let mut first = consume(broker, &pool, 1).await;
+        let mut second = consume(broker, &pool, 1).await;
+        let (mut got_first, mut got_second) = (Vec::new(), Vec::new());
+        for _ in 0..ids.len() / 2 {
+            let a = next_delivery(first.as_mut(), "first consumer").await;
+            let b = next_delivery(second.as_mut(), "second consumer").await;
+            got_first.push(a.job_id.clone());
+            got_second.push(b.job_id.clone());
+            ack(a).await;
+            ack(b).await;
+        }
+        assert_nothing_delivered(first.as_mut(), "first consumer after all").await;
+        assert_nothing_delivered(second.as_mut(), "second consumer after all").await;
+        assert!(
+            !got_first.is_empty() && !got_second.is_empty(),
+            "both consumers get work"
+        );
+        let mut all: Vec<String> = got_first.iter().chain(&got_second).cloned().collect();
+        all.sort();
+        let mut expected = ids.clone();
+        expected.sort();
+        assert_eq!(all, expected, "together all messages, each once");
+    }
+
+    pub async fn concurrent_consumers_lose_and_duplicate_nothing(broker: &dyn Broker) {
+        let pool = unique("concurrent");
+        let ids = job_ids(100);
+        let (sender, mut received) = tokio::sync::mpsc::unbounded_channel();
+        let mut workers = Vec::new();
+        for _ in 0..4 {
+            let consumer = consume(broker, &pool, 3).await;
+            workers.push(tokio::spawn(ack_all(consumer, sender.clone())));
+        }
+        publish_all(broker, &pool, &ids).await;
+        let mut seen = Vec::new();
+        for _ in &ids {
+            match timeout(ARRIVAL, received.recv()).await {
+                Ok(Some(id)) => seen.push(id),
+                _ => panic!("only {} of {} messages delivered", seen.len(), ids.len()),
+            }
+        }
+        let extra = timeout(QUIET, received.recv()).await;
+        workers.iter().for_each(tokio::task::JoinHandle::abort);
+        assert!(
+            !matches!(extra, Ok(Some(_))),
+            "a message was delivered twice: {extra:?}"
+        );
+        seen.sort();
+        let mut expected = ids;
+        expected.sort();
+        assert_eq!(seen, expected, "every message exactly once");
+    }
+
+    async fn ack_all(
+        mut consumer: Box<dyn Consumer>,
+        seen: tokio::sync::mpsc::UnboundedSender<String>,
+    ) {
+        while let Some(delivery) = consumer.next().await {
+            let _ = seen.send(delivery.job_id.clone());
+            let _ = delivery.ack().await;
+        }
+    }
+
+    pub async fn prefetch_bounds_unacked_deliveries(broker: &dyn Broker) {
+        let pool = unique("prefetch");
+        let ids = job_ids(5);
+        publish_all(broker, &pool, &ids).await;
+        let mut consumer = consume(broker, &pool, 2).await;
+        let first = next_delivery(consumer.as_mut(), "first under prefetch").await;
+        let second = next_delivery(consumer.as_mut(), "second under prefetch").await;
+        assert_nothing_delivered(consumer.as_mut(), "a third beyond prefetch 2").await;
+        ack(first).await;
+        let third = next_delivery(consumer.as_mut(), "third after an ack").await;
+        assert_eq!(third.job_id, ids[2], "the wait lost or reordered nothing");
+        ack(second).await;
+        ack(third).await;
+    }
+
+    pub async fn requeue_redelivers(broker: &dyn Broker) {
+        let pool = unique("requeue");
+        publish_all(broker, &pool, &["job-a".to_owned()]).await;
+        let mut consumer = consume(broker, &pool, 1).await;
+        let delivery = next_delivery(consumer.as_mut(), "before requeue").await;
+        assert!(!delivery.redelivered);
+        assert_eq!(delivery.requeue().await, Ok(()), "requeue");
+        let again = next_delivery(consumer.as_mut(), "after requeue").await;
+        assert_eq!(again.job_id, "job-a");
+        assert!(
+            again.redelivered,
+            "a requeued message is marked redelivered"
+        );
+        ack(again).await;
+    }
+
+    /// Both the consumer and its deliveries are dropped, as when a worker
+    /// dies: some backends tie a delivery to its channel, others to the
+    /// consumer, and either way the messages must come back.
+    pub async fn dropped_consumer_gives_back_unacked(broker: &dyn Broker) {
+        let pool = unique("dropped");
+        let ids = job_ids(2);
+        publish_all(broker, &pool, &ids).await;
+        let mut doomed = consume(broker, &pool, 2).await;
+        let held = [
+            next_delivery(doomed.as_mut(), "first before drop").await,
+            next_delivery(doomed.as_mut(), "second before drop").await,
+        ];
+        drop(doomed);
+        drop(held);
+        let mut survivor = consume(broker, &pool, 2).await;
+        let mut back = Vec::new();
+        for _ in &ids {
+            let delivery = next_delivery(survivor.as_mut(), "given back").await;
+            assert!(
+                delivery.redelivered,
+                "{} comes back redelivered",
+                delivery.job_id
+            );
+            back.push(delivery.job_id.clone());
+            ack(delivery).await;
+        }
+        back.sort();
+        assert_eq!(back, ids);
+    }
+
+    pub async fn rejected_message_is_not_redelivered(broker: &dyn Broker) {
+        let pool = unique("reject");
+        let ids = job_ids(2);
+        publish_all(broker, &pool, &ids).await;
+        let mut consumer = consume(broker, &pool, 1).await;
+        let bad = next_delivery(consumer.as_mut(), "to reject").await;
+        assert_eq!(bad.job_id, ids[0]);
+        assert_eq!(bad.reject().await, Ok(()), "reject");
+        let next = next_delivery(consumer.as_mut(), "after a reject").await;
+        assert_eq!(
+            next.job_id, ids[1],
+            "a rejected message does not block the next"
+        );
+        ack(next).await;
+        assert_nothing_delivered(consumer.as_mut(), "the rejected message").await;
+    }
+
+    /// Delays are per message: a shorter delay published after a longer one
+    /// arrives first, and an undelayed message published last arrives before
+    /// both (which also shows `publish_delayed` did not wait out its delay).
+    pub async fn delayed_message_waits_its_delay(broker: &dyn Broker) {
+        let pool = unique("delayed");
+        let (long, short) = (Duration::from_millis(300), Duration::from_millis(100));
+        let start = Instant::now();
+        publish_delayed(broker, &pool, "job-long", long).await;
+        publish_delayed(broker, &pool, "job-short", short).await;
+        publish_all(broker, &pool, &["job-now".to_owned()]).await;
+        let mut consumer = consume(broker, &pool, 3).await;
+        for (id, delay) in [
+            ("job-now", Duration::ZERO),
+            ("job-short", short),
+            ("job-long", long),
+        ] {
+            let delivery = next_delivery(consumer.as_mut(), id).await;
+            let waited = start.elapsed();
+            assert_eq!(delivery.job_id, id, "delayed messages arrive by due time");
+            assert!(
+                waited >= delay,
+                "{id} arrived after {waited:?}, before its delay {delay:?}"
+            );
+            ack(delivery).await;
+        }
+    }
+
+    async fn publish_delayed(broker: &dyn Broker, pool: &str, id: &str, delay: Duration) {
+        let published = broker.publish_delayed(pool, id, delay).await;
+        assert_eq!(
+            published,
+            Ok(()),
+            "publishing {id} to {pool} after {delay:?}"
+        );
+    }
+
+    pub async fn pools_are_isolated(broker: &dyn Broker) {
+        let (left, right) = (unique("left"), unique("right"));
+        publish_all(broker, &left, &["job-left".to_owned()]).await;
+        publish_all(broker, &right, &["job-right".to_owned()]).await;
+        let mut left_consumer = consume(broker, &left, 5).await;
+        let delivery = next_delivery(left_consumer.as_mut(), "left pool").await;
+        assert_eq!(delivery.job_id, "job-left");
+        ack(delivery).await;
+        assert_nothing_delivered(left_consumer.as_mut(), "right pool's message in left").await;
+        let mut right_consumer = consume(broker, &right, 5).await;
+        let delivery = next_delivery(right_consumer.as_mut(), "right pool").await;
+        assert_eq!(delivery.job_id, "job-right");
+        ack(delivery).await;
+    }
+
+    /// Depth may lag a little behind in a remote broker, so each expected
+    /// value is awaited (bounded) rather than read once.
+    pub async fn depth_counts_ready_messages(broker: &dyn Broker) {
+        let pool = unique("depth");
+        depth_becomes(broker, &pool, 0, "an unused pool").await;
+        publish_all(broker, &pool, &job_ids(3)).await;
+        depth_becomes(broker, &pool, 3, "three published").await;
+        publish_delayed(broker, &pool, "job-later", ARRIVAL).await;
+        depth_becomes(broker, &pool, 3, "a delayed message is not ready").await;
+        let mut consumer = consume(broker, &pool, 1).await;
+        let delivery = next_delivery(consumer.as_mut(), "one taken").await;
+        depth_becomes(broker, &pool, 2, "an unacked delivery is not ready").await;
+        ack(delivery).await;
+    }
+
+    async fn depth_becomes(broker: &dyn Broker, pool: &str, expected: u64, what: &str) {
+        let deadline = Instant::now() + ARRIVAL;
+        loop {
+            let depth = broker.depth(pool).await;
+            if depth == Ok(expected) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what}: depth {depth:?}, expected {expected}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+/// The behaviours of every [`Notices`].
+pub mod notices {
+    use super::*;
+
+    fn event(tenant: &str, n: usize) -> Event {
+        Event {
+            kind: "job".to_owned(),
+            id: format!("job-{n}"),
+            tenant: tenant.to_owned(),
+            tool: "receipt_ocr".to_owned(),
+            state: "succeeded".to_owned(),
+            run_id: "run-1".to_owned(),
+            body: json!({"status": "ok", "n": n}),
+        }
+    }
+
+    async fn subscribe(notices: &dyn Notices) -> Box<dyn Subscription> {
+        match notices.subscribe().await {
+            Ok(subscription) => subscription,
+            Err(e) => panic!("subscribing: {e}"),
+        }
+    }
+
+    async fn publish(notices: &dyn Notices, event: &Event) {
+        assert_eq!(
+            notices.publish(event).await,
+            Ok(()),
+            "publishing {}",
+            event.id
+        );
+    }
+
+    /// The next event of `tenant`, skipping those of tests sharing the
+    /// implementation; fails if none comes within [`ARRIVAL`].
+    async fn next_of(subscription: &mut dyn Subscription, tenant: &str, what: &str) -> Event {
+        let wait = async {
+            loop {
+                match subscription.next().await {
+                    Some(event) if event.tenant == tenant => return Some(event),
+                    Some(_) => {}
+                    None => return None,
+                }
+            }
+        };
+        match timeout(ARRIVAL, wait).await {
+            Ok(Some(event)) => event,
+            Ok(None) => panic!("{what}: the subscription ended"),
+            Err(_) => panic!("{what}: no event within {ARRIVAL:?}"),
+        }
+    }
+
+    pub async fn every_subscriber_receives_each_event_in_order(notices: &dyn Notices) {
+        let tenant = unique("tenant");
+        let mut subscribers = [subscribe(notices).await, subscribe(notices).await];
+        let events: Vec<Event> = (0..5).map(|n| event(&tenant, n)).collect();
+        for event in &events {
+            publish(notices, event).await;
+        }
+        for subscriber in &mut subscribers {
+            for expected in &events {
+                let got = next_of(subscriber.as_mut(), &tenant, "each event").await;
+                assert_eq!(got.id, expected.id, "events arrive in publish order");
+            }
+        }
+    }
+
+    pub async fn events_before_subscribing_are_not_received(notices: &dyn Notices) {
+        let tenant = unique("tenant");
+        publish(notices, &event(&tenant, 0)).await;
+        let mut subscriber = subscribe(notices).await;
+        publish(notices, &event(&tenant, 1)).await;
+        let got = next_of(subscriber.as_mut(), &tenant, "after subscribing").await;
+        assert_eq!(
+            got.id, "job-1",
+            "an event from before subscribing was received"
+        );
+    }
+
+    pub async fn event_arrives_whole_with_its_routing_key(notices: &dyn Notices) {
+        let tenant = unique("tenant");
+        let mut subscriber = subscribe(notices).await;
+        let sent = event(&tenant, 7);
+        publish(notices, &sent).await;
+        let got = next_of(subscriber.as_mut(), &tenant, "whole event").await;
+        assert_eq!(got, sent);
+        assert_eq!(got.routing_key(), format!("{tenant}.receipt_ocr.succeeded"));
+    }
+
+    /// A subscriber that reads nothing while many events are published must
+    /// not hold the publisher back, and must still see the newest event.
+    pub async fn lagging_subscriber_skips_and_keeps_up(notices: &dyn Notices) {
+        let tenant = unique("tenant");
+        let mut idle = subscribe(notices).await;
+        let count = 200;
+        let burst = async {
+            for n in 0..count {
+                publish(notices, &event(&tenant, n)).await;
+            }
+        };
+        assert!(
+            timeout(ARRIVAL, burst).await.is_ok(),
+            "publishing {count} events with an idle subscriber did not finish"
+        );
+        let last = format!("job-{}", count - 1);
+        loop {
+            let got = next_of(idle.as_mut(), &tenant, "after lagging").await;
+            if got.id == last {
+                break;
+            }
+        }
+    }
+}

@@ -1,0 +1,159 @@
+//! The broker: how a job id reaches a worker of its pool, and how settled
+//! work is announced to every process that may be waiting for it.
+//!
+//! A message carries a job id and nothing else the worker must trust: the
+//! store holds the job, so a duplicate or stale message is harmless (the
+//! worker's claim fails and it acks). The broker never decides a job's state.
+//!
+//! [`Broker`] moves job ids; [`Notices`] fans out events. Each has an
+//! in-process implementation here and a conformance suite in [`conformance`]
+//! that every implementation runs.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use toolfleet_core::JobState;
+
+pub mod conformance;
+pub mod memory;
+
+/// Why a broker operation failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BrokerError {
+    /// The broker is unreachable or refused; the operation may be retried.
+    Unavailable(String),
+    /// The queue is at its configured bound.
+    Full(String),
+    /// The consumer was closed (shutdown).
+    Closed,
+}
+
+impl std::fmt::Display for BrokerError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BrokerError::Unavailable(m) => write!(f, "broker unavailable: {m}"),
+            BrokerError::Full(m) => write!(f, "queue full: {m}"),
+            BrokerError::Closed => f.write_str("consumer closed"),
+        }
+    }
+}
+
+impl std::error::Error for BrokerError {}
+
+/// A job id handed to a worker, to be acknowledged once handled.
+pub struct Delivery {
+    pub job_id: String,
+    /// True when the broker knows this message was delivered before.
+    pub redelivered: bool,
+    acker: Box<dyn Acker>,
+}
+
+impl Delivery {
+    pub fn new(job_id: String, redelivered: bool, acker: Box<dyn Acker>) -> Self {
+        Delivery {
+            job_id,
+            redelivered,
+            acker,
+        }
+    }
+
+    /// The job was handled (settled, retried elsewhere, or not ours to run).
+    pub async fn ack(self) -> Result<(), BrokerError> {
+        self.acker.ack().await
+    }
+
+    /// Give the message back to the queue for another worker (shutdown).
+    pub async fn requeue(self) -> Result<(), BrokerError> {
+        self.acker.requeue().await
+    }
+
+    /// The message cannot be processed (not a job id): dead-letter it.
+    pub async fn reject(self) -> Result<(), BrokerError> {
+        self.acker.reject().await
+    }
+}
+
+impl std::fmt::Debug for Delivery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Delivery")
+            .field("job_id", &self.job_id)
+            .field("redelivered", &self.redelivered)
+            .finish()
+    }
+}
+
+/// Settles one delivery with the broker.
+#[async_trait]
+pub trait Acker: Send + Sync {
+    async fn ack(self: Box<Self>) -> Result<(), BrokerError>;
+    async fn requeue(self: Box<Self>) -> Result<(), BrokerError>;
+    async fn reject(self: Box<Self>) -> Result<(), BrokerError>;
+}
+
+/// A stream of deliveries from one pool.
+#[async_trait]
+pub trait Consumer: Send {
+    /// The next delivery; `None` once the consumer is closed.
+    async fn next(&mut self) -> Option<Delivery>;
+}
+
+/// Moves job ids to the workers of a pool.
+#[async_trait]
+pub trait Broker: Send + Sync + 'static {
+    /// Checks that the broker answers (readiness).
+    async fn ping(&self) -> Result<(), BrokerError>;
+    /// Publishes `job_id` to `pool`; returns once the broker has it (confirmed).
+    async fn publish(&self, pool: &str, job_id: &str) -> Result<(), BrokerError>;
+    /// Publishes `job_id` to `pool` after `delay`, without holding a worker.
+    async fn publish_delayed(&self, pool: &str, job_id: &str, delay: Duration) -> Result<(), BrokerError>;
+    /// Consumes `pool` with at most `prefetch` unacknowledged deliveries.
+    async fn consume(&self, pool: &str, prefetch: u16) -> Result<Box<dyn Consumer>, BrokerError>;
+    /// Messages waiting in `pool` (ready, not delivered), for metrics.
+    async fn depth(&self, pool: &str) -> Result<u64, BrokerError>;
+}
+
+/// What is announced when a job or ticket changes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    /// `job` or `ticket`.
+    pub kind: String,
+    pub id: String,
+    pub tenant: String,
+    pub tool: String,
+    /// For jobs, the job state; for tickets, `open` or `answered`.
+    pub state: String,
+    pub run_id: String,
+    /// The envelope `get_job` would answer now (or the ticket).
+    pub body: Value,
+}
+
+impl Event {
+    /// The routing key of the events exchange: `<tenant>.<tool>.<state>`.
+    pub fn routing_key(&self) -> String {
+        format!("{}.{}.{}", self.tenant, self.tool, self.state)
+    }
+
+    /// True for a job that can no longer change.
+    pub fn is_settled_job(&self) -> bool {
+        self.kind == "job" && JobState::parse(&self.state).is_some_and(JobState::is_settled)
+    }
+}
+
+/// A subscription to events.
+#[async_trait]
+pub trait Subscription: Send {
+    /// The next event; `None` once closed. A subscriber too slow to keep up
+    /// skips events rather than holding the publisher back.
+    async fn next(&mut self) -> Option<Event>;
+}
+
+/// Fans events out to every subscriber, across processes where the
+/// implementation spans them.
+#[async_trait]
+pub trait Notices: Send + Sync + 'static {
+    async fn publish(&self, event: &Event) -> Result<(), BrokerError>;
+    /// Every event published from now on.
+    async fn subscribe(&self) -> Result<Box<dyn Subscription>, BrokerError>;
+}

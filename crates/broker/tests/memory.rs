@@ -1,0 +1,251 @@
+//! The in-process broker and notices: the shared conformance suites, then
+//! what only the in-process implementations promise (their bound, their
+//! dead-letter list, where a requeued message goes, and what closing means).
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use toolfleet_broker::conformance::{
+    ARRIVAL, QUIET, assert_nothing_delivered, next_delivery, unique,
+};
+use toolfleet_broker::memory::{MemoryBroker, MemoryNotices};
+use toolfleet_broker::{Broker, BrokerError, Consumer, Notices};
+
+toolfleet_broker::broker_conformance!(async { MemoryBroker::new() });
+
+/// One broker for every test of this suite, as a deployment would share one.
+static SHARED: OnceLock<MemoryBroker> = OnceLock::new();
+
+toolfleet_broker::broker_conformance!(mod broker_conformance_shared, async {
+    SHARED.get_or_init(MemoryBroker::new).clone()
+});
+
+toolfleet_broker::notices_conformance!(async { MemoryNotices::new() });
+
+// A buffer smaller than the lag test's burst, so that subscriber really lags.
+toolfleet_broker::notices_conformance!(mod notices_conformance_small_buffer, async {
+    MemoryNotices::with_capacity(8)
+});
+
+async fn consume(broker: &MemoryBroker, pool: &str, prefetch: u16) -> Box<dyn Consumer> {
+    match broker.consume(pool, prefetch).await {
+        Ok(consumer) => consumer,
+        Err(e) => panic!("consuming {pool}: {e}"),
+    }
+}
+
+#[tokio::test]
+async fn capacity_bound_answers_full() {
+    let broker = MemoryBroker::with_capacity(2);
+    let pool = unique("bound");
+    assert_eq!(broker.publish(&pool, "job-0").await, Ok(()));
+    assert_eq!(broker.publish(&pool, "job-1").await, Ok(()));
+    let refused = broker.publish(&pool, "job-2").await;
+    assert!(matches!(refused, Err(BrokerError::Full(_))), "{refused:?}");
+    assert!(matches!(
+        broker.publish_delayed(&pool, "job-2", QUIET).await,
+        Err(BrokerError::Full(_))
+    ));
+    assert_eq!(
+        broker.publish(&unique("other"), "job-2").await,
+        Ok(()),
+        "the bound is per pool"
+    );
+
+    let mut consumer = consume(&broker, &pool, 1).await;
+    let taken = next_delivery(consumer.as_mut(), "frees a place").await;
+    assert_eq!(
+        broker.publish(&pool, "job-2").await,
+        Ok(()),
+        "a delivered message is not ready"
+    );
+    assert_eq!(
+        taken.requeue().await,
+        Ok(()),
+        "a requeue is never refused for the bound"
+    );
+    assert_eq!(broker.depth(&pool).await, Ok(3));
+}
+
+#[tokio::test]
+async fn delayed_messages_hold_a_place_under_the_bound() {
+    let broker = MemoryBroker::with_capacity(1);
+    let pool = unique("bound-delayed");
+    assert_eq!(
+        broker.publish_delayed(&pool, "job-later", QUIET).await,
+        Ok(())
+    );
+    assert!(matches!(
+        broker.publish(&pool, "job-now").await,
+        Err(BrokerError::Full(_))
+    ));
+    let mut consumer = consume(&broker, &pool, 1).await;
+    let arrived = next_delivery(consumer.as_mut(), "delayed").await;
+    assert_eq!(arrived.job_id, "job-later");
+    assert_eq!(arrived.ack().await, Ok(()));
+    assert_eq!(
+        broker.publish(&pool, "job-now").await,
+        Ok(()),
+        "the place is free again"
+    );
+}
+
+#[tokio::test]
+async fn rejected_message_goes_to_dead_letters() {
+    let broker = MemoryBroker::new();
+    let pool = unique("dead");
+    assert_eq!(broker.publish(&pool, "not-a-job").await, Ok(()));
+    let mut consumer = consume(&broker, &pool, 1).await;
+    let bad = next_delivery(consumer.as_mut(), "to reject").await;
+    assert_eq!(bad.reject().await, Ok(()));
+    assert_eq!(broker.dead_letters(&pool), vec!["not-a-job".to_owned()]);
+    assert!(broker.dead_letters(&unique("other")).is_empty());
+    assert_eq!(broker.depth(&pool).await, Ok(0));
+}
+
+#[tokio::test]
+async fn requeue_puts_the_message_at_the_front() {
+    let broker = MemoryBroker::new();
+    let pool = unique("front");
+    for id in ["job-a", "job-b"] {
+        assert_eq!(broker.publish(&pool, id).await, Ok(()));
+    }
+    let mut first = consume(&broker, &pool, 1).await;
+    let delivery = next_delivery(first.as_mut(), "before requeue").await;
+    assert_eq!(delivery.job_id, "job-a");
+    assert_eq!(delivery.requeue().await, Ok(()));
+    let mut other = consume(&broker, &pool, 1).await;
+    let again = next_delivery(other.as_mut(), "after requeue").await;
+    assert_eq!(
+        again.job_id, "job-a",
+        "a requeued message goes ahead of job-b"
+    );
+    assert!(again.redelivered);
+}
+
+#[tokio::test]
+async fn dropped_delivery_returns_to_the_queue() {
+    let broker = MemoryBroker::new();
+    let pool = unique("dropped-delivery");
+    assert_eq!(broker.publish(&pool, "job-a").await, Ok(()));
+    let mut consumer = consume(&broker, &pool, 1).await;
+    drop(next_delivery(consumer.as_mut(), "to drop").await);
+    let again = next_delivery(consumer.as_mut(), "after drop").await;
+    assert_eq!(again.job_id, "job-a");
+    assert!(
+        again.redelivered,
+        "a dropped delivery comes back redelivered"
+    );
+}
+
+#[tokio::test]
+async fn settling_after_the_consumer_dropped_answers_closed() {
+    let broker = MemoryBroker::new();
+    let pool = unique("late-ack");
+    assert_eq!(broker.publish(&pool, "job-a").await, Ok(()));
+    let mut consumer = consume(&broker, &pool, 1).await;
+    let delivery = next_delivery(consumer.as_mut(), "held").await;
+    drop(consumer);
+    assert_eq!(
+        broker.depth(&pool).await,
+        Ok(1),
+        "given back when the consumer dropped"
+    );
+    assert_eq!(delivery.ack().await, Err(BrokerError::Closed));
+    assert_eq!(
+        broker.depth(&pool).await,
+        Ok(1),
+        "a late ack does not take it again"
+    );
+}
+
+#[tokio::test]
+async fn zero_prefetch_holds_one() {
+    let broker = MemoryBroker::new();
+    let pool = unique("zero-prefetch");
+    for id in ["job-a", "job-b"] {
+        assert_eq!(broker.publish(&pool, id).await, Ok(()));
+    }
+    let mut consumer = consume(&broker, &pool, 0).await;
+    let held = next_delivery(consumer.as_mut(), "first").await;
+    assert_nothing_delivered(consumer.as_mut(), "beyond one").await;
+    assert_eq!(held.ack().await, Ok(()));
+    next_delivery(consumer.as_mut(), "after ack").await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn publish_delayed_holds_no_one_for_its_delay() {
+    let broker = MemoryBroker::new();
+    let pool = unique("long-delay");
+    let hour = Duration::from_secs(3600);
+    let started = tokio::time::Instant::now();
+    assert_eq!(
+        broker.publish_delayed(&pool, "job-later", hour).await,
+        Ok(())
+    );
+    assert!(
+        started.elapsed() < hour,
+        "publish_delayed waited out its delay"
+    );
+    let mut consumer = consume(&broker, &pool, 1).await;
+    let early = tokio::time::timeout(hour - Duration::from_secs(1), consumer.next()).await;
+    assert!(early.is_err(), "delivered before its delay");
+    let due = next_delivery(consumer.as_mut(), "when due").await;
+    assert_eq!(due.job_id, "job-later");
+    assert!(started.elapsed() >= hour);
+}
+
+#[tokio::test]
+async fn close_ends_consumers_and_refuses_work() {
+    let broker = MemoryBroker::new();
+    let pool = unique("close");
+    let mut consumer = consume(&broker, &pool, 1).await;
+    let waiting = tokio::spawn(async move { consumer.next().await.map(|d| d.job_id.clone()) });
+    tokio::time::sleep(QUIET).await;
+    broker.close();
+    let ended = tokio::time::timeout(ARRIVAL, waiting).await;
+    assert!(
+        matches!(ended, Ok(Ok(None))),
+        "a waiting consumer ends on close: {ended:?}"
+    );
+    assert_eq!(
+        broker.publish(&pool, "job-a").await,
+        Err(BrokerError::Closed)
+    );
+    assert_eq!(broker.ping().await, Err(BrokerError::Closed));
+    assert!(broker.consume(&pool, 1).await.is_err());
+}
+
+#[tokio::test]
+async fn dropping_the_last_clone_ends_consumers() {
+    let broker = MemoryBroker::new();
+    let pool = unique("drop");
+    let clone = broker.clone();
+    let mut consumer = consume(&broker, &pool, 1).await;
+    drop(broker);
+    assert_eq!(
+        clone.publish(&pool, "job-a").await,
+        Ok(()),
+        "a clone keeps it open"
+    );
+    let delivery = next_delivery(consumer.as_mut(), "through the clone").await;
+    assert_eq!(delivery.ack().await, Ok(()));
+    drop(clone);
+    let ended = tokio::time::timeout(ARRIVAL, consumer.next()).await;
+    assert!(
+        matches!(ended, Ok(None)),
+        "consumer ends when the last clone drops"
+    );
+}
+
+#[tokio::test]
+async fn dropping_notices_ends_subscriptions() {
+    let notices = MemoryNotices::new();
+    let mut subscription = match notices.subscribe().await {
+        Ok(subscription) => subscription,
+        Err(e) => panic!("subscribing: {e}"),
+    };
+    drop(notices);
+    let ended = tokio::time::timeout(ARRIVAL, subscription.next()).await;
+    assert!(matches!(ended, Ok(None)), "{ended:?}");
+}

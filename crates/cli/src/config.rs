@@ -1,0 +1,198 @@
+//! `toolfleet.toml`: the keys of API.md, the environment overrides, and the
+//! tool files it includes. A backend is chosen here and nowhere else.
+//!
+//! The file is read with the `toml` crate directly: JSON Schemas sit inline
+//! in it, and their keys (`additionalProperties`, `minItems`) must reach the
+//! schema compiler exactly as written.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use toolfleet_core::config::{ToolConfig, parse_tools};
+
+/// Where the expense pack's declarations live, loaded when there is no file.
+pub const EXPENSE_PACK: &str = "examples/expenses/toolfleet.toml";
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenConfig {
+    pub sha256: String,
+    pub tenant: String,
+    pub user: String,
+    #[serde(default)]
+    pub scopes: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthConfig {
+    #[serde(default)]
+    pub tokens: Vec<TokenConfig>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebhookConfig {
+    /// Hosts a `callback_url` may name.
+    #[serde(default)]
+    pub allow: Vec<String>,
+    /// The key webhooks are signed with; absent, one is kept in the data directory.
+    pub secret: Option<String>,
+}
+
+/// The settings of a process.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default = "default_listen")]
+    pub listen: String,
+    #[serde(default = "default_data_dir")]
+    pub data_dir: PathBuf,
+    pub database_url: Option<String>,
+    pub broker_url: Option<String>,
+    #[serde(default)]
+    pub include: Vec<PathBuf>,
+    #[serde(default)]
+    pub auth: AuthConfig,
+    #[serde(default)]
+    pub webhooks: WebhookConfig,
+    /// Parsed separately, with their file's directory for schema files.
+    #[serde(default, rename = "tools")]
+    _tools: Vec<toml::Value>,
+    /// Worker slots per pool in `serve`.
+    #[serde(default = "default_concurrency")]
+    pub concurrency: usize,
+    /// Largest request body, in bytes.
+    #[serde(default = "default_max_body")]
+    pub max_body_bytes: usize,
+    /// The tools, each with the directory its schema files are relative to.
+    #[serde(skip)]
+    pub tools: Vec<(ToolConfig, PathBuf)>,
+    /// The file this came from, if any.
+    #[serde(skip)]
+    pub source: Option<PathBuf>,
+}
+
+fn default_listen() -> String {
+    "127.0.0.1:8080".to_owned()
+}
+fn default_data_dir() -> PathBuf {
+    PathBuf::from(".toolfleet")
+}
+fn default_concurrency() -> usize {
+    16
+}
+fn default_max_body() -> usize {
+    1024 * 1024
+}
+
+fn read(path: &Path) -> Result<String, String> {
+    std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+}
+
+impl Config {
+    /// The file named by `--config`, else `TOOLFLEET_CONFIG`, else
+    /// `./toolfleet.toml`; with none, the defaults and the expense pack.
+    pub fn load(explicit: Option<&Path>) -> Result<Config, String> {
+        let named = explicit
+            .map(Path::to_path_buf)
+            .or_else(|| std::env::var_os("TOOLFLEET_CONFIG").map(PathBuf::from));
+        let path = named.clone().or_else(|| {
+            let here = PathBuf::from("toolfleet.toml");
+            here.exists().then_some(here)
+        });
+        let mut config = match &path {
+            Some(path) => Config::parse(&read(path)?, path)?,
+            None => {
+                let mut config = Config::parse("", Path::new("."))?;
+                config.include.push(PathBuf::from(EXPENSE_PACK));
+                config
+            }
+        };
+        config.source = path;
+        config.apply_env();
+        config.load_includes()?;
+        Ok(config)
+    }
+
+    /// Parses one file's text; `path` places its tool schema files.
+    pub fn parse(text: &str, path: &Path) -> Result<Config, String> {
+        let mut config: Config =
+            toml::from_str(text).map_err(|e| format!("{}: {e}", path.display()))?;
+        let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        config.tools = parse_tools(text)
+            .map_err(|e| format!("{}: {e}", path.display()))?
+            .into_iter()
+            .map(|t| (t, dir.clone()))
+            .collect();
+        Ok(config)
+    }
+
+    fn apply_env(&mut self) {
+        if let Ok(listen) = std::env::var("TOOLFLEET_LISTEN") {
+            self.listen = listen;
+        }
+        if let Ok(url) = std::env::var("TOOLFLEET_DATABASE_URL") {
+            self.database_url = Some(url);
+        }
+        if let Ok(url) = std::env::var("TOOLFLEET_BROKER_URL") {
+            self.broker_url = Some(url);
+        }
+    }
+
+    /// Adds the tools of every included file (paths relative to this file).
+    fn load_includes(&mut self) -> Result<(), String> {
+        let base = self
+            .source
+            .as_deref()
+            .and_then(Path::parent)
+            .map(Path::to_path_buf)
+            .unwrap_or_default();
+        for include in self.include.clone() {
+            let path = base.join(&include);
+            let text = read(&path)?;
+            let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+            let tools = parse_tools(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+            self.tools.extend(tools.into_iter().map(|t| (t, dir.clone())));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_key_of_the_contract_reads() {
+        let text = r#"
+listen = "127.0.0.1:9999"
+data_dir = "/tmp/tf"
+database_url = "postgres://x"
+broker_url = "amqp://y"
+include = ["more.toml"]
+
+[[auth.tokens]]
+sha256 = "ab"
+tenant = "acme"
+user = "alice"
+scopes = ["expenses:read"]
+
+[webhooks]
+allow = ["127.0.0.1"]
+
+[[tools]]
+name = "t"
+shape = "query"
+input_schema_file = "schemas/t.json"
+"#;
+        let config = Config::parse(text, Path::new("/etc/toolfleet/toolfleet.toml")).unwrap();
+        assert_eq!(config.listen, "127.0.0.1:9999");
+        assert_eq!(config.auth.tokens[0].scopes, ["expenses:read"]);
+        assert_eq!(config.webhooks.allow, ["127.0.0.1"]);
+        assert_eq!(config.tools[0].1, PathBuf::from("/etc/toolfleet"));
+        assert_eq!(config.include, [PathBuf::from("more.toml")]);
+        let typo = Config::parse("lisen = \"x\"", Path::new("t.toml")).unwrap_err();
+        assert!(typo.contains("lisen"), "{typo}");
+    }
+}

@@ -1,0 +1,226 @@
+//! `toolfleet serve`: dispatcher, workers, sweeper and webhooks in one
+//! process, on the embedded default (SQLite in the data directory and the
+//! in-process queue). This is the one place the parts are wired together.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use toolfleet_broker::memory::{MemoryBroker, MemoryNotices};
+use toolfleet_broker::{Broker, Notices};
+use toolfleet_core::{Principal, Runtime, RuntimeConfig, Shape};
+use toolfleet_executors::{Binder, http_client};
+use toolfleet_server::{AppState, Auth, Dispatcher, Limits, Metrics, StoreAuditSink, StoreCommitLog, status_tools, token_sha256};
+use toolfleet_store::Store;
+use toolfleet_store::sqlite::SqliteStore;
+use toolfleet_worker::{Worker, WorkerConfig, run_sweeper, sweep};
+
+use crate::config::Config;
+
+/// How long running jobs may finish after a shutdown signal.
+const GRACE: Duration = Duration::from_secs(20);
+
+/// The development token's file in the data directory.
+pub const DEV_TOKEN_FILE: &str = "dev-token";
+
+fn random_hex(bytes: usize) -> String {
+    let mut out = String::new();
+    while out.len() < bytes * 2 {
+        out.push_str(&uuid::Uuid::new_v4().simple().to_string());
+    }
+    out.truncate(bytes * 2);
+    out
+}
+
+/// Reads `name` in `dir`, or writes it with `make()` (owner-only on unix).
+fn kept_secret(dir: &Path, name: &str, make: impl FnOnce() -> String) -> Result<(String, bool), String> {
+    let path = dir.join(name);
+    if let Ok(text) = std::fs::read_to_string(&path) {
+        let text = text.trim().to_owned();
+        if !text.is_empty() {
+            return Ok((text, false));
+        }
+    }
+    let value = make();
+    std::fs::write(&path, format!("{value}\n")).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600));
+    }
+    Ok((value, true))
+}
+
+fn signing_key(dir: &Path) -> Result<[u8; 32], String> {
+    let (text, _) = kept_secret(dir, "secret", || random_hex(32))?;
+    let bytes = hex::decode(&text).map_err(|_| format!("{}/secret is not hex; delete it to make a new one", dir.display()))?;
+    bytes.try_into().map_err(|_| format!("{}/secret is not 32 bytes; delete it to make a new one", dir.display()))
+}
+
+/// The principals of the configuration, or a development token.
+fn authentication(config: &Config, runtime: &Runtime) -> Result<Auth, String> {
+    let mut auth = Auth::default();
+    for token in &config.auth.tokens {
+        if token.sha256.len() != 64 || hex::decode(&token.sha256).is_err() {
+            return Err(format!("auth.tokens: sha256 of `{}` must be 64 hex characters", token.user));
+        }
+        auth.insert(&token.sha256, Principal::new(&token.tenant, &token.user, token.scopes.iter().cloned()));
+    }
+    if auth.is_empty() {
+        let (token, made) = kept_secret(&config.data_dir, DEV_TOKEN_FILE, || format!("tf_dev_{}", random_hex(24)))?;
+        // The newcomer can try every tool, so the token holds every scope.
+        let scopes: BTreeSet<String> = runtime.registry().tools().flat_map(|t| t.required_scopes().to_vec()).collect();
+        auth.insert(&token_sha256(&token), Principal::new("dev", "dev", scopes));
+        let file = config.data_dir.join(DEV_TOKEN_FILE);
+        eprintln!(
+            "{} development token (kept in {}):\n  export TOOLFLEET_TOKEN={token}\n  curl -H \"Authorization: Bearer $TOOLFLEET_TOKEN\" http://{}/v1/tools",
+            if made { "made a" } else { "using the" },
+            file.display(),
+            config.listen
+        );
+    }
+    Ok(auth)
+}
+
+/// Registers the status tools and every configured tool.
+fn register_tools(runtime: &mut Runtime, config: &Config, store: &Arc<dyn Store>, notices: &Arc<dyn Notices>) -> Result<(), String> {
+    runtime
+        .register_all(status_tools(store.clone(), notices.clone()))
+        .map_err(|e| e.to_string())?;
+    let builtins = toolfleet_expenses::builtins(Arc::new(toolfleet_expenses::ExpenseBook::default()));
+    let binder = Binder::new(builtins, http_client()?);
+    for (tool, dir) in &config.tools {
+        let name = tool.name.clone();
+        let executor = tool
+            .executor
+            .as_ref()
+            .map(|spec| binder.bind(spec))
+            .transpose()
+            .map_err(|e| format!("tool `{name}`: executor: {e}"))?;
+        let read = |path: &str| std::fs::read_to_string(dir.join(path)).map_err(|e| e.to_string());
+        let decl = tool.clone().into_decl(&read, executor).map_err(|e| e.to_string())?;
+        runtime.register(decl).map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// The pools the registered job and agent tools run on.
+fn pools(runtime: &Runtime) -> BTreeSet<String> {
+    let config = runtime.config();
+    runtime
+        .registry()
+        .tools()
+        .filter(|t| t.shape().is_enqueued())
+        .map(|t| {
+            t.declaration().pool.clone().unwrap_or_else(|| match t.shape() {
+                Shape::Agent => config.default_agent_pool.clone(),
+                _ => config.default_pool.clone(),
+            })
+        })
+        .collect()
+}
+
+/// Runs everything until SIGTERM or Ctrl-C.
+pub async fn serve(config: Config) -> Result<(), String> {
+    if config.database_url.is_some() || config.broker_url.is_some() {
+        return Err("database_url and broker_url select PostgreSQL and RabbitMQ, which this build does not have yet; remove them to run on the embedded default".to_owned());
+    }
+    std::fs::create_dir_all(&config.data_dir)
+        .map_err(|e| format!("cannot create data_dir {}: {e}", config.data_dir.display()))?;
+    let store: Arc<dyn Store> = Arc::new(
+        SqliteStore::open(&config.data_dir.join("toolfleet.db"))
+            .await
+            .map_err(|e| e.to_string())?,
+    );
+    let broker: Arc<dyn Broker> = Arc::new(MemoryBroker::new());
+    let notices: Arc<dyn Notices> = Arc::new(MemoryNotices::new());
+    let mut runtime = Runtime::builder()
+        .config(RuntimeConfig::default())
+        .secret(signing_key(&config.data_dir)?)
+        .fleet(Arc::new(Dispatcher::new(store.clone(), broker.clone(), notices.clone())))
+        .commit_log(Arc::new(StoreCommitLog::new(store.clone())))
+        .audit_sink(Arc::new(StoreAuditSink::spawn(store.clone(), 10_000)))
+        .build();
+    register_tools(&mut runtime, &config, &store, &notices)?;
+    let auth = authentication(&config, &runtime)?;
+    let runtime = Arc::new(runtime);
+    let (stop, stopped) = watch::channel(false);
+
+    // The in-process queue starts empty: refill it from the store first.
+    let refilled = sweep(store.as_ref(), broker.as_ref(), 100_000).await?;
+    if refilled > 0 {
+        tracing::info!(jobs = refilled, "requeued jobs left from the last run");
+    }
+    let mut workers = Vec::new();
+    for pool in pools(&runtime) {
+        let mut worker_config = WorkerConfig::new(pool);
+        worker_config.concurrency = config.concurrency;
+        let worker = Worker::new(worker_config, runtime.clone(), store.clone(), broker.clone(), notices.clone());
+        workers.push(tokio::spawn(worker.run(stopped.clone(), GRACE)));
+    }
+    tokio::spawn(run_sweeper(store.clone(), broker.clone(), Duration::from_secs(10), stopped.clone()));
+    let (webhook_key, _) = match &config.webhooks.secret {
+        Some(secret) => (secret.clone(), false),
+        None => kept_secret(&config.data_dir, "webhook-secret", || random_hex(32))?,
+    };
+    tokio::spawn(toolfleet_server::webhooks::deliver(
+        store.clone(),
+        notices.clone(),
+        http_client()?,
+        webhook_key.into_bytes(),
+        stopped.clone(),
+    ));
+
+    let state = AppState {
+        runtime,
+        store,
+        broker,
+        notices,
+        auth: Arc::new(auth),
+        webhook_allow: Arc::new(config.webhooks.allow.clone()),
+        limits: Limits {
+            max_body: config.max_body_bytes,
+            ..Limits::default()
+        },
+        metrics: Arc::new(Metrics::default()),
+    };
+    let listener = tokio::net::TcpListener::bind(&config.listen)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
+    let address = listener.local_addr().map_err(|e| e.to_string())?;
+    eprintln!("toolfleet serving on http://{address} (data in {})", config.data_dir.display());
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        eprintln!("stopping: finishing running jobs (up to {} s)", GRACE.as_secs());
+        let _ = stop.send(true);
+    });
+    let mut shutdown = stopped.clone();
+    axum::serve(listener, toolfleet_server::router(state))
+        .with_graceful_shutdown(async move {
+            let _ = shutdown.changed().await;
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+    for worker in workers {
+        let _ = worker.await;
+    }
+    Ok(())
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}

@@ -1,0 +1,102 @@
+//! Envelopes out: the answer to a call, as the provider's tool result.
+//!
+//! Providers that take text get the envelope's JSON, so the model reads the
+//! same `status`, ids and error codes whichever provider it runs on.
+
+use serde_json::{Map, Value, json};
+
+use super::{Format, ProviderCall};
+use crate::envelope::Envelope;
+
+/// The tool result that answers `call` with `envelope`, as `format` expects
+/// it in the next request (for MCP, a `CallToolResult`).
+pub fn render_result(format: Format, call: &ProviderCall, envelope: &Envelope) -> Value {
+    let mut out = Map::new();
+    let id = call.id.as_ref().map(|id| json!(id));
+    match format {
+        Format::Neutral => return envelope_value(envelope),
+        Format::OpenAi => {
+            out.insert("role".into(), json!("tool"));
+            insert_some(&mut out, "tool_call_id", id);
+            out.insert("content".into(), json!(envelope.to_json()));
+        }
+        Format::OpenAiResponses => {
+            out.insert("type".into(), json!("function_call_output"));
+            insert_some(&mut out, "call_id", id);
+            out.insert("output".into(), json!(envelope.to_json()));
+        }
+        Format::Anthropic => {
+            out.insert("type".into(), json!("tool_result"));
+            insert_some(&mut out, "tool_use_id", id);
+            out.insert("content".into(), json!(envelope.to_json()));
+            out.insert("is_error".into(), json!(envelope.error_ref().is_some()));
+        }
+        Format::Gemini => {
+            // Gemini reads an `error` key of the response as the error; error
+            // envelopes have one.
+            let mut response = Map::new();
+            response.insert("name".into(), json!(call.wire_name));
+            insert_some(&mut response, "id", id);
+            response.insert("response".into(), envelope_value(envelope));
+            out.insert("functionResponse".into(), Value::Object(response));
+        }
+        Format::Mcp => return mcp(call, envelope),
+    }
+    Value::Object(out)
+}
+
+/// A `CallToolResult`: text for the model, `structuredContent` for code.
+fn mcp(call: &ProviderCall, envelope: &Envelope) -> Value {
+    // MCP clients check `structuredContent` against a declared outputSchema
+    // whenever it is present, which an envelope that is not the result fails.
+    let envelope_fits = call
+        .tool
+        .as_ref()
+        .is_none_or(|t| t.output_schema().is_none());
+    let (text, structured) = match envelope {
+        Envelope::Ok { result, .. } => {
+            let value = result.to_value();
+            if value.is_object() {
+                (result.get().to_owned(), Some(value))
+            } else {
+                let wrapped = json!({ "result": value });
+                (wrapped.to_string(), Some(wrapped))
+            }
+        }
+        Envelope::Error { error, .. } => {
+            let mut text = error.to_string();
+            if let Some(seconds) = error.retry_after_s {
+                text.push_str(&format!(" (retry after {seconds} s)"));
+            }
+            (text, envelope_fits.then(|| envelope_value(envelope)))
+        }
+        Envelope::Running { .. } | Envelope::Suspended { .. } => (
+            envelope.to_json(),
+            envelope_fits.then(|| envelope_value(envelope)),
+        ),
+    };
+    let mut out = Map::new();
+    out.insert("content".into(), json!([{ "type": "text", "text": text }]));
+    if let Some(structured) = structured {
+        out.insert("structuredContent".into(), structured);
+    }
+    out.insert("isError".into(), json!(envelope.error_ref().is_some()));
+    // Tells an ok result from a job's `running` answer without guessing from its fields.
+    out.insert(
+        "_meta".into(),
+        json!({ "toolfleet/status": envelope.status() }),
+    );
+    Value::Object(out)
+}
+
+fn envelope_value(envelope: &Envelope) -> Value {
+    serde_json::to_value(envelope)
+        .or_else(|_| serde_json::from_str(&envelope.to_json()))
+        .unwrap_or_else(|_| json!({ "status": envelope.status() }))
+}
+
+fn insert_some(map: &mut Map<String, Value>, key: &str, value: Option<Value>) {
+    if let Some(value) = value {
+        map.insert(key.into(), value);
+    }
+}

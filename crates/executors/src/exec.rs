@@ -1,0 +1,321 @@
+//! The `exec` executor: a tool whose work is done by a program.
+//!
+//! It owns one run of the program per attempt: the arguments as JSON on
+//! standard input, one JSON document expected on standard output, the exit
+//! status read as success, a retryable failure (75, `EX_TEMPFAIL`) or a
+//! final one. The program runs in a process group of its own, and the whole
+//! group is killed when the attempt times out, prints too much or is
+//! abandoned, so no process of a call outlives it. It must never wait past
+//! its timeout nor hold more than `max_output_bytes` of output.
+
+use std::io;
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use futures_util::future::{BoxFuture, try_join3};
+use serde_json::Value;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::process::{Child, ChildStdin, Command};
+use toolfleet_core::{CallCtx, ErrorCode, Executor, Json, ToolError};
+
+use crate::{DEFAULT_MAX_RESULT_BYTES, EXCERPT_BYTES, idempotency_key, quoted};
+
+/// The exit status (sysexits.h) by which a program says "try again later".
+pub const EX_TEMPFAIL: i32 = 75;
+
+/// Runs a program with a call's arguments on standard input.
+#[derive(Debug, Clone)]
+pub struct ExecExecutor {
+    program: String,
+    args: Vec<String>,
+    timeout: Duration,
+    max_output_bytes: usize,
+}
+
+/// What a finished program left behind.
+struct Finished {
+    status: ExitStatus,
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+}
+
+impl ExecExecutor {
+    /// An executor for `program` (a path, or a name looked up in `PATH`)
+    /// with command-line `args`. It starts with [`crate::DEFAULT_TIMEOUT`]
+    /// and [`DEFAULT_MAX_RESULT_BYTES`].
+    pub fn new(program: impl Into<String>, args: Vec<String>) -> Result<Self, String> {
+        let program = program.into();
+        if program.trim().is_empty() {
+            return Err("program must name a program to run, got an empty string".to_owned());
+        }
+        Ok(ExecExecutor {
+            program,
+            args,
+            timeout: crate::DEFAULT_TIMEOUT,
+            max_output_bytes: DEFAULT_MAX_RESULT_BYTES,
+        })
+    }
+
+    /// The wall time of one run, from start to exit.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The largest standard output accepted as a result.
+    pub fn with_max_output_bytes(mut self, bytes: usize) -> Self {
+        self.max_output_bytes = bytes;
+        self
+    }
+
+    pub fn program(&self) -> &str {
+        &self.program
+    }
+
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    async fn call(self, ctx: CallCtx, args: Value) -> Result<Json, ToolError> {
+        let input = serde_json::to_vec(&args).map_err(|e| {
+            ToolError::failed(format!("the arguments could not be encoded: {e}"), false)
+        })?;
+        let mut child = self.spawn(&ctx)?;
+        // Declared after `child`, so dropped first: on every early return,
+        // and when the caller abandons the call, the group dies.
+        let group = GroupKiller::of(&child);
+        let finished = tokio::time::timeout(self.timeout, self.converse(&mut child, input))
+            .await
+            .map_err(|_| self.timed_out())??;
+        group.disarm();
+        self.judge(finished)
+    }
+
+    fn spawn(&self, ctx: &CallCtx) -> Result<Child, ToolError> {
+        let mut command = Command::new(&self.program);
+        command
+            .args(&self.args)
+            .env("TOOLFLEET_IDEMPOTENCY_KEY", idempotency_key(ctx))
+            .env("TOOLFLEET_RUN_ID", &ctx.run_id)
+            .env("TOOLFLEET_CALL_ID", &ctx.call_id)
+            .env("TOOLFLEET_TENANT", ctx.tenant())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        #[cfg(unix)]
+        command.process_group(0);
+        command.spawn().map_err(|e| self.spawn_error(e))
+    }
+
+    /// Feeds standard input while reading both outputs, all at once: a
+    /// program that writes before it has read everything must not block.
+    async fn converse(&self, child: &mut Child, input: Vec<u8>) -> Result<Finished, ToolError> {
+        let (stdin, stdout, stderr) =
+            (child.stdin.take(), child.stdout.take(), child.stderr.take());
+        let write = feed(stdin, input);
+        let stdout = async {
+            let (bytes, complete) = read_bounded(stdout, self.max_output_bytes).await;
+            if complete {
+                Ok(bytes)
+            } else {
+                Err(self.too_large())
+            }
+        };
+        let stderr = async { Ok(read_excerpt(stderr).await) };
+        let ((), stdout, stderr) = try_join3(write, stdout, stderr).await?;
+        let status = child.wait().await.map_err(|e| {
+            ToolError::failed(
+                format!("program `{}` could not be waited for: {e}", self.program),
+                true,
+            )
+        })?;
+        Ok(Finished {
+            status,
+            stdout,
+            stderr,
+        })
+    }
+
+    fn judge(&self, finished: Finished) -> Result<Json, ToolError> {
+        let Finished {
+            status,
+            stdout,
+            stderr,
+        } = finished;
+        match status.code() {
+            Some(0) => self.parse_result(&stdout),
+            Some(code) => Err(ToolError::failed(
+                format!(
+                    "program `{}` exited with status {code}{}",
+                    self.program,
+                    quoted(&stderr)
+                ),
+                code == EX_TEMPFAIL,
+            )),
+            None => Err(ToolError::failed(
+                format!(
+                    "program `{}` was {}{}",
+                    self.program,
+                    killed_by(status),
+                    quoted(&stderr)
+                ),
+                false,
+            )),
+        }
+    }
+
+    fn parse_result(&self, stdout: &[u8]) -> Result<Json, ToolError> {
+        let problem = match std::str::from_utf8(stdout) {
+            Err(_) => "printed output that is not UTF-8 text".to_owned(),
+            Ok(text) if text.trim().is_empty() => "printed nothing".to_owned(),
+            Ok(text) => match Json::parse(text) {
+                Ok(json) => return Ok(json),
+                Err(e) => format!("printed something that is not one JSON document ({e})"),
+            },
+        };
+        Err(ToolError::failed(
+            format!(
+                "program `{}` exited 0 but {problem} on standard output, where its result belongs{}",
+                self.program,
+                quoted(stdout)
+            ),
+            false,
+        ))
+    }
+
+    fn spawn_error(&self, error: io::Error) -> ToolError {
+        let why = match error.kind() {
+            io::ErrorKind::NotFound => "there is no such program".to_owned(),
+            io::ErrorKind::PermissionDenied => {
+                "it is not executable (permission denied)".to_owned()
+            }
+            _ => error.to_string(),
+        };
+        ToolError::failed(
+            format!("program `{}` could not be started: {why}", self.program),
+            false,
+        )
+    }
+
+    fn timed_out(&self) -> ToolError {
+        ToolError::new(
+            ErrorCode::Timeout,
+            format!(
+                "program `{}` did not finish within {:?} and was killed",
+                self.program, self.timeout
+            ),
+        )
+    }
+
+    fn too_large(&self) -> ToolError {
+        ToolError::new(
+            ErrorCode::PayloadTooLarge,
+            format!(
+                "program `{}` printed more than {} bytes and was killed",
+                self.program, self.max_output_bytes
+            ),
+        )
+        .retryable(false)
+    }
+}
+
+impl Executor for ExecExecutor {
+    fn execute(&self, ctx: CallCtx, args: Value) -> BoxFuture<'static, Result<Json, ToolError>> {
+        Box::pin(self.clone().call(ctx, args))
+    }
+}
+
+/// Writes the arguments and closes standard input. A program may exit
+/// without reading them; its exit status, not a broken pipe, decides.
+async fn feed(stdin: Option<ChildStdin>, input: Vec<u8>) -> Result<(), ToolError> {
+    if let Some(mut stdin) = stdin {
+        let _ = stdin.write_all(&input).await;
+    }
+    Ok(())
+}
+
+/// Reads at most `limit` bytes; `false` when the stream had more. A read
+/// error ends the stream: the exit status tells what went wrong.
+async fn read_bounded<R: AsyncRead + Unpin>(stream: Option<R>, limit: usize) -> (Vec<u8>, bool) {
+    let mut bytes = Vec::new();
+    if let Some(stream) = stream {
+        let bound = u64::try_from(limit).unwrap_or(u64::MAX).saturating_add(1);
+        let _ = stream.take(bound).read_to_end(&mut bytes).await;
+    }
+    let complete = bytes.len() <= limit;
+    bytes.truncate(limit);
+    (bytes, complete)
+}
+
+/// The start of standard error, then the rest drained unread so that a
+/// chatty program never blocks on a full pipe.
+async fn read_excerpt<R: AsyncRead + Unpin>(stream: Option<R>) -> Vec<u8> {
+    let Some(mut stream) = stream else {
+        return Vec::new();
+    };
+    let mut bytes = Vec::new();
+    let _ = (&mut stream)
+        .take(EXCERPT_BYTES as u64)
+        .read_to_end(&mut bytes)
+        .await;
+    let _ = tokio::io::copy(&mut stream, &mut tokio::io::sink()).await;
+    bytes
+}
+
+#[cfg(unix)]
+fn killed_by(status: ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match status.signal() {
+        Some(signal) => format!("killed by signal {signal}"),
+        None => "stopped without an exit status".to_owned(),
+    }
+}
+
+#[cfg(not(unix))]
+fn killed_by(_status: ExitStatus) -> String {
+    "stopped without an exit status".to_owned()
+}
+
+/// Kills a program's process group when dropped, unless disarmed once the
+/// program has exited of its own accord.
+struct GroupKiller {
+    group: Option<i32>,
+}
+
+impl GroupKiller {
+    fn of(child: &Child) -> Self {
+        // Group ids 0 and 1 would name our own group or init: never signal those.
+        let group = child
+            .id()
+            .and_then(|pid| i32::try_from(pid).ok())
+            .filter(|&pid| pid > 1);
+        GroupKiller { group }
+    }
+
+    fn disarm(mut self) {
+        self.group = None;
+    }
+}
+
+impl Drop for GroupKiller {
+    fn drop(&mut self) {
+        if let Some(group) = self.group {
+            kill_group(group);
+        }
+    }
+}
+
+#[cfg(unix)]
+fn kill_group(group: i32) {
+    // SAFETY: kill(2) only sends a signal; it reads and writes no memory of
+    // ours. A negative pid names the process group the child leads.
+    unsafe {
+        libc::kill(-group, libc::SIGKILL);
+    }
+}
+
+#[cfg(not(unix))]
+fn kill_group(_group: i32) {
+    // Elsewhere `kill_on_drop` kills the program itself, without its children.
+}

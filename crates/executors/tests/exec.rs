@@ -1,0 +1,203 @@
+//! The exec executor against real programs, mostly `/bin/sh -c` scripts.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use toolfleet_core::{CallCtx, ErrorCode, Executor, Principal, ToolError};
+use toolfleet_executors::ExecExecutor;
+
+fn ctx() -> CallCtx {
+    CallCtx::new(Arc::new(Principal::new("acme", "alice", ["x"])))
+}
+
+fn sh(script: &str) -> ExecExecutor {
+    ExecExecutor::new("/bin/sh", vec!["-c".to_owned(), script.to_owned()])
+        .unwrap()
+        .with_timeout(Duration::from_secs(10))
+}
+
+async fn call(executor: &ExecExecutor, args: Value) -> Result<Value, ToolError> {
+    executor
+        .execute(ctx(), args)
+        .await
+        .map(|json| json.to_value())
+}
+
+#[tokio::test]
+async fn the_arguments_arrive_on_stdin_and_the_result_leaves_on_stdout() {
+    let args = json!({"month": "2026-09", "lines": [1, 2, 3]});
+    assert_eq!(call(&sh("cat"), args.clone()).await.unwrap(), args);
+}
+
+#[tokio::test]
+async fn large_arguments_and_results_do_not_deadlock() {
+    let args = json!({"blob": "x".repeat(2 << 20)});
+    let executor = sh("cat").with_max_output_bytes(4 << 20);
+    assert_eq!(call(&executor, args.clone()).await.unwrap(), args);
+}
+
+#[tokio::test]
+async fn a_program_that_ignores_stdin_still_answers() {
+    let args = json!({"blob": "x".repeat(1 << 20)});
+    assert_eq!(
+        call(&sh("echo '{\"ok\": true}'"), args).await.unwrap(),
+        json!({"ok": true})
+    );
+}
+
+#[tokio::test]
+async fn the_environment_carries_the_calls_keys() {
+    let script = r#"printf '{"key":"%s","run":"%s","tenant":"%s"}' "$TOOLFLEET_IDEMPOTENCY_KEY" "$TOOLFLEET_RUN_ID" "$TOOLFLEET_TENANT""#;
+    let ctx = ctx().with_run_id("run-7").with_idempotency_key("key-42");
+    let out = sh(script).execute(ctx, json!({})).await.unwrap().to_value();
+    assert_eq!(
+        out,
+        json!({"key": "key-42", "run": "run-7", "tenant": "acme"})
+    );
+}
+
+#[tokio::test]
+async fn garbage_on_stdout_is_not_retryable() {
+    let err = call(&sh("echo 'hello there'"), json!({}))
+        .await
+        .unwrap_err();
+    assert_eq!((err.code, err.retryable), (ErrorCode::ToolFailed, false));
+    assert!(
+        err.message.contains("not one JSON document") && err.message.contains("hello there"),
+        "{}",
+        err.message
+    );
+}
+
+#[tokio::test]
+async fn nothing_on_stdout_is_named() {
+    let err = call(&sh("true"), json!({})).await.unwrap_err();
+    assert_eq!((err.code, err.retryable), (ErrorCode::ToolFailed, false));
+    assert!(err.message.contains("printed nothing"), "{}", err.message);
+}
+
+#[tokio::test]
+async fn a_failing_program_is_quoted_from_stderr() {
+    let err = call(&sh("echo 'quota exceeded for acme' >&2; exit 3"), json!({}))
+        .await
+        .unwrap_err();
+    assert_eq!((err.code, err.retryable), (ErrorCode::ToolFailed, false));
+    assert!(
+        err.message.contains("status 3") && err.message.contains("quota exceeded for acme"),
+        "{}",
+        err.message
+    );
+}
+
+#[tokio::test]
+async fn exit_75_is_retryable() {
+    let err = call(&sh("echo 'busy, later' >&2; exit 75"), json!({}))
+        .await
+        .unwrap_err();
+    assert_eq!((err.code, err.retryable), (ErrorCode::ToolFailed, true));
+    assert!(err.message.contains("status 75"), "{}", err.message);
+}
+
+#[tokio::test]
+async fn a_program_killed_by_a_signal_is_named() {
+    let err = call(&sh("kill -9 $$"), json!({})).await.unwrap_err();
+    assert_eq!((err.code, err.retryable), (ErrorCode::ToolFailed, false));
+    assert!(err.message.contains("signal 9"), "{}", err.message);
+}
+
+#[tokio::test]
+async fn a_hanging_program_is_killed_at_its_timeout() {
+    let executor = sh("sleep 30").with_timeout(Duration::from_millis(300));
+    let started = Instant::now();
+    let err = call(&executor, json!({})).await.unwrap_err();
+    assert_eq!((err.code, err.retryable), (ErrorCode::Timeout, true));
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn the_programs_children_die_with_it() {
+    let dir = std::env::temp_dir().join(format!("toolfleet-exec-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let pid_file = dir.join("grandchild.pid");
+    let script = format!("sleep 30 & echo $! > '{}'; wait", pid_file.display());
+    let executor = sh(&script).with_timeout(Duration::from_millis(500));
+    let err = call(&executor, json!({})).await.unwrap_err();
+    assert_eq!(err.code, ErrorCode::Timeout);
+    let pid = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .to_owned();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        gone_soon(&pid).await,
+        "the grandchild {pid} outlived the call"
+    );
+}
+
+/// True once the process has exited (gone, or a zombie awaiting its reaper).
+async fn gone_soon(pid: &str) -> bool {
+    for _ in 0..50 {
+        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            Err(_) => return true,
+            Ok(stat)
+                if stat
+                    .rsplit(')')
+                    .next()
+                    .is_some_and(|rest| rest.trim_start().starts_with('Z')) =>
+            {
+                return true;
+            }
+            Ok(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    false
+}
+
+#[tokio::test]
+async fn endless_output_is_cut_off_at_the_bound() {
+    let executor = sh("yes").with_max_output_bytes(64 * 1024);
+    let started = Instant::now();
+    let err = call(&executor, json!({})).await.unwrap_err();
+    assert_eq!(
+        (err.code, err.retryable),
+        (ErrorCode::PayloadTooLarge, false)
+    );
+    assert!(err.message.contains("65536"), "{}", err.message);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn a_chatty_stderr_does_not_block_the_program() {
+    let script = "head -c 1000000 /dev/zero | tr '\\0' e >&2; echo '{\"done\": true}'";
+    assert_eq!(
+        call(&sh(script), json!({})).await.unwrap(),
+        json!({"done": true})
+    );
+}
+
+#[tokio::test]
+async fn a_missing_program_is_named() {
+    let executor = ExecExecutor::new("/no/such/tool-program", vec![]).unwrap();
+    let err = call(&executor, json!({})).await.unwrap_err();
+    assert_eq!((err.code, err.retryable), (ErrorCode::ToolFailed, false));
+    assert!(
+        err.message.contains("/no/such/tool-program") && err.message.contains("no such program"),
+        "{}",
+        err.message
+    );
+}
+
+#[test]
+fn an_empty_program_is_refused() {
+    let err = ExecExecutor::new("  ", vec![]).unwrap_err();
+    assert!(err.contains("empty"), "{err}");
+}

@@ -1,0 +1,235 @@
+//! The dispatcher's side of the fleet: accepted jobs become job rows and
+//! messages, human calls become tickets, command outcomes and audit records
+//! go to the store.
+//!
+//! The job row is written before its message is published, so the row is its
+//! own outbox: if the publish fails the call still answers `running`, and the
+//! sweeper publishes the job later. Nothing here runs a job.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use serde_json::json;
+use tokio::sync::mpsc;
+use toolfleet_broker::{Broker, Event, Notices};
+use toolfleet_core::shapes::command::{Claim, CommitLog};
+use toolfleet_core::{
+    AuditRecord, AuditSink, Envelope, ErrorCode, Fleet, JobRequest, TicketRequest, ToolError,
+};
+use toolfleet_store::{Inserted, NewJob, NewTicket, Store, StoreError, TicketRecord};
+
+/// Unix milliseconds now.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// A store failure as a caller reads it.
+pub fn store_error(error: StoreError) -> ToolError {
+    match error {
+        StoreError::Conflict(message) => ToolError::new(ErrorCode::Conflict, message),
+        StoreError::Unavailable(message) | StoreError::Schema(message) => ToolError::new(
+            ErrorCode::Unavailable,
+            format!("the job store is unavailable ({message}); try again shortly"),
+        ),
+    }
+}
+
+/// Accepts jobs and tickets into the store and the broker.
+pub struct Dispatcher {
+    store: Arc<dyn Store>,
+    broker: Arc<dyn Broker>,
+    notices: Arc<dyn Notices>,
+}
+
+impl Dispatcher {
+    pub fn new(store: Arc<dyn Store>, broker: Arc<dyn Broker>, notices: Arc<dyn Notices>) -> Self {
+        Dispatcher {
+            store,
+            broker,
+            notices,
+        }
+    }
+}
+
+/// The event announcing `ticket` as it stands.
+pub fn ticket_event(ticket: &TicketRecord) -> Event {
+    Event {
+        kind: "ticket".to_owned(),
+        id: ticket.id.clone(),
+        tenant: ticket.tenant.clone(),
+        tool: ticket.tool.clone(),
+        state: if ticket.answer.is_some() { "answered" } else { "open" }.to_owned(),
+        run_id: ticket.run_id.clone(),
+        body: ticket_view(ticket),
+    }
+}
+
+/// A ticket as clients read it.
+pub fn ticket_view(ticket: &TicketRecord) -> serde_json::Value {
+    json!({
+        "ticket": ticket.id,
+        "tool": ticket.tool,
+        "question": ticket.question,
+        "options": ticket.options,
+        "state": if ticket.answer.is_some() { "answered" } else { "open" },
+        "answer": ticket.answer,
+        "run_id": ticket.run_id,
+        "created_at": ticket.created_at,
+        "answered_at": ticket.answered_at,
+    })
+}
+
+impl Fleet for Dispatcher {
+    fn submit<'a>(&'a self, job: JobRequest) -> BoxFuture<'a, Result<String, ToolError>> {
+        Box::pin(async move {
+            let ctx = &job.ctx;
+            let new = NewJob {
+                id: toolfleet_core::new_id(),
+                tenant: ctx.principal.tenant.clone(),
+                user: ctx.principal.user.clone(),
+                tool: job.tool.clone(),
+                pool: job.pool.clone(),
+                args: job.args,
+                idempotency_key: ctx.idempotency_key.clone(),
+                run_id: ctx.run_id.clone(),
+                call_id: ctx.call_id.clone(),
+                callback_url: ctx.callback_url.clone(),
+                max_attempts: job.max_attempts,
+                timeout_ms: job.timeout.as_millis().min(i64::MAX as u128) as i64,
+                now: now_ms(),
+            };
+            let inserted = self.store.insert_job(new).await.map_err(store_error)?;
+            let Inserted::Created(record) = inserted else {
+                return Ok(inserted.job().id.clone());
+            };
+            if let Err(error) = self.broker.publish(&record.pool, &record.id).await {
+                // The row is durable: the sweeper publishes it later.
+                tracing::warn!(job_id = %record.id, %error, "publish failed; left to the sweeper");
+            }
+            let event = job_event(&record);
+            let _ = self.notices.publish(&event).await;
+            Ok(record.id)
+        })
+    }
+
+    fn open_ticket<'a>(&'a self, ticket: TicketRequest) -> BoxFuture<'a, Result<String, ToolError>> {
+        Box::pin(async move {
+            let ctx = &ticket.ctx;
+            let new = NewTicket {
+                id: format!("t_{}", uuid::Uuid::now_v7().simple()),
+                tenant: ctx.principal.tenant.clone(),
+                user: ctx.principal.user.clone(),
+                tool: ticket.tool,
+                question: ticket.question,
+                options: ticket.options,
+                args: ticket.args,
+                run_id: ctx.run_id.clone(),
+                call_id: ctx.call_id.clone(),
+                callback_url: ctx.callback_url.clone(),
+                now: now_ms(),
+            };
+            let record = self.store.insert_ticket(new).await.map_err(store_error)?;
+            let _ = self.notices.publish(&ticket_event(&record)).await;
+            Ok(record.id)
+        })
+    }
+}
+
+/// The event of a job as it stands.
+pub fn job_event(job: &toolfleet_store::JobRecord) -> Event {
+    Event {
+        kind: "job".to_owned(),
+        id: job.id.clone(),
+        tenant: job.tenant.clone(),
+        tool: job.tool.clone(),
+        state: job.state.as_str().to_owned(),
+        run_id: job.run_id.clone(),
+        body: serde_json::to_value(job.envelope(crate::status::POLL_AFTER_S)).unwrap_or_default(),
+    }
+}
+
+/// Command outcomes in the store, so a confirm token commits once across
+/// restarts and dispatchers.
+pub struct StoreCommitLog {
+    store: Arc<dyn Store>,
+    /// How long a claim waits for a running commit of the same token.
+    wait: Duration,
+}
+
+impl StoreCommitLog {
+    pub fn new(store: Arc<dyn Store>) -> Self {
+        StoreCommitLog {
+            store,
+            wait: Duration::from_secs(30),
+        }
+    }
+}
+
+impl CommitLog for StoreCommitLog {
+    fn claim<'a>(&'a self, key: &'a str, lease: Duration) -> BoxFuture<'a, Result<Claim, ToolError>> {
+        Box::pin(async move {
+            let give_up = tokio::time::Instant::now() + self.wait;
+            loop {
+                let lease_ms = lease.as_millis().min(i64::MAX as u128) as i64;
+                match self.store.claim_commit(key, now_ms(), lease_ms).await.map_err(store_error)? {
+                    toolfleet_store::CommitClaim::Run => return Ok(Claim::Run),
+                    toolfleet_store::CommitClaim::Settled(envelope) => return Ok(Claim::Settled(envelope)),
+                    toolfleet_store::CommitClaim::Pending if tokio::time::Instant::now() >= give_up => {
+                        return Ok(Claim::Busy);
+                    }
+                    toolfleet_store::CommitClaim::Pending => tokio::time::sleep(Duration::from_millis(25)).await,
+                }
+            }
+        })
+    }
+
+    fn settle<'a>(
+        &'a self,
+        key: &'a str,
+        outcome: Option<&'a Envelope>,
+        keep_until_unix: u64,
+    ) -> BoxFuture<'a, Result<(), ToolError>> {
+        Box::pin(async move {
+            let keep_until = (keep_until_unix.min(i64::MAX as u64 / 1000) * 1000) as i64;
+            self.store
+                .settle_commit(key, outcome, keep_until)
+                .await
+                .map_err(store_error)
+        })
+    }
+}
+
+/// Audit records to the store, written in batches by a task of their own so
+/// that a call never waits on them.
+pub struct StoreAuditSink {
+    queue: mpsc::Sender<AuditRecord>,
+}
+
+impl StoreAuditSink {
+    /// Spawns the writer; a full queue drops records rather than stall calls.
+    pub fn spawn(store: Arc<dyn Store>, capacity: usize) -> Self {
+        let (queue, mut records) = mpsc::channel::<AuditRecord>(capacity.max(1));
+        tokio::spawn(async move {
+            let mut batch = Vec::with_capacity(256);
+            while records.recv_many(&mut batch, 256).await > 0 {
+                if let Err(error) = store.append_audit(&batch).await {
+                    tracing::warn!(%error, dropped = batch.len(), "audit records not written");
+                }
+                batch.clear();
+            }
+        });
+        StoreAuditSink { queue }
+    }
+}
+
+impl AuditSink for StoreAuditSink {
+    fn record(&self, record: AuditRecord) {
+        if self.queue.try_send(record).is_err() {
+            tracing::warn!("audit queue full; a record was dropped");
+        }
+    }
+}

@@ -1,0 +1,59 @@
+//! The dispatcher: the HTTP API of API.md over one [`Runtime`].
+//!
+//! It authenticates, turns each request into one `invoke` (or one store read
+//! for the status API), and renders envelopes. It holds no state of its own
+//! beyond caches: jobs, tickets and outcomes live in the store, so any number
+//! of dispatchers can serve the same fleet. Everything a client sends is
+//! untrusted: bodies are bounded, parsed without panics, and every failure
+//! answers the contract's error envelope.
+
+pub mod auth;
+pub mod dispatch;
+mod metrics;
+mod routes;
+mod status;
+pub mod webhooks;
+
+use std::sync::Arc;
+
+use toolfleet_broker::{Broker, Notices};
+use toolfleet_core::Runtime;
+use toolfleet_store::Store;
+
+pub use auth::{Auth, token_sha256};
+pub use dispatch::{Dispatcher, StoreAuditSink, StoreCommitLog};
+pub use metrics::Metrics;
+pub use routes::router;
+pub use status::status_tools;
+
+/// Limits on what a client may send.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Largest request body, in bytes.
+    pub max_body: usize,
+    /// Longest `wait_s` of a long poll.
+    pub max_wait_s: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_body: 1024 * 1024,
+            max_wait_s: 30,
+        }
+    }
+}
+
+/// Everything a request handler reaches.
+#[derive(Clone)]
+pub struct AppState {
+    pub runtime: Arc<Runtime>,
+    pub store: Arc<dyn Store>,
+    pub broker: Arc<dyn Broker>,
+    pub notices: Arc<dyn Notices>,
+    pub auth: Arc<Auth>,
+    /// Hosts a `callback_url` may name.
+    pub webhook_allow: Arc<Vec<String>>,
+    pub limits: Limits,
+    pub metrics: Arc<Metrics>,
+}

@@ -1,0 +1,391 @@
+//! The routes of API.md. Each handler authenticates, reads its input with
+//! bounds, and answers an envelope; transport failures use the HTTP codes of
+//! the contract (400, 401, 413, 503) with the same envelope as body.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use toolfleet_core::adapters::{Format, tool_specs};
+use toolfleet_core::{CallCtx, Envelope, ErrorCode, JobState, Json, Principal, ToolError};
+use toolfleet_store::{Answered, JobFilter};
+
+use crate::AppState;
+use crate::dispatch::{now_ms, store_error, ticket_event, ticket_view};
+use crate::status::{cancel_job, get_job};
+
+/// The router of every route.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/v1/tools", get(tools))
+        .route("/v1/calls", post(call))
+        .route("/v1/jobs", get(list_jobs))
+        .route("/v1/jobs/{id}", get(read_job))
+        .route("/v1/jobs/{id}/cancel", post(cancel))
+        .route("/v1/tickets/{id}", get(read_ticket))
+        .route("/v1/tickets/{id}/answer", post(answer_ticket))
+        .route("/v1/events", get(events))
+        .route("/healthz", get(|| async { axum::Json(json!({"status": "ok"})) }))
+        .route("/readyz", get(ready))
+        .route("/metrics", get(metrics))
+        .fallback(|| async { reply_error(StatusCode::NOT_FOUND, ToolError::new(ErrorCode::NotFound, "no such route; see API.md")) })
+        .with_state(state)
+}
+
+/// An envelope as an HTTP answer. `unavailable` is a 503 with `Retry-After`.
+fn reply(envelope: &Envelope) -> Response {
+    let status = match envelope.error_code() {
+        Some(ErrorCode::Unavailable) => StatusCode::SERVICE_UNAVAILABLE,
+        _ => StatusCode::OK,
+    };
+    with_status(status, envelope)
+}
+
+fn with_status(status: StatusCode, envelope: &Envelope) -> Response {
+    let mut response = (status, [(header::CONTENT_TYPE, "application/json")], envelope.to_json()).into_response();
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("2"));
+    }
+    response
+}
+
+fn reply_error(status: StatusCode, error: ToolError) -> Response {
+    with_status(status, &Envelope::error(error))
+}
+
+fn bad_request(message: impl Into<String>) -> Response {
+    reply_error(StatusCode::BAD_REQUEST, ToolError::new(ErrorCode::BadRequest, message))
+}
+
+fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Arc<Principal>, Response> {
+    let header = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+    state.auth.principal(header).map_err(|error| {
+        let mut response = reply_error(StatusCode::UNAUTHORIZED, error);
+        response
+            .headers_mut()
+            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        response
+    })
+}
+
+/// Reads a JSON body of at most `limits.max_body` bytes.
+async fn read_json<T: serde::de::DeserializeOwned>(state: &AppState, body: Body) -> Result<T, Response> {
+    let bytes = axum::body::to_bytes(body, state.limits.max_body).await.map_err(|_| {
+        reply_error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            ToolError::new(
+                ErrorCode::PayloadTooLarge,
+                format!("the body is larger than {} bytes; send less", state.limits.max_body),
+            ),
+        )
+    })?;
+    serde_json::from_slice(&bytes).map_err(|e| bad_request(format!("the body is not the JSON this route takes: {e}")))
+}
+
+#[derive(Deserialize)]
+struct ToolsQuery {
+    format: Option<String>,
+}
+
+async fn tools(State(state): State<AppState>, headers: HeaderMap, Query(q): Query<ToolsQuery>) -> Response {
+    let principal = match authenticate(&state, &headers) {
+        Ok(p) => p,
+        Err(response) => return response,
+    };
+    let name = q.format.as_deref().unwrap_or("neutral");
+    let Some(format) = Format::parse(name) else {
+        return bad_request(format!(
+            "format `{}` is not one of neutral, openai, openai-responses, anthropic, gemini, mcp",
+            toolfleet_core::registry::truncate(name, 32)
+        ));
+    };
+    // A principal sees only the tools its scopes allow it to call.
+    let visible = state
+        .runtime
+        .registry()
+        .tools()
+        .filter(|t| t.required_scopes().iter().all(|s| principal.has_scope(s)));
+    axum::Json(tool_specs(format, visible)).into_response()
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CallRequest {
+    tool: String,
+    #[serde(default = "empty_object")]
+    args: Value,
+    idempotency_key: Option<String>,
+    run_id: Option<String>,
+    callback_url: Option<String>,
+}
+
+fn empty_object() -> Value {
+    json!({})
+}
+
+/// Checks a `callback_url` against the allow-list of hosts.
+fn check_callback(url: &str, allow: &[String]) -> Result<(), String> {
+    let uri: Uri = url.parse().map_err(|_| format!("callback_url `{url}` is not a URL"))?;
+    if !matches!(uri.scheme_str(), Some("http" | "https")) {
+        return Err("callback_url must be an http or https URL".to_owned());
+    }
+    let host = uri.host().unwrap_or_default().trim_matches(['[', ']']);
+    if allow.iter().any(|h| h.eq_ignore_ascii_case(host)) {
+        Ok(())
+    } else {
+        Err(format!(
+            "callback_url host `{host}` is not in the webhook allow-list of this server ([webhooks] allow)"
+        ))
+    }
+}
+
+async fn call(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    let principal = match authenticate(&state, &headers) {
+        Ok(p) => p,
+        Err(response) => return response,
+    };
+    let request: CallRequest = match read_json(&state, body).await {
+        Ok(r) => r,
+        Err(response) => return response,
+    };
+    let too_long = [
+        ("idempotency_key", request.idempotency_key.as_deref(), 255),
+        ("run_id", request.run_id.as_deref(), 128),
+        ("callback_url", request.callback_url.as_deref(), 2048),
+    ]
+    .into_iter()
+    .find(|(_, v, max)| v.is_some_and(|v| v.is_empty() || v.len() > *max));
+    if let Some((field, _, max)) = too_long {
+        return bad_request(format!("`{field}` must be 1 to {max} characters"));
+    }
+    if let Some(url) = &request.callback_url {
+        if let Err(message) = check_callback(url, &state.webhook_allow) {
+            return bad_request(message);
+        }
+    }
+    let mut ctx = CallCtx::new(principal);
+    if let Some(run_id) = request.run_id {
+        ctx.run_id = run_id;
+    }
+    ctx.idempotency_key = request.idempotency_key;
+    ctx.callback_url = request.callback_url;
+    let envelope = state.runtime.invoke(&request.tool, request.args, &ctx).await;
+    let label = if state.runtime.registry().get(&request.tool).is_some() { request.tool.as_str() } else { "unknown" };
+    state.metrics.call(label, &envelope);
+    reply(&envelope)
+}
+
+#[derive(Deserialize)]
+struct WaitQuery {
+    wait_s: Option<u64>,
+}
+
+async fn read_job(State(state): State<AppState>, headers: HeaderMap, Path(id): Path<String>, Query(q): Query<WaitQuery>) -> Response {
+    let principal = match authenticate(&state, &headers) {
+        Ok(p) => p,
+        Err(response) => return response,
+    };
+    let wait_s = q.wait_s.unwrap_or(0);
+    if wait_s > state.limits.max_wait_s {
+        return bad_request(format!("wait_s must be 0 to {}", state.limits.max_wait_s));
+    }
+    let envelope = get_job(state.store.as_ref(), state.notices.as_ref(), &principal.tenant, &id, Duration::from_secs(wait_s)).await;
+    reply(&envelope)
+}
+
+async fn cancel(State(state): State<AppState>, headers: HeaderMap, Path(id): Path<String>) -> Response {
+    let principal = match authenticate(&state, &headers) {
+        Ok(p) => p,
+        Err(response) => return response,
+    };
+    reply(&cancel_job(state.store.as_ref(), state.notices.as_ref(), &principal.tenant, &id).await)
+}
+
+#[derive(Deserialize)]
+struct ListQuery {
+    state: Option<String>,
+    tool: Option<String>,
+    limit: Option<u32>,
+    cursor: Option<String>,
+}
+
+async fn list_jobs(State(state): State<AppState>, headers: HeaderMap, Query(q): Query<ListQuery>) -> Response {
+    let principal = match authenticate(&state, &headers) {
+        Ok(p) => p,
+        Err(response) => return response,
+    };
+    let job_state = match q.state.as_deref().map(|s| JobState::parse(s).ok_or(s)) {
+        Some(Err(s)) => {
+            return bad_request(format!(
+                "state `{}` is not one of queued, running, retrying, succeeded, failed, cancelled",
+                toolfleet_core::registry::truncate(s, 32)
+            ));
+        }
+        Some(Ok(s)) => Some(s),
+        None => None,
+    };
+    let limit = q.limit.unwrap_or(20);
+    if !(1..=100).contains(&limit) {
+        return bad_request("limit must be 1 to 100");
+    }
+    if q.cursor.as_ref().is_some_and(|c| c.len() > 64) || q.tool.as_ref().is_some_and(|t| t.len() > 128) {
+        return bad_request("cursor or tool is too long");
+    }
+    let filter = JobFilter { state: job_state, tool: q.tool };
+    match state.store.list_jobs(&principal.tenant, &filter, limit, q.cursor.as_deref()).await {
+        Ok(page) => {
+            let jobs: Vec<Value> = page
+                .jobs
+                .iter()
+                .map(|j| {
+                    json!({
+                        "job_id": j.id, "tool": j.tool, "state": j.state, "attempts": j.attempts,
+                        "run_id": j.run_id, "created_at": j.created_at, "updated_at": j.updated_at,
+                    })
+                })
+                .collect();
+            axum::Json(json!({"jobs": jobs, "next_cursor": page.next_cursor})).into_response()
+        }
+        Err(error) => reply(&Envelope::error(store_error(error))),
+    }
+}
+
+fn ticket_missing(id: &str) -> Envelope {
+    Envelope::error(ToolError::not_found(format!(
+        "no ticket `{}` for this caller",
+        toolfleet_core::registry::truncate(id, 64)
+    )))
+}
+
+async fn read_ticket(State(state): State<AppState>, headers: HeaderMap, Path(id): Path<String>) -> Response {
+    let principal = match authenticate(&state, &headers) {
+        Ok(p) => p,
+        Err(response) => return response,
+    };
+    match state.store.ticket(&principal.tenant, &id).await {
+        Ok(Some(ticket)) => reply(&Envelope::ok(Json::from(ticket_view(&ticket)), ticket.call_id.clone())),
+        Ok(None) => reply(&ticket_missing(&id)),
+        Err(error) => reply(&Envelope::error(store_error(error))),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AnswerRequest {
+    answer: Value,
+}
+
+async fn answer_ticket(State(state): State<AppState>, headers: HeaderMap, Path(id): Path<String>, body: Body) -> Response {
+    let principal = match authenticate(&state, &headers) {
+        Ok(p) => p,
+        Err(response) => return response,
+    };
+    let request: AnswerRequest = match read_json(&state, body).await {
+        Ok(r) => r,
+        Err(response) => return response,
+    };
+    let ticket = match state.store.ticket(&principal.tenant, &id).await {
+        Ok(Some(ticket)) => ticket,
+        Ok(None) => return reply(&ticket_missing(&id)),
+        Err(error) => return reply(&Envelope::error(store_error(error))),
+    };
+    if !ticket.options.is_empty() && !request.answer.as_str().is_some_and(|a| ticket.options.iter().any(|o| o == a)) {
+        return reply(&Envelope::error(ToolError::invalid_arguments(format!(
+            "answer must be one of the ticket's options: {}",
+            ticket.options.join(", ")
+        ))));
+    }
+    match state.store.answer_ticket(&principal.tenant, &id, &request.answer, now_ms()).await {
+        Ok(Some(Answered::Now(ticket))) => {
+            let _ = state.notices.publish(&ticket_event(&ticket)).await;
+            reply(&Envelope::ok(Json::from(ticket_view(&ticket)), ticket.call_id.clone()))
+        }
+        Ok(Some(Answered::Already(ticket))) => reply(&Envelope::error(
+            ToolError::new(ErrorCode::Conflict, "this ticket was answered already; its first answer stands")
+                .with_details(ticket_view(&ticket)),
+        )),
+        Ok(None) => reply(&ticket_missing(&id)),
+        Err(error) => reply(&Envelope::error(store_error(error))),
+    }
+}
+
+async fn events(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    let principal = match authenticate(&state, &headers) {
+        Ok(p) => p,
+        Err(response) => return response,
+    };
+    let subscription = match state.notices.subscribe().await {
+        Ok(s) => s,
+        Err(error) => {
+            return reply(&Envelope::error(ToolError::new(
+                ErrorCode::Unavailable,
+                format!("events are unavailable ({error})"),
+            )));
+        }
+    };
+    let tenant = principal.tenant.clone();
+    let stream = futures_util::stream::unfold(subscription, move |mut subscription| {
+        let tenant = tenant.clone();
+        async move {
+            loop {
+                let event = subscription.next().await?;
+                // Another tenant's events never leave the server.
+                if event.tenant != tenant {
+                    continue;
+                }
+                let data = json!({"kind": event.kind, "id": event.id, "tool": event.tool, "state": event.state, "run_id": event.run_id, "body": event.body});
+                let sse = SseEvent::default().event(event.kind.clone()).id(event.id.clone()).data(data.to_string());
+                return Some((Ok::<_, Infallible>(sse), subscription));
+            }
+        }
+    });
+    Sse::new(stream).keep_alive(KeepAlive::default()).into_response()
+}
+
+async fn ready(State(state): State<AppState>) -> Response {
+    let store = state.store.ping().await;
+    let broker = state.broker.ping().await;
+    let body = json!({
+        "store": store.as_ref().map(|_| "ok").unwrap_or("down"),
+        "broker": broker.as_ref().map(|_| "ok").unwrap_or("down"),
+    });
+    let status = if store.is_ok() && broker.is_ok() { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    let mut response = (status, axum::Json(body)).into_response();
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("2"));
+    }
+    response
+}
+
+async fn metrics(State(state): State<AppState>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+        state.metrics.render(),
+    )
+        .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_callback;
+
+    #[test]
+    fn callbacks_must_name_an_allowed_host() {
+        let allow = vec!["127.0.0.1".to_owned(), "orchestrator.internal".to_owned()];
+        assert!(check_callback("http://127.0.0.1:9000/hook", &allow).is_ok());
+        assert!(check_callback("https://orchestrator.internal/x", &allow).is_ok());
+        assert!(check_callback("http://evil.example/x", &allow).unwrap_err().contains("allow-list"));
+        assert!(check_callback("ftp://127.0.0.1/x", &allow).is_err());
+        assert!(check_callback("not a url", &allow).is_err());
+        assert!(check_callback("http://127.0.0.1.evil.example/", &allow).is_err());
+    }
+}

@@ -1,0 +1,149 @@
+//! The status API: `get_job` (with long-poll) and cancel, shared by the HTTP
+//! routes and by the `get_job` and `cancel_job` tools a model calls. Another
+//! tenant's job reads exactly as a missing one does.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+use toolfleet_broker::Notices;
+use toolfleet_core::{CallCtx, Envelope, ToolDecl, ToolError};
+use toolfleet_store::{JobRecord, Store};
+
+use crate::dispatch::{now_ms, store_error};
+
+/// The poll hint of `running` answers from the status API.
+pub const POLL_AFTER_S: u32 = 5;
+
+fn missing(id: &str) -> ToolError {
+    ToolError::not_found(format!(
+        "no job `{}` for this caller; check the job_id the `running` answer gave",
+        toolfleet_core::registry::truncate(id, 64)
+    ))
+}
+
+/// A job id is a UUID; anything else cannot name a job.
+fn plausible(id: &str) -> bool {
+    id.len() == 36 && id.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-')
+}
+
+/// Reads a job, waiting up to `wait` for it to settle.
+pub async fn get_job(store: &dyn Store, notices: &dyn Notices, tenant: &str, id: &str, wait: Duration) -> Envelope {
+    if !plausible(id) {
+        return Envelope::error(missing(id));
+    }
+    // Subscribe before reading, so a settle between the two is not missed.
+    let mut events = if wait.is_zero() { None } else { notices.subscribe().await.ok() };
+    let read = |job: Option<JobRecord>| job.map(|j| j.envelope(POLL_AFTER_S));
+    let current = match store.job(tenant, id).await {
+        Ok(job) => read(job),
+        Err(error) => return Envelope::error(store_error(error)),
+    };
+    let Some(current) = current else { return Envelope::error(missing(id)) };
+    let Some(events) = events.as_mut() else { return current };
+    if !matches!(current, Envelope::Running { .. }) {
+        return current;
+    }
+    let settled = tokio::time::timeout(wait, async {
+        while let Some(event) = events.next().await {
+            if event.id == id && event.tenant == tenant && event.is_settled_job() {
+                return;
+            }
+        }
+        // Without events, wait out the deadline rather than spin.
+        std::future::pending::<()>().await
+    })
+    .await;
+    let _ = settled;
+    match store.job(tenant, id).await {
+        Ok(job) => read(job).unwrap_or_else(|| Envelope::error(missing(id))),
+        Err(error) => Envelope::error(store_error(error)),
+    }
+}
+
+/// Cancels a queued or running job; answers the job as it now stands.
+pub async fn cancel_job(store: &dyn Store, notices: &dyn Notices, tenant: &str, id: &str) -> Envelope {
+    if !plausible(id) {
+        return Envelope::error(missing(id));
+    }
+    match store.cancel(tenant, id, now_ms()).await {
+        Ok(Some(job)) => {
+            let event = crate::dispatch::job_event(&job);
+            let _ = notices.publish(&event).await;
+            job.envelope(POLL_AFTER_S)
+        }
+        Ok(None) => Envelope::error(missing(id)),
+        Err(error) => Envelope::error(store_error(error)),
+    }
+}
+
+#[derive(Deserialize)]
+struct GetJobArgs {
+    job_id: String,
+    #[serde(default)]
+    wait_s: u64,
+}
+
+#[derive(Deserialize)]
+struct CancelArgs {
+    job_id: String,
+    dry_run: bool,
+}
+
+/// Turns an envelope from the status API into a tool result.
+fn as_result(envelope: Envelope) -> Result<Value, ToolError> {
+    match envelope {
+        Envelope::Error { error, state: None } => Err(error),
+        other => Ok(serde_json::to_value(other).unwrap_or_default()),
+    }
+}
+
+/// `get_job` and `cancel_job` as tools a model calls.
+pub fn status_tools(store: Arc<dyn Store>, notices: Arc<dyn Notices>) -> Vec<ToolDecl> {
+    let (s, n) = (store.clone(), notices.clone());
+    let get = ToolDecl::query("get_job")
+        .title("Get a job")
+        .description("Read a job started by another tool: `running` with its state until it settles, then its result or final error. `wait_s` (0 to 30) waits for it to settle.")
+        .input_schema(json!({
+            "type": "object",
+            "additionalProperties": false,
+            "required": ["job_id"],
+            "properties": {
+                "job_id": {"type": "string", "maxLength": 64},
+                "wait_s": {"type": "integer", "minimum": 0, "maximum": 30}
+            }
+        }))
+        .timeout(Duration::from_secs(35))
+        .run(move |ctx: CallCtx, args: GetJobArgs| {
+            let (store, notices) = (s.clone(), n.clone());
+            async move {
+                let wait = Duration::from_secs(args.wait_s.min(30));
+                as_result(get_job(store.as_ref(), notices.as_ref(), ctx.tenant(), &args.job_id, wait).await)
+            }
+        });
+    let cancel = ToolDecl::command("cancel_job")
+        .title("Cancel a job")
+        .description("Cancel a queued or running job. Call with dry_run=true to see the job's state, then with dry_run=false and the confirm_token.")
+        .input_schema(json!({
+            "type": "object",
+            "additionalProperties": false,
+            "required": ["job_id", "dry_run"],
+            "properties": {
+                "job_id": {"type": "string", "maxLength": 64},
+                "dry_run": {"type": "boolean"}
+            }
+        }))
+        .idempotent(true)
+        .run(move |ctx: CallCtx, args: CancelArgs| {
+            let (store, notices) = (store.clone(), notices.clone());
+            async move {
+                if args.dry_run {
+                    return as_result(get_job(store.as_ref(), notices.as_ref(), ctx.tenant(), &args.job_id, Duration::ZERO).await)
+                        .map(|job| json!({"job": job, "effect": "a queued or running job becomes cancelled; a settled one is left as it is"}));
+                }
+                as_result(cancel_job(store.as_ref(), notices.as_ref(), ctx.tenant(), &args.job_id).await)
+            }
+        });
+    vec![get, cancel]
+}

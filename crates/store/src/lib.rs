@@ -1,0 +1,267 @@
+//! The store: where jobs, tickets, audit records and command outcomes live.
+//!
+//! [`Store`] is the smallest surface the dispatcher and the workers need.
+//! Every job transition is one conditional statement that names the states it
+//! moves from, so no caller can move a settled job, and a worker that lost its
+//! lease cannot settle a job another worker holds. Every read a client can
+//! reach is scoped to a tenant. Times are Unix milliseconds passed in by the
+//! caller, so transitions are deterministic under test.
+//!
+//! The [`conformance`] suite is what every implementation must pass.
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use toolfleet_core::{AuditRecord, Envelope, JobState, Json, ToolError};
+
+pub mod conformance;
+pub mod sqlite;
+mod view;
+
+/// Why a store operation failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreError {
+    /// The same idempotency key was used with other arguments.
+    Conflict(String),
+    /// The backend is unreachable or failed; the operation may be retried.
+    Unavailable(String),
+    /// The schema is not one this program knows.
+    Schema(String),
+}
+
+impl std::fmt::Display for StoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreError::Conflict(m) => write!(f, "conflict: {m}"),
+            StoreError::Unavailable(m) => write!(f, "store unavailable: {m}"),
+            StoreError::Schema(m) => write!(f, "store schema: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for StoreError {}
+
+/// A job to record, as the dispatcher accepted it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewJob {
+    /// UUIDv7.
+    pub id: String,
+    pub tenant: String,
+    pub user: String,
+    pub tool: String,
+    pub pool: String,
+    pub args: Value,
+    /// With tenant and tool: a second job with the same key is the same job.
+    pub idempotency_key: Option<String>,
+    pub run_id: String,
+    pub call_id: String,
+    pub callback_url: Option<String>,
+    pub max_attempts: u32,
+    /// Wall-time budget of one attempt.
+    pub timeout_ms: i64,
+    pub now: i64,
+}
+
+/// A job as stored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobRecord {
+    pub id: String,
+    pub tenant: String,
+    pub user: String,
+    pub tool: String,
+    pub pool: String,
+    pub args: Value,
+    pub state: JobState,
+    /// Attempts started so far.
+    pub attempts: u32,
+    pub max_attempts: u32,
+    pub timeout_ms: i64,
+    /// Not before this time (retries wait here).
+    pub run_at: i64,
+    pub lease_owner: Option<String>,
+    pub lease_until: Option<i64>,
+    pub progress: Option<Value>,
+    pub result: Option<Json>,
+    /// The last error; for a failed job, the final one.
+    pub error: Option<ToolError>,
+    pub idempotency_key: Option<String>,
+    pub run_id: String,
+    pub call_id: String,
+    pub callback_url: Option<String>,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+/// What [`Store::insert_job`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Inserted {
+    Created(JobRecord),
+    /// A job with the same tenant, tool, key and arguments already existed.
+    Existing(JobRecord),
+}
+
+impl Inserted {
+    pub fn job(&self) -> &JobRecord {
+        match self {
+            Inserted::Created(job) | Inserted::Existing(job) => job,
+        }
+    }
+}
+
+/// Filters of the job list.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct JobFilter {
+    pub state: Option<JobState>,
+    pub tool: Option<String>,
+}
+
+/// One page of the job list, newest first.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobPage {
+    pub jobs: Vec<JobRecord>,
+    /// Pass back to get the next page; absent on the last.
+    pub next_cursor: Option<String>,
+}
+
+/// What a heartbeat found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lease {
+    /// Extended: the worker still holds the job.
+    Held,
+    /// The job was cancelled: stop the executor.
+    Cancelled,
+    /// Another worker holds it, or it settled: stop, settle nothing.
+    Lost,
+}
+
+/// A question for a person.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewTicket {
+    pub id: String,
+    pub tenant: String,
+    pub user: String,
+    pub tool: String,
+    pub question: String,
+    pub options: Vec<String>,
+    pub args: Value,
+    pub run_id: String,
+    pub call_id: String,
+    pub callback_url: Option<String>,
+    pub now: i64,
+}
+
+/// A ticket as stored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TicketRecord {
+    pub id: String,
+    pub tenant: String,
+    pub user: String,
+    pub tool: String,
+    pub question: String,
+    pub options: Vec<String>,
+    pub args: Value,
+    pub run_id: String,
+    pub call_id: String,
+    pub callback_url: Option<String>,
+    /// `None` while open.
+    pub answer: Option<Value>,
+    pub created_at: i64,
+    pub answered_at: Option<i64>,
+}
+
+/// What [`Store::answer_ticket`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Answered {
+    /// This call answered it.
+    Now(TicketRecord),
+    /// It had been answered before; the record holds the first answer.
+    Already(TicketRecord),
+}
+
+/// What [`Store::claim_commit`] found.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CommitClaim {
+    /// Nobody committed this key: run the command, then settle.
+    Run,
+    /// Committed before: answer this.
+    Settled(Envelope),
+    /// Another commit of this key holds it until its lease ends.
+    Pending,
+}
+
+/// Where toolfleet's state lives.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Checks that the backend answers (readiness).
+    async fn ping(&self) -> Result<(), StoreError>;
+
+    // Jobs.
+
+    /// Records a job in state `queued`, or answers the job that the same
+    /// tenant, tool and idempotency key made before; the same key with other
+    /// arguments is a [`StoreError::Conflict`].
+    async fn insert_job(&self, job: NewJob) -> Result<Inserted, StoreError>;
+    /// A job of `tenant`; another tenant's job is `None`, as a missing one is.
+    async fn job(&self, tenant: &str, id: &str) -> Result<Option<JobRecord>, StoreError>;
+    /// A job by id alone, for workers.
+    async fn job_by_id(&self, id: &str) -> Result<Option<JobRecord>, StoreError>;
+    /// The tenant's jobs, newest first, at most `limit`, after `cursor`.
+    async fn list_jobs(
+        &self,
+        tenant: &str,
+        filter: &JobFilter,
+        limit: u32,
+        cursor: Option<&str>,
+    ) -> Result<JobPage, StoreError>;
+    /// queued or due retrying, or running with an expired lease -> running,
+    /// attempts + 1, leased to `worker` until `now + lease_ms`. `None` when the
+    /// job is not claimable (settled, leased, not due, missing).
+    async fn claim(&self, id: &str, worker: &str, now: i64, lease_ms: i64) -> Result<Option<JobRecord>, StoreError>;
+    /// Extends the lease of a running job `worker` holds.
+    async fn heartbeat(&self, id: &str, worker: &str, now: i64, lease_ms: i64) -> Result<Lease, StoreError>;
+    /// Records progress of a running job `worker` holds; false if not held.
+    async fn set_progress(&self, id: &str, worker: &str, progress: &Value, now: i64) -> Result<bool, StoreError>;
+    /// running (held by `worker`) -> succeeded. The settled job, or `None`
+    /// when the worker no longer held it.
+    async fn succeed(&self, id: &str, worker: &str, result: &Json, now: i64) -> Result<Option<JobRecord>, StoreError>;
+    /// running (held by `worker`) -> retrying at `retry_at` if given and
+    /// attempts remain, else failed with `error` kept. `None` when not held.
+    async fn fail(
+        &self,
+        id: &str,
+        worker: &str,
+        error: &ToolError,
+        retry_at: Option<i64>,
+        now: i64,
+    ) -> Result<Option<JobRecord>, StoreError>;
+    /// queued, retrying or running -> cancelled. The job as it now stands
+    /// (already settled ones unchanged), `None` if missing or another tenant's.
+    async fn cancel(&self, tenant: &str, id: &str, now: i64) -> Result<Option<JobRecord>, StoreError>;
+    /// Jobs a worker should run now: queued, retrying and due, or running
+    /// with an expired lease; oldest first, at most `limit`.
+    async fn due_jobs(&self, now: i64, limit: u32) -> Result<Vec<JobRecord>, StoreError>;
+    /// Counts of jobs by state, for metrics.
+    async fn job_counts(&self) -> Result<Vec<(JobState, u64)>, StoreError>;
+
+    // Tickets.
+
+    async fn insert_ticket(&self, ticket: NewTicket) -> Result<TicketRecord, StoreError>;
+    /// A ticket of `tenant`; another tenant's ticket is `None`.
+    async fn ticket(&self, tenant: &str, id: &str) -> Result<Option<TicketRecord>, StoreError>;
+    /// open -> answered; `None` if missing or another tenant's.
+    async fn answer_ticket(&self, tenant: &str, id: &str, answer: &Value, now: i64) -> Result<Option<Answered>, StoreError>;
+
+    // Audit.
+
+    async fn append_audit(&self, records: &[AuditRecord]) -> Result<(), StoreError>;
+    /// The tenant's latest audit records, newest first.
+    async fn audit(&self, tenant: &str, limit: u32) -> Result<Vec<AuditRecord>, StoreError>;
+
+    // Command outcomes (the durable commit log).
+
+    /// Claims `key` until `now + lease_ms`, or answers its recorded outcome.
+    async fn claim_commit(&self, key: &str, now: i64, lease_ms: i64) -> Result<CommitClaim, StoreError>;
+    /// Records the outcome of `key` (kept until `keep_until`), or with `None`
+    /// releases the claim so the commit may run again.
+    async fn settle_commit(&self, key: &str, outcome: Option<&Envelope>, keep_until: i64) -> Result<(), StoreError>;
+}

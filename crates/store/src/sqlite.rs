@@ -1,0 +1,742 @@
+//! The SQLite store: the embedded default, one file in the data directory.
+//!
+//! This module owns the SQL of every transition of a job, ticket and command
+//! outcome for SQLite, and the opening of the file (pragmas, migrations
+//! embedded from `migrations/sqlite`). It must never read a job and then write
+//! it: each transition is one conditional `UPDATE ... RETURNING`, so two
+//! workers or two processes on the same file cannot both win. It must never
+//! panic on what it reads: a row it cannot decode is a
+//! [`StoreError::Unavailable`] naming the row.
+//!
+//! All statements run on one connection thread of `tokio-rusqlite`, so the
+//! async runtime never blocks on the file.
+
+use std::fmt::Display;
+use std::path::Path;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use rusqlite::{Connection, OptionalExtension, Params, Row, named_params, params};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use toolfleet_core::middleware::canonical_json;
+use toolfleet_core::{AuditRecord, Envelope, ErrorCode, JobState, Json, ToolError};
+
+use crate::{
+    Answered, CommitClaim, Inserted, JobFilter, JobPage, JobRecord, Lease, NewJob, NewTicket,
+    Store, StoreError, TicketRecord,
+};
+
+mod embedded {
+    refinery::embed_migrations!("../../migrations/sqlite");
+}
+
+/// How long a statement waits for another process's write lock.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+/// Runs of the migrations before their error is final.
+const MIGRATE_TRIES: usize = 3;
+/// Bounds of one page of [`Store::list_jobs`].
+const MAX_PAGE: u32 = 100;
+/// Bound of one answer of [`Store::due_jobs`] and [`Store::audit`].
+const MAX_BATCH: u32 = 1000;
+/// Sorts after every id, so the first page needs no second statement.
+const NO_CURSOR: &str = "\u{10FFFF}";
+/// Settled commit outcomes pruned per claim, so pruning stays cheap.
+const PRUNE_BATCH: i64 = 100;
+
+/// The statements that move a job. Each names the states it moves from.
+mod sql {
+    pub const INSERT_JOB: &str = "
+        INSERT INTO jobs (id, tenant, user, tool, pool, args, state, attempts, max_attempts,
+            timeout_ms, run_at, idempotency_key, run_id, call_id, callback_url, created_at, updated_at)
+        VALUES (:id, :tenant, :user, :tool, :pool, :args, 'queued', 0, :max_attempts,
+            :timeout_ms, :now, :key, :run_id, :call_id, :callback_url, :now, :now)
+        ON CONFLICT DO NOTHING
+        RETURNING *";
+
+    pub const JOB_BY_KEY: &str =
+        "SELECT * FROM jobs WHERE tenant = ?1 AND tool = ?2 AND idempotency_key = ?3";
+
+    /// queued or due retrying, or running with an expired lease -> running.
+    pub const CLAIM: &str = "
+        UPDATE jobs SET state = 'running', attempts = attempts + 1,
+            lease_owner = ?2, lease_until = ?4, updated_at = ?3
+        WHERE id = ?1
+          AND ((state IN ('queued', 'retrying') AND run_at <= ?3)
+               OR (state = 'running' AND lease_until < ?3))
+        RETURNING *";
+
+    /// running (held) -> running, lease extended.
+    pub const HEARTBEAT: &str = "
+        UPDATE jobs SET lease_until = ?4, updated_at = ?3
+        WHERE id = ?1 AND state = 'running' AND lease_owner = ?2";
+
+    /// running (held) -> running, progress recorded.
+    pub const PROGRESS: &str = "
+        UPDATE jobs SET progress = ?3, updated_at = ?4
+        WHERE id = ?1 AND state = 'running' AND lease_owner = ?2";
+
+    /// running (held) -> succeeded.
+    pub const SUCCEED: &str = "
+        UPDATE jobs SET state = 'succeeded', result = ?3,
+            lease_owner = NULL, lease_until = NULL, updated_at = ?4
+        WHERE id = ?1 AND state = 'running' AND lease_owner = ?2
+        RETURNING *";
+
+    /// running (held) -> retrying at ?4 while attempts remain, else failed.
+    /// The right-hand sides read the row as it was before the update.
+    pub const FAIL: &str = "
+        UPDATE jobs SET
+            state = CASE WHEN ?4 IS NOT NULL AND attempts < max_attempts
+                         THEN 'retrying' ELSE 'failed' END,
+            run_at = CASE WHEN ?4 IS NOT NULL AND attempts < max_attempts
+                          THEN ?4 ELSE run_at END,
+            error = ?3, lease_owner = NULL, lease_until = NULL, updated_at = ?5
+        WHERE id = ?1 AND state = 'running' AND lease_owner = ?2
+        RETURNING *";
+
+    /// queued, retrying or running -> cancelled.
+    pub const CANCEL: &str = "
+        UPDATE jobs SET state = 'cancelled', error = ?3,
+            lease_owner = NULL, lease_until = NULL, updated_at = ?4
+        WHERE id = ?1 AND tenant = ?2 AND state IN ('queued', 'retrying', 'running')
+        RETURNING *";
+
+    /// Two range scans, one per index, rather than an OR the planner may
+    /// turn into a walk of the whole table.
+    pub const DUE: &str = "
+        SELECT * FROM jobs WHERE state IN ('queued', 'retrying') AND run_at <= ?1
+        UNION ALL
+        SELECT * FROM jobs WHERE state = 'running' AND lease_until < ?1
+        ORDER BY id LIMIT ?2";
+
+    pub const LIST: &str = "
+        SELECT * FROM jobs
+        WHERE tenant = ?1 AND id < ?4
+          AND (?2 IS NULL OR state = ?2) AND (?3 IS NULL OR tool = ?3)
+        ORDER BY id DESC LIMIT ?5";
+
+    pub const INSERT_TICKET: &str = "
+        INSERT INTO tickets (id, tenant, user, tool, question, options, args,
+            run_id, call_id, callback_url, created_at)
+        VALUES (:id, :tenant, :user, :tool, :question, :options, :args,
+            :run_id, :call_id, :callback_url, :now)
+        ON CONFLICT DO NOTHING
+        RETURNING *";
+
+    /// open -> answered.
+    pub const ANSWER: &str = "
+        UPDATE tickets SET answer = ?3, answered_at = ?4
+        WHERE id = ?1 AND tenant = ?2 AND answer IS NULL
+        RETURNING *";
+
+    pub const INSERT_AUDIT: &str = "
+        INSERT INTO audit (at_ms, tenant, user, tool, run_id, call_id, args, status,
+            error_code, duration_us)
+        VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)";
+
+    pub const PRUNE_COMMITS: &str = "
+        DELETE FROM commits WHERE key IN (
+            SELECT key FROM commits WHERE state = 'settled' AND keep_until < ?1 LIMIT ?2)";
+
+    /// absent, pending past its lease, or settled past keep_until -> pending.
+    pub const CLAIM_COMMIT: &str = "
+        INSERT INTO commits (key, state, lease_until) VALUES (?1, 'pending', ?3)
+        ON CONFLICT (key) DO UPDATE SET
+            state = 'pending', envelope = NULL, lease_until = ?3, keep_until = NULL
+        WHERE (commits.state = 'pending' AND commits.lease_until < ?2)
+           OR (commits.state = 'settled' AND commits.keep_until < ?2)
+        RETURNING key";
+
+    /// pending (or absent) -> settled; a settled outcome is never replaced.
+    pub const SETTLE_COMMIT: &str = "
+        INSERT INTO commits (key, state, envelope, keep_until) VALUES (?1, 'settled', ?2, ?3)
+        ON CONFLICT (key) DO UPDATE SET
+            state = 'settled', envelope = ?2, lease_until = NULL, keep_until = ?3
+        WHERE commits.state = 'pending'";
+}
+
+/// The SQLite implementation of [`Store`].
+pub struct SqliteStore {
+    conn: tokio_rusqlite::Connection,
+}
+
+impl SqliteStore {
+    /// Opens (creating it and its directory if needed) and migrates the
+    /// database at `path`. Refuses a database migrated by a newer toolfleet.
+    pub async fn open(path: &Path) -> Result<SqliteStore, StoreError> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| {
+                StoreError::Unavailable(format!("cannot create directory {}: {e}", dir.display()))
+            })?;
+        }
+        let conn = tokio_rusqlite::Connection::open(path)
+            .await
+            .map_err(|e| StoreError::Unavailable(format!("cannot open {}: {e}", path.display())))?;
+        SqliteStore::prepare(conn, path.display().to_string()).await
+    }
+
+    /// A private database that lives as long as this store, for tests.
+    pub async fn open_in_memory() -> Result<SqliteStore, StoreError> {
+        let conn = tokio_rusqlite::Connection::open_in_memory()
+            .await
+            .map_err(|e| StoreError::Unavailable(format!("cannot open a memory database: {e}")))?;
+        SqliteStore::prepare(conn, ":memory:".to_owned()).await
+    }
+
+    /// Closes the connection, waiting for its thread to finish.
+    pub async fn close(self) -> Result<(), StoreError> {
+        self.conn
+            .close()
+            .await
+            .map_err(|e| StoreError::Unavailable(format!("closing the database failed: {e}")))
+    }
+
+    async fn prepare(conn: tokio_rusqlite::Connection, name: String) -> Result<SqliteStore, StoreError> {
+        let store = SqliteStore { conn };
+        store
+            .call(move |c| {
+                configure(c)?;
+                migrate(c, &name)
+            })
+            .await?;
+        Ok(store)
+    }
+
+    async fn call<R, F>(&self, f: F) -> Result<R, StoreError>
+    where
+        F: FnOnce(&mut Connection) -> Result<R, StoreError> + Send + 'static,
+        R: Send + 'static,
+    {
+        self.conn.call(f).await.map_err(|e| match e {
+            tokio_rusqlite::Error::Error(e) => e,
+            other => StoreError::Unavailable(format!("sqlite: {other}")),
+        })
+    }
+}
+
+impl From<rusqlite::Error> for StoreError {
+    fn from(e: rusqlite::Error) -> Self {
+        StoreError::Unavailable(format!("sqlite: {e}"))
+    }
+}
+
+/// WAL lets readers run beside the one writer; NORMAL is durable across
+/// process crashes in WAL mode and loses at most the last commits on power loss.
+fn configure(c: &mut Connection) -> Result<(), StoreError> {
+    c.busy_timeout(BUSY_TIMEOUT)?;
+    // A memory database answers "memory" and stays so; that is fine.
+    let _mode: String = c.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))?;
+    c.pragma_update(None, "synchronous", "NORMAL")?;
+    c.pragma_update(None, "foreign_keys", true)?;
+    Ok(())
+}
+
+/// Applies the embedded migrations, after checking that the database was not
+/// migrated by a newer program, whose schema this one would misread.
+fn migrate(c: &mut Connection, name: &str) -> Result<(), StoreError> {
+    let runner = embedded::migrations::runner();
+    let known = runner.get_migrations().iter().map(|m| i64::from(m.version())).max().unwrap_or(0);
+    if let Some(applied) = applied_version(c)?.filter(|v| *v > known) {
+        return Err(StoreError::Schema(format!(
+            "the database {name} has schema version {applied}, newer than the newest this \
+             toolfleet knows ({known}); run a newer toolfleet, or use another database file"
+        )));
+    }
+    // Each migration commits with its history row, so a failure caused by
+    // another process migrating the same file at the same moment is cured
+    // by reading the history again.
+    let mut outcome = runner.run(c).map(drop);
+    for _ in 1..MIGRATE_TRIES {
+        if outcome.is_ok() {
+            break;
+        }
+        outcome = runner.run(c).map(drop);
+    }
+    outcome.map_err(|e| StoreError::Schema(format!("migrating the database {name} failed: {e}")))
+}
+
+fn applied_version(c: &Connection) -> Result<Option<i64>, StoreError> {
+    let exists: bool = c.query_row(
+        "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'refinery_schema_history')",
+        [],
+        |r| r.get(0),
+    )?;
+    if !exists {
+        return Ok(None);
+    }
+    Ok(c.query_row("SELECT MAX(version) FROM refinery_schema_history", [], |r| r.get(0))?)
+}
+
+// Reading rows.
+
+/// The columns of one row, with errors that name the row.
+struct Fields<'a, 'r> {
+    row: &'a Row<'r>,
+    table: &'static str,
+    id: String,
+}
+
+impl<'a, 'r> Fields<'a, 'r> {
+    fn new(row: &'a Row<'r>, table: &'static str, id_column: &str) -> Result<Self, StoreError> {
+        let id = match row.get_ref(id_column)? {
+            rusqlite::types::ValueRef::Integer(n) => n.to_string(),
+            other => other.as_str().map(str::to_owned).unwrap_or_default(),
+        };
+        Ok(Fields { row, table, id })
+    }
+
+    fn corrupt(&self, column: &str, e: impl Display) -> StoreError {
+        StoreError::Unavailable(format!("corrupt row: {} {} column {column}: {e}", self.table, self.id))
+    }
+
+    fn get<T: rusqlite::types::FromSql>(&self, column: &str) -> Result<T, StoreError> {
+        self.row.get(column).map_err(|e| self.corrupt(column, e))
+    }
+
+    fn int<T: TryFrom<i64>>(&self, column: &str) -> Result<T, StoreError> {
+        let n: i64 = self.get(column)?;
+        T::try_from(n).map_err(|_| self.corrupt(column, format!("{n} is out of range")))
+    }
+
+    fn json<T: DeserializeOwned>(&self, column: &str) -> Result<T, StoreError> {
+        let text: String = self.get(column)?;
+        serde_json::from_str(&text).map_err(|e| self.corrupt(column, e))
+    }
+
+    /// SQL NULL is `None`; JSON `null` text is a present value.
+    fn json_opt<T: DeserializeOwned>(&self, column: &str) -> Result<Option<T>, StoreError> {
+        let text: Option<String> = self.get(column)?;
+        text.map(|t| serde_json::from_str(&t).map_err(|e| self.corrupt(column, e)))
+            .transpose()
+    }
+
+    fn raw_json_opt(&self, column: &str) -> Result<Option<Json>, StoreError> {
+        let text: Option<String> = self.get(column)?;
+        text.map(|t| Json::parse(&t).map_err(|e| self.corrupt(column, e))).transpose()
+    }
+
+    fn state(&self) -> Result<JobState, StoreError> {
+        let text: String = self.get("state")?;
+        JobState::parse(&text).ok_or_else(|| self.corrupt("state", format!("unknown state {text:?}")))
+    }
+}
+
+fn job_from_row(row: &Row<'_>) -> Result<JobRecord, StoreError> {
+    let f = Fields::new(row, "job", "id")?;
+    Ok(JobRecord {
+        tenant: f.get("tenant")?,
+        user: f.get("user")?,
+        tool: f.get("tool")?,
+        pool: f.get("pool")?,
+        args: f.json("args")?,
+        state: f.state()?,
+        attempts: f.int("attempts")?,
+        max_attempts: f.int("max_attempts")?,
+        timeout_ms: f.get("timeout_ms")?,
+        run_at: f.get("run_at")?,
+        lease_owner: f.get("lease_owner")?,
+        lease_until: f.get("lease_until")?,
+        progress: f.json_opt("progress")?,
+        result: f.raw_json_opt("result")?,
+        error: f.json_opt("error")?,
+        idempotency_key: f.get("idempotency_key")?,
+        run_id: f.get("run_id")?,
+        call_id: f.get("call_id")?,
+        callback_url: f.get("callback_url")?,
+        created_at: f.get("created_at")?,
+        updated_at: f.get("updated_at")?,
+        id: f.id,
+    })
+}
+
+fn ticket_from_row(row: &Row<'_>) -> Result<TicketRecord, StoreError> {
+    let f = Fields::new(row, "ticket", "id")?;
+    Ok(TicketRecord {
+        tenant: f.get("tenant")?,
+        user: f.get("user")?,
+        tool: f.get("tool")?,
+        question: f.get("question")?,
+        options: f.json("options")?,
+        args: f.json("args")?,
+        run_id: f.get("run_id")?,
+        call_id: f.get("call_id")?,
+        callback_url: f.get("callback_url")?,
+        answer: f.json_opt("answer")?,
+        created_at: f.get("created_at")?,
+        answered_at: f.get("answered_at")?,
+        id: f.id,
+    })
+}
+
+fn audit_from_row(row: &Row<'_>) -> Result<AuditRecord, StoreError> {
+    let f = Fields::new(row, "audit", "seq")?;
+    let status: String = f.get("status")?;
+    // AuditRecord's status is static text: map back onto the four words.
+    let status = match status.as_str() {
+        "ok" => "ok",
+        "error" => "error",
+        "running" => "running",
+        "suspended" => "suspended",
+        other => return Err(f.corrupt("status", format!("unknown status {other:?}"))),
+    };
+    let error_code: Option<String> = f.get("error_code")?;
+    let error_code = error_code
+        .map(|code| serde_json::from_value::<ErrorCode>(Value::String(code)))
+        .transpose()
+        .map_err(|e| f.corrupt("error_code", e))?;
+    Ok(AuditRecord {
+        at_ms: f.int("at_ms")?,
+        tool: f.get("tool")?,
+        tenant: f.get("tenant")?,
+        user: f.get("user")?,
+        run_id: f.get("run_id")?,
+        call_id: f.get("call_id")?,
+        args: f.json("args")?,
+        status,
+        error_code,
+        duration_us: f.int("duration_us")?,
+    })
+}
+
+type FromRow<T> = fn(&Row<'_>) -> Result<T, StoreError>;
+
+fn query_one<T>(c: &Connection, sql: &str, params: impl Params, map: FromRow<T>) -> Result<Option<T>, StoreError> {
+    let mut stmt = c.prepare_cached(sql)?;
+    let mut rows = stmt.query(params)?;
+    rows.next()?.map(map).transpose()
+}
+
+fn query_all<T>(c: &Connection, sql: &str, params: impl Params, map: FromRow<T>) -> Result<Vec<T>, StoreError> {
+    let mut stmt = c.prepare_cached(sql)?;
+    let mut rows = stmt.query(params)?;
+    let mut out = Vec::new();
+    while let Some(row) = rows.next()? {
+        out.push(map(row)?);
+    }
+    Ok(out)
+}
+
+fn encode<T: Serialize + ?Sized>(value: &T) -> Result<String, StoreError> {
+    serde_json::to_string(value).map_err(|e| StoreError::Unavailable(format!("cannot encode a value to store: {e}")))
+}
+
+fn to_i64(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+// Jobs.
+
+fn insert_job(c: &Connection, job: &NewJob, args: &str) -> Result<Inserted, StoreError> {
+    let params = named_params! {
+        ":id": job.id, ":tenant": job.tenant, ":user": job.user, ":tool": job.tool,
+        ":pool": job.pool, ":args": args, ":max_attempts": job.max_attempts,
+        ":timeout_ms": job.timeout_ms, ":now": job.now, ":key": job.idempotency_key,
+        ":run_id": job.run_id, ":call_id": job.call_id, ":callback_url": job.callback_url,
+    };
+    if let Some(created) = query_one(c, sql::INSERT_JOB, params, job_from_row)? {
+        return Ok(Inserted::Created(created));
+    }
+    // Nothing inserted: the key was taken (or, never in practice, the id).
+    let existing = match &job.idempotency_key {
+        Some(key) => query_one(c, sql::JOB_BY_KEY, params![job.tenant, job.tool, key], job_from_row)?,
+        None => None,
+    };
+    match existing {
+        Some(existing) if canonical_json(&existing.args) == args => Ok(Inserted::Existing(existing)),
+        Some(_) => Err(StoreError::Conflict(format!(
+            "idempotency_key was already used for a `{}` job with other arguments; use a new key for new work",
+            job.tool
+        ))),
+        None => Err(StoreError::Conflict(format!("a job with id {} already exists", job.id))),
+    }
+}
+
+fn heartbeat(c: &Connection, id: &str, worker: &str, now: i64, until: i64) -> Result<Lease, StoreError> {
+    if c.prepare_cached(sql::HEARTBEAT)?.execute(params![id, worker, now, until])? > 0 {
+        return Ok(Lease::Held);
+    }
+    let state: Option<String> = c
+        .query_row("SELECT state FROM jobs WHERE id = ?1", [id], |r| r.get(0))
+        .optional()?;
+    Ok(match state.as_deref() {
+        Some("cancelled") => Lease::Cancelled,
+        _ => Lease::Lost,
+    })
+}
+
+fn cancel(c: &Connection, tenant: &str, id: &str, now: i64) -> Result<Option<JobRecord>, StoreError> {
+    let error = encode(&ToolError::new(
+        ErrorCode::Cancelled,
+        "the job was cancelled before it finished; call the tool again if the work is still needed",
+    ))?;
+    if let Some(job) = query_one(c, sql::CANCEL, params![id, tenant, error, now], job_from_row)? {
+        return Ok(Some(job));
+    }
+    // Settled, missing or another tenant's: answered as it stands.
+    query_one(c, "SELECT * FROM jobs WHERE id = ?1 AND tenant = ?2", params![id, tenant], job_from_row)
+}
+
+fn list_jobs(
+    c: &Connection,
+    tenant: &str,
+    filter: &JobFilter,
+    limit: u32,
+    cursor: Option<&str>,
+) -> Result<JobPage, StoreError> {
+    let limit = limit.clamp(1, MAX_PAGE) as usize;
+    let state = filter.state.map(JobState::as_str);
+    // One row more than the page tells whether there is a next page.
+    let params = params![tenant, state, filter.tool, cursor.unwrap_or(NO_CURSOR), limit + 1];
+    let mut jobs = query_all(c, sql::LIST, params, job_from_row)?;
+    let next_cursor = if jobs.len() > limit {
+        jobs.truncate(limit);
+        jobs.last().map(|job| job.id.clone())
+    } else {
+        None
+    };
+    Ok(JobPage { jobs, next_cursor })
+}
+
+fn job_counts(c: &Connection) -> Result<Vec<(JobState, u64)>, StoreError> {
+    let mut stmt = c.prepare_cached("SELECT state, COUNT(*) FROM jobs GROUP BY state")?;
+    let mut rows = stmt.query([])?;
+    let all = [
+        JobState::Queued,
+        JobState::Running,
+        JobState::Retrying,
+        JobState::Succeeded,
+        JobState::Failed,
+        JobState::Cancelled,
+    ];
+    let mut counts: Vec<(JobState, u64)> = all.into_iter().map(|s| (s, 0)).collect();
+    while let Some(row) = rows.next()? {
+        let (state, n): (String, i64) = (row.get(0)?, row.get(1)?);
+        let state = JobState::parse(&state)
+            .ok_or_else(|| StoreError::Unavailable(format!("corrupt row: a job has unknown state {state:?}")))?;
+        if let Some(slot) = counts.iter_mut().find(|(s, _)| *s == state) {
+            slot.1 = u64::try_from(n).unwrap_or(0);
+        }
+    }
+    Ok(counts)
+}
+
+// Tickets, audit and commits.
+
+fn insert_ticket(c: &Connection, t: &NewTicket) -> Result<TicketRecord, StoreError> {
+    let params = named_params! {
+        ":id": t.id, ":tenant": t.tenant, ":user": t.user, ":tool": t.tool,
+        ":question": t.question, ":options": encode(&t.options)?, ":args": encode(&t.args)?,
+        ":run_id": t.run_id, ":call_id": t.call_id, ":callback_url": t.callback_url, ":now": t.now,
+    };
+    query_one(c, sql::INSERT_TICKET, params, ticket_from_row)?
+        .ok_or_else(|| StoreError::Conflict(format!("a ticket with id {} already exists", t.id)))
+}
+
+fn answer_ticket(c: &Connection, tenant: &str, id: &str, answer: &str, now: i64) -> Result<Option<Answered>, StoreError> {
+    if let Some(t) = query_one(c, sql::ANSWER, params![id, tenant, answer, now], ticket_from_row)? {
+        return Ok(Some(Answered::Now(t)));
+    }
+    let sql = "SELECT * FROM tickets WHERE id = ?1 AND tenant = ?2";
+    Ok(query_one(c, sql, params![id, tenant], ticket_from_row)?.map(Answered::Already))
+}
+
+fn append_audit(c: &mut Connection, records: &[AuditRecord]) -> Result<(), StoreError> {
+    let tx = c.transaction()?;
+    {
+        let mut stmt = tx.prepare_cached(sql::INSERT_AUDIT)?;
+        for r in records {
+            stmt.execute(params![
+                to_i64(r.at_ms),
+                r.tenant,
+                r.user,
+                r.tool,
+                r.run_id,
+                r.call_id,
+                encode(&r.args)?,
+                r.status,
+                r.error_code.map(ErrorCode::as_str),
+                to_i64(r.duration_us),
+            ])?;
+        }
+    }
+    Ok(tx.commit()?)
+}
+
+fn claim_commit(c: &mut Connection, key: &str, now: i64, until: i64) -> Result<CommitClaim, StoreError> {
+    let tx = c.transaction()?;
+    tx.prepare_cached(sql::PRUNE_COMMITS)?.execute(params![now, PRUNE_BATCH])?;
+    let claimed = tx
+        .prepare_cached(sql::CLAIM_COMMIT)?
+        .query_row(params![key, now, until], |_| Ok(()))
+        .optional()?;
+    let answer = match claimed {
+        Some(()) => CommitClaim::Run,
+        None => {
+            let envelope: Option<String> =
+                tx.query_row("SELECT envelope FROM commits WHERE key = ?1", [key], |r| r.get(0))?;
+            match envelope {
+                Some(text) => CommitClaim::Settled(serde_json::from_str(&text).map_err(|e| {
+                    StoreError::Unavailable(format!("corrupt row: commit {key} column envelope: {e}"))
+                })?),
+                None => CommitClaim::Pending,
+            }
+        }
+    };
+    tx.commit()?;
+    Ok(answer)
+}
+
+fn settle_commit(c: &Connection, key: &str, envelope: Option<&str>, keep_until: i64) -> Result<(), StoreError> {
+    match envelope {
+        Some(envelope) => c.prepare_cached(sql::SETTLE_COMMIT)?.execute(params![key, envelope, keep_until])?,
+        None => c
+            .prepare_cached("DELETE FROM commits WHERE key = ?1 AND state = 'pending'")?
+            .execute([key])?,
+    };
+    Ok(())
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.call(|c| Ok(c.query_row("SELECT 1", [], |_| Ok(()))?)).await
+    }
+
+    async fn insert_job(&self, job: NewJob) -> Result<Inserted, StoreError> {
+        let args = canonical_json(&job.args);
+        self.call(move |c| insert_job(c, &job, &args)).await
+    }
+
+    async fn job(&self, tenant: &str, id: &str) -> Result<Option<JobRecord>, StoreError> {
+        let (tenant, id) = (tenant.to_owned(), id.to_owned());
+        self.call(move |c| {
+            let sql = "SELECT * FROM jobs WHERE id = ?1 AND tenant = ?2";
+            query_one(c, sql, params![id, tenant], job_from_row)
+        })
+        .await
+    }
+
+    async fn job_by_id(&self, id: &str) -> Result<Option<JobRecord>, StoreError> {
+        let id = id.to_owned();
+        self.call(move |c| query_one(c, "SELECT * FROM jobs WHERE id = ?1", [id], job_from_row))
+            .await
+    }
+
+    async fn list_jobs(
+        &self,
+        tenant: &str,
+        filter: &JobFilter,
+        limit: u32,
+        cursor: Option<&str>,
+    ) -> Result<JobPage, StoreError> {
+        let (tenant, filter) = (tenant.to_owned(), filter.clone());
+        let cursor = cursor.map(str::to_owned);
+        self.call(move |c| list_jobs(c, &tenant, &filter, limit, cursor.as_deref()))
+            .await
+    }
+
+    async fn claim(&self, id: &str, worker: &str, now: i64, lease_ms: i64) -> Result<Option<JobRecord>, StoreError> {
+        let (id, worker) = (id.to_owned(), worker.to_owned());
+        let until = now.saturating_add(lease_ms);
+        self.call(move |c| query_one(c, sql::CLAIM, params![id, worker, now, until], job_from_row))
+            .await
+    }
+
+    async fn heartbeat(&self, id: &str, worker: &str, now: i64, lease_ms: i64) -> Result<Lease, StoreError> {
+        let (id, worker) = (id.to_owned(), worker.to_owned());
+        let until = now.saturating_add(lease_ms);
+        self.call(move |c| heartbeat(c, &id, &worker, now, until)).await
+    }
+
+    async fn set_progress(&self, id: &str, worker: &str, progress: &Value, now: i64) -> Result<bool, StoreError> {
+        let (id, worker, progress) = (id.to_owned(), worker.to_owned(), encode(progress)?);
+        self.call(move |c| Ok(c.prepare_cached(sql::PROGRESS)?.execute(params![id, worker, progress, now])? > 0))
+            .await
+    }
+
+    async fn succeed(&self, id: &str, worker: &str, result: &Json, now: i64) -> Result<Option<JobRecord>, StoreError> {
+        let (id, worker, result) = (id.to_owned(), worker.to_owned(), result.get().to_owned());
+        self.call(move |c| query_one(c, sql::SUCCEED, params![id, worker, result, now], job_from_row))
+            .await
+    }
+
+    async fn fail(
+        &self,
+        id: &str,
+        worker: &str,
+        error: &ToolError,
+        retry_at: Option<i64>,
+        now: i64,
+    ) -> Result<Option<JobRecord>, StoreError> {
+        let (id, worker, error) = (id.to_owned(), worker.to_owned(), encode(error)?);
+        self.call(move |c| query_one(c, sql::FAIL, params![id, worker, error, retry_at, now], job_from_row))
+            .await
+    }
+
+    async fn cancel(&self, tenant: &str, id: &str, now: i64) -> Result<Option<JobRecord>, StoreError> {
+        let (tenant, id) = (tenant.to_owned(), id.to_owned());
+        self.call(move |c| cancel(c, &tenant, &id, now)).await
+    }
+
+    /// At most 1000 jobs per call, so one sweep stays bounded.
+    async fn due_jobs(&self, now: i64, limit: u32) -> Result<Vec<JobRecord>, StoreError> {
+        let limit = limit.min(MAX_BATCH);
+        self.call(move |c| query_all(c, sql::DUE, params![now, limit], job_from_row))
+            .await
+    }
+
+    async fn job_counts(&self) -> Result<Vec<(JobState, u64)>, StoreError> {
+        self.call(|c| job_counts(c)).await
+    }
+
+    async fn insert_ticket(&self, ticket: NewTicket) -> Result<TicketRecord, StoreError> {
+        self.call(move |c| insert_ticket(c, &ticket)).await
+    }
+
+    async fn ticket(&self, tenant: &str, id: &str) -> Result<Option<TicketRecord>, StoreError> {
+        let (tenant, id) = (tenant.to_owned(), id.to_owned());
+        self.call(move |c| {
+            let sql = "SELECT * FROM tickets WHERE id = ?1 AND tenant = ?2";
+            query_one(c, sql, params![id, tenant], ticket_from_row)
+        })
+        .await
+    }
+
+    async fn answer_ticket(&self, tenant: &str, id: &str, answer: &Value, now: i64) -> Result<Option<Answered>, StoreError> {
+        let (tenant, id, answer) = (tenant.to_owned(), id.to_owned(), encode(answer)?);
+        self.call(move |c| answer_ticket(c, &tenant, &id, &answer, now)).await
+    }
+
+    async fn append_audit(&self, records: &[AuditRecord]) -> Result<(), StoreError> {
+        if records.is_empty() {
+            return Ok(());
+        }
+        let records = records.to_vec();
+        self.call(move |c| append_audit(c, &records)).await
+    }
+
+    /// At most 1000 records per call.
+    async fn audit(&self, tenant: &str, limit: u32) -> Result<Vec<AuditRecord>, StoreError> {
+        let tenant = tenant.to_owned();
+        let limit = limit.clamp(1, MAX_BATCH);
+        self.call(move |c| {
+            let sql = "SELECT * FROM audit WHERE tenant = ?1 ORDER BY at_ms DESC, seq DESC LIMIT ?2";
+            query_all(c, sql, params![tenant, limit], audit_from_row)
+        })
+        .await
+    }
+
+    async fn claim_commit(&self, key: &str, now: i64, lease_ms: i64) -> Result<CommitClaim, StoreError> {
+        let key = key.to_owned();
+        let until = now.saturating_add(lease_ms);
+        self.call(move |c| claim_commit(c, &key, now, until)).await
+    }
+
+    async fn settle_commit(&self, key: &str, outcome: Option<&Envelope>, keep_until: i64) -> Result<(), StoreError> {
+        let (key, envelope) = (key.to_owned(), outcome.map(Envelope::to_json));
+        self.call(move |c| settle_commit(c, &key, envelope.as_deref(), keep_until))
+            .await
+    }
+}

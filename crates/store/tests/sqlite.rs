@@ -1,0 +1,139 @@
+//! The SQLite store against the conformance suite, plus what only SQLite
+//! has: a file that survives a reopen, refusal of a newer schema, WAL mode.
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use serde_json::json;
+use toolfleet_core::{JobState, new_id};
+use toolfleet_store::sqlite::SqliteStore;
+use toolfleet_store::{Inserted, NewJob, Store, StoreError};
+
+/// A path in the temp directory no other test uses.
+fn temp_db() -> PathBuf {
+    std::env::temp_dir().join(format!("toolfleet-store-test-{}", new_id())).join("toolfleet.db")
+}
+
+/// Removes a test database directory (file, WAL and shared-memory files).
+fn remove(path: &std::path::Path) {
+    if let Some(dir) = path.parent() {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+/// One file for the whole suite, each test on a connection of its own, as
+/// the suite promises tests can share a database and as several toolfleet
+/// processes share one data directory. One file per run of this binary.
+fn shared_db() -> &'static PathBuf {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(temp_db)
+}
+
+mod shared_file {
+    toolfleet_store::store_conformance!(
+        toolfleet_store::sqlite::SqliteStore::open(super::shared_db()).await.expect("open the shared database")
+    );
+}
+
+mod memory {
+    toolfleet_store::store_conformance!(
+        toolfleet_store::sqlite::SqliteStore::open_in_memory().await.expect("open in memory")
+    );
+}
+
+fn job(tenant: &str) -> NewJob {
+    NewJob {
+        id: new_id(),
+        tenant: tenant.to_owned(),
+        user: "alice".to_owned(),
+        tool: "start_receipt_ocr".to_owned(),
+        pool: "default".to_owned(),
+        args: json!({"line": 3}),
+        idempotency_key: Some("k".to_owned()),
+        run_id: new_id(),
+        call_id: new_id(),
+        callback_url: None,
+        max_attempts: 3,
+        timeout_ms: 60_000,
+        now: 1_700_000_000_000,
+    }
+}
+
+#[tokio::test]
+async fn jobs_survive_a_reopen() {
+    let path = temp_db();
+    let store = SqliteStore::open(&path).await.expect("open");
+    let Inserted::Created(created) = store.insert_job(job("acme")).await.expect("insert") else {
+        panic!("a new job was expected");
+    };
+    store.close().await.expect("close");
+
+    let store = SqliteStore::open(&path).await.expect("reopen");
+    assert_eq!(store.job("acme", &created.id).await.expect("job"), Some(created.clone()));
+    let again = store.insert_job(job("acme")).await.expect("insert again");
+    assert_eq!(again, Inserted::Existing(created));
+    store.close().await.expect("close");
+    remove(&path);
+}
+
+#[tokio::test]
+async fn a_newer_schema_is_refused() {
+    let path = temp_db();
+    SqliteStore::open(&path).await.expect("open").close().await.expect("close");
+    let conn = rusqlite::Connection::open(&path).expect("open directly");
+    conn.execute(
+        "INSERT INTO refinery_schema_history (version, name, applied_on, checksum)
+         VALUES (9999, 'from_the_future', '2030-01-01T00:00:00Z', '0')",
+        [],
+    )
+    .expect("record a future migration");
+    drop(conn);
+
+    match SqliteStore::open(&path).await {
+        Err(StoreError::Schema(message)) => {
+            assert!(message.contains("9999"), "{message}");
+            assert!(message.contains("newer"), "{message}");
+            assert!(message.contains(&path.display().to_string()), "{message}");
+        }
+        Err(other) => panic!("expected a schema error, got {other}"),
+        Ok(_) => panic!("a database from a newer toolfleet was opened"),
+    }
+    remove(&path);
+}
+
+#[tokio::test]
+async fn the_file_is_in_wal_mode() {
+    let path = temp_db();
+    let store = SqliteStore::open(&path).await.expect("open");
+    let conn = rusqlite::Connection::open(&path).expect("open directly");
+    let mode: String = conn.query_row("PRAGMA journal_mode", [], |r| r.get(0)).expect("journal_mode");
+    assert_eq!(mode, "wal");
+    drop(conn);
+    store.close().await.expect("close");
+    remove(&path);
+}
+
+#[tokio::test]
+async fn a_corrupt_row_is_an_error_not_a_panic() {
+    let path = temp_db();
+    let store = SqliteStore::open(&path).await.expect("open");
+    let Inserted::Created(created) = store.insert_job(job("acme")).await.expect("insert") else {
+        panic!("a new job was expected");
+    };
+    let conn = rusqlite::Connection::open(&path).expect("open directly");
+    conn.execute("UPDATE jobs SET args = '{not json' WHERE id = ?1", [&created.id])
+        .expect("corrupt the row");
+    drop(conn);
+
+    match store.job("acme", &created.id).await {
+        Err(StoreError::Unavailable(message)) => {
+            assert!(message.contains("corrupt row"), "{message}");
+            assert!(message.contains(&created.id), "{message}");
+            assert!(message.contains("args"), "{message}");
+        }
+        other => panic!("expected a corrupt-row error, got {other:?}"),
+    }
+    assert_eq!(store.job_counts().await.expect("counts").first(), Some(&(JobState::Queued, 1)));
+    store.close().await.expect("close");
+    remove(&path);
+}

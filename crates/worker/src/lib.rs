@@ -1,0 +1,356 @@
+//! A worker: takes job ids from its pool, claims each job in the store with
+//! a lease, runs the tool's executor under the job's wall-time budget while
+//! heartbeating, and settles it: succeeded, retrying with backoff (only for
+//! retryable errors, while attempts remain) or failed. Every transition is
+//! announced on [`Notices`].
+//!
+//! The store is the truth. A worker never runs a job it could not claim, so a
+//! duplicate or stale message only costs an ack; a worker that loses its
+//! lease stops and settles nothing. Cancelling a job reaches its executor:
+//! the worker drops the executor's future (an `exec` child is killed with it).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use backon::{BackoffBuilder, ExponentialBuilder};
+use tokio::sync::{Notify, Semaphore, watch};
+use toolfleet_broker::{Broker, Delivery, Event, Notices};
+use toolfleet_core::{CallCtx, ErrorCode, JobState, Principal, Runtime, ToolError};
+use toolfleet_store::{JobRecord, Lease, Store};
+
+/// Unix milliseconds now.
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// How a worker behaves.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// Unique per worker process and pool; the lease owner.
+    pub id: String,
+    pub pool: String,
+    /// Jobs run at once.
+    pub concurrency: usize,
+    /// A claim holds the job this long; heartbeats extend it.
+    pub lease: Duration,
+    /// First retry delay; doubled per attempt, with jitter.
+    pub backoff_min: Duration,
+    pub backoff_max: Duration,
+    /// The poll hint written into announced envelopes.
+    pub poll_after_s: u32,
+}
+
+impl WorkerConfig {
+    pub fn new(pool: impl Into<String>) -> Self {
+        let pool = pool.into();
+        WorkerConfig {
+            id: format!("{pool}-{}", toolfleet_core::new_id()),
+            pool,
+            concurrency: 8,
+            lease: Duration::from_secs(30),
+            backoff_min: Duration::from_secs(1),
+            backoff_max: Duration::from_secs(300),
+            poll_after_s: 5,
+        }
+    }
+}
+
+/// The retry delay before attempt `attempt + 1`: exponential with jitter.
+pub fn retry_delay(config: &WorkerConfig, attempt: u32) -> Duration {
+    ExponentialBuilder::default()
+        .with_min_delay(config.backoff_min)
+        .with_max_delay(config.backoff_max)
+        .with_jitter()
+        .without_max_times()
+        .build()
+        .nth(attempt.saturating_sub(1) as usize)
+        .unwrap_or(config.backoff_max)
+}
+
+/// What became of one delivery.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Handled {
+    /// The job was not claimable: settled, leased elsewhere, not due or gone.
+    Skipped,
+    /// The job ran and now stands in this state.
+    Ran(JobState),
+    /// The lease was lost or the store failed while settling: the message
+    /// goes back so the job is picked up again.
+    Interrupted,
+}
+
+/// One worker of one pool.
+pub struct Worker {
+    config: WorkerConfig,
+    runtime: Arc<Runtime>,
+    store: Arc<dyn Store>,
+    broker: Arc<dyn Broker>,
+    notices: Arc<dyn Notices>,
+    /// Running jobs, so a cancel notice reaches their executor at once.
+    running: Mutex<HashMap<String, Arc<Notify>>>,
+}
+
+impl Worker {
+    pub fn new(
+        config: WorkerConfig,
+        runtime: Arc<Runtime>,
+        store: Arc<dyn Store>,
+        broker: Arc<dyn Broker>,
+        notices: Arc<dyn Notices>,
+    ) -> Arc<Self> {
+        Arc::new(Worker {
+            config,
+            runtime,
+            store,
+            broker,
+            notices,
+            running: Mutex::new(HashMap::new()),
+        })
+    }
+
+    pub fn config(&self) -> &WorkerConfig {
+        &self.config
+    }
+
+    /// Consumes the pool until `shutdown` turns true, then lets running jobs
+    /// finish within `grace` and hands back what it still holds.
+    pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>, grace: Duration) {
+        let cancels = tokio::spawn(self.clone().follow_cancels());
+        let slots = Arc::new(Semaphore::new(self.config.concurrency.max(1)));
+        let prefetch = u16::try_from(self.config.concurrency.max(1)).unwrap_or(u16::MAX);
+        let mut consumer = loop {
+            match self.broker.consume(&self.config.pool, prefetch).await {
+                Ok(consumer) => break consumer,
+                Err(error) => {
+                    tracing::warn!(pool = %self.config.pool, %error, "cannot consume; retrying");
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                        _ = shutdown.changed() => return,
+                    }
+                }
+            }
+        };
+        let mut tasks = tokio::task::JoinSet::new();
+        loop {
+            let Ok(permit) = slots.clone().acquire_owned().await else { break };
+            let delivery = tokio::select! {
+                delivery = consumer.next() => delivery,
+                _ = shutdown.changed() => None,
+            };
+            let Some(delivery) = delivery else { break };
+            let worker = self.clone();
+            tasks.spawn(async move {
+                worker.handle(delivery).await;
+                drop(permit);
+            });
+            while tasks.try_join_next().is_some() {}
+        }
+        drop(consumer);
+        let drained = tokio::time::timeout(grace, async { while tasks.join_next().await.is_some() {} }).await;
+        if drained.is_err() {
+            // Dropping the tasks drops their deliveries unacked: the broker
+            // hands them back, and the leases let another worker claim them.
+            tasks.abort_all();
+        }
+        cancels.abort();
+    }
+
+    /// Handles one delivery and acknowledges it.
+    pub async fn handle(&self, delivery: Delivery) {
+        let handled = self.run_job(&delivery.job_id).await;
+        let settled = match handled {
+            Handled::Interrupted => delivery.requeue().await,
+            _ => delivery.ack().await,
+        };
+        if let Err(error) = settled {
+            tracing::warn!(%error, "could not settle a delivery with the broker");
+        }
+    }
+
+    /// Claims and runs one job.
+    pub async fn run_job(&self, job_id: &str) -> Handled {
+        let lease_ms = self.config.lease.as_millis() as i64;
+        let job = match self.store.claim(job_id, &self.config.id, now_ms(), lease_ms).await {
+            Ok(Some(job)) => job,
+            Ok(None) => return Handled::Skipped,
+            Err(error) => {
+                tracing::warn!(job_id, %error, "claim failed");
+                return Handled::Interrupted;
+            }
+        };
+        tracing::info!(job_id, tool = %job.tool, tenant = %job.tenant, run_id = %job.run_id, attempt = job.attempts, "job started");
+        self.announce(&job).await;
+        let outcome = self.execute(&job).await;
+        self.settle(job, outcome).await
+    }
+
+    async fn execute(&self, job: &JobRecord) -> Outcome {
+        let Some(tool) = self.runtime.registry().get(&job.tool).cloned() else {
+            return Outcome::Done(Err(ToolError::failed(
+                format!("no tool `{}` is registered on this worker", job.tool),
+                false,
+            )));
+        };
+        let principal = Arc::new(Principal::new(&job.tenant, &job.user, Vec::<String>::new()));
+        let ctx = CallCtx {
+            principal,
+            run_id: job.run_id.clone(),
+            call_id: job.call_id.clone(),
+            // The stable key downstream systems deduplicate retries on.
+            idempotency_key: Some(job.id.clone()),
+            callback_url: job.callback_url.clone(),
+        };
+        let cancelled = Arc::new(Notify::new());
+        self.lock_running().insert(job.id.clone(), cancelled.clone());
+        let budget = Duration::from_millis(job.timeout_ms.max(1) as u64);
+        let run = self.runtime.execute(&tool, job.args.clone(), ctx);
+        let outcome = tokio::select! {
+            result = tokio::time::timeout(budget, run) => Outcome::Done(result.unwrap_or_else(|_| Err(ToolError::new(
+                ErrorCode::Timeout,
+                format!("`{}` ran past its wall-time budget of {} ms", job.tool, job.timeout_ms),
+            )))),
+            lease = self.keep_lease(&job.id) => lease,
+            _ = cancelled.notified() => Outcome::Cancelled,
+        };
+        self.lock_running().remove(&job.id);
+        outcome
+    }
+
+    /// Heartbeats until the lease is lost or the job cancelled.
+    async fn keep_lease(&self, job_id: &str) -> Outcome {
+        let lease_ms = self.config.lease.as_millis() as i64;
+        let mut tick = tokio::time::interval(self.config.lease / 3);
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            match self.store.heartbeat(job_id, &self.config.id, now_ms(), lease_ms).await {
+                Ok(Lease::Held) => {}
+                Ok(Lease::Cancelled) => return Outcome::Cancelled,
+                Ok(Lease::Lost) => return Outcome::LeaseLost,
+                // A store hiccup is not a lost lease; the next beat may pass.
+                Err(error) => tracing::warn!(job_id, %error, "heartbeat failed"),
+            }
+        }
+    }
+
+    async fn settle(&self, job: JobRecord, outcome: Outcome) -> Handled {
+        let now = now_ms();
+        let worker = &self.config.id;
+        let settled = match outcome {
+            Outcome::Done(Ok(result)) => self.store.succeed(&job.id, worker, &result, now).await,
+            Outcome::Done(Err(error)) => {
+                let retry = (error.retryable && job.attempts < job.max_attempts)
+                    .then(|| retry_delay(&self.config, job.attempts));
+                let retry_at = retry.map(|d| now + d.as_millis() as i64);
+                let settled = self.store.fail(&job.id, worker, &error, retry_at, now).await;
+                if let (Ok(Some(j)), Some(delay)) = (&settled, retry) {
+                    if j.state == JobState::Retrying {
+                        if let Err(e) = self.broker.publish_delayed(&job.pool, &job.id, delay).await {
+                            // The sweeper republishes due retries from the store.
+                            tracing::warn!(job_id = %job.id, error = %e, "delayed publish failed");
+                        }
+                    }
+                }
+                settled
+            }
+            Outcome::Cancelled => {
+                tracing::info!(job_id = %job.id, "job cancelled while running");
+                return match self.store.job_by_id(&job.id).await {
+                    Ok(Some(job)) => Handled::Ran(job.state),
+                    _ => Handled::Interrupted,
+                };
+            }
+            Outcome::LeaseLost => return Handled::Interrupted,
+        };
+        match settled {
+            Ok(Some(job)) => {
+                tracing::info!(job_id = %job.id, tool = %job.tool, tenant = %job.tenant, run_id = %job.run_id, attempt = job.attempts, state = %job.state, "job settled");
+                self.announce(&job).await;
+                Handled::Ran(job.state)
+            }
+            // Someone else holds it now (our lease expired meanwhile).
+            Ok(None) => Handled::Skipped,
+            Err(error) => {
+                tracing::warn!(job_id = %job.id, %error, "could not settle");
+                Handled::Interrupted
+            }
+        }
+    }
+
+    async fn announce(&self, job: &JobRecord) {
+        let event = job_event(job, self.config.poll_after_s);
+        if let Err(error) = self.notices.publish(&event).await {
+            tracing::warn!(job_id = %job.id, %error, "could not announce");
+        }
+    }
+
+    /// Stops running executors of jobs announced as cancelled.
+    async fn follow_cancels(self: Arc<Self>) {
+        let Ok(mut events) = self.notices.subscribe().await else { return };
+        while let Some(event) = events.next().await {
+            if event.kind == "job" && event.state == JobState::Cancelled.as_str() {
+                if let Some(cancelled) = self.lock_running().get(&event.id) {
+                    cancelled.notify_one();
+                }
+            }
+        }
+    }
+
+    fn lock_running(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Notify>>> {
+        self.running.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+enum Outcome {
+    Done(Result<toolfleet_core::Json, ToolError>),
+    Cancelled,
+    LeaseLost,
+}
+
+/// The event announcing `job` as it stands.
+pub fn job_event(job: &JobRecord, poll_after_s: u32) -> Event {
+    Event {
+        kind: "job".to_owned(),
+        id: job.id.clone(),
+        tenant: job.tenant.clone(),
+        tool: job.tool.clone(),
+        state: job.state.as_str().to_owned(),
+        run_id: job.run_id.clone(),
+        body: serde_json::to_value(job.envelope(poll_after_s)).unwrap_or_default(),
+    }
+}
+
+/// Publishes every job the store says should run now: at start (the
+/// in-process queue is empty after a restart) and then periodically, for
+/// messages never confirmed and leases that expired. Duplicates are harmless.
+pub async fn sweep(store: &dyn Store, broker: &dyn Broker, limit: u32) -> Result<usize, String> {
+    let due = store.due_jobs(now_ms(), limit).await.map_err(|e| e.to_string())?;
+    let mut published = 0;
+    for job in &due {
+        broker.publish(&job.pool, &job.id).await.map_err(|e| e.to_string())?;
+        published += 1;
+    }
+    Ok(published)
+}
+
+/// Sweeps every `period` until `shutdown`.
+pub async fn run_sweeper(
+    store: Arc<dyn Store>,
+    broker: Arc<dyn Broker>,
+    period: Duration,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        if let Err(error) = sweep(store.as_ref(), broker.as_ref(), 1000).await {
+            tracing::warn!(%error, "sweep failed");
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(period) => {}
+            _ = shutdown.changed() => return,
+        }
+    }
+}
