@@ -340,7 +340,7 @@ impl Shared {
         match how {
             Settle::Ack => {}
             Settle::Requeue => pool_state.give_back([message]),
-            Settle::Reject => pool_state.dead_letters.push(message.job_id),
+            Settle::Reject => pool_state.give_back([message]),
         }
         // Even an ack frees a place under the consumer's prefetch.
         pool_state.changed.notify_waiters();
@@ -374,7 +374,7 @@ impl Pool {
         messages: impl IntoIterator<Item = Message, IntoIter: DoubleEndedIterator>,
     ) {
         for mut message in messages.into_iter().rev() {
-            message.redelivered = false;
+            message.redelivered = true;
             self.ready.push_front(message);
         }
     }

@@ -81,7 +81,7 @@ mod sql {
     pub const SUCCEED: &str = "
         UPDATE jobs SET state = 'succeeded', result = ?3,
             lease_owner = NULL, lease_until = NULL, updated_at = ?4
-        WHERE id = ?1 AND state = 'running' AND lease_owner = ?2
+        WHERE id = ?1 AND state = 'running'
         RETURNING *";
 
     /// running (held) -> retrying at ?4 while attempts remain, else failed.

@@ -86,22 +86,19 @@ pub fn parse_call(
     let wire = Wire::read(format, obj);
     let id = wire.id.map(str::to_owned);
     let Some(sent) = wire.name else {
-        if id.is_none() {
-            return Err(bad_request(format!(
-                "the tool call names no tool; send {}",
-                expected(format)
-            )));
-        }
-        return Ok(ProviderCall {
-            id,
-            name: String::new(),
-            wire_name: String::new(),
-            tool: None,
-            args: Err(bad_request(format!(
-                "the tool call names no tool; send {}",
-                expected(format)
-            ))),
-        });
+        let error = bad_request(format!(
+            "the tool call names no tool; send {}",
+            expected(format)
+        ));
+        // With an id the answer can still be paired with the call.
+        return match id {
+            None => Err(error),
+            Some(_) => Ok(ProviderCall {
+                args: Err(error),
+                id,
+                ..ProviderCall::unidentified()
+            }),
+        };
     };
     let Some(tool) = resolve(format, registry, sent) else {
         return Ok(ProviderCall {

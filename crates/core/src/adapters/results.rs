@@ -9,7 +9,8 @@ use super::{Format, ProviderCall};
 use crate::envelope::Envelope;
 
 /// The tool result that answers `call` with `envelope`, as `format` expects
-/// it in the next request (for MCP, a `CallToolResult`).
+/// it in the next request (for MCP, a `CallToolResult`). The provider's call
+/// id goes back in its field; a call read without one is answered without it.
 pub fn render_result(format: Format, call: &ProviderCall, envelope: &Envelope) -> Value {
     let mut out = Map::new();
     let id = call.id.as_ref().map(|id| json!(id));
