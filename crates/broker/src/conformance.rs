@@ -9,7 +9,9 @@
 //! closing means) belongs in that implementation's own tests. Each behaviour
 //! uses pools and tenants of its own, so the tests may share one broker and
 //! run in parallel; every wait is bounded, so a broken implementation fails
-//! instead of hanging.
+//! instead of hanging. A wait that times out drops the pending
+//! `Consumer::next()`, so an implementation's `next()` must be cancel-safe:
+//! dropping it while it waits must lose no message.
 //!
 //! ```ignore
 //! toolfleet_broker::broker_conformance!(async { MemoryBroker::new() });
@@ -100,6 +102,15 @@ pub fn unique(prefix: &str) -> String {
     format!("conformance-{prefix}-{}", toolfleet_core::new_id())
 }
 
+/// Awaits one call to the implementation, failing the test if it does not
+/// answer within [`ARRIVAL`].
+pub async fn within<T>(what: &str, call: impl Future<Output = T>) -> T {
+    match timeout(ARRIVAL, call).await {
+        Ok(answer) => answer,
+        Err(_) => panic!("{what}: no answer within {ARRIVAL:?}"),
+    }
+}
+
 /// The next delivery, failing the test if none comes within [`ARRIVAL`].
 pub async fn next_delivery(consumer: &mut dyn Consumer, what: &str) -> Delivery {
     match timeout(ARRIVAL, consumer.next()).await {
@@ -122,7 +133,7 @@ pub mod broker {
 
     async fn publish_all(broker: &dyn Broker, pool: &str, ids: &[String]) {
         for id in ids {
-            let published = broker.publish(pool, id).await;
+            let published = within("publish", broker.publish(pool, id)).await;
             assert_eq!(published, Ok(()), "publishing {id} to {pool}");
         }
     }
@@ -132,7 +143,7 @@ pub mod broker {
     }
 
     async fn consume(broker: &dyn Broker, pool: &str, prefetch: u16) -> Box<dyn Consumer> {
-        match broker.consume(pool, prefetch).await {
+        match within("consume", broker.consume(pool, prefetch)).await {
             Ok(consumer) => consumer,
             Err(e) => panic!("consuming {pool}: {e}"),
         }
@@ -140,7 +151,7 @@ pub mod broker {
 
     async fn ack(delivery: Delivery) {
         let id = delivery.job_id.clone();
-        assert_eq!(delivery.ack().await, Ok(()), "acking {id}");
+        assert_eq!(within("ack", delivery.ack()).await, Ok(()), "acking {id}");
     }
 
     pub async fn publish_then_consume(broker: &dyn Broker) {
@@ -215,6 +226,7 @@ pub mod broker {
             }
         }
         let extra = timeout(QUIET, received.recv()).await;
+        drop(received);
         workers.iter().for_each(tokio::task::JoinHandle::abort);
         assert!(
             !matches!(extra, Ok(Some(_))),
@@ -226,13 +238,19 @@ pub mod broker {
         assert_eq!(seen, expected, "every message exactly once");
     }
 
+    /// Stops once the test stops listening, and yields after each message,
+    /// so that even a broker that delivers without end (a duplicating one)
+    /// cannot keep the task from being aborted.
     async fn ack_all(
         mut consumer: Box<dyn Consumer>,
         seen: tokio::sync::mpsc::UnboundedSender<String>,
     ) {
         while let Some(delivery) = consumer.next().await {
-            let _ = seen.send(delivery.job_id.clone());
+            if seen.send(delivery.job_id.clone()).is_err() {
+                return;
+            }
             let _ = delivery.ack().await;
+            tokio::task::yield_now().await;
         }
     }
 
@@ -257,7 +275,7 @@ pub mod broker {
         let mut consumer = consume(broker, &pool, 1).await;
         let delivery = next_delivery(consumer.as_mut(), "before requeue").await;
         assert!(!delivery.redelivered);
-        assert_eq!(delivery.requeue().await, Ok(()), "requeue");
+        assert_eq!(within("requeue", delivery.requeue()).await, Ok(()));
         let again = next_delivery(consumer.as_mut(), "after requeue").await;
         assert_eq!(again.job_id, "job-a");
         assert!(
@@ -304,7 +322,7 @@ pub mod broker {
         let mut consumer = consume(broker, &pool, 1).await;
         let bad = next_delivery(consumer.as_mut(), "to reject").await;
         assert_eq!(bad.job_id, ids[0]);
-        assert_eq!(bad.reject().await, Ok(()), "reject");
+        assert_eq!(within("reject", bad.reject()).await, Ok(()));
         let next = next_delivery(consumer.as_mut(), "after a reject").await;
         assert_eq!(
             next.job_id, ids[1],
@@ -319,7 +337,7 @@ pub mod broker {
     /// both (which also shows `publish_delayed` did not wait out its delay).
     pub async fn delayed_message_waits_its_delay(broker: &dyn Broker) {
         let pool = unique("delayed");
-        let (long, short) = (Duration::from_millis(300), Duration::from_millis(100));
+        let (long, short) = (Duration::from_millis(500), Duration::from_millis(200));
         let start = Instant::now();
         publish_delayed(broker, &pool, "job-long", long).await;
         publish_delayed(broker, &pool, "job-short", short).await;
@@ -342,7 +360,7 @@ pub mod broker {
     }
 
     async fn publish_delayed(broker: &dyn Broker, pool: &str, id: &str, delay: Duration) {
-        let published = broker.publish_delayed(pool, id, delay).await;
+        let published = within("publish_delayed", broker.publish_delayed(pool, id, delay)).await;
         assert_eq!(
             published,
             Ok(()),
@@ -383,7 +401,7 @@ pub mod broker {
     async fn depth_becomes(broker: &dyn Broker, pool: &str, expected: u64, what: &str) {
         let deadline = Instant::now() + ARRIVAL;
         loop {
-            let depth = broker.depth(pool).await;
+            let depth = within("depth", broker.depth(pool)).await;
             if depth == Ok(expected) {
                 return;
             }
@@ -413,7 +431,7 @@ pub mod notices {
     }
 
     async fn subscribe(notices: &dyn Notices) -> Box<dyn Subscription> {
-        match notices.subscribe().await {
+        match within("subscribe", notices.subscribe()).await {
             Ok(subscription) => subscription,
             Err(e) => panic!("subscribing: {e}"),
         }
@@ -421,7 +439,7 @@ pub mod notices {
 
     async fn publish(notices: &dyn Notices, event: &Event) {
         assert_eq!(
-            notices.publish(event).await,
+            within("publish", notices.publish(event)).await,
             Ok(()),
             "publishing {}",
             event.id

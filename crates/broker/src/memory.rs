@@ -26,6 +26,9 @@ pub const DEFAULT_CAPACITY: usize = 100_000;
 /// before it starts skipping events.
 pub const DEFAULT_NOTICE_BUFFER: usize = 1024;
 
+/// The largest buffer [`MemoryNotices::with_capacity`] allocates.
+pub const MAX_NOTICE_BUFFER: usize = 1 << 20;
+
 /// The in-process [`Broker`]. Clones share one set of queues; the queues
 /// close (consumers end) when [`MemoryBroker::close`] is called or the last
 /// clone is dropped.
@@ -68,7 +71,9 @@ struct Pool {
     unacked: HashMap<u64, BTreeMap<u64, Message>>,
     dead_letters: Vec<String>,
     /// Woken on every change a waiting consumer may act on: a message became
-    /// ready, a delivery was settled, or the broker closed.
+    /// ready, a delivery was settled, or the broker closed. All waiters wake
+    /// and look again, because only a consumer with room under its prefetch
+    /// can take the message, and a single wake-up might reach a full one.
     changed: Arc<Notify>,
 }
 
@@ -105,7 +110,7 @@ impl MemoryBroker {
     }
 
     /// Ends every consumer and refuses further publishing. Messages still
-    /// queued are dropped with the broker: the store refills the next one.
+    /// queued are dropped: the store refills the next broker.
     pub fn close(&self) {
         self.shared().close();
     }
@@ -238,7 +243,8 @@ impl Shared {
     fn close(&self) {
         let mut state = self.lock();
         state.closed = true;
-        for pool in state.pools.values() {
+        for pool in state.pools.values_mut() {
+            pool.ready.clear();
             pool.changed.notify_waiters();
         }
     }
@@ -247,11 +253,7 @@ impl Shared {
         let mut state = self.open()?;
         let pool_state = state.pools.entry(pool.to_owned()).or_default();
         self.check_room(pool, pool_state)?;
-        pool_state.ready.push_back(Message {
-            job_id: job_id.to_owned(),
-            redelivered: false,
-        });
-        pool_state.changed.notify_waiters();
+        pool_state.make_ready(job_id.to_owned());
         Ok(())
     }
 
@@ -283,14 +285,9 @@ impl Shared {
             return;
         };
         pool_state.scheduled = pool_state.scheduled.saturating_sub(1);
-        if closed || !due {
-            return;
+        if due && !closed {
+            pool_state.make_ready(job_id);
         }
-        pool_state.ready.push_back(Message {
-            job_id,
-            redelivered: false,
-        });
-        pool_state.changed.notify_waiters();
     }
 
     fn register_consumer(&self, pool: &str) -> Result<(u64, Arc<Notify>), BrokerError> {
@@ -340,7 +337,7 @@ impl Shared {
         match how {
             Settle::Ack => {}
             Settle::Requeue => pool_state.give_back([message]),
-            Settle::Reject => pool_state.give_back([message]),
+            Settle::Reject => pool_state.dead_letters.push(message.job_id),
         }
         // Even an ack frees a place under the consumer's prefetch.
         pool_state.changed.notify_waiters();
@@ -367,6 +364,14 @@ fn next_tag(counter: &mut u64) -> u64 {
 }
 
 impl Pool {
+    fn make_ready(&mut self, job_id: String) {
+        self.ready.push_back(Message {
+            job_id,
+            redelivered: false,
+        });
+        self.changed.notify_waiters();
+    }
+
     /// Puts messages back at the front, oldest first, marked redelivered. A
     /// message given back was already accepted, so the bound does not apply.
     fn give_back(
@@ -484,10 +489,11 @@ impl MemoryNotices {
         Self::with_capacity(DEFAULT_NOTICE_BUFFER)
     }
 
-    /// Notices whose subscribers may fall `buffer` events behind (at least
-    /// one) before skipping.
+    /// Notices whose subscribers may fall `buffer` events behind before
+    /// skipping, between one and [`MAX_NOTICE_BUFFER`].
     pub fn with_capacity(buffer: usize) -> Self {
-        let (sender, _) = broadcast::channel(buffer.max(1));
+        // The channel refuses (panics on) zero and absurdly large buffers.
+        let (sender, _) = broadcast::channel(buffer.clamp(1, MAX_NOTICE_BUFFER));
         MemoryNotices { sender }
     }
 }

@@ -249,3 +249,20 @@ async fn dropping_notices_ends_subscriptions() {
     let ended = tokio::time::timeout(ARRIVAL, subscription.next()).await;
     assert!(matches!(ended, Ok(None)), "{ended:?}");
 }
+
+#[tokio::test]
+async fn notices_take_any_buffer_and_need_no_subscriber() {
+    for buffer in [0, usize::MAX] {
+        let notices = MemoryNotices::with_capacity(buffer);
+        let event = toolfleet_broker::Event {
+            kind: "job".to_owned(),
+            id: "job-a".to_owned(),
+            tenant: "acme".to_owned(),
+            tool: "receipt_ocr".to_owned(),
+            state: "succeeded".to_owned(),
+            run_id: "run-1".to_owned(),
+            body: serde_json::json!({}),
+        };
+        assert_eq!(notices.publish(&event).await, Ok(()), "buffer {buffer}");
+    }
+}

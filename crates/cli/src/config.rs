@@ -62,6 +62,9 @@ pub struct Config {
     /// Worker slots per pool in `serve`.
     #[serde(default = "default_concurrency")]
     pub concurrency: usize,
+    /// How long a worker's claim on a job lasts without a heartbeat, in seconds.
+    #[serde(default = "default_lease_s")]
+    pub lease_s: f64,
     /// Largest request body, in bytes.
     #[serde(default = "default_max_body")]
     pub max_body_bytes: usize,
@@ -81,6 +84,9 @@ fn default_data_dir() -> PathBuf {
 }
 fn default_concurrency() -> usize {
     16
+}
+fn default_lease_s() -> f64 {
+    30.0
 }
 fn default_max_body() -> usize {
     1024 * 1024

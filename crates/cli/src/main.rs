@@ -1,6 +1,7 @@
 //! The toolfleet binary: parses flags and hands over to the crates that do
 //! the work. Nothing depends on it.
 
+mod bench;
 mod client;
 mod config;
 mod serve;
@@ -44,6 +45,8 @@ enum Command {
         #[command(flatten)]
         server: client::ServerArgs,
     },
+    /// Run no-op jobs through the HTTP path and print throughput and latency.
+    Bench(bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -68,6 +71,7 @@ fn main() -> ExitCode {
             Command::Serve => serve::serve(config).await,
             Command::Tools { format, server } => client::tools(&config, &server, &format).await,
             Command::Call { tool, args, wait, server } => client::call(&config, &server, &tool, &args, wait).await,
+            Command::Bench(args) => bench::bench(config, args).await,
         }
     });
     match outcome {

@@ -10,7 +10,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use toolfleet_broker::memory::{MemoryBroker, MemoryNotices};
 use toolfleet_broker::{Broker, Notices};
-use toolfleet_core::{Principal, Runtime, RuntimeConfig, Shape};
+use toolfleet_core::{Principal, Runtime, RuntimeConfig, Shape, ToolDecl};
 use toolfleet_executors::{Binder, http_client};
 use toolfleet_server::{AppState, Auth, Dispatcher, Limits, Metrics, StoreAuditSink, StoreCommitLog, status_tools, token_sha256};
 use toolfleet_store::Store;
@@ -124,6 +124,29 @@ fn pools(runtime: &Runtime) -> BTreeSet<String> {
 
 /// Runs everything until SIGTERM or Ctrl-C.
 pub async fn serve(config: Config) -> Result<(), String> {
+    let served = start(config, Vec::new()).await?;
+    wait_for_signal().await;
+    eprintln!("stopping: finishing running jobs (up to {} s)", GRACE.as_secs());
+    served.stop().await
+}
+
+/// A server running in this process.
+pub struct Served {
+    pub address: std::net::SocketAddr,
+    stop: watch::Sender<bool>,
+    done: tokio::task::JoinHandle<Result<(), String>>,
+}
+
+impl Served {
+    /// Stops taking calls and work, lets running jobs finish, and waits.
+    pub async fn stop(self) -> Result<(), String> {
+        let _ = self.stop.send(true);
+        self.done.await.map_err(|e| e.to_string())?
+    }
+}
+
+/// Starts everything, with `extra` tools beside the configured ones.
+pub async fn start(config: Config, extra: Vec<ToolDecl>) -> Result<Served, String> {
     if config.database_url.is_some() || config.broker_url.is_some() {
         return Err("database_url and broker_url select PostgreSQL and RabbitMQ, which this build does not have yet; remove them to run on the embedded default".to_owned());
     }
@@ -144,23 +167,31 @@ pub async fn serve(config: Config) -> Result<(), String> {
         .audit_sink(Arc::new(StoreAuditSink::spawn(store.clone(), 10_000)))
         .build();
     register_tools(&mut runtime, &config, &store, &notices)?;
+    runtime.register_all(extra).map_err(|e| e.to_string())?;
     let auth = authentication(&config, &runtime)?;
     let runtime = Arc::new(runtime);
     let (stop, stopped) = watch::channel(false);
 
     // The in-process queue starts empty: refill it from the store first.
-    let refilled = sweep(store.as_ref(), broker.as_ref(), 100_000).await?;
+    let refilled = sweep(store.as_ref(), broker.as_ref(), 100_000, None).await?;
     if refilled > 0 {
         tracing::info!(jobs = refilled, "requeued jobs left from the last run");
     }
+    let lease = Duration::try_from_secs_f64(config.lease_s)
+        .ok()
+        .filter(|l| *l >= Duration::from_millis(300))
+        .ok_or_else(|| format!("lease_s must be at least 0.3 seconds, got {}", config.lease_s))?;
     let mut workers = Vec::new();
     for pool in pools(&runtime) {
         let mut worker_config = WorkerConfig::new(pool);
         worker_config.concurrency = config.concurrency;
+        worker_config.lease = lease;
         let worker = Worker::new(worker_config, runtime.clone(), store.clone(), broker.clone(), notices.clone());
         workers.push(tokio::spawn(worker.run(stopped.clone(), GRACE)));
     }
-    tokio::spawn(run_sweeper(store.clone(), broker.clone(), Duration::from_secs(10), stopped.clone()));
+    // Expired leases and lost retries are found within a lease, at most 10 s.
+    let period = lease.min(Duration::from_secs(10));
+    tokio::spawn(run_sweeper(store.clone(), broker.clone(), period, stopped.clone()));
     let (webhook_key, _) = match &config.webhooks.secret {
         Some(secret) => (secret.clone(), false),
         None => kept_secret(&config.data_dir, "webhook-secret", || random_hex(32))?,
@@ -191,22 +222,18 @@ pub async fn serve(config: Config) -> Result<(), String> {
         .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
     let address = listener.local_addr().map_err(|e| e.to_string())?;
     eprintln!("toolfleet serving on http://{address} (data in {})", config.data_dir.display());
-    tokio::spawn(async move {
-        wait_for_signal().await;
-        eprintln!("stopping: finishing running jobs (up to {} s)", GRACE.as_secs());
-        let _ = stop.send(true);
-    });
     let mut shutdown = stopped.clone();
-    axum::serve(listener, toolfleet_server::router(state))
-        .with_graceful_shutdown(async move {
-            let _ = shutdown.changed().await;
-        })
-        .await
-        .map_err(|e| e.to_string())?;
-    for worker in workers {
-        let _ = worker.await;
-    }
-    Ok(())
+    let server = axum::serve(listener, toolfleet_server::router(state)).with_graceful_shutdown(async move {
+        let _ = shutdown.changed().await;
+    });
+    let done = tokio::spawn(async move {
+        server.await.map_err(|e| e.to_string())?;
+        for worker in workers {
+            let _ = worker.await;
+        }
+        Ok(())
+    });
+    Ok(Served { address, stop, done })
 }
 
 /// Resolves on SIGTERM or Ctrl-C.

@@ -77,17 +77,32 @@ fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Arc<Principal>,
     })
 }
 
-/// Reads a JSON body of at most `limits.max_body` bytes.
+/// Reads a JSON body of at most `limits.max_body` bytes. A larger body is
+/// read on (and dropped) up to a further bound, so the client reads the 413
+/// instead of a reset connection.
 async fn read_json<T: serde::de::DeserializeOwned>(state: &AppState, body: Body) -> Result<T, Response> {
-    let bytes = axum::body::to_bytes(body, state.limits.max_body).await.map_err(|_| {
-        reply_error(
+    use futures_util::StreamExt;
+    let limit = state.limits.max_body;
+    let mut bytes = Vec::new();
+    let mut seen = 0usize;
+    let mut stream = body.into_data_stream();
+    while let Some(chunk) = stream.next().await {
+        let Ok(chunk) = chunk else {
+            return Err(bad_request("the body could not be read"));
+        };
+        seen = seen.saturating_add(chunk.len());
+        if seen <= limit {
+            bytes.extend_from_slice(&chunk);
+        } else if seen > limit.saturating_mul(16) {
+            break;
+        }
+    }
+    if seen > limit {
+        return Err(reply_error(
             StatusCode::PAYLOAD_TOO_LARGE,
-            ToolError::new(
-                ErrorCode::PayloadTooLarge,
-                format!("the body is larger than {} bytes; send less", state.limits.max_body),
-            ),
-        )
-    })?;
+            ToolError::new(ErrorCode::PayloadTooLarge, format!("the body is larger than {limit} bytes; send less")),
+        ));
+    }
     serde_json::from_slice(&bytes).map_err(|e| bad_request(format!("the body is not the JSON this route takes: {e}")))
 }
 

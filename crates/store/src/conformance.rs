@@ -6,8 +6,10 @@
 //! `#[tokio::test]` each. Every test makes its own tenants, ids and keys, so
 //! tests may share one database, run in parallel and run again on a database
 //! that earlier runs left behind. Times are explicit milliseconds near
-//! [`BASE`], so nothing depends on the wall clock. This module must never
-//! hold state between tests or assume a table is empty.
+//! [`BASE`], so nothing depends on the wall clock; the two tests whose
+//! queries reach beyond their own rows (due jobs, outcome expiry) work in
+//! time ranges of their own. This module must never hold state between
+//! tests or assume a table is empty.
 
 use serde_json::{Value, json};
 use toolfleet_core::{AuditRecord, Envelope, ErrorCode, JobState, Json, ToolError, new_id};
@@ -21,6 +23,11 @@ use crate::{
 pub const BASE: i64 = 1_700_000_000_000;
 /// The lease the tests take, in milliseconds.
 pub const LEASE: i64 = 30_000;
+/// Where the test of outcome expiry works: after every other test's times.
+const LATER: i64 = BASE + 1_000_000_000_000;
+/// How long the other tests keep outcomes: past [`LATER`], because a store
+/// may prune every expired outcome when a claim names a later time.
+const FOREVER: i64 = LATER * 2;
 
 /// Expands to one `#[tokio::test]` per behaviour of the suite. `$make` is an
 /// expression, evaluated inside each async test, whose value is a store (a
@@ -119,7 +126,9 @@ async fn queued(store: &dyn Store, tenant: &str) -> JobRecord {
 /// A job claimed by `worker` at [`BASE`] for [`LEASE`].
 async fn running(store: &dyn Store, tenant: &str, worker: &str) -> JobRecord {
     let job = queued(store, tenant).await;
-    claim(store, &job.id, worker, BASE).await.expect("a queued job is claimable")
+    claim(store, &job.id, worker, BASE)
+        .await
+        .expect("a queued job is claimable")
 }
 
 async fn claim(store: &dyn Store, id: &str, worker: &str, now: i64) -> Option<JobRecord> {
@@ -127,7 +136,11 @@ async fn claim(store: &dyn Store, id: &str, worker: &str, now: i64) -> Option<Jo
 }
 
 async fn reread(store: &dyn Store, job: &JobRecord) -> JobRecord {
-    store.job(&job.tenant, &job.id).await.expect("job").expect("the job exists")
+    store
+        .job(&job.tenant, &job.id)
+        .await
+        .expect("job")
+        .expect("the job exists")
 }
 
 fn failure(message: &str) -> ToolError {
@@ -148,31 +161,73 @@ pub async fn ping_answers(store: &dyn Store) {
 /// A new job is stored queued, due now, with everything it was given.
 pub async fn insert_records_a_queued_job(store: &dyn Store) {
     let t = tenant();
-    let new = job_for(&t, "start_receipt_ocr", json!({"b": [1, 2], "a": "x"}), Some("k1"), BASE);
+    let new = job_for(
+        &t,
+        "start_receipt_ocr",
+        json!({"b": [1, 2], "a": "x"}),
+        Some("k1"),
+        BASE,
+    );
     let job = insert(store, new.clone()).await;
-    assert_eq!((job.id.as_str(), job.tenant.as_str(), job.tool.as_str()), (new.id.as_str(), t.as_str(), new.tool.as_str()));
+    assert_eq!(
+        (job.id.as_str(), job.tenant.as_str(), job.tool.as_str()),
+        (new.id.as_str(), t.as_str(), new.tool.as_str())
+    );
     assert_eq!((job.user.as_str(), job.pool.as_str()), ("alice", "default"));
     assert_eq!(job.args, new.args);
     assert_eq!(job.state, JobState::Queued);
-    assert_eq!((job.attempts, job.max_attempts, job.timeout_ms), (0, 3, 60_000));
-    assert_eq!((job.run_at, job.created_at, job.updated_at), (BASE, BASE, BASE));
+    assert_eq!(
+        (job.attempts, job.max_attempts, job.timeout_ms),
+        (0, 3, 60_000)
+    );
+    assert_eq!(
+        (job.run_at, job.created_at, job.updated_at),
+        (BASE, BASE, BASE)
+    );
     assert_eq!((job.lease_owner.as_deref(), job.lease_until), (None, None));
-    assert_eq!((&job.progress, &job.result, &job.error), (&None, &None, &None));
+    assert_eq!(
+        (&job.progress, &job.result, &job.error),
+        (&None, &None, &None)
+    );
     assert_eq!(job.idempotency_key.as_deref(), Some("k1"));
-    assert_eq!((&job.run_id, &job.call_id, &job.callback_url), (&new.run_id, &new.call_id, &new.callback_url));
-    assert_eq!(store.job(&t, &job.id).await.expect("job"), Some(job.clone()));
-    assert_eq!(store.job_by_id(&job.id).await.expect("job_by_id"), Some(job));
+    assert_eq!(
+        (&job.run_id, &job.call_id, &job.callback_url),
+        (&new.run_id, &new.call_id, &new.callback_url)
+    );
+    assert_eq!(
+        store.job(&t, &job.id).await.expect("job"),
+        Some(job.clone())
+    );
+    assert_eq!(
+        store.job_by_id(&job.id).await.expect("job_by_id"),
+        Some(job)
+    );
 }
 
 /// The same tenant, tool, key and arguments (in any member order) is the
 /// same job, however often it is sent.
 pub async fn the_same_key_returns_the_same_job(store: &dyn Store) {
     let t = tenant();
-    let first = insert(store, job_for(&t, "ocr", json!({"a": 1, "b": {"x": 1, "y": 2}}), Some("k"), BASE)).await;
+    let first = insert(
+        store,
+        job_for(
+            &t,
+            "ocr",
+            json!({"a": 1, "b": {"x": 1, "y": 2}}),
+            Some("k"),
+            BASE,
+        ),
+    )
+    .await;
     let args: Value = serde_json::from_str(r#"{"b": {"y": 2, "x": 1}, "a": 1}"#).expect("json");
     for now in [BASE + 1, BASE + 2] {
-        let again = store.insert_job(job_for(&t, "ocr", args.clone(), Some("k"), now)).await;
-        assert_eq!(again.expect("insert_job"), Inserted::Existing(first.clone()));
+        let again = store
+            .insert_job(job_for(&t, "ocr", args.clone(), Some("k"), now))
+            .await;
+        assert_eq!(
+            again.expect("insert_job"),
+            Inserted::Existing(first.clone())
+        );
     }
 }
 
@@ -180,8 +235,20 @@ pub async fn the_same_key_returns_the_same_job(store: &dyn Store) {
 /// the tool and says what to do.
 pub async fn the_same_key_with_other_args_is_a_conflict(store: &dyn Store) {
     let t = tenant();
-    let first = insert(store, job_for(&t, "start_receipt_ocr", json!({"line": 1}), Some("k"), BASE)).await;
-    let other = store.insert_job(job_for(&t, "start_receipt_ocr", json!({"line": 2}), Some("k"), BASE)).await;
+    let first = insert(
+        store,
+        job_for(&t, "start_receipt_ocr", json!({"line": 1}), Some("k"), BASE),
+    )
+    .await;
+    let other = store
+        .insert_job(job_for(
+            &t,
+            "start_receipt_ocr",
+            json!({"line": 2}),
+            Some("k"),
+            BASE,
+        ))
+        .await;
     match other {
         Err(StoreError::Conflict(message)) => {
             assert!(message.contains("start_receipt_ocr"), "{message}");
@@ -215,10 +282,28 @@ pub async fn another_tenants_job_reads_as_missing(store: &dyn Store) {
     assert_eq!(store.job(&other, &job.id).await.expect("job"), None);
     assert_eq!(store.job(&other, &missing).await.expect("job"), None);
     assert_eq!(store.job_by_id(&missing).await.expect("job_by_id"), None);
-    let page = store.list_jobs(&other, &JobFilter::default(), 100, None).await.expect("list_jobs");
-    assert!(page.jobs.is_empty() && page.next_cursor.is_none(), "{page:?}");
-    assert_eq!(store.cancel(&other, &job.id, BASE + 1).await.expect("cancel"), None);
-    assert_eq!(store.cancel(&other, &missing, BASE + 1).await.expect("cancel"), None);
+    let page = store
+        .list_jobs(&other, &JobFilter::default(), 100, None)
+        .await
+        .expect("list_jobs");
+    assert!(
+        page.jobs.is_empty() && page.next_cursor.is_none(),
+        "{page:?}"
+    );
+    assert_eq!(
+        store
+            .cancel(&other, &job.id, BASE + 1)
+            .await
+            .expect("cancel"),
+        None
+    );
+    assert_eq!(
+        store
+            .cancel(&other, &missing, BASE + 1)
+            .await
+            .expect("cancel"),
+        None
+    );
     assert_eq!(reread(store, &job).await, job);
 }
 
@@ -229,7 +314,9 @@ pub async fn claim_takes_a_due_job_only(store: &dyn Store) {
     let t = tenant();
     let later = insert(store, job_for(&t, "ocr", json!({}), None, BASE + 1_000)).await;
     assert_eq!(claim(store, &later.id, "w1", BASE + 999).await, None);
-    let job = claim(store, &later.id, "w1", BASE + 1_000).await.expect("due now");
+    let job = claim(store, &later.id, "w1", BASE + 1_000)
+        .await
+        .expect("due now");
     assert_eq!(job.state, JobState::Running);
     assert_eq!(job.attempts, 1);
     assert_eq!(job.lease_owner.as_deref(), Some("w1"));
@@ -243,7 +330,11 @@ pub async fn claim_takes_a_due_job_only(store: &dyn Store) {
 pub async fn a_held_lease_blocks_another_claim(store: &dyn Store) {
     let job = running(store, &tenant(), "w1").await;
     for (worker, now) in [("w2", BASE + 1), ("w2", BASE + LEASE), ("w1", BASE + 1)] {
-        assert_eq!(claim(store, &job.id, worker, now).await, None, "{worker} at {now}");
+        assert_eq!(
+            claim(store, &job.id, worker, now).await,
+            None,
+            "{worker} at {now}"
+        );
     }
     assert_eq!(reread(store, &job).await, job);
 }
@@ -253,14 +344,45 @@ pub async fn a_held_lease_blocks_another_claim(store: &dyn Store) {
 pub async fn an_expired_lease_is_claimed_again(store: &dyn Store) {
     let job = running(store, &tenant(), "w1").await;
     let now = BASE + LEASE + 1;
-    let again = claim(store, &job.id, "w2", now).await.expect("the lease expired");
-    assert_eq!((again.attempts, again.lease_owner.as_deref()), (2, Some("w2")));
+    let again = claim(store, &job.id, "w2", now)
+        .await
+        .expect("the lease expired");
+    assert_eq!(
+        (again.attempts, again.lease_owner.as_deref()),
+        (2, Some("w2"))
+    );
     assert_eq!(again.lease_until, Some(now + LEASE));
-    assert_eq!(store.heartbeat(&job.id, "w1", now, LEASE).await.expect("heartbeat"), Lease::Lost);
-    assert!(!store.set_progress(&job.id, "w1", &json!(1), now).await.expect("set_progress"));
-    assert_eq!(store.succeed(&job.id, "w1", &result_doc(), now).await.expect("succeed"), None);
-    assert_eq!(store.fail(&job.id, "w1", &failure("x"), None, now).await.expect("fail"), None);
-    let done = store.succeed(&job.id, "w2", &result_doc(), now + 1).await.expect("succeed");
+    assert_eq!(
+        store
+            .heartbeat(&job.id, "w1", now, LEASE)
+            .await
+            .expect("heartbeat"),
+        Lease::Lost
+    );
+    assert!(
+        !store
+            .set_progress(&job.id, "w1", &json!(1), now)
+            .await
+            .expect("set_progress")
+    );
+    assert_eq!(
+        store
+            .succeed(&job.id, "w1", &result_doc(), now)
+            .await
+            .expect("succeed"),
+        None
+    );
+    assert_eq!(
+        store
+            .fail(&job.id, "w1", &failure("x"), None, now)
+            .await
+            .expect("fail"),
+        None
+    );
+    let done = store
+        .succeed(&job.id, "w2", &result_doc(), now + 1)
+        .await
+        .expect("succeed");
     assert_eq!(done.map(|j| j.state), Some(JobState::Succeeded));
 }
 
@@ -270,38 +392,102 @@ pub async fn heartbeat_extends_the_lease_of_its_holder_only(store: &dyn Store) {
     let t = tenant();
     let job = running(store, &t, "w1").await;
     let beat = BASE + LEASE - 1;
-    assert_eq!(store.heartbeat(&job.id, "w1", beat, LEASE).await.expect("heartbeat"), Lease::Held);
+    assert_eq!(
+        store
+            .heartbeat(&job.id, "w1", beat, LEASE)
+            .await
+            .expect("heartbeat"),
+        Lease::Held
+    );
     assert_eq!(reread(store, &job).await.lease_until, Some(beat + LEASE));
     assert_eq!(claim(store, &job.id, "w2", BASE + LEASE + 1).await, None);
-    assert_eq!(store.heartbeat(&job.id, "w2", beat, LEASE).await.expect("heartbeat"), Lease::Lost);
-    assert_eq!(store.heartbeat(&new_id(), "w1", beat, LEASE).await.expect("heartbeat"), Lease::Lost);
+    assert_eq!(
+        store
+            .heartbeat(&job.id, "w2", beat, LEASE)
+            .await
+            .expect("heartbeat"),
+        Lease::Lost
+    );
+    assert_eq!(
+        store
+            .heartbeat(&new_id(), "w1", beat, LEASE)
+            .await
+            .expect("heartbeat"),
+        Lease::Lost
+    );
     store.cancel(&t, &job.id, beat + 1).await.expect("cancel");
-    assert_eq!(store.heartbeat(&job.id, "w1", beat + 2, LEASE).await.expect("heartbeat"), Lease::Cancelled);
+    assert_eq!(
+        store
+            .heartbeat(&job.id, "w1", beat + 2, LEASE)
+            .await
+            .expect("heartbeat"),
+        Lease::Cancelled
+    );
 }
 
 /// Progress is recorded only by the worker that holds the job.
 pub async fn progress_is_recorded_for_the_holder_only(store: &dyn Store) {
     let job = running(store, &tenant(), "w1").await;
     let progress = json!({"done": 3, "of": 6});
-    assert!(store.set_progress(&job.id, "w1", &progress, BASE + 1).await.expect("set_progress"));
-    assert!(!store.set_progress(&job.id, "w2", &json!({"done": 0}), BASE + 2).await.expect("set_progress"));
+    assert!(
+        store
+            .set_progress(&job.id, "w1", &progress, BASE + 1)
+            .await
+            .expect("set_progress")
+    );
+    assert!(
+        !store
+            .set_progress(&job.id, "w2", &json!({"done": 0}), BASE + 2)
+            .await
+            .expect("set_progress")
+    );
     let seen = reread(store, &job).await;
     assert_eq!((seen.progress, seen.updated_at), (Some(progress), BASE + 1));
-    store.succeed(&job.id, "w1", &result_doc(), BASE + 3).await.expect("succeed");
-    assert!(!store.set_progress(&job.id, "w1", &json!(1), BASE + 4).await.expect("set_progress"));
+    store
+        .succeed(&job.id, "w1", &result_doc(), BASE + 3)
+        .await
+        .expect("succeed");
+    assert!(
+        !store
+            .set_progress(&job.id, "w1", &json!(1), BASE + 4)
+            .await
+            .expect("set_progress")
+    );
 }
 
 /// Only the holder settles a job, and only once.
 pub async fn succeed_settles_once_for_the_holder_only(store: &dyn Store) {
     let job = running(store, &tenant(), "w1").await;
-    assert_eq!(store.succeed(&job.id, "w2", &result_doc(), BASE + 1).await.expect("succeed"), None);
-    let done = store.succeed(&job.id, "w1", &result_doc(), BASE + 2).await.expect("succeed");
+    assert_eq!(
+        store
+            .succeed(&job.id, "w2", &result_doc(), BASE + 1)
+            .await
+            .expect("succeed"),
+        None
+    );
+    let done = store
+        .succeed(&job.id, "w1", &result_doc(), BASE + 2)
+        .await
+        .expect("succeed");
     let done = done.expect("the holder settles");
     assert_eq!(done.state, JobState::Succeeded);
     assert_eq!(done.result, Some(result_doc()));
-    assert_eq!((done.lease_owner.as_deref(), done.lease_until, done.updated_at), (None, None, BASE + 2));
+    assert_eq!(
+        (
+            done.lease_owner.as_deref(),
+            done.lease_until,
+            done.updated_at
+        ),
+        (None, None, BASE + 2)
+    );
     let other = Json::from(json!({"other": true}));
-    assert_eq!(store.succeed(&job.id, "w1", &other, BASE + 3).await.expect("succeed"), None);
+    assert_eq!(
+        store
+            .succeed(&job.id, "w1", &other, BASE + 3)
+            .await
+            .expect("succeed"),
+        None
+    );
     assert_eq!(reread(store, &job).await, done);
 }
 
@@ -310,11 +496,20 @@ pub async fn succeed_settles_once_for_the_holder_only(store: &dyn Store) {
 pub async fn a_settled_job_is_never_claimed_again(store: &dyn Store) {
     let t = tenant();
     let succeeded = running(store, &t, "w1").await;
-    store.succeed(&succeeded.id, "w1", &result_doc(), BASE + 1).await.expect("succeed");
+    store
+        .succeed(&succeeded.id, "w1", &result_doc(), BASE + 1)
+        .await
+        .expect("succeed");
     let failed = running(store, &t, "w1").await;
-    store.fail(&failed.id, "w1", &failure("broken"), None, BASE + 1).await.expect("fail");
+    store
+        .fail(&failed.id, "w1", &failure("broken"), None, BASE + 1)
+        .await
+        .expect("fail");
     let cancelled = queued(store, &t).await;
-    store.cancel(&t, &cancelled.id, BASE + 1).await.expect("cancel");
+    store
+        .cancel(&t, &cancelled.id, BASE + 1)
+        .await
+        .expect("cancel");
     let late = BASE + 1_000 * LEASE;
     for job in [&succeeded, &failed, &cancelled] {
         let before = reread(store, job).await;
@@ -332,14 +527,31 @@ pub async fn fail_with_a_retry_waits_for_run_at(store: &dyn Store) {
     let job = running(store, &tenant(), "w1").await;
     let error = failure("the OCR service timed out");
     let retry_at = BASE + 5_000;
-    let retrying = store.fail(&job.id, "w1", &error, Some(retry_at), BASE + 100).await.expect("fail");
+    let retrying = store
+        .fail(&job.id, "w1", &error, Some(retry_at), BASE + 100)
+        .await
+        .expect("fail");
     let retrying = retrying.expect("the holder fails it");
-    assert_eq!((retrying.state, retrying.run_at, retrying.attempts), (JobState::Retrying, retry_at, 1));
-    assert_eq!((retrying.lease_owner.as_deref(), retrying.lease_until), (None, None));
-    assert_eq!((retrying.error.as_ref(), retrying.updated_at), (Some(&error), BASE + 100));
+    assert_eq!(
+        (retrying.state, retrying.run_at, retrying.attempts),
+        (JobState::Retrying, retry_at, 1)
+    );
+    assert_eq!(
+        (retrying.lease_owner.as_deref(), retrying.lease_until),
+        (None, None)
+    );
+    assert_eq!(
+        (retrying.error.as_ref(), retrying.updated_at),
+        (Some(&error), BASE + 100)
+    );
     assert_eq!(claim(store, &job.id, "w2", retry_at - 1).await, None);
-    let again = claim(store, &job.id, "w2", retry_at).await.expect("due at run_at");
-    assert_eq!((again.state, again.attempts, again.lease_owner.as_deref()), (JobState::Running, 2, Some("w2")));
+    let again = claim(store, &job.id, "w2", retry_at)
+        .await
+        .expect("due at run_at");
+    assert_eq!(
+        (again.state, again.attempts, again.lease_owner.as_deref()),
+        (JobState::Running, 2, Some("w2"))
+    );
 }
 
 /// After its last attempt, or without a retry time, a failure is final and
@@ -350,19 +562,36 @@ pub async fn the_last_attempt_fails_for_good(store: &dyn Store) {
     new.max_attempts = 2;
     let job = insert(store, new).await;
     claim(store, &job.id, "w1", BASE).await.expect("claim");
-    store.fail(&job.id, "w1", &failure("first"), Some(BASE + 10), BASE + 1).await.expect("fail");
-    claim(store, &job.id, "w1", BASE + 10).await.expect("claim the retry");
+    store
+        .fail(&job.id, "w1", &failure("first"), Some(BASE + 10), BASE + 1)
+        .await
+        .expect("fail");
+    claim(store, &job.id, "w1", BASE + 10)
+        .await
+        .expect("claim the retry");
     let last = failure("second");
-    let failed = store.fail(&job.id, "w1", &last, Some(BASE + 20), BASE + 11).await.expect("fail");
+    let failed = store
+        .fail(&job.id, "w1", &last, Some(BASE + 20), BASE + 11)
+        .await
+        .expect("fail");
     let failed = failed.expect("the holder fails it");
-    assert_eq!((failed.state, failed.attempts, failed.error), (JobState::Failed, 2, Some(last)));
+    assert_eq!(
+        (failed.state, failed.attempts, failed.error),
+        (JobState::Failed, 2, Some(last))
+    );
     assert_eq!(claim(store, &job.id, "w1", BASE + 20).await, None);
 
     let once = running(store, &t, "w1").await;
     let error = failure("not retryable").retryable(false);
-    let failed = store.fail(&once.id, "w1", &error, None, BASE + 1).await.expect("fail");
+    let failed = store
+        .fail(&once.id, "w1", &error, None, BASE + 1)
+        .await
+        .expect("fail");
     let failed = failed.expect("the holder fails it");
-    assert_eq!((failed.state, failed.attempts, failed.error), (JobState::Failed, 1, Some(error)));
+    assert_eq!(
+        (failed.state, failed.attempts, failed.error),
+        (JobState::Failed, 1, Some(error))
+    );
 }
 
 /// Cancelling moves a queued, retrying or running job to cancelled with a
@@ -372,15 +601,43 @@ pub async fn cancel_stops_queued_retrying_and_running_jobs(store: &dyn Store) {
     let queued_job = queued(store, &t).await;
     let running_job = running(store, &t, "w1").await;
     let retrying_job = running(store, &t, "w1").await;
-    store.fail(&retrying_job.id, "w1", &failure("x"), Some(BASE + 50), BASE + 1).await.expect("fail");
+    store
+        .fail(
+            &retrying_job.id,
+            "w1",
+            &failure("x"),
+            Some(BASE + 50),
+            BASE + 1,
+        )
+        .await
+        .expect("fail");
     for job in [&queued_job, &running_job, &retrying_job] {
-        let cancelled = store.cancel(&t, &job.id, BASE + 2).await.expect("cancel").expect("the tenant's job");
-        assert_eq!((cancelled.state, cancelled.updated_at), (JobState::Cancelled, BASE + 2));
+        let cancelled = store
+            .cancel(&t, &job.id, BASE + 2)
+            .await
+            .expect("cancel")
+            .expect("the tenant's job");
+        assert_eq!(
+            (cancelled.state, cancelled.updated_at),
+            (JobState::Cancelled, BASE + 2)
+        );
         assert_eq!(cancelled.error.map(|e| e.code), Some(ErrorCode::Cancelled));
         assert_eq!((cancelled.lease_owner, cancelled.lease_until), (None, None));
     }
-    assert_eq!(store.heartbeat(&running_job.id, "w1", BASE + 3, LEASE).await.expect("heartbeat"), Lease::Cancelled);
-    assert_eq!(store.succeed(&running_job.id, "w1", &result_doc(), BASE + 3).await.expect("succeed"), None);
+    assert_eq!(
+        store
+            .heartbeat(&running_job.id, "w1", BASE + 3, LEASE)
+            .await
+            .expect("heartbeat"),
+        Lease::Cancelled
+    );
+    assert_eq!(
+        store
+            .succeed(&running_job.id, "w1", &result_doc(), BASE + 3)
+            .await
+            .expect("succeed"),
+        None
+    );
     assert_eq!(reread(store, &running_job).await.state, JobState::Cancelled);
 }
 
@@ -388,11 +645,27 @@ pub async fn cancel_stops_queued_retrying_and_running_jobs(store: &dyn Store) {
 pub async fn cancel_leaves_a_settled_job_as_it_is(store: &dyn Store) {
     let t = tenant();
     let job = running(store, &t, "w1").await;
-    let done = store.succeed(&job.id, "w1", &result_doc(), BASE + 1).await.expect("succeed").expect("held");
-    assert_eq!(store.cancel(&t, &job.id, BASE + 2).await.expect("cancel"), Some(done.clone()));
+    let done = store
+        .succeed(&job.id, "w1", &result_doc(), BASE + 1)
+        .await
+        .expect("succeed")
+        .expect("held");
+    assert_eq!(
+        store.cancel(&t, &job.id, BASE + 2).await.expect("cancel"),
+        Some(done.clone())
+    );
     let cancelled = queued(store, &t).await;
-    let first = store.cancel(&t, &cancelled.id, BASE + 1).await.expect("cancel");
-    assert_eq!(store.cancel(&t, &cancelled.id, BASE + 2).await.expect("cancel"), first);
+    let first = store
+        .cancel(&t, &cancelled.id, BASE + 1)
+        .await
+        .expect("cancel");
+    assert_eq!(
+        store
+            .cancel(&t, &cancelled.id, BASE + 2)
+            .await
+            .expect("cancel"),
+        first
+    );
     assert_eq!(reread(store, &job).await, done);
 }
 
@@ -408,23 +681,55 @@ pub async fn due_jobs_lists_what_should_run_oldest_first(store: &dyn Store) {
     let add = |at: i64| insert(store, job_for(&t, "ocr", json!({}), None, at));
     let queued_due = add(t0).await;
     let held = add(t0).await;
-    store.claim(&held.id, "w1", t0 + 2, 1_000).await.expect("claim");
+    store
+        .claim(&held.id, "w1", t0 + 2, 1_000)
+        .await
+        .expect("claim");
     let abandoned = add(t0).await;
-    store.claim(&abandoned.id, "w1", t0 + 2, 100).await.expect("claim");
+    store
+        .claim(&abandoned.id, "w1", t0 + 2, 100)
+        .await
+        .expect("claim");
     let waiting = add(t0).await;
-    store.claim(&waiting.id, "w1", t0 + 2, 100).await.expect("claim");
-    store.fail(&waiting.id, "w1", &failure("x"), Some(now + 1), t0 + 3).await.expect("fail");
+    store
+        .claim(&waiting.id, "w1", t0 + 2, 100)
+        .await
+        .expect("claim");
+    store
+        .fail(&waiting.id, "w1", &failure("x"), Some(now + 1), t0 + 3)
+        .await
+        .expect("fail");
     let retry_due = add(t0).await;
-    store.claim(&retry_due.id, "w1", t0 + 2, 100).await.expect("claim");
-    store.fail(&retry_due.id, "w1", &failure("x"), Some(now), t0 + 3).await.expect("fail");
+    store
+        .claim(&retry_due.id, "w1", t0 + 2, 100)
+        .await
+        .expect("claim");
+    store
+        .fail(&retry_due.id, "w1", &failure("x"), Some(now), t0 + 3)
+        .await
+        .expect("fail");
     let done = add(t0).await;
-    store.claim(&done.id, "w1", t0 + 2, 100).await.expect("claim");
-    store.succeed(&done.id, "w1", &result_doc(), t0 + 3).await.expect("succeed");
+    store
+        .claim(&done.id, "w1", t0 + 2, 100)
+        .await
+        .expect("claim");
+    store
+        .succeed(&done.id, "w1", &result_doc(), t0 + 3)
+        .await
+        .expect("succeed");
     let not_yet = add(now + 1).await;
 
     let due = store.due_jobs(now, 1000).await.expect("due_jobs");
-    let mine: Vec<&str> = due.iter().filter(|j| j.tenant == t).map(|j| j.id.as_str()).collect();
-    let expected = [queued_due.id.as_str(), abandoned.id.as_str(), retry_due.id.as_str()];
+    let mine: Vec<&str> = due
+        .iter()
+        .filter(|j| j.tenant == t)
+        .map(|j| j.id.as_str())
+        .collect();
+    let expected = [
+        queued_due.id.as_str(),
+        abandoned.id.as_str(),
+        retry_due.id.as_str(),
+    ];
     assert_eq!(mine, expected);
     assert_eq!(store.due_jobs(now, 1).await.expect("due_jobs").len(), 1);
 
@@ -447,13 +752,19 @@ pub async fn list_jobs_pages_newest_first(store: &dyn Store) {
     let mut seen = Vec::new();
     let mut cursor: Option<String> = None;
     for expected_len in [2, 2, 1] {
-        let page = store.list_jobs(&t, &JobFilter::default(), 2, cursor.as_deref()).await.expect("list_jobs");
+        let page = store
+            .list_jobs(&t, &JobFilter::default(), 2, cursor.as_deref())
+            .await
+            .expect("list_jobs");
         assert_eq!(page.jobs.len(), expected_len, "{page:?}");
         seen.extend(page.jobs.into_iter().map(|j| j.id));
         cursor = page.next_cursor;
     }
     assert_eq!((seen, cursor), (ids, None));
-    let all = store.list_jobs(&t, &JobFilter::default(), 5, None).await.expect("list_jobs");
+    let all = store
+        .list_jobs(&t, &JobFilter::default(), 5, None)
+        .await
+        .expect("list_jobs");
     assert_eq!((all.jobs.len(), all.next_cursor), (5, None));
 }
 
@@ -465,20 +776,44 @@ pub async fn list_jobs_filters_by_state_and_tool(store: &dyn Store) {
     let ocr1 = add("ocr").await;
     let ocr2 = add("ocr").await;
     let ocr_running = add("ocr").await;
-    claim(store, &ocr_running.id, "w1", BASE).await.expect("claim");
+    claim(store, &ocr_running.id, "w1", BASE)
+        .await
+        .expect("claim");
     let mail = add("mail").await;
     let list = |state: Option<JobState>, tool: Option<&str>, cursor: Option<String>| {
-        let filter = JobFilter { state, tool: tool.map(str::to_owned) };
-        async move { store.list_jobs(t, &filter, 100, cursor.as_deref()).await.expect("list_jobs") }
+        let filter = JobFilter {
+            state,
+            tool: tool.map(str::to_owned),
+        };
+        async move {
+            store
+                .list_jobs(t, &filter, 100, cursor.as_deref())
+                .await
+                .expect("list_jobs")
+        }
     };
     let ids = |page: crate::JobPage| page.jobs.into_iter().map(|j| j.id).collect::<Vec<_>>();
     let queued_ids = vec![mail.id.clone(), ocr2.id.clone(), ocr1.id.clone()];
-    assert_eq!(ids(list(Some(JobState::Queued), None, None).await), queued_ids);
+    assert_eq!(
+        ids(list(Some(JobState::Queued), None, None).await),
+        queued_ids
+    );
     let ocr_ids = vec![ocr_running.id.clone(), ocr2.id.clone(), ocr1.id.clone()];
     assert_eq!(ids(list(None, Some("ocr"), None).await), ocr_ids);
-    assert_eq!(ids(list(Some(JobState::Queued), Some("ocr"), None).await), vec![ocr2.id.clone(), ocr1.id.clone()]);
-    assert_eq!(ids(list(Some(JobState::Queued), Some("ocr"), Some(ocr2.id.clone())).await), vec![ocr1.id]);
-    assert!(list(Some(JobState::Succeeded), None, None).await.jobs.is_empty());
+    assert_eq!(
+        ids(list(Some(JobState::Queued), Some("ocr"), None).await),
+        vec![ocr2.id.clone(), ocr1.id.clone()]
+    );
+    assert_eq!(
+        ids(list(Some(JobState::Queued), Some("ocr"), Some(ocr2.id.clone())).await),
+        vec![ocr1.id]
+    );
+    assert!(
+        list(Some(JobState::Succeeded), None, None)
+            .await
+            .jobs
+            .is_empty()
+    );
     assert!(list(None, Some("nope"), None).await.jobs.is_empty());
 }
 
@@ -489,12 +824,21 @@ pub async fn list_jobs_clamps_the_limit(store: &dyn Store) {
         queued(store, &t).await;
     }
     let filter = JobFilter::default();
-    let one = store.list_jobs(&t, &filter, 0, None).await.expect("list_jobs");
+    let one = store
+        .list_jobs(&t, &filter, 0, None)
+        .await
+        .expect("list_jobs");
     assert_eq!(one.jobs.len(), 1);
     assert!(one.next_cursor.is_some());
-    let most = store.list_jobs(&t, &filter, 1000, None).await.expect("list_jobs");
+    let most = store
+        .list_jobs(&t, &filter, 1000, None)
+        .await
+        .expect("list_jobs");
     assert_eq!(most.jobs.len(), 100);
-    let rest = store.list_jobs(&t, &filter, 1000, most.next_cursor.as_deref()).await.expect("list_jobs");
+    let rest = store
+        .list_jobs(&t, &filter, 1000, most.next_cursor.as_deref())
+        .await
+        .expect("list_jobs");
     assert_eq!((rest.jobs.len(), rest.next_cursor), (1, None));
 }
 
@@ -502,12 +846,19 @@ pub async fn list_jobs_clamps_the_limit(store: &dyn Store) {
 /// Settled counts only grow, so the check holds beside other tests.
 pub async fn job_counts_count_each_state_once(store: &dyn Store) {
     let count = |counts: &[(JobState, u64)], state: JobState| {
-        counts.iter().filter(|(s, _)| *s == state).map(|(_, n)| *n).sum::<u64>()
+        counts
+            .iter()
+            .filter(|(s, _)| *s == state)
+            .map(|(_, n)| *n)
+            .sum::<u64>()
     };
     let before = store.job_counts().await.expect("job_counts");
     let t = tenant();
     let job = running(store, &t, "w1").await;
-    store.succeed(&job.id, "w1", &result_doc(), BASE + 1).await.expect("succeed");
+    store
+        .succeed(&job.id, "w1", &result_doc(), BASE + 1)
+        .await
+        .expect("succeed");
     let job = queued(store, &t).await;
     store.cancel(&t, &job.id, BASE + 1).await.expect("cancel");
     let after = store.job_counts().await.expect("job_counts");
@@ -517,7 +868,10 @@ pub async fn job_counts_count_each_state_once(store: &dyn Store) {
     states.dedup();
     assert_eq!(states.len(), listed, "{after:?}");
     for state in [JobState::Succeeded, JobState::Cancelled] {
-        assert!(count(&after, state) > count(&before, state), "{state}: {before:?} -> {after:?}");
+        assert!(
+            count(&after, state) > count(&before, state),
+            "{state}: {before:?} -> {after:?}"
+        );
     }
 }
 
@@ -543,13 +897,34 @@ fn ticket_for(tenant: &str) -> NewTicket {
 pub async fn tickets_are_read_by_their_tenant_only(store: &dyn Store) {
     let t = tenant();
     let new = ticket_for(&t);
-    let ticket = store.insert_ticket(new.clone()).await.expect("insert_ticket");
-    assert_eq!((&ticket.id, &ticket.tenant, &ticket.user, &ticket.tool), (&new.id, &new.tenant, &new.user, &new.tool));
-    assert_eq!((&ticket.question, &ticket.options, &ticket.args), (&new.question, &new.options, &new.args));
-    assert_eq!((&ticket.run_id, &ticket.call_id, &ticket.callback_url), (&new.run_id, &new.call_id, &new.callback_url));
-    assert_eq!((&ticket.answer, ticket.created_at, ticket.answered_at), (&None, BASE, None));
-    assert_eq!(store.ticket(&t, &new.id).await.expect("ticket"), Some(ticket));
-    assert_eq!(store.ticket(&tenant(), &new.id).await.expect("ticket"), None);
+    let ticket = store
+        .insert_ticket(new.clone())
+        .await
+        .expect("insert_ticket");
+    assert_eq!(
+        (&ticket.id, &ticket.tenant, &ticket.user, &ticket.tool),
+        (&new.id, &new.tenant, &new.user, &new.tool)
+    );
+    assert_eq!(
+        (&ticket.question, &ticket.options, &ticket.args),
+        (&new.question, &new.options, &new.args)
+    );
+    assert_eq!(
+        (&ticket.run_id, &ticket.call_id, &ticket.callback_url),
+        (&new.run_id, &new.call_id, &new.callback_url)
+    );
+    assert_eq!(
+        (&ticket.answer, ticket.created_at, ticket.answered_at),
+        (&None, BASE, None)
+    );
+    assert_eq!(
+        store.ticket(&t, &new.id).await.expect("ticket"),
+        Some(ticket)
+    );
+    assert_eq!(
+        store.ticket(&tenant(), &new.id).await.expect("ticket"),
+        None
+    );
     assert_eq!(store.ticket(&t, &new_id()).await.expect("ticket"), None);
 }
 
@@ -558,26 +933,51 @@ pub async fn tickets_are_read_by_their_tenant_only(store: &dyn Store) {
 pub async fn a_ticket_is_answered_once(store: &dyn Store) {
     let t = tenant();
     let new = ticket_for(&t);
-    store.insert_ticket(new.clone()).await.expect("insert_ticket");
+    store
+        .insert_ticket(new.clone())
+        .await
+        .expect("insert_ticket");
     let answer = |tenant: String, value: Value, now: i64| {
         let id = new.id.clone();
-        async move { store.answer_ticket(&tenant, &id, &value, now).await.expect("answer_ticket") }
+        async move {
+            store
+                .answer_ticket(&tenant, &id, &value, now)
+                .await
+                .expect("answer_ticket")
+        }
     };
     assert_eq!(answer(tenant(), json!("meals"), BASE + 1).await, None);
     let first = match answer(t.clone(), json!("travel"), BASE + 2).await {
         Some(Answered::Now(ticket)) => ticket,
         other => panic!("expected the first answer, got {other:?}"),
     };
-    assert_eq!((first.answer.clone(), first.answered_at), (Some(json!("travel")), Some(BASE + 2)));
-    assert_eq!(answer(t.clone(), json!("meals"), BASE + 3).await, Some(Answered::Already(first.clone())));
-    assert_eq!(store.ticket(&t, &new.id).await.expect("ticket"), Some(first));
-    let missing = store.answer_ticket(&t, &new_id(), &json!("x"), BASE).await.expect("answer_ticket");
+    assert_eq!(
+        (first.answer.clone(), first.answered_at),
+        (Some(json!("travel")), Some(BASE + 2))
+    );
+    assert_eq!(
+        answer(t.clone(), json!("meals"), BASE + 3).await,
+        Some(Answered::Already(first.clone()))
+    );
+    assert_eq!(
+        store.ticket(&t, &new.id).await.expect("ticket"),
+        Some(first)
+    );
+    let missing = store
+        .answer_ticket(&t, &new_id(), &json!("x"), BASE)
+        .await
+        .expect("answer_ticket");
     assert_eq!(missing, None);
 }
 
 // Audit.
 
-fn audit_record(tenant: &str, at_ms: u64, status: &'static str, error_code: Option<ErrorCode>) -> AuditRecord {
+fn audit_record(
+    tenant: &str,
+    at_ms: u64,
+    status: &'static str,
+    error_code: Option<ErrorCode>,
+) -> AuditRecord {
     AuditRecord {
         at_ms,
         tool: "find_expenses".to_owned(),
@@ -602,10 +1002,19 @@ pub async fn audit_reads_newest_first_within_a_tenant(store: &dyn Store) {
     let r3 = audit_record(&t, at + 2, "running", None);
     let r4 = audit_record(&t, at + 2, "suspended", None);
     let foreign = audit_record(&other, at + 3, "ok", None);
-    store.append_audit(&[r1.clone(), r2.clone(), foreign.clone()]).await.expect("append_audit");
-    store.append_audit(&[r3.clone(), r4.clone()]).await.expect("append_audit");
+    store
+        .append_audit(&[r1.clone(), r2.clone(), foreign.clone()])
+        .await
+        .expect("append_audit");
+    store
+        .append_audit(&[r3.clone(), r4.clone()])
+        .await
+        .expect("append_audit");
     store.append_audit(&[]).await.expect("append_audit");
-    assert_eq!(store.audit(&t, 10).await.expect("audit"), vec![r4.clone(), r3.clone(), r2, r1]);
+    assert_eq!(
+        store.audit(&t, 10).await.expect("audit"),
+        vec![r4.clone(), r3.clone(), r2, r1]
+    );
     assert_eq!(store.audit(&t, 2).await.expect("audit"), vec![r4, r3]);
     assert_eq!(store.audit(&other, 10).await.expect("audit"), vec![foreign]);
 }
@@ -613,59 +1022,110 @@ pub async fn audit_reads_newest_first_within_a_tenant(store: &dyn Store) {
 // Command outcomes.
 
 fn outcome() -> Envelope {
-    Envelope::ok(Json::from(json!({"report_id": "r-1", "total": 812.4})), "call-1")
+    Envelope::ok(
+        Json::from(json!({"report_id": "r-1", "total": 812.4})),
+        "call-1",
+    )
 }
 
 async fn claim_commit(store: &dyn Store, key: &str, now: i64) -> CommitClaim {
-    store.claim_commit(key, now, LEASE).await.expect("claim_commit")
+    store
+        .claim_commit(key, now, LEASE)
+        .await
+        .expect("claim_commit")
 }
 
 /// The first claim runs the command; others wait while it is pending.
 pub async fn a_commit_runs_once_while_pending(store: &dyn Store) {
     let key = new_id();
     assert_eq!(claim_commit(store, &key, BASE).await, CommitClaim::Run);
-    assert_eq!(claim_commit(store, &key, BASE + 1).await, CommitClaim::Pending);
-    assert_eq!(claim_commit(store, &key, BASE + LEASE).await, CommitClaim::Pending);
+    assert_eq!(
+        claim_commit(store, &key, BASE + 1).await,
+        CommitClaim::Pending
+    );
+    assert_eq!(
+        claim_commit(store, &key, BASE + LEASE).await,
+        CommitClaim::Pending
+    );
 }
 
 /// Once settled, every claim answers the recorded envelope; a late second
 /// outcome or release does not replace it.
 pub async fn a_settled_commit_answers_its_envelope(store: &dyn Store) {
     let key = new_id();
-    let keep = BASE + 1_000 * LEASE;
+    let keep = FOREVER;
     assert_eq!(claim_commit(store, &key, BASE).await, CommitClaim::Run);
-    store.settle_commit(&key, Some(&outcome()), keep).await.expect("settle_commit");
+    store
+        .settle_commit(&key, Some(&outcome()), keep)
+        .await
+        .expect("settle_commit");
     for now in [BASE + 1, BASE + 2 * LEASE] {
-        assert_eq!(claim_commit(store, &key, now).await, CommitClaim::Settled(outcome()));
+        assert_eq!(
+            claim_commit(store, &key, now).await,
+            CommitClaim::Settled(outcome())
+        );
     }
     let late = Envelope::error(ToolError::new(ErrorCode::Timeout, "late"));
-    store.settle_commit(&key, Some(&late), keep).await.expect("settle_commit");
-    store.settle_commit(&key, None, keep).await.expect("settle_commit");
-    assert_eq!(claim_commit(store, &key, BASE + 3).await, CommitClaim::Settled(outcome()));
+    store
+        .settle_commit(&key, Some(&late), keep)
+        .await
+        .expect("settle_commit");
+    store
+        .settle_commit(&key, None, keep)
+        .await
+        .expect("settle_commit");
+    assert_eq!(
+        claim_commit(store, &key, BASE + 3).await,
+        CommitClaim::Settled(outcome())
+    );
 }
 
 /// Settling with no outcome releases the claim: the commit may run again.
 pub async fn releasing_a_commit_lets_it_run_again(store: &dyn Store) {
     let key = new_id();
     assert_eq!(claim_commit(store, &key, BASE).await, CommitClaim::Run);
-    store.settle_commit(&key, None, BASE + LEASE).await.expect("settle_commit");
+    store
+        .settle_commit(&key, None, BASE + LEASE)
+        .await
+        .expect("settle_commit");
     assert_eq!(claim_commit(store, &key, BASE + 1).await, CommitClaim::Run);
-    assert_eq!(claim_commit(store, &key, BASE + 2).await, CommitClaim::Pending);
+    assert_eq!(
+        claim_commit(store, &key, BASE + 2).await,
+        CommitClaim::Pending
+    );
 }
 
 /// A pending claim whose lease ran out (its process died) is taken over.
 pub async fn an_expired_commit_claim_is_taken_over(store: &dyn Store) {
     let key = new_id();
     assert_eq!(claim_commit(store, &key, BASE).await, CommitClaim::Run);
-    assert_eq!(claim_commit(store, &key, BASE + LEASE + 1).await, CommitClaim::Run);
-    assert_eq!(claim_commit(store, &key, BASE + LEASE + 2).await, CommitClaim::Pending);
+    assert_eq!(
+        claim_commit(store, &key, BASE + LEASE + 1).await,
+        CommitClaim::Run
+    );
+    assert_eq!(
+        claim_commit(store, &key, BASE + LEASE + 2).await,
+        CommitClaim::Pending
+    );
 }
 
 /// An outcome is kept until `keep_until` and not after.
+///
+/// This test works at [`LATER`], after every time other tests use and
+/// before their `keep_until`, so expiring outcomes here expires none of theirs.
 pub async fn a_settled_commit_expires_after_keep_until(store: &dyn Store) {
     let key = new_id();
-    assert_eq!(claim_commit(store, &key, BASE).await, CommitClaim::Run);
-    store.settle_commit(&key, Some(&outcome()), BASE + 5_000).await.expect("settle_commit");
-    assert_eq!(claim_commit(store, &key, BASE + 5_000).await, CommitClaim::Settled(outcome()));
-    assert_eq!(claim_commit(store, &key, BASE + 5_001).await, CommitClaim::Run);
+    assert_eq!(claim_commit(store, &key, LATER).await, CommitClaim::Run);
+    store
+        .settle_commit(&key, Some(&outcome()), LATER + 5_000)
+        .await
+        .expect("settle_commit");
+    assert_eq!(
+        claim_commit(store, &key, LATER + 5_000).await,
+        CommitClaim::Settled(outcome())
+    );
+    assert_eq!(
+        claim_commit(store, &key, LATER + 5_001).await,
+        CommitClaim::Run
+    );
 }

@@ -13,10 +13,12 @@
 
 use std::fmt::Display;
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use rusqlite::{Connection, OptionalExtension, Params, Row, named_params, params};
+use rusqlite::{
+    Connection, OptionalExtension, Params, Row, TransactionBehavior, named_params, params,
+};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -34,8 +36,9 @@ mod embedded {
 
 /// How long a statement waits for another process's write lock.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
-/// Runs of the migrations before their error is final.
-const MIGRATE_TRIES: usize = 3;
+/// The pause between two attempts to set up a database being set up by
+/// another process too.
+const SET_UP_PAUSE: Duration = Duration::from_millis(20);
 /// Bounds of one page of [`Store::list_jobs`].
 const MAX_PAGE: u32 = 100;
 /// Bound of one answer of [`Store::due_jobs`] and [`Store::audit`].
@@ -81,7 +84,7 @@ mod sql {
     pub const SUCCEED: &str = "
         UPDATE jobs SET state = 'succeeded', result = ?3,
             lease_owner = NULL, lease_until = NULL, updated_at = ?4
-        WHERE id = ?1 AND state = 'running'
+        WHERE id = ?1 AND state = 'running' AND lease_owner = ?2
         RETURNING *";
 
     /// running (held) -> retrying at ?4 while attempts remain, else failed.
@@ -193,14 +196,12 @@ impl SqliteStore {
             .map_err(|e| StoreError::Unavailable(format!("closing the database failed: {e}")))
     }
 
-    async fn prepare(conn: tokio_rusqlite::Connection, name: String) -> Result<SqliteStore, StoreError> {
+    async fn prepare(
+        conn: tokio_rusqlite::Connection,
+        name: String,
+    ) -> Result<SqliteStore, StoreError> {
         let store = SqliteStore { conn };
-        store
-            .call(move |c| {
-                configure(c)?;
-                migrate(c, &name)
-            })
-            .await?;
+        store.call(move |c| set_up(c, &name)).await?;
         Ok(store)
     }
 
@@ -233,28 +234,45 @@ fn configure(c: &mut Connection) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// Applies the embedded migrations, after checking that the database was not
-/// migrated by a newer program, whose schema this one would misread.
-fn migrate(c: &mut Connection, name: &str) -> Result<(), StoreError> {
-    let runner = embedded::migrations::runner();
-    let known = runner.get_migrations().iter().map(|m| i64::from(m.version())).max().unwrap_or(0);
-    if let Some(applied) = applied_version(c)?.filter(|v| *v > known) {
-        return Err(StoreError::Schema(format!(
-            "the database {name} has schema version {applied}, newer than the newest this \
-             toolfleet knows ({known}); run a newer toolfleet, or use another database file"
-        )));
-    }
-    // Each migration commits with its history row, so a failure caused by
-    // another process migrating the same file at the same moment is cured
-    // by reading the history again.
-    let mut outcome = runner.run(c).map(drop);
-    for _ in 1..MIGRATE_TRIES {
-        if outcome.is_ok() {
-            break;
+/// Configures the connection and applies the embedded migrations, after
+/// checking that the database was not migrated by a newer program, whose
+/// schema this one would misread.
+///
+/// Processes opening a new file together contend in ways the busy timeout
+/// does not cover (switching to WAL, a migration that read the history just
+/// before another process applied it), so a failed attempt is tried again
+/// until the busy timeout has passed; the refusal of a newer schema is final.
+fn set_up(c: &mut Connection, name: &str) -> Result<(), StoreError> {
+    // Grouped: all pending migrations and their history rows commit in one
+    // transaction, so no process ever sees tables without their history.
+    let runner = embedded::migrations::runner().set_grouped(true);
+    let known = runner
+        .get_migrations()
+        .iter()
+        .map(|m| i64::from(m.version()))
+        .max()
+        .unwrap_or(0);
+    let give_up = Instant::now() + BUSY_TIMEOUT;
+    loop {
+        let outcome = match configure(c).and_then(|()| applied_version(c)) {
+            Ok(Some(applied)) if applied > known => {
+                return Err(StoreError::Schema(format!(
+                    "the database {name} has schema version {applied}, newer than the newest \
+                     this toolfleet knows ({known}); run a newer toolfleet, or use another \
+                     database file"
+                )));
+            }
+            Ok(_) => runner.run(c).map(drop).map_err(|e| {
+                StoreError::Schema(format!("migrating the database {name} failed: {e}"))
+            }),
+            Err(e) => Err(e),
+        };
+        match outcome {
+            Err(e) if Instant::now() < give_up => drop(e),
+            done => return done,
         }
-        outcome = runner.run(c).map(drop);
+        std::thread::sleep(SET_UP_PAUSE);
     }
-    outcome.map_err(|e| StoreError::Schema(format!("migrating the database {name} failed: {e}")))
 }
 
 fn applied_version(c: &Connection) -> Result<Option<i64>, StoreError> {
@@ -266,7 +284,11 @@ fn applied_version(c: &Connection) -> Result<Option<i64>, StoreError> {
     if !exists {
         return Ok(None);
     }
-    Ok(c.query_row("SELECT MAX(version) FROM refinery_schema_history", [], |r| r.get(0))?)
+    Ok(c.query_row(
+        "SELECT MAX(version) FROM refinery_schema_history",
+        [],
+        |r| r.get(0),
+    )?)
 }
 
 // Reading rows.
@@ -288,7 +310,10 @@ impl<'a, 'r> Fields<'a, 'r> {
     }
 
     fn corrupt(&self, column: &str, e: impl Display) -> StoreError {
-        StoreError::Unavailable(format!("corrupt row: {} {} column {column}: {e}", self.table, self.id))
+        StoreError::Unavailable(format!(
+            "corrupt row: {} {} column {column}: {e}",
+            self.table, self.id
+        ))
     }
 
     fn get<T: rusqlite::types::FromSql>(&self, column: &str) -> Result<T, StoreError> {
@@ -314,12 +339,14 @@ impl<'a, 'r> Fields<'a, 'r> {
 
     fn raw_json_opt(&self, column: &str) -> Result<Option<Json>, StoreError> {
         let text: Option<String> = self.get(column)?;
-        text.map(|t| Json::parse(&t).map_err(|e| self.corrupt(column, e))).transpose()
+        text.map(|t| Json::parse(&t).map_err(|e| self.corrupt(column, e)))
+            .transpose()
     }
 
     fn state(&self) -> Result<JobState, StoreError> {
         let text: String = self.get("state")?;
-        JobState::parse(&text).ok_or_else(|| self.corrupt("state", format!("unknown state {text:?}")))
+        JobState::parse(&text)
+            .ok_or_else(|| self.corrupt("state", format!("unknown state {text:?}")))
     }
 }
 
@@ -402,13 +429,23 @@ fn audit_from_row(row: &Row<'_>) -> Result<AuditRecord, StoreError> {
 
 type FromRow<T> = fn(&Row<'_>) -> Result<T, StoreError>;
 
-fn query_one<T>(c: &Connection, sql: &str, params: impl Params, map: FromRow<T>) -> Result<Option<T>, StoreError> {
+fn query_one<T>(
+    c: &Connection,
+    sql: &str,
+    params: impl Params,
+    map: FromRow<T>,
+) -> Result<Option<T>, StoreError> {
     let mut stmt = c.prepare_cached(sql)?;
     let mut rows = stmt.query(params)?;
     rows.next()?.map(map).transpose()
 }
 
-fn query_all<T>(c: &Connection, sql: &str, params: impl Params, map: FromRow<T>) -> Result<Vec<T>, StoreError> {
+fn query_all<T>(
+    c: &Connection,
+    sql: &str,
+    params: impl Params,
+    map: FromRow<T>,
+) -> Result<Vec<T>, StoreError> {
     let mut stmt = c.prepare_cached(sql)?;
     let mut rows = stmt.query(params)?;
     let mut out = Vec::new();
@@ -419,7 +456,8 @@ fn query_all<T>(c: &Connection, sql: &str, params: impl Params, map: FromRow<T>)
 }
 
 fn encode<T: Serialize + ?Sized>(value: &T) -> Result<String, StoreError> {
-    serde_json::to_string(value).map_err(|e| StoreError::Unavailable(format!("cannot encode a value to store: {e}")))
+    serde_json::to_string(value)
+        .map_err(|e| StoreError::Unavailable(format!("cannot encode a value to store: {e}")))
 }
 
 fn to_i64(n: u64) -> i64 {
@@ -440,21 +478,40 @@ fn insert_job(c: &Connection, job: &NewJob, args: &str) -> Result<Inserted, Stor
     }
     // Nothing inserted: the key was taken (or, never in practice, the id).
     let existing = match &job.idempotency_key {
-        Some(key) => query_one(c, sql::JOB_BY_KEY, params![job.tenant, job.tool, key], job_from_row)?,
+        Some(key) => query_one(
+            c,
+            sql::JOB_BY_KEY,
+            params![job.tenant, job.tool, key],
+            job_from_row,
+        )?,
         None => None,
     };
     match existing {
-        Some(existing) if canonical_json(&existing.args) == args => Ok(Inserted::Existing(existing)),
+        Some(existing) if canonical_json(&existing.args) == args => {
+            Ok(Inserted::Existing(existing))
+        }
         Some(_) => Err(StoreError::Conflict(format!(
             "idempotency_key was already used for a `{}` job with other arguments; use a new key for new work",
             job.tool
         ))),
-        None => Err(StoreError::Conflict(format!("a job with id {} already exists", job.id))),
+        None => Err(StoreError::Conflict(format!(
+            "a job with id {} already exists",
+            job.id
+        ))),
     }
 }
 
-fn heartbeat(c: &Connection, id: &str, worker: &str, now: i64, until: i64) -> Result<Lease, StoreError> {
-    if c.prepare_cached(sql::HEARTBEAT)?.execute(params![id, worker, now, until])? > 0 {
+fn heartbeat(
+    c: &Connection,
+    id: &str,
+    worker: &str,
+    now: i64,
+    until: i64,
+) -> Result<Lease, StoreError> {
+    if c.prepare_cached(sql::HEARTBEAT)?
+        .execute(params![id, worker, now, until])?
+        > 0
+    {
         return Ok(Lease::Held);
     }
     let state: Option<String> = c
@@ -466,16 +523,31 @@ fn heartbeat(c: &Connection, id: &str, worker: &str, now: i64, until: i64) -> Re
     })
 }
 
-fn cancel(c: &Connection, tenant: &str, id: &str, now: i64) -> Result<Option<JobRecord>, StoreError> {
+fn cancel(
+    c: &Connection,
+    tenant: &str,
+    id: &str,
+    now: i64,
+) -> Result<Option<JobRecord>, StoreError> {
     let error = encode(&ToolError::new(
         ErrorCode::Cancelled,
         "the job was cancelled before it finished; call the tool again if the work is still needed",
     ))?;
-    if let Some(job) = query_one(c, sql::CANCEL, params![id, tenant, error, now], job_from_row)? {
+    if let Some(job) = query_one(
+        c,
+        sql::CANCEL,
+        params![id, tenant, error, now],
+        job_from_row,
+    )? {
         return Ok(Some(job));
     }
     // Settled, missing or another tenant's: answered as it stands.
-    query_one(c, "SELECT * FROM jobs WHERE id = ?1 AND tenant = ?2", params![id, tenant], job_from_row)
+    query_one(
+        c,
+        "SELECT * FROM jobs WHERE id = ?1 AND tenant = ?2",
+        params![id, tenant],
+        job_from_row,
+    )
 }
 
 fn list_jobs(
@@ -488,7 +560,13 @@ fn list_jobs(
     let limit = limit.clamp(1, MAX_PAGE) as usize;
     let state = filter.state.map(JobState::as_str);
     // One row more than the page tells whether there is a next page.
-    let params = params![tenant, state, filter.tool, cursor.unwrap_or(NO_CURSOR), limit + 1];
+    let params = params![
+        tenant,
+        state,
+        filter.tool,
+        cursor.unwrap_or(NO_CURSOR),
+        limit + 1
+    ];
     let mut jobs = query_all(c, sql::LIST, params, job_from_row)?;
     let next_cursor = if jobs.len() > limit {
         jobs.truncate(limit);
@@ -513,8 +591,9 @@ fn job_counts(c: &Connection) -> Result<Vec<(JobState, u64)>, StoreError> {
     let mut counts: Vec<(JobState, u64)> = all.into_iter().map(|s| (s, 0)).collect();
     while let Some(row) = rows.next()? {
         let (state, n): (String, i64) = (row.get(0)?, row.get(1)?);
-        let state = JobState::parse(&state)
-            .ok_or_else(|| StoreError::Unavailable(format!("corrupt row: a job has unknown state {state:?}")))?;
+        let state = JobState::parse(&state).ok_or_else(|| {
+            StoreError::Unavailable(format!("corrupt row: a job has unknown state {state:?}"))
+        })?;
         if let Some(slot) = counts.iter_mut().find(|(s, _)| *s == state) {
             slot.1 = u64::try_from(n).unwrap_or(0);
         }
@@ -534,8 +613,19 @@ fn insert_ticket(c: &Connection, t: &NewTicket) -> Result<TicketRecord, StoreErr
         .ok_or_else(|| StoreError::Conflict(format!("a ticket with id {} already exists", t.id)))
 }
 
-fn answer_ticket(c: &Connection, tenant: &str, id: &str, answer: &str, now: i64) -> Result<Option<Answered>, StoreError> {
-    if let Some(t) = query_one(c, sql::ANSWER, params![id, tenant, answer, now], ticket_from_row)? {
+fn answer_ticket(
+    c: &Connection,
+    tenant: &str,
+    id: &str,
+    answer: &str,
+    now: i64,
+) -> Result<Option<Answered>, StoreError> {
+    if let Some(t) = query_one(
+        c,
+        sql::ANSWER,
+        params![id, tenant, answer, now],
+        ticket_from_row,
+    )? {
         return Ok(Some(Answered::Now(t)));
     }
     let sql = "SELECT * FROM tickets WHERE id = ?1 AND tenant = ?2";
@@ -543,7 +633,7 @@ fn answer_ticket(c: &Connection, tenant: &str, id: &str, answer: &str, now: i64)
 }
 
 fn append_audit(c: &mut Connection, records: &[AuditRecord]) -> Result<(), StoreError> {
-    let tx = c.transaction()?;
+    let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
     {
         let mut stmt = tx.prepare_cached(sql::INSERT_AUDIT)?;
         for r in records {
@@ -564,9 +654,17 @@ fn append_audit(c: &mut Connection, records: &[AuditRecord]) -> Result<(), Store
     Ok(tx.commit()?)
 }
 
-fn claim_commit(c: &mut Connection, key: &str, now: i64, until: i64) -> Result<CommitClaim, StoreError> {
-    let tx = c.transaction()?;
-    tx.prepare_cached(sql::PRUNE_COMMITS)?.execute(params![now, PRUNE_BATCH])?;
+fn claim_commit(
+    c: &mut Connection,
+    key: &str,
+    now: i64,
+    until: i64,
+) -> Result<CommitClaim, StoreError> {
+    // Immediate: the write lock is taken first, under the busy timeout; a
+    // transaction that read first could not wait for it.
+    let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    tx.prepare_cached(sql::PRUNE_COMMITS)?
+        .execute(params![now, PRUNE_BATCH])?;
     let claimed = tx
         .prepare_cached(sql::CLAIM_COMMIT)?
         .query_row(params![key, now, until], |_| Ok(()))
@@ -575,10 +673,14 @@ fn claim_commit(c: &mut Connection, key: &str, now: i64, until: i64) -> Result<C
         Some(()) => CommitClaim::Run,
         None => {
             let envelope: Option<String> =
-                tx.query_row("SELECT envelope FROM commits WHERE key = ?1", [key], |r| r.get(0))?;
+                tx.query_row("SELECT envelope FROM commits WHERE key = ?1", [key], |r| {
+                    r.get(0)
+                })?;
             match envelope {
                 Some(text) => CommitClaim::Settled(serde_json::from_str(&text).map_err(|e| {
-                    StoreError::Unavailable(format!("corrupt row: commit {key} column envelope: {e}"))
+                    StoreError::Unavailable(format!(
+                        "corrupt row: commit {key} column envelope: {e}"
+                    ))
                 })?),
                 None => CommitClaim::Pending,
             }
@@ -588,9 +690,16 @@ fn claim_commit(c: &mut Connection, key: &str, now: i64, until: i64) -> Result<C
     Ok(answer)
 }
 
-fn settle_commit(c: &Connection, key: &str, envelope: Option<&str>, keep_until: i64) -> Result<(), StoreError> {
+fn settle_commit(
+    c: &Connection,
+    key: &str,
+    envelope: Option<&str>,
+    keep_until: i64,
+) -> Result<(), StoreError> {
     match envelope {
-        Some(envelope) => c.prepare_cached(sql::SETTLE_COMMIT)?.execute(params![key, envelope, keep_until])?,
+        Some(envelope) => c
+            .prepare_cached(sql::SETTLE_COMMIT)?
+            .execute(params![key, envelope, keep_until])?,
         None => c
             .prepare_cached("DELETE FROM commits WHERE key = ?1 AND state = 'pending'")?
             .execute([key])?,
@@ -601,7 +710,8 @@ fn settle_commit(c: &Connection, key: &str, envelope: Option<&str>, keep_until: 
 #[async_trait]
 impl Store for SqliteStore {
     async fn ping(&self) -> Result<(), StoreError> {
-        self.call(|c| Ok(c.query_row("SELECT 1", [], |_| Ok(()))?)).await
+        self.call(|c| Ok(c.query_row("SELECT 1", [], |_| Ok(()))?))
+            .await
     }
 
     async fn insert_job(&self, job: NewJob) -> Result<Inserted, StoreError> {
@@ -637,29 +747,65 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn claim(&self, id: &str, worker: &str, now: i64, lease_ms: i64) -> Result<Option<JobRecord>, StoreError> {
+    async fn claim(
+        &self,
+        id: &str,
+        worker: &str,
+        now: i64,
+        lease_ms: i64,
+    ) -> Result<Option<JobRecord>, StoreError> {
         let (id, worker) = (id.to_owned(), worker.to_owned());
         let until = now.saturating_add(lease_ms);
         self.call(move |c| query_one(c, sql::CLAIM, params![id, worker, now, until], job_from_row))
             .await
     }
 
-    async fn heartbeat(&self, id: &str, worker: &str, now: i64, lease_ms: i64) -> Result<Lease, StoreError> {
+    async fn heartbeat(
+        &self,
+        id: &str,
+        worker: &str,
+        now: i64,
+        lease_ms: i64,
+    ) -> Result<Lease, StoreError> {
         let (id, worker) = (id.to_owned(), worker.to_owned());
         let until = now.saturating_add(lease_ms);
-        self.call(move |c| heartbeat(c, &id, &worker, now, until)).await
+        self.call(move |c| heartbeat(c, &id, &worker, now, until))
+            .await
     }
 
-    async fn set_progress(&self, id: &str, worker: &str, progress: &Value, now: i64) -> Result<bool, StoreError> {
+    async fn set_progress(
+        &self,
+        id: &str,
+        worker: &str,
+        progress: &Value,
+        now: i64,
+    ) -> Result<bool, StoreError> {
         let (id, worker, progress) = (id.to_owned(), worker.to_owned(), encode(progress)?);
-        self.call(move |c| Ok(c.prepare_cached(sql::PROGRESS)?.execute(params![id, worker, progress, now])? > 0))
-            .await
+        self.call(move |c| {
+            Ok(c.prepare_cached(sql::PROGRESS)?
+                .execute(params![id, worker, progress, now])?
+                > 0)
+        })
+        .await
     }
 
-    async fn succeed(&self, id: &str, worker: &str, result: &Json, now: i64) -> Result<Option<JobRecord>, StoreError> {
+    async fn succeed(
+        &self,
+        id: &str,
+        worker: &str,
+        result: &Json,
+        now: i64,
+    ) -> Result<Option<JobRecord>, StoreError> {
         let (id, worker, result) = (id.to_owned(), worker.to_owned(), result.get().to_owned());
-        self.call(move |c| query_one(c, sql::SUCCEED, params![id, worker, result, now], job_from_row))
-            .await
+        self.call(move |c| {
+            query_one(
+                c,
+                sql::SUCCEED,
+                params![id, worker, result, now],
+                job_from_row,
+            )
+        })
+        .await
     }
 
     async fn fail(
@@ -671,11 +817,23 @@ impl Store for SqliteStore {
         now: i64,
     ) -> Result<Option<JobRecord>, StoreError> {
         let (id, worker, error) = (id.to_owned(), worker.to_owned(), encode(error)?);
-        self.call(move |c| query_one(c, sql::FAIL, params![id, worker, error, retry_at, now], job_from_row))
-            .await
+        self.call(move |c| {
+            query_one(
+                c,
+                sql::FAIL,
+                params![id, worker, error, retry_at, now],
+                job_from_row,
+            )
+        })
+        .await
     }
 
-    async fn cancel(&self, tenant: &str, id: &str, now: i64) -> Result<Option<JobRecord>, StoreError> {
+    async fn cancel(
+        &self,
+        tenant: &str,
+        id: &str,
+        now: i64,
+    ) -> Result<Option<JobRecord>, StoreError> {
         let (tenant, id) = (tenant.to_owned(), id.to_owned());
         self.call(move |c| cancel(c, &tenant, &id, now)).await
     }
@@ -704,9 +862,16 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn answer_ticket(&self, tenant: &str, id: &str, answer: &Value, now: i64) -> Result<Option<Answered>, StoreError> {
+    async fn answer_ticket(
+        &self,
+        tenant: &str,
+        id: &str,
+        answer: &Value,
+        now: i64,
+    ) -> Result<Option<Answered>, StoreError> {
         let (tenant, id, answer) = (tenant.to_owned(), id.to_owned(), encode(answer)?);
-        self.call(move |c| answer_ticket(c, &tenant, &id, &answer, now)).await
+        self.call(move |c| answer_ticket(c, &tenant, &id, &answer, now))
+            .await
     }
 
     async fn append_audit(&self, records: &[AuditRecord]) -> Result<(), StoreError> {
@@ -722,19 +887,30 @@ impl Store for SqliteStore {
         let tenant = tenant.to_owned();
         let limit = limit.clamp(1, MAX_BATCH);
         self.call(move |c| {
-            let sql = "SELECT * FROM audit WHERE tenant = ?1 ORDER BY at_ms DESC, seq DESC LIMIT ?2";
+            let sql =
+                "SELECT * FROM audit WHERE tenant = ?1 ORDER BY at_ms DESC, seq DESC LIMIT ?2";
             query_all(c, sql, params![tenant, limit], audit_from_row)
         })
         .await
     }
 
-    async fn claim_commit(&self, key: &str, now: i64, lease_ms: i64) -> Result<CommitClaim, StoreError> {
+    async fn claim_commit(
+        &self,
+        key: &str,
+        now: i64,
+        lease_ms: i64,
+    ) -> Result<CommitClaim, StoreError> {
         let key = key.to_owned();
         let until = now.saturating_add(lease_ms);
         self.call(move |c| claim_commit(c, &key, now, until)).await
     }
 
-    async fn settle_commit(&self, key: &str, outcome: Option<&Envelope>, keep_until: i64) -> Result<(), StoreError> {
+    async fn settle_commit(
+        &self,
+        key: &str,
+        outcome: Option<&Envelope>,
+        keep_until: i64,
+    ) -> Result<(), StoreError> {
         let (key, envelope) = (key.to_owned(), outcome.map(Envelope::to_json));
         self.call(move |c| settle_commit(c, &key, envelope.as_deref(), keep_until))
             .await

@@ -11,7 +11,9 @@ use toolfleet_store::{Inserted, NewJob, Store, StoreError};
 
 /// A path in the temp directory no other test uses.
 fn temp_db() -> PathBuf {
-    std::env::temp_dir().join(format!("toolfleet-store-test-{}", new_id())).join("toolfleet.db")
+    std::env::temp_dir()
+        .join(format!("toolfleet-store-test-{}", new_id()))
+        .join("toolfleet.db")
 }
 
 /// Removes a test database directory (file, WAL and shared-memory files).
@@ -31,13 +33,17 @@ fn shared_db() -> &'static PathBuf {
 
 mod shared_file {
     toolfleet_store::store_conformance!(
-        toolfleet_store::sqlite::SqliteStore::open(super::shared_db()).await.expect("open the shared database")
+        toolfleet_store::sqlite::SqliteStore::open(super::shared_db())
+            .await
+            .expect("open the shared database")
     );
 }
 
 mod memory {
     toolfleet_store::store_conformance!(
-        toolfleet_store::sqlite::SqliteStore::open_in_memory().await.expect("open in memory")
+        toolfleet_store::sqlite::SqliteStore::open_in_memory()
+            .await
+            .expect("open in memory")
     );
 }
 
@@ -69,7 +75,10 @@ async fn jobs_survive_a_reopen() {
     store.close().await.expect("close");
 
     let store = SqliteStore::open(&path).await.expect("reopen");
-    assert_eq!(store.job("acme", &created.id).await.expect("job"), Some(created.clone()));
+    assert_eq!(
+        store.job("acme", &created.id).await.expect("job"),
+        Some(created.clone())
+    );
     let again = store.insert_job(job("acme")).await.expect("insert again");
     assert_eq!(again, Inserted::Existing(created));
     store.close().await.expect("close");
@@ -79,7 +88,12 @@ async fn jobs_survive_a_reopen() {
 #[tokio::test]
 async fn a_newer_schema_is_refused() {
     let path = temp_db();
-    SqliteStore::open(&path).await.expect("open").close().await.expect("close");
+    SqliteStore::open(&path)
+        .await
+        .expect("open")
+        .close()
+        .await
+        .expect("close");
     let conn = rusqlite::Connection::open(&path).expect("open directly");
     conn.execute(
         "INSERT INTO refinery_schema_history (version, name, applied_on, checksum)
@@ -106,7 +120,9 @@ async fn the_file_is_in_wal_mode() {
     let path = temp_db();
     let store = SqliteStore::open(&path).await.expect("open");
     let conn = rusqlite::Connection::open(&path).expect("open directly");
-    let mode: String = conn.query_row("PRAGMA journal_mode", [], |r| r.get(0)).expect("journal_mode");
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+        .expect("journal_mode");
     assert_eq!(mode, "wal");
     drop(conn);
     store.close().await.expect("close");
@@ -121,8 +137,11 @@ async fn a_corrupt_row_is_an_error_not_a_panic() {
         panic!("a new job was expected");
     };
     let conn = rusqlite::Connection::open(&path).expect("open directly");
-    conn.execute("UPDATE jobs SET args = '{not json' WHERE id = ?1", [&created.id])
-        .expect("corrupt the row");
+    conn.execute(
+        "UPDATE jobs SET args = '{not json' WHERE id = ?1",
+        [&created.id],
+    )
+    .expect("corrupt the row");
     drop(conn);
 
     match store.job("acme", &created.id).await {
@@ -133,7 +152,10 @@ async fn a_corrupt_row_is_an_error_not_a_panic() {
         }
         other => panic!("expected a corrupt-row error, got {other:?}"),
     }
-    assert_eq!(store.job_counts().await.expect("counts").first(), Some(&(JobState::Queued, 1)));
+    assert_eq!(
+        store.job_counts().await.expect("counts").first(),
+        Some(&(JobState::Queued, 1))
+    );
     store.close().await.expect("close");
     remove(&path);
 }

@@ -326,18 +326,30 @@ pub fn job_event(job: &JobRecord, poll_after_s: u32) -> Event {
 
 /// Publishes every job the store says should run now: at start (the
 /// in-process queue is empty after a restart) and then periodically, for
-/// messages never confirmed and leases that expired. Duplicates are harmless.
-pub async fn sweep(store: &dyn Store, broker: &dyn Broker, limit: u32) -> Result<usize, String> {
+/// messages never confirmed and leases that expired. Queued jobs younger than
+/// `queued_before` are left alone: their message is most likely still in the
+/// queue. Duplicates are harmless either way.
+pub async fn sweep(
+    store: &dyn Store,
+    broker: &dyn Broker,
+    limit: u32,
+    queued_before: Option<i64>,
+) -> Result<usize, String> {
     let due = store.due_jobs(now_ms(), limit).await.map_err(|e| e.to_string())?;
     let mut published = 0;
     for job in &due {
+        let fresh = job.state == JobState::Queued && queued_before.is_some_and(|t| job.updated_at > t);
+        if fresh {
+            continue;
+        }
         broker.publish(&job.pool, &job.id).await.map_err(|e| e.to_string())?;
         published += 1;
     }
     Ok(published)
 }
 
-/// Sweeps every `period` until `shutdown`.
+/// Sweeps every `period` until `shutdown`; a queued job is republished once
+/// it has waited a whole `period` (and stays in the queue's order otherwise).
 pub async fn run_sweeper(
     store: Arc<dyn Store>,
     broker: Arc<dyn Broker>,
@@ -345,12 +357,13 @@ pub async fn run_sweeper(
     mut shutdown: watch::Receiver<bool>,
 ) {
     loop {
-        if let Err(error) = sweep(store.as_ref(), broker.as_ref(), 1000).await {
-            tracing::warn!(%error, "sweep failed");
-        }
         tokio::select! {
             _ = tokio::time::sleep(period) => {}
             _ = shutdown.changed() => return,
+        }
+        let stale = now_ms() - period.as_millis() as i64;
+        if let Err(error) = sweep(store.as_ref(), broker.as_ref(), 1000, Some(stale)).await {
+            tracing::warn!(%error, "sweep failed");
         }
     }
 }

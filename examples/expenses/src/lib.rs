@@ -78,7 +78,7 @@ fn seed() -> Vec<Line> {
         .map(|i: usize| {
             let kind = (i - 1) % 5;
             let amount = match kind {
-                _ if i == EXPENSIVE_MEAL => 128_50,
+                _ if i == EXPENSIVE_MEAL => 12_850,
                 1 => 12_00 + (i as i64 * 311) % 50_00,
                 _ => 10_00 + (i as i64 * 737) % 90_00,
             };

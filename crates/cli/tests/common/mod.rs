@@ -35,13 +35,15 @@ fn sha(token: &str) -> String {
     hex::encode(Sha256::digest(token.as_bytes()))
 }
 
-/// A configuration with two tenants' tokens and the expense pack, plus `extra`.
-pub fn config(dir: &Path, extra: &str) -> String {
+/// A configuration with two tenants' tokens and the expense pack, plus
+/// top-level keys `top` and tables `extra`.
+pub fn config_with(dir: &Path, top: &str, extra: &str) -> String {
     let pack = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/expenses/toolfleet.toml");
     format!(
         r#"
 listen = "127.0.0.1:0"
 data_dir = "{data}"
+{top}
 include = ["{pack}"]
 
 [[auth.tokens]]
@@ -68,6 +70,11 @@ secret = "test-webhook-key"
     )
 }
 
+/// A configuration with two tenants' tokens and the expense pack, plus tables `extra`.
+pub fn config(dir: &Path, extra: &str) -> String {
+    config_with(dir, "", extra)
+}
+
 /// A running `toolfleet serve`.
 pub struct Server {
     pub child: Child,
@@ -85,6 +92,7 @@ impl Server {
 
     pub fn start_with(config: &Path) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_toolfleet"))
+            .env("TOOLFLEET_LOG", std::env::var("TOOLFLEET_LOG").unwrap_or_else(|_| "warn".into()))
             .arg("--config")
             .arg(config)
             .arg("serve")
@@ -95,17 +103,26 @@ impl Server {
             .expect("toolfleet starts");
         let stderr = child.stderr.take().expect("stderr");
         let mut lines = BufReader::new(stderr).lines();
+        let mut said = Vec::new();
         let base = loop {
             let line = match lines.next() {
                 Some(Ok(line)) => line,
-                _ => panic!("toolfleet serve exited before serving"),
+                _ => panic!("toolfleet serve exited before serving: {}", said.join("\n")),
             };
+            said.push(line.clone());
             if let Some(rest) = line.strip_prefix("toolfleet serving on ") {
                 break rest.split_whitespace().next().expect("address").to_owned();
             }
         };
         // Keep draining stderr so the server never blocks on a full pipe.
-        std::thread::spawn(move || for _ in lines {});
+        let echo = std::env::var_os("TOOLFLEET_TEST_ECHO").is_some();
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                if echo {
+                    eprintln!("[serve] {line}");
+                }
+            }
+        });
         Server { child, base, config: config.to_path_buf() }
     }
 

@@ -1,0 +1,272 @@
+//! `toolfleet bench`: no-op jobs through the real HTTP path, measured the same
+//! way by everyone. It starts a server in this process on the configured
+//! backends (with a temporary data directory on the embedded default), adds
+//! the no-op job tool, and drives it over HTTP: a burn-down of N jobs as fast
+//! as C clients can call, then, with `--rate`, calls at a fixed rate.
+//!
+//! Latencies: call to `running` is the POST round trip; call to settled is
+//! the time from the call to the job's settled event on `/v1/events` (one
+//! SSE stream, read as the events arrive). Fixed-rate calls are issued on
+//! schedule whatever the server does, so a slow server cannot hide its delay.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use tokio::sync::Semaphore;
+use toolfleet_core::{CallCtx, ToolDecl, ToolError};
+
+use crate::config::Config;
+use crate::serve::{DEV_TOKEN_FILE, start};
+
+/// The no-op job every run measures.
+const NOOP: &str = "bench_noop";
+
+#[derive(clap::Args, Clone)]
+pub struct BenchArgs {
+    /// Jobs of the burn-down.
+    #[arg(long, short = 'n', default_value_t = 5000)]
+    jobs: usize,
+    /// Concurrent HTTP clients of the burn-down.
+    #[arg(long, short = 'c', default_value_t = 32)]
+    clients: usize,
+    /// Calls per second of the fixed-rate run (none: burn-down only).
+    #[arg(long)]
+    rate: Option<u32>,
+    /// Seconds of the fixed-rate run.
+    #[arg(long, default_value_t = 10)]
+    secs: u64,
+    /// Worker slots.
+    #[arg(long, default_value_t = 64)]
+    concurrency: usize,
+    /// Print the results as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+fn noop_tool() -> ToolDecl {
+    ToolDecl::job(NOOP)
+        .description("Does nothing; measures the job pipeline.")
+        .idempotent(true)
+        .destructive(false)
+        .run(|_: CallCtx, _: Value| async { Ok::<_, ToolError>(json!({})) })
+}
+
+/// Latency percentiles in milliseconds.
+fn percentiles(mut samples: Vec<Duration>) -> Value {
+    if samples.is_empty() {
+        return json!(null);
+    }
+    samples.sort_unstable();
+    let at = |p: f64| {
+        let i = ((samples.len() as f64 * p).ceil() as usize).clamp(1, samples.len()) - 1;
+        (samples[i].as_secs_f64() * 1e5).round() / 100.0
+    };
+    json!({"p50": at(0.50), "p95": at(0.95), "p99": at(0.99), "max": at(1.0), "n": samples.len()})
+}
+
+struct Probe {
+    http: reqwest::Client,
+    base: String,
+    token: String,
+    /// Call start times by job id, and settle latencies as events arrive.
+    started: Mutex<HashMap<String, Instant>>,
+    settled_early: Mutex<HashMap<String, Instant>>,
+    settled: Mutex<Vec<(Instant, Duration)>>,
+}
+
+impl Probe {
+    /// One call; the call-to-`running` latency.
+    async fn call(&self) -> Result<Duration, String> {
+        let begun = Instant::now();
+        let body = json!({"tool": NOOP, "args": {}}).to_string();
+        let response = self
+            .http
+            .post(format!("{}/v1/calls", self.base))
+            .bearer_auth(&self.token)
+            .header("Content-Type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        let text = response.text().await.map_err(|e| e.to_string())?;
+        let took = begun.elapsed();
+        let envelope: Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
+        let job_id = envelope["job_id"].as_str().ok_or_else(|| format!("not running: {text}"))?.to_owned();
+        // The settled event may already have arrived.
+        let early = self.settled_early.lock().unwrap_or_else(|e| e.into_inner()).remove(&job_id);
+        match early {
+            Some(at) => self.record(at, at.saturating_duration_since(begun)),
+            None => {
+                self.started.lock().unwrap_or_else(|e| e.into_inner()).insert(job_id, begun);
+            }
+        }
+        Ok(took)
+    }
+
+    fn record(&self, at: Instant, latency: Duration) {
+        self.settled.lock().unwrap_or_else(|e| e.into_inner()).push((at, latency));
+    }
+
+    fn settled_count(&self) -> usize {
+        self.settled.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// Reads `/v1/events` and records each settled job.
+    async fn follow(self: Arc<Self>) -> Result<(), String> {
+        let mut response = self
+            .http
+            .get(format!("{}/v1/events", self.base))
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut text = String::new();
+        while let Some(chunk) = response.chunk().await.map_err(|e| e.to_string())? {
+            text.push_str(&String::from_utf8_lossy(&chunk));
+            while let Some(end) = text.find("\n\n") {
+                let block: String = text.drain(..end + 2).collect();
+                let Some(data) = block.lines().find_map(|l| l.strip_prefix("data: ")) else { continue };
+                let Ok(event) = serde_json::from_str::<Value>(data) else { continue };
+                if event["kind"] != "job" || !matches!(event["state"].as_str(), Some("succeeded" | "failed" | "cancelled")) {
+                    continue;
+                }
+                let now = Instant::now();
+                let id = event["id"].as_str().unwrap_or_default().to_owned();
+                let begun = self.started.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+                match begun {
+                    Some(begun) => self.record(now, now.saturating_duration_since(begun)),
+                    None => {
+                        self.settled_early.lock().unwrap_or_else(|e| e.into_inner()).insert(id, now);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn wait_settled(&self, count: usize, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        while self.settled_count() < count && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+/// Runs the burn-down: `jobs` calls from `clients` clients.
+async fn burn_down(probe: &Arc<Probe>, jobs: usize, clients: usize) -> Result<Value, String> {
+    let before = probe.settled_count();
+    let slots = Arc::new(Semaphore::new(clients.max(1)));
+    let begun = Instant::now();
+    let mut calls = tokio::task::JoinSet::new();
+    for _ in 0..jobs {
+        let permit = slots.clone().acquire_owned().await.map_err(|e| e.to_string())?;
+        let probe = probe.clone();
+        calls.spawn(async move {
+            let took = probe.call().await;
+            drop(permit);
+            took
+        });
+    }
+    let mut accepted = Vec::with_capacity(jobs);
+    while let Some(took) = calls.join_next().await {
+        accepted.push(took.map_err(|e| e.to_string())??);
+    }
+    let called = begun.elapsed();
+    probe.wait_settled(before + jobs, Duration::from_secs(120)).await;
+    let all = probe.settled.lock().unwrap_or_else(|e| e.into_inner()).split_off(before);
+    let last = all.iter().map(|(at, _)| *at).max().unwrap_or(begun);
+    let elapsed = last.saturating_duration_since(begun).as_secs_f64().max(1e-9);
+    Ok(json!({
+        "mode": "burn-down",
+        "jobs": jobs,
+        "clients": clients,
+        "settled": all.len(),
+        "calls_per_s": (jobs as f64 / called.as_secs_f64().max(1e-9)).round(),
+        "settled_per_s": (all.len() as f64 / elapsed).round(),
+        "call_to_running_ms": percentiles(accepted),
+        "call_to_settled_ms": percentiles(all.into_iter().map(|(_, l)| l).collect()),
+    }))
+}
+
+/// Calls at `rate` per second for `secs` seconds, on schedule.
+async fn fixed_rate(probe: &Arc<Probe>, rate: u32, secs: u64) -> Result<Value, String> {
+    let before = probe.settled_count();
+    let total = rate as usize * secs as usize;
+    let period = Duration::from_secs_f64(1.0 / f64::from(rate.max(1)));
+    let begun = tokio::time::Instant::now();
+    let mut calls = tokio::task::JoinSet::new();
+    for i in 0..total {
+        tokio::time::sleep_until(begun + period * i as u32).await;
+        let probe = probe.clone();
+        calls.spawn(async move { probe.call().await });
+    }
+    let mut accepted = Vec::with_capacity(total);
+    while let Some(took) = calls.join_next().await {
+        accepted.push(took.map_err(|e| e.to_string())??);
+    }
+    probe.wait_settled(before + total, Duration::from_secs(120)).await;
+    let all = probe.settled.lock().unwrap_or_else(|e| e.into_inner()).split_off(before);
+    Ok(json!({
+        "mode": "fixed-rate",
+        "rate_per_s": rate,
+        "secs": secs,
+        "jobs": total,
+        "settled": all.len(),
+        "call_to_running_ms": percentiles(accepted),
+        "call_to_settled_ms": percentiles(all.into_iter().map(|(_, l)| l).collect()),
+    }))
+}
+
+fn print_text(result: &Value) {
+    let p = |v: &Value| format!("p50 {} / p95 {} / p99 {} ms", v["p50"], v["p95"], v["p99"]);
+    println!("{}: {} jobs, {} settled", result["mode"].as_str().unwrap_or(""), result["jobs"], result["settled"]);
+    if let Some(rate) = result["settled_per_s"].as_f64() {
+        println!("  settled end to end: {rate} jobs/s (calls accepted at {} /s)", result["calls_per_s"]);
+    }
+    println!("  call to running: {}", p(&result["call_to_running_ms"]));
+    println!("  call to settled: {}", p(&result["call_to_settled_ms"]));
+}
+
+pub async fn bench(mut config: Config, args: BenchArgs) -> Result<(), String> {
+    let data = std::env::temp_dir().join(format!("toolfleet-bench-{}", uuid::Uuid::now_v7().simple()));
+    config.data_dir = PathBuf::from(&data);
+    config.listen = "127.0.0.1:0".to_owned();
+    config.auth.tokens.clear();
+    config.concurrency = args.concurrency;
+    let served = start(config, vec![noop_tool()]).await?;
+    let outcome = run(&served, &data, &args).await;
+    let stopped = served.stop().await;
+    let _ = std::fs::remove_dir_all(&data);
+    let results = outcome?;
+    stopped?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&results).unwrap_or_default());
+    } else {
+        results.iter().for_each(print_text);
+    }
+    Ok(())
+}
+
+async fn run(served: &crate::serve::Served, data: &std::path::Path, args: &BenchArgs) -> Result<Vec<Value>, String> {
+    let token = std::fs::read_to_string(data.join(DEV_TOKEN_FILE)).map_err(|e| e.to_string())?;
+    let probe = Arc::new(Probe {
+        http: toolfleet_executors::http_client()?,
+        base: format!("http://{}", served.address),
+        token: token.trim().to_owned(),
+        started: Mutex::default(),
+        settled_early: Mutex::default(),
+        settled: Mutex::default(),
+    });
+    tokio::spawn(probe.clone().follow());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // A short warm-up, so connection set-up is not measured.
+    burn_down(&probe, 200.min(args.jobs), args.clients).await?;
+    let mut results = vec![burn_down(&probe, args.jobs, args.clients).await?];
+    if let Some(rate) = args.rate {
+        results.push(fixed_rate(&probe, rate, args.secs).await?);
+    }
+    Ok(results)
+}
