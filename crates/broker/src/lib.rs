@@ -107,7 +107,12 @@ pub trait Broker: Send + Sync + 'static {
     /// Publishes `job_id` to `pool`; returns once the broker has it (confirmed).
     async fn publish(&self, pool: &str, job_id: &str) -> Result<(), BrokerError>;
     /// Publishes `job_id` to `pool` after `delay`, without holding a worker.
-    async fn publish_delayed(&self, pool: &str, job_id: &str, delay: Duration) -> Result<(), BrokerError>;
+    async fn publish_delayed(
+        &self,
+        pool: &str,
+        job_id: &str,
+        delay: Duration,
+    ) -> Result<(), BrokerError>;
     /// Consumes `pool` with at most `prefetch` unacknowledged deliveries.
     async fn consume(&self, pool: &str, prefetch: u16) -> Result<Box<dyn Consumer>, BrokerError>;
     /// Messages waiting in `pool` (ready, not delivered), for metrics.

@@ -94,20 +94,33 @@ impl Probe {
         let text = response.text().await.map_err(|e| e.to_string())?;
         let took = begun.elapsed();
         let envelope: Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
-        let job_id = envelope["job_id"].as_str().ok_or_else(|| format!("not running: {text}"))?.to_owned();
+        let job_id = envelope["job_id"]
+            .as_str()
+            .ok_or_else(|| format!("not running: {text}"))?
+            .to_owned();
         // The settled event may already have arrived.
-        let early = self.settled_early.lock().unwrap_or_else(|e| e.into_inner()).remove(&job_id);
+        let early = self
+            .settled_early
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&job_id);
         match early {
             Some(at) => self.record(at, at.saturating_duration_since(begun)),
             None => {
-                self.started.lock().unwrap_or_else(|e| e.into_inner()).insert(job_id, begun);
+                self.started
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(job_id, begun);
             }
         }
         Ok(took)
     }
 
     fn record(&self, at: Instant, latency: Duration) {
-        self.settled.lock().unwrap_or_else(|e| e.into_inner()).push((at, latency));
+        self.settled
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((at, latency));
     }
 
     fn settled_count(&self) -> usize {
@@ -128,18 +141,34 @@ impl Probe {
             text.push_str(&String::from_utf8_lossy(&chunk));
             while let Some(end) = text.find("\n\n") {
                 let block: String = text.drain(..end + 2).collect();
-                let Some(data) = block.lines().find_map(|l| l.strip_prefix("data: ")) else { continue };
-                let Ok(event) = serde_json::from_str::<Value>(data) else { continue };
-                if event["kind"] != "job" || !matches!(event["state"].as_str(), Some("succeeded" | "failed" | "cancelled")) {
+                let Some(data) = block.lines().find_map(|l| l.strip_prefix("data: ")) else {
+                    continue;
+                };
+                let Ok(event) = serde_json::from_str::<Value>(data) else {
+                    continue;
+                };
+                if event["kind"] != "job"
+                    || !matches!(
+                        event["state"].as_str(),
+                        Some("succeeded" | "failed" | "cancelled")
+                    )
+                {
                     continue;
                 }
                 let now = Instant::now();
                 let id = event["id"].as_str().unwrap_or_default().to_owned();
-                let begun = self.started.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+                let begun = self
+                    .started
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&id);
                 match begun {
                     Some(begun) => self.record(now, now.saturating_duration_since(begun)),
                     None => {
-                        self.settled_early.lock().unwrap_or_else(|e| e.into_inner()).insert(id, now);
+                        self.settled_early
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .insert(id, now);
                     }
                 }
             }
@@ -162,7 +191,11 @@ async fn burn_down(probe: &Arc<Probe>, jobs: usize, clients: usize) -> Result<Va
     let begun = Instant::now();
     let mut calls = tokio::task::JoinSet::new();
     for _ in 0..jobs {
-        let permit = slots.clone().acquire_owned().await.map_err(|e| e.to_string())?;
+        let permit = slots
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|e| e.to_string())?;
         let probe = probe.clone();
         calls.spawn(async move {
             let took = probe.call().await;
@@ -175,10 +208,19 @@ async fn burn_down(probe: &Arc<Probe>, jobs: usize, clients: usize) -> Result<Va
         accepted.push(took.map_err(|e| e.to_string())??);
     }
     let called = begun.elapsed();
-    probe.wait_settled(before + jobs, Duration::from_secs(120)).await;
-    let all = probe.settled.lock().unwrap_or_else(|e| e.into_inner()).split_off(before);
+    probe
+        .wait_settled(before + jobs, Duration::from_secs(120))
+        .await;
+    let all = probe
+        .settled
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .split_off(before);
     let last = all.iter().map(|(at, _)| *at).max().unwrap_or(begun);
-    let elapsed = last.saturating_duration_since(begun).as_secs_f64().max(1e-9);
+    let elapsed = last
+        .saturating_duration_since(begun)
+        .as_secs_f64()
+        .max(1e-9);
     Ok(json!({
         "mode": "burn-down",
         "jobs": jobs,
@@ -207,8 +249,14 @@ async fn fixed_rate(probe: &Arc<Probe>, rate: u32, secs: u64) -> Result<Value, S
     while let Some(took) = calls.join_next().await {
         accepted.push(took.map_err(|e| e.to_string())??);
     }
-    probe.wait_settled(before + total, Duration::from_secs(120)).await;
-    let all = probe.settled.lock().unwrap_or_else(|e| e.into_inner()).split_off(before);
+    probe
+        .wait_settled(before + total, Duration::from_secs(120))
+        .await;
+    let all = probe
+        .settled
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .split_off(before);
     Ok(json!({
         "mode": "fixed-rate",
         "rate_per_s": rate,
@@ -222,16 +270,25 @@ async fn fixed_rate(probe: &Arc<Probe>, rate: u32, secs: u64) -> Result<Value, S
 
 fn print_text(result: &Value) {
     let p = |v: &Value| format!("p50 {} / p95 {} / p99 {} ms", v["p50"], v["p95"], v["p99"]);
-    println!("{}: {} jobs, {} settled", result["mode"].as_str().unwrap_or(""), result["jobs"], result["settled"]);
+    println!(
+        "{}: {} jobs, {} settled",
+        result["mode"].as_str().unwrap_or(""),
+        result["jobs"],
+        result["settled"]
+    );
     if let Some(rate) = result["settled_per_s"].as_f64() {
-        println!("  settled end to end: {rate} jobs/s (calls accepted at {} /s)", result["calls_per_s"]);
+        println!(
+            "  settled end to end: {rate} jobs/s (calls accepted at {} /s)",
+            result["calls_per_s"]
+        );
     }
     println!("  call to running: {}", p(&result["call_to_running_ms"]));
     println!("  call to settled: {}", p(&result["call_to_settled_ms"]));
 }
 
 pub async fn bench(mut config: Config, args: BenchArgs) -> Result<(), String> {
-    let data = std::env::temp_dir().join(format!("toolfleet-bench-{}", uuid::Uuid::now_v7().simple()));
+    let data =
+        std::env::temp_dir().join(format!("toolfleet-bench-{}", uuid::Uuid::now_v7().simple()));
     config.data_dir = PathBuf::from(&data);
     config.listen = "127.0.0.1:0".to_owned();
     config.auth.tokens.clear();
@@ -243,14 +300,21 @@ pub async fn bench(mut config: Config, args: BenchArgs) -> Result<(), String> {
     let results = outcome?;
     stopped?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&results).unwrap_or_default());
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&results).unwrap_or_default()
+        );
     } else {
         results.iter().for_each(print_text);
     }
     Ok(())
 }
 
-async fn run(served: &crate::serve::Served, data: &std::path::Path, args: &BenchArgs) -> Result<Vec<Value>, String> {
+async fn run(
+    served: &crate::serve::Served,
+    data: &std::path::Path,
+    args: &BenchArgs,
+) -> Result<Vec<Value>, String> {
     let token = std::fs::read_to_string(data.join(DEV_TOKEN_FILE)).map_err(|e| e.to_string())?;
     let probe = Arc::new(Probe {
         http: toolfleet_executors::http_client()?,

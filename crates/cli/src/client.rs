@@ -47,18 +47,30 @@ impl Client {
     async fn send(&self, request: reqwest::RequestBuilder) -> Result<Value, String> {
         let response = request.bearer_auth(&self.token).send().await.map_err(|e| {
             if e.is_connect() {
-                format!("cannot reach toolfleet at {}: is `toolfleet serve` running there?", self.base)
+                format!(
+                    "cannot reach toolfleet at {}: is `toolfleet serve` running there?",
+                    self.base
+                )
             } else {
                 format!("request to {} failed: {e}", self.base)
             }
         })?;
         let status = response.status();
-        let text = response.text().await.map_err(|e| format!("reading the answer failed: {e}"))?;
-        serde_json::from_str(&text).map_err(|_| format!("the server answered {status} with a body that is not JSON: {}", text.chars().take(200).collect::<String>()))
+        let text = response
+            .text()
+            .await
+            .map_err(|e| format!("reading the answer failed: {e}"))?;
+        serde_json::from_str(&text).map_err(|_| {
+            format!(
+                "the server answered {status} with a body that is not JSON: {}",
+                text.chars().take(200).collect::<String>()
+            )
+        })
     }
 
     async fn get(&self, path: &str) -> Result<Value, String> {
-        self.send(self.http.get(format!("{}{path}", self.base))).await
+        self.send(self.http.get(format!("{}{path}", self.base)))
+            .await
     }
 
     async fn post(&self, path: &str, body: &Value) -> Result<Value, String> {
@@ -72,7 +84,10 @@ impl Client {
 }
 
 fn print(value: &Value) {
-    println!("{}", serde_json::to_string_pretty(value).unwrap_or_default());
+    println!(
+        "{}",
+        serde_json::to_string_pretty(value).unwrap_or_default()
+    );
 }
 
 /// An `error` envelope as this command's failure.
@@ -94,10 +109,19 @@ pub async fn tools(config: &Config, args: &ServerArgs, format: &str) -> Result<(
     outcome(&specs)
 }
 
-pub async fn call(config: &Config, args: &ServerArgs, tool: &str, json_args: &str, wait: bool) -> Result<(), String> {
-    let parsed: Value = serde_json::from_str(json_args).map_err(|e| format!("the arguments are not JSON: {e}"))?;
+pub async fn call(
+    config: &Config,
+    args: &ServerArgs,
+    tool: &str,
+    json_args: &str,
+    wait: bool,
+) -> Result<(), String> {
+    let parsed: Value =
+        serde_json::from_str(json_args).map_err(|e| format!("the arguments are not JSON: {e}"))?;
     let client = Client::new(config, args)?;
-    let mut envelope = client.post("/v1/calls", &json!({"tool": tool, "args": parsed})).await?;
+    let mut envelope = client
+        .post("/v1/calls", &json!({"tool": tool, "args": parsed}))
+        .await?;
     if wait && envelope["status"] == "running" {
         envelope = wait_for(&client, &envelope).await?;
     }
@@ -107,7 +131,10 @@ pub async fn call(config: &Config, args: &ServerArgs, tool: &str, json_args: &st
 
 /// Long-polls a job until it settles, with a progress line on stderr.
 async fn wait_for(client: &Client, running: &Value) -> Result<Value, String> {
-    let job_id = running["job_id"].as_str().ok_or("the running answer has no job_id")?.to_owned();
+    let job_id = running["job_id"]
+        .as_str()
+        .ok_or("the running answer has no job_id")?
+        .to_owned();
     let started = Instant::now();
     let spinner = ['|', '/', '-', '\\'];
     let mut turn = 0usize;

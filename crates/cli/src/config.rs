@@ -159,7 +159,8 @@ impl Config {
             let text = read(&path)?;
             let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
             let tools = parse_tools(&text).map_err(|e| format!("{}: {e}", path.display()))?;
-            self.tools.extend(tools.into_iter().map(|t| (t, dir.clone())));
+            self.tools
+                .extend(tools.into_iter().map(|t| (t, dir.clone())));
         }
         Ok(())
     }

@@ -12,7 +12,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "toolfleet", version, about = "A runtime for LLM tools: serve, call and measure them")]
+#[command(
+    name = "toolfleet",
+    version,
+    about = "A runtime for LLM tools: serve, call and measure them"
+)]
 struct Cli {
     /// The configuration file (default: ./toolfleet.toml, or TOOLFLEET_CONFIG).
     #[arg(long, global = true, env = "TOOLFLEET_CONFIG")]
@@ -58,7 +62,10 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("toolfleet: cannot start: {error}");
@@ -70,7 +77,12 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Serve => serve::serve(config).await,
             Command::Tools { format, server } => client::tools(&config, &server, &format).await,
-            Command::Call { tool, args, wait, server } => client::call(&config, &server, &tool, &args, wait).await,
+            Command::Call {
+                tool,
+                args,
+                wait,
+                server,
+            } => client::call(&config, &server, &tool, &args, wait).await,
             Command::Bench(args) => bench::bench(config, args).await,
         }
     });

@@ -12,7 +12,10 @@ use toolfleet_broker::memory::{MemoryBroker, MemoryNotices};
 use toolfleet_broker::{Broker, Notices};
 use toolfleet_core::{Principal, Runtime, RuntimeConfig, Shape, ToolDecl};
 use toolfleet_executors::{Binder, http_client};
-use toolfleet_server::{AppState, Auth, Dispatcher, Limits, Metrics, StoreAuditSink, StoreCommitLog, status_tools, token_sha256};
+use toolfleet_server::{
+    AppState, Auth, Dispatcher, Limits, Metrics, StoreAuditSink, StoreCommitLog, status_tools,
+    token_sha256,
+};
 use toolfleet_store::Store;
 use toolfleet_store::sqlite::SqliteStore;
 use toolfleet_worker::{Worker, WorkerConfig, run_sweeper, sweep};
@@ -35,7 +38,11 @@ fn random_hex(bytes: usize) -> String {
 }
 
 /// Reads `name` in `dir`, or writes it with `make()` (owner-only on unix).
-fn kept_secret(dir: &Path, name: &str, make: impl FnOnce() -> String) -> Result<(String, bool), String> {
+fn kept_secret(
+    dir: &Path,
+    name: &str,
+    make: impl FnOnce() -> String,
+) -> Result<(String, bool), String> {
     let path = dir.join(name);
     if let Ok(text) = std::fs::read_to_string(&path) {
         let text = text.trim().to_owned();
@@ -44,7 +51,8 @@ fn kept_secret(dir: &Path, name: &str, make: impl FnOnce() -> String) -> Result<
         }
     }
     let value = make();
-    std::fs::write(&path, format!("{value}\n")).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    std::fs::write(&path, format!("{value}\n"))
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
@@ -55,8 +63,18 @@ fn kept_secret(dir: &Path, name: &str, make: impl FnOnce() -> String) -> Result<
 
 fn signing_key(dir: &Path) -> Result<[u8; 32], String> {
     let (text, _) = kept_secret(dir, "secret", || random_hex(32))?;
-    let bytes = hex::decode(&text).map_err(|_| format!("{}/secret is not hex; delete it to make a new one", dir.display()))?;
-    bytes.try_into().map_err(|_| format!("{}/secret is not 32 bytes; delete it to make a new one", dir.display()))
+    let bytes = hex::decode(&text).map_err(|_| {
+        format!(
+            "{}/secret is not hex; delete it to make a new one",
+            dir.display()
+        )
+    })?;
+    bytes.try_into().map_err(|_| {
+        format!(
+            "{}/secret is not 32 bytes; delete it to make a new one",
+            dir.display()
+        )
+    })
 }
 
 /// The principals of the configuration, or a development token.
@@ -64,14 +82,26 @@ fn authentication(config: &Config, runtime: &Runtime) -> Result<Auth, String> {
     let mut auth = Auth::default();
     for token in &config.auth.tokens {
         if token.sha256.len() != 64 || hex::decode(&token.sha256).is_err() {
-            return Err(format!("auth.tokens: sha256 of `{}` must be 64 hex characters", token.user));
+            return Err(format!(
+                "auth.tokens: sha256 of `{}` must be 64 hex characters",
+                token.user
+            ));
         }
-        auth.insert(&token.sha256, Principal::new(&token.tenant, &token.user, token.scopes.iter().cloned()));
+        auth.insert(
+            &token.sha256,
+            Principal::new(&token.tenant, &token.user, token.scopes.iter().cloned()),
+        );
     }
     if auth.is_empty() {
-        let (token, made) = kept_secret(&config.data_dir, DEV_TOKEN_FILE, || format!("tf_dev_{}", random_hex(24)))?;
+        let (token, made) = kept_secret(&config.data_dir, DEV_TOKEN_FILE, || {
+            format!("tf_dev_{}", random_hex(24))
+        })?;
         // The newcomer can try every tool, so the token holds every scope.
-        let scopes: BTreeSet<String> = runtime.registry().tools().flat_map(|t| t.required_scopes().to_vec()).collect();
+        let scopes: BTreeSet<String> = runtime
+            .registry()
+            .tools()
+            .flat_map(|t| t.required_scopes().to_vec())
+            .collect();
         auth.insert(&token_sha256(&token), Principal::new("dev", "dev", scopes));
         let file = config.data_dir.join(DEV_TOKEN_FILE);
         eprintln!(
@@ -85,11 +115,17 @@ fn authentication(config: &Config, runtime: &Runtime) -> Result<Auth, String> {
 }
 
 /// Registers the status tools and every configured tool.
-fn register_tools(runtime: &mut Runtime, config: &Config, store: &Arc<dyn Store>, notices: &Arc<dyn Notices>) -> Result<(), String> {
+fn register_tools(
+    runtime: &mut Runtime,
+    config: &Config,
+    store: &Arc<dyn Store>,
+    notices: &Arc<dyn Notices>,
+) -> Result<(), String> {
     runtime
         .register_all(status_tools(store.clone(), notices.clone()))
         .map_err(|e| e.to_string())?;
-    let builtins = toolfleet_expenses::builtins(Arc::new(toolfleet_expenses::ExpenseBook::default()));
+    let builtins =
+        toolfleet_expenses::builtins(Arc::new(toolfleet_expenses::ExpenseBook::default()));
     let binder = Binder::new(builtins, http_client()?);
     for (tool, dir) in &config.tools {
         let name = tool.name.clone();
@@ -100,7 +136,10 @@ fn register_tools(runtime: &mut Runtime, config: &Config, store: &Arc<dyn Store>
             .transpose()
             .map_err(|e| format!("tool `{name}`: executor: {e}"))?;
         let read = |path: &str| std::fs::read_to_string(dir.join(path)).map_err(|e| e.to_string());
-        let decl = tool.clone().into_decl(&read, executor).map_err(|e| e.to_string())?;
+        let decl = tool
+            .clone()
+            .into_decl(&read, executor)
+            .map_err(|e| e.to_string())?;
         runtime.register(decl).map_err(|e| e.to_string())?;
     }
     Ok(())
@@ -114,10 +153,13 @@ fn pools(runtime: &Runtime) -> BTreeSet<String> {
         .tools()
         .filter(|t| t.shape().is_enqueued())
         .map(|t| {
-            t.declaration().pool.clone().unwrap_or_else(|| match t.shape() {
-                Shape::Agent => config.default_agent_pool.clone(),
-                _ => config.default_pool.clone(),
-            })
+            t.declaration()
+                .pool
+                .clone()
+                .unwrap_or_else(|| match t.shape() {
+                    Shape::Agent => config.default_agent_pool.clone(),
+                    _ => config.default_pool.clone(),
+                })
         })
         .collect()
 }
@@ -126,7 +168,10 @@ fn pools(runtime: &Runtime) -> BTreeSet<String> {
 pub async fn serve(config: Config) -> Result<(), String> {
     let served = start(config, Vec::new()).await?;
     wait_for_signal().await;
-    eprintln!("stopping: finishing running jobs (up to {} s)", GRACE.as_secs());
+    eprintln!(
+        "stopping: finishing running jobs (up to {} s)",
+        GRACE.as_secs()
+    );
     served.stop().await
 }
 
@@ -162,7 +207,11 @@ pub async fn start(config: Config, extra: Vec<ToolDecl>) -> Result<Served, Strin
     let mut runtime = Runtime::builder()
         .config(RuntimeConfig::default())
         .secret(signing_key(&config.data_dir)?)
-        .fleet(Arc::new(Dispatcher::new(store.clone(), broker.clone(), notices.clone())))
+        .fleet(Arc::new(Dispatcher::new(
+            store.clone(),
+            broker.clone(),
+            notices.clone(),
+        )))
         .commit_log(Arc::new(StoreCommitLog::new(store.clone())))
         .audit_sink(Arc::new(StoreAuditSink::spawn(store.clone(), 10_000)))
         .build();
@@ -180,18 +229,34 @@ pub async fn start(config: Config, extra: Vec<ToolDecl>) -> Result<Served, Strin
     let lease = Duration::try_from_secs_f64(config.lease_s)
         .ok()
         .filter(|l| *l >= Duration::from_millis(300))
-        .ok_or_else(|| format!("lease_s must be at least 0.3 seconds, got {}", config.lease_s))?;
+        .ok_or_else(|| {
+            format!(
+                "lease_s must be at least 0.3 seconds, got {}",
+                config.lease_s
+            )
+        })?;
     let mut workers = Vec::new();
     for pool in pools(&runtime) {
         let mut worker_config = WorkerConfig::new(pool);
         worker_config.concurrency = config.concurrency;
         worker_config.lease = lease;
-        let worker = Worker::new(worker_config, runtime.clone(), store.clone(), broker.clone(), notices.clone());
+        let worker = Worker::new(
+            worker_config,
+            runtime.clone(),
+            store.clone(),
+            broker.clone(),
+            notices.clone(),
+        );
         workers.push(tokio::spawn(worker.run(stopped.clone(), GRACE)));
     }
     // Expired leases and lost retries are found within a lease, at most 10 s.
     let period = lease.min(Duration::from_secs(10));
-    tokio::spawn(run_sweeper(store.clone(), broker.clone(), period, stopped.clone()));
+    tokio::spawn(run_sweeper(
+        store.clone(),
+        broker.clone(),
+        period,
+        stopped.clone(),
+    ));
     let (webhook_key, _) = match &config.webhooks.secret {
         Some(secret) => (secret.clone(), false),
         None => kept_secret(&config.data_dir, "webhook-secret", || random_hex(32))?,
@@ -221,11 +286,15 @@ pub async fn start(config: Config, extra: Vec<ToolDecl>) -> Result<Served, Strin
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
     let address = listener.local_addr().map_err(|e| e.to_string())?;
-    eprintln!("toolfleet serving on http://{address} (data in {})", config.data_dir.display());
+    eprintln!(
+        "toolfleet serving on http://{address} (data in {})",
+        config.data_dir.display()
+    );
     let mut shutdown = stopped.clone();
-    let server = axum::serve(listener, toolfleet_server::router(state)).with_graceful_shutdown(async move {
-        let _ = shutdown.changed().await;
-    });
+    let server =
+        axum::serve(listener, toolfleet_server::router(state)).with_graceful_shutdown(async move {
+            let _ = shutdown.changed().await;
+        });
     let done = tokio::spawn(async move {
         server.await.map_err(|e| e.to_string())?;
         for worker in workers {
@@ -233,7 +302,11 @@ pub async fn start(config: Config, extra: Vec<ToolDecl>) -> Result<Served, Strin
         }
         Ok(())
     });
-    Ok(Served { address, stop, done })
+    Ok(Served {
+        address,
+        stop,
+        done,
+    })
 }
 
 /// Resolves on SIGTERM or Ctrl-C.

@@ -40,23 +40,68 @@ async fn every_entry_point_answers_bad_input_with_the_contract() {
     };
 
     let (status, body) = post(b"{not json".to_vec()).await;
-    assert_eq!((status, body["error"]["code"].as_str()), (400, Some("bad_request")), "{body}");
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (400, Some("bad_request")),
+        "{body}"
+    );
     let (status, body) = post(vec![b' '; 2 * 1024 * 1024]).await;
-    assert_eq!((status, body["error"]["code"].as_str()), (413, Some("payload_too_large")), "{body}");
-    let deep = format!("{{\"tool\": \"find_expenses\", \"args\": {}{}}}", "[".repeat(5000), "]".repeat(5000));
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (413, Some("payload_too_large")),
+        "{body}"
+    );
+    let deep = format!(
+        "{{\"tool\": \"find_expenses\", \"args\": {}{}}}",
+        "[".repeat(5000),
+        "]".repeat(5000)
+    );
     let (status, body) = post(deep.into_bytes()).await;
-    assert_eq!((status, body["error"]["code"].as_str()), (400, Some("bad_request")), "{body}");
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (400, Some("bad_request")),
+        "{body}"
+    );
     let (status, body) = post(br#"{"tool": 5, "args": []}"#.to_vec()).await;
-    assert_eq!((status, body["error"]["code"].as_str()), (400, Some("bad_request")), "{body}");
-    let (status, body) = post(br#"{"tool": "find_expenses", "args": {"month": 2026}}"#.to_vec()).await;
-    assert_eq!((status, body["error"]["code"].as_str()), (200, Some("invalid_arguments")), "{body}");
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (400, Some("bad_request")),
+        "{body}"
+    );
+    let (status, body) =
+        post(br#"{"tool": "find_expenses", "args": {"month": 2026}}"#.to_vec()).await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (200, Some("invalid_arguments")),
+        "{body}"
+    );
     let (status, body) = post(br#"{"tool": "find_expenses", "args": [1]}"#.to_vec()).await;
-    assert_eq!((status, body["error"]["code"].as_str()), (200, Some("invalid_arguments")), "{body}");
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (200, Some("invalid_arguments")),
+        "{body}"
+    );
     let (status, body) = post(br#"{"tool": "no_such_tool"}"#.to_vec()).await;
-    assert_eq!((status, body["error"]["code"].as_str()), (200, Some("unknown_tool")), "{body}");
-    let (status, body) = post(br#"{"tool": "find_expenses", "args": {}, "callback_url": "http://10.1.2.3/x"}"#.to_vec()).await;
-    assert_eq!((status, body["error"]["code"].as_str()), (400, Some("bad_request")), "{body}");
-    assert!(body["error"]["message"].as_str().unwrap().contains("allow-list"));
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (200, Some("unknown_tool")),
+        "{body}"
+    );
+    let (status, body) = post(
+        br#"{"tool": "find_expenses", "args": {}, "callback_url": "http://10.1.2.3/x"}"#.to_vec(),
+    )
+    .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (400, Some("bad_request")),
+        "{body}"
+    );
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("allow-list")
+    );
     let (status, body) = post(br#"{"tool": "find_expenses", "surprise": 1}"#.to_vec()).await;
     assert_eq!(status, 400, "{body}");
 
@@ -65,25 +110,70 @@ async fn every_entry_point_answers_bad_input_with_the_contract() {
         let mut client = alice.clone();
         client.token = token.to_owned();
         let (status, body) = client.raw(Method::GET, "/v1/tools", None).await;
-        assert_eq!((status, body["error"]["code"].as_str()), (401, Some("unauthenticated")), "{body}");
+        assert_eq!(
+            (status, body["error"]["code"].as_str()),
+            (401, Some("unauthenticated")),
+            "{body}"
+        );
     }
-    let response = alice.http.get(format!("{}/v1/jobs", alice.base)).send().await.unwrap();
-    assert_eq!(response.headers().get("www-authenticate").unwrap(), "Bearer");
+    let response = alice
+        .http
+        .get(format!("{}/v1/jobs", alice.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        response.headers().get("www-authenticate").unwrap(),
+        "Bearer"
+    );
 
     // Job ids, waits, filters and formats.
-    for id in ["not-a-job", "01a00000-0000-7000-8000-000000000000", "%00", "x".repeat(300).as_str()] {
-        let (status, body) = alice.raw(Method::GET, &format!("/v1/jobs/{id}"), None).await;
-        assert_eq!((status, body["error"]["code"].as_str()), (200, Some("not_found")), "{id}: {body}");
-        let (status, body) = alice.raw(Method::POST, &format!("/v1/jobs/{id}/cancel"), None).await;
-        assert_eq!((status, body["error"]["code"].as_str()), (200, Some("not_found")), "{id}: {body}");
+    for id in [
+        "not-a-job",
+        "01a00000-0000-7000-8000-000000000000",
+        "%00",
+        "x".repeat(300).as_str(),
+    ] {
+        let (status, body) = alice
+            .raw(Method::GET, &format!("/v1/jobs/{id}"), None)
+            .await;
+        assert_eq!(
+            (status, body["error"]["code"].as_str()),
+            (200, Some("not_found")),
+            "{id}: {body}"
+        );
+        let (status, body) = alice
+            .raw(Method::POST, &format!("/v1/jobs/{id}/cancel"), None)
+            .await;
+        assert_eq!(
+            (status, body["error"]["code"].as_str()),
+            (200, Some("not_found")),
+            "{id}: {body}"
+        );
     }
-    for path in ["/v1/jobs/01a00000-0000-7000-8000-000000000000?wait_s=99", "/v1/jobs?state=bogus", "/v1/jobs?limit=0", "/v1/jobs?limit=x", "/v1/tools?format=bogus"] {
+    for path in [
+        "/v1/jobs/01a00000-0000-7000-8000-000000000000?wait_s=99",
+        "/v1/jobs?state=bogus",
+        "/v1/jobs?limit=0",
+        "/v1/jobs?limit=x",
+        "/v1/tools?format=bogus",
+    ] {
         let (status, body) = alice.raw(Method::GET, path, None).await;
         assert_eq!(status, 400, "{path}: {body}");
     }
     let (status, body) = alice.raw(Method::GET, "/v1/tickets/t_nope", None).await;
-    assert_eq!((status, body["error"]["code"].as_str()), (200, Some("not_found")), "{body}");
-    let (status, _) = alice.raw(Method::POST, "/v1/tickets/t_nope/answer", Some(b"[]".to_vec())).await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (200, Some("not_found")),
+        "{body}"
+    );
+    let (status, _) = alice
+        .raw(
+            Method::POST,
+            "/v1/tickets/t_nope/answer",
+            Some(b"[]".to_vec()),
+        )
+        .await;
     assert_eq!(status, 400);
 
     // Executors that misbehave.
@@ -95,11 +185,18 @@ async fn every_entry_point_answers_bad_input_with_the_contract() {
     assert_eq!(flood["error"]["code"], "payload_too_large", "{flood}");
     let job = alice.call("garbage_job", json!({})).await;
     let failed = settle(&alice, job["job_id"].as_str().unwrap()).await;
-    assert_eq!((failed["status"].as_str(), failed["state"].as_str()), (Some("error"), Some("failed")), "{failed}");
+    assert_eq!(
+        (failed["status"].as_str(), failed["state"].as_str()),
+        (Some("error"), Some("failed")),
+        "{failed}"
+    );
     assert_eq!(failed["error"]["code"], "tool_failed");
 
     // Still serving, for everyone.
     assert_eq!(alice.get("/healthz").await["status"], "ok");
-    let ok = server.client(OTHER_TOKEN).call("find_expenses", json!({"month": "2026-09"})).await;
+    let ok = server
+        .client(OTHER_TOKEN)
+        .call("find_expenses", json!({"month": "2026-09"}))
+        .await;
     assert_eq!(ok["status"], "ok");
 }

@@ -25,7 +25,11 @@ fn tools(dir: &std::path::Path) -> String {
 }
 
 fn lines(path: &std::path::Path) -> Vec<String> {
-    std::fs::read_to_string(path).unwrap_or_default().lines().map(str::to_owned).collect()
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
 }
 
 async fn states(client: &common::Client) -> HashMap<String, String> {
@@ -38,7 +42,10 @@ async fn states(client: &common::Client) -> HashMap<String, String> {
         };
         let page = client.get(&path).await;
         for job in page["jobs"].as_array().unwrap() {
-            out.insert(job["job_id"].as_str().unwrap().to_owned(), job["state"].as_str().unwrap().to_owned());
+            out.insert(
+                job["job_id"].as_str().unwrap().to_owned(),
+                job["state"].as_str().unwrap().to_owned(),
+            );
         }
         match page["next_cursor"].as_str() {
             Some(c) => cursor = Some(c.to_owned()),
@@ -65,12 +72,16 @@ async fn a_killed_server_loses_no_job() {
         async move {
             let s = states(&client).await;
             let settled = s.values().filter(|v| *v == "succeeded").count();
-(settled >= 4 && settled < 40).then_some(s)
+            (4..40).contains(&settled).then_some(s)
         }
     })
     .await;
     server.kill();
-    let settled_before: BTreeSet<String> = before.iter().filter(|(_, s)| *s == "succeeded").map(|(id, _)| id.clone()).collect();
+    let settled_before: BTreeSet<String> = before
+        .iter()
+        .filter(|(_, s)| *s == "succeeded")
+        .map(|(id, _)| id.clone())
+        .collect();
     assert!(settled_before.len() < 40);
 
     let server = Server::start_with(&server.config.clone());
@@ -83,7 +94,11 @@ async fn a_killed_server_loses_no_job() {
         }
     })
     .await;
-    assert_eq!(after.keys().cloned().collect::<BTreeSet<_>>(), ids, "every accepted job is still there");
+    assert_eq!(
+        after.keys().cloned().collect::<BTreeSet<_>>(),
+        ids,
+        "every accepted job is still there"
+    );
 
     let effects = lines(&dir.0.join("effects"));
     let distinct: BTreeSet<String> = effects.iter().cloned().collect();
@@ -91,10 +106,17 @@ async fn a_killed_server_loses_no_job() {
     assert_eq!(distinct, ids);
     let runs = lines(&dir.0.join("runs"));
     for id in &settled_before {
-        assert_eq!(runs.iter().filter(|r| *r == id).count(), 1, "a settled job never runs again: {id}");
+        assert_eq!(
+            runs.iter().filter(|r| *r == id).count(),
+            1,
+            "a settled job never runs again: {id}"
+        );
     }
     let reruns = runs.len() - 40;
-    assert!(reruns <= 4, "only jobs running at the kill run again ({reruns} reruns)");
+    assert!(
+        reruns <= 4,
+        "only jobs running at the kill run again ({reruns} reruns)"
+    );
     for id in &ids {
         let job: Value = client.get(&format!("/v1/jobs/{id}")).await;
         assert_eq!(job["result"]["done"], true);

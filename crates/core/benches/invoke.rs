@@ -13,12 +13,17 @@ use toolfleet_core::{CallCtx, MemoryAuditSink, Principal, Runtime, RuntimeConfig
 use toolfleet_expenses::{ExpenseBook, TOOLS_TOML, builtins, tools};
 
 fn runtime(cache_capacity: usize) -> Runtime {
-    let config = RuntimeConfig { cache_capacity, ..RuntimeConfig::default() };
+    let config = RuntimeConfig {
+        cache_capacity,
+        ..RuntimeConfig::default()
+    };
     let mut runtime = Runtime::builder()
         .config(config)
         .audit_sink(Arc::new(MemoryAuditSink::new(1024)))
         .build();
-    runtime.register_all(tools(Arc::new(ExpenseBook::default())).unwrap()).unwrap();
+    runtime
+        .register_all(tools(Arc::new(ExpenseBook::default())).unwrap())
+        .unwrap();
     runtime
 }
 
@@ -29,19 +34,31 @@ fn bare_runtime() -> Runtime {
     find.name = "find_bare".into();
     find.middleware = Default::default();
     let executor = builtins(Arc::new(ExpenseBook::default()))["expenses.find"].clone();
-    runtime.register(find.into_decl(&|_| Err(String::new()), Some(executor)).unwrap()).unwrap();
+    runtime
+        .register(
+            find.into_decl(&|_| Err(String::new()), Some(executor))
+                .unwrap(),
+        )
+        .unwrap();
     runtime
 }
 
 fn bench(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
     let ctx = CallCtx::new(Arc::new(Principal::new("acme", "alice", ["expenses:read"])));
-    let page: [Value; 2] = [json!({"month": "2026-09"}), json!({"month": "2026-09", "cursor": "c0"})];
+    let page: [Value; 2] = [
+        json!({"month": "2026-09"}),
+        json!({"month": "2026-09", "cursor": "c0"}),
+    ];
 
     let mut group = c.benchmark_group("invoke/find_expenses");
     let hit = runtime(10_000);
     group.bench_function("cache_hit", |b| {
-        b.to_async(&rt).iter(|| hit.invoke("find_expenses", page[0].clone(), &ctx))
+        b.to_async(&rt)
+            .iter(|| hit.invoke("find_expenses", page[0].clone(), &ctx))
     });
     let miss = runtime(1);
     let mut i = 0usize;
@@ -53,7 +70,8 @@ fn bench(c: &mut Criterion) {
     });
     let bare = bare_runtime();
     group.bench_function("no_middleware", |b| {
-        b.to_async(&rt).iter(|| bare.invoke("find_bare", page[0].clone(), &ctx))
+        b.to_async(&rt)
+            .iter(|| bare.invoke("find_bare", page[0].clone(), &ctx))
     });
     group.finish();
 }

@@ -125,7 +125,11 @@ fn seconds(what: &str, tool: &str, s: f64) -> Result<Duration, ConfigError> {
     Duration::try_from_secs_f64(s)
         .ok()
         .filter(|d| !d.is_zero())
-        .ok_or_else(|| ConfigError::new(format!("tool `{tool}`: {what} must be a positive number of seconds, got {s}")))
+        .ok_or_else(|| {
+            ConfigError::new(format!(
+                "tool `{tool}`: {what} must be a positive number of seconds, got {s}"
+            ))
+        })
 }
 
 impl ToolConfig {
@@ -137,7 +141,10 @@ impl ToolConfig {
         executor: Option<Arc<dyn Executor>>,
     ) -> Result<ToolDecl, ConfigError> {
         let name = self.name.clone();
-        let schema = |inline: Option<Value>, file: Option<String>, which: &str| -> Result<Option<Value>, ConfigError> {
+        let schema = |inline: Option<Value>,
+                      file: Option<String>,
+                      which: &str|
+         -> Result<Option<Value>, ConfigError> {
             match (inline, file) {
                 (Some(_), Some(_)) => Err(ConfigError::new(format!(
                     "tool `{name}`: give {which} inline or {which}_file, not both"
@@ -145,10 +152,14 @@ impl ToolConfig {
                 (Some(v), None) => Ok(Some(v)),
                 (None, Some(path)) => {
                     let text = read_file(&path).map_err(|e| {
-                        ConfigError::new(format!("tool `{name}`: cannot read {which}_file `{path}`: {e}"))
+                        ConfigError::new(format!(
+                            "tool `{name}`: cannot read {which}_file `{path}`: {e}"
+                        ))
                     })?;
                     serde_json::from_str(&text).map(Some).map_err(|e| {
-                        ConfigError::new(format!("tool `{name}`: {which}_file `{path}` is not JSON: {e}"))
+                        ConfigError::new(format!(
+                            "tool `{name}`: {which}_file `{path}` is not JSON: {e}"
+                        ))
                     })
                 }
                 (None, None) => Ok(None),
@@ -218,13 +229,15 @@ pub fn load_builtin_tools(
         .map(|tool| {
             let executor = match &tool.executor {
                 None => None,
-                Some(ExecutorSpec::Builtin { name }) => Some(builtins.get(name).cloned().ok_or_else(|| {
-                    ConfigError::new(format!(
-                        "tool `{}`: no builtin executor named `{name}`; known: {}",
-                        tool.name,
-                        builtins.keys().cloned().collect::<Vec<_>>().join(", ")
-                    ))
-                })?),
+                Some(ExecutorSpec::Builtin { name }) => {
+                    Some(builtins.get(name).cloned().ok_or_else(|| {
+                        ConfigError::new(format!(
+                            "tool `{}`: no builtin executor named `{name}`; known: {}",
+                            tool.name,
+                            builtins.keys().cloned().collect::<Vec<_>>().join(", ")
+                        ))
+                    })?)
+                }
                 Some(other) => {
                     return Err(ConfigError::new(format!(
                         "tool `{}`: executor {other:?} needs the fleet to bind it",
@@ -267,7 +280,9 @@ poll_after_s = 20
         assert_eq!(tools.len(), 2);
         let read = |path: &str| {
             assert_eq!(path, "schemas/report.json");
-            Ok::<_, String>(r#"{"type": "object", "properties": {"id": {"type": "integer"}}}"#.to_owned())
+            Ok::<_, String>(
+                r#"{"type": "object", "properties": {"id": {"type": "integer"}}}"#.to_owned(),
+            )
         };
         let find = tools[0].clone().into_decl(&read, None).unwrap();
         assert_eq!(find.shape, Shape::Query);
@@ -292,9 +307,12 @@ poll_after_s = 20
         let tool = parse_tools(both).unwrap().remove(0);
         let err = tool.into_decl(&|_| Ok(String::new()), None).unwrap_err();
         assert!(err.message.contains("not both"), "{}", err.message);
-        let missing = "[[tools]]\nname = \"x\"\nshape = \"query\"\ninput_schema_file = \"nope.json\"\n";
+        let missing =
+            "[[tools]]\nname = \"x\"\nshape = \"query\"\ninput_schema_file = \"nope.json\"\n";
         let tool = parse_tools(missing).unwrap().remove(0);
-        let err = tool.into_decl(&|_| Err("no such file".into()), None).unwrap_err();
+        let err = tool
+            .into_decl(&|_| Err("no such file".into()), None)
+            .unwrap_err();
         assert!(err.message.contains("nope.json") && err.message.contains("no such file"));
         let zero = "[[tools]]\nname = \"x\"\nshape = \"query\"\nmiddleware = { timeout_s = 0 }\n";
         let tool = parse_tools(zero).unwrap().remove(0);

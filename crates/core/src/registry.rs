@@ -40,7 +40,11 @@ impl RegistrationError {
 
 impl fmt::Display for RegistrationError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "tool `{}` refused ({}): {}", self.tool, self.rule, self.message)
+        write!(
+            f,
+            "tool `{}` refused ({}): {}",
+            self.tool, self.rule, self.message
+        )
     }
 }
 
@@ -164,7 +168,9 @@ pub struct Registry {
 
 impl fmt::Debug for Registry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_list().entries(self.order.iter().map(|t| t.name())).finish()
+        f.debug_list()
+            .entries(self.order.iter().map(|t| t.name()))
+            .finish()
     }
 }
 
@@ -193,10 +199,8 @@ impl Registry {
             .iter()
             .map(|t| {
                 let candidate = t.name();
-                let mut score = strsim::normalized_levenshtein(
-                    &name.to_lowercase(),
-                    &candidate.to_lowercase(),
-                );
+                let mut score =
+                    strsim::normalized_levenshtein(&name.to_lowercase(), &candidate.to_lowercase());
                 if candidate.contains(name) || name.contains(candidate) {
                     score += 0.5;
                 }
@@ -276,9 +280,7 @@ fn check_name(name: &str) -> Result<(), RegistrationError> {
         return Err(RegistrationError::new(
             &truncate(name, MAX_NAME_LEN),
             "name",
-            format!(
-                "a tool name is 1 to {MAX_NAME_LEN} characters of A-Z a-z 0-9 _ . -"
-            ),
+            format!("a tool name is 1 to {MAX_NAME_LEN} characters of A-Z a-z 0-9 _ . -"),
         ));
     }
     Ok(())
@@ -295,7 +297,9 @@ fn check_hints(
             return Err(RegistrationError::new(
                 name,
                 "shape_hints",
-                format!("a {shape} tool only reads, so it cannot be declared read_only = false; make it a command or a job"),
+                format!(
+                    "a {shape} tool only reads, so it cannot be declared read_only = false; make it a command or a job"
+                ),
             ));
         }
         Shape::Query | Shape::Handle if hints.destructive => {
@@ -331,7 +335,11 @@ fn check_hints(
     Ok(())
 }
 
-fn compile(name: &str, schema: &Value, which: &str) -> Result<jsonschema::Validator, RegistrationError> {
+fn compile(
+    name: &str,
+    schema: &Value,
+    which: &str,
+) -> Result<jsonschema::Validator, RegistrationError> {
     if schema.get("type").and_then(Value::as_str) != Some("object") {
         return Err(RegistrationError::new(
             name,
@@ -346,7 +354,10 @@ fn compile(name: &str, schema: &Value, which: &str) -> Result<jsonschema::Valida
             RegistrationError::new(
                 name,
                 "schema_compiles",
-                format!("{which} does not compile: {}", truncate(&e.to_string(), 300)),
+                format!(
+                    "{which} does not compile: {}",
+                    truncate(&e.to_string(), 300)
+                ),
             )
         })
 }

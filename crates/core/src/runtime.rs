@@ -19,7 +19,9 @@ use crate::middleware::{
     AuditSink, Call, Endpoint, LayerServices, MemoryAuditSink, Next, RateLimits, ReadCache,
 };
 use crate::registry::{RegistrationError, Registry, Tool};
-use crate::shapes::command::{Binding, Claim, CommitLog, ConfirmSigner, MemoryCommitLog, commit_key, unix_now};
+use crate::shapes::command::{
+    Binding, Claim, CommitLog, ConfirmSigner, MemoryCommitLog, commit_key, unix_now,
+};
 use crate::shapes::fleet::{Fleet, JobRequest, NoFleet, TicketRequest};
 use crate::shapes::handle::{HandleAnswer, HandleStore, MemoryHandleStore, read_handle_tool};
 use crate::tool::{CallCtx, Shape, ToolDecl};
@@ -244,7 +246,11 @@ impl Runtime {
         if result.len() <= threshold {
             return Envelope::ok(result, ctx.call_id.clone());
         }
-        match self.handles.put(ctx.tenant(), ctx.user(), result.clone()).await {
+        match self
+            .handles
+            .put(ctx.tenant(), ctx.user(), result.clone())
+            .await
+        {
             Ok(handle) => Envelope::ok(
                 Json::encode(&HandleAnswer::new(handle, &result)).unwrap_or(result),
                 ctx.call_id.clone(),
@@ -359,7 +365,8 @@ impl Runtime {
         match self.fleet.submit(request).await {
             Ok(job_id) => Envelope::running(
                 job_id,
-                decl.poll_after_s.unwrap_or(self.config.default_poll_after_s),
+                decl.poll_after_s
+                    .unwrap_or(self.config.default_poll_after_s),
             ),
             Err(error) => Envelope::error(error),
         }
@@ -377,7 +384,11 @@ impl Runtime {
             .args
             .get("options")
             .and_then(Value::as_array)
-            .map(|o| o.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect())
+            .map(|o| {
+                o.iter()
+                    .filter_map(|v| v.as_str().map(str::to_owned))
+                    .collect()
+            })
             .unwrap_or_default();
         let request = TicketRequest {
             tool: tool.name().to_owned(),

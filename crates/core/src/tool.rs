@@ -211,8 +211,9 @@ where
             let args: A = serde_json::from_value(args)
                 .map_err(|e| ToolError::invalid_arguments(format!("arguments: {e}")))?;
             let out = f(ctx, args).await?;
-            Json::encode(&out)
-                .map_err(|e| ToolError::failed(format!("the result could not be encoded: {e}"), false))
+            Json::encode(&out).map_err(|e| {
+                ToolError::failed(format!("the result could not be encoded: {e}"), false)
+            })
         }
     }))
 }

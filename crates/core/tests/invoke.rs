@@ -10,12 +10,16 @@ use futures_util::future::BoxFuture;
 use serde_json::{Value, json};
 use toolfleet_core::middleware::{Call, Layer, Next, Stage};
 use toolfleet_core::{
-    CallCtx, Envelope, ErrorCode, Json, MemoryAuditSink, MemoryFleet, Principal, RateLimit, Runtime,
-    RuntimeConfig, ToolDecl, ToolError,
+    CallCtx, Envelope, ErrorCode, Json, MemoryAuditSink, MemoryFleet, Principal, RateLimit,
+    Runtime, RuntimeConfig, ToolDecl, ToolError,
 };
 
 fn ctx(tenant: &str, user: &str, scopes: &[&str]) -> CallCtx {
-    CallCtx::new(Arc::new(Principal::new(tenant, user, scopes.iter().copied())))
+    CallCtx::new(Arc::new(Principal::new(
+        tenant,
+        user,
+        scopes.iter().copied(),
+    )))
 }
 
 fn object(props: Value, required: &[&str]) -> Value {
@@ -31,7 +35,9 @@ fn counting_query(name: &str, runs: Arc<AtomicUsize>) -> ToolDecl {
             let runs = runs.clone();
             async move {
                 runs.fetch_add(1, Ordering::SeqCst);
-                Ok::<_, ToolError>(json!({"args": args, "tenant": ctx.tenant(), "user": ctx.user()}))
+                Ok::<_, ToolError>(
+                    json!({"args": args, "tenant": ctx.tenant(), "user": ctx.user()}),
+                )
             }
         })
 }
@@ -45,7 +51,10 @@ fn result(envelope: &Envelope) -> Value {
 
 fn refused(decl: ToolDecl) -> String {
     let mut runtime = Runtime::builder().build();
-    runtime.register(decl).expect_err("registration must refuse").to_string()
+    runtime
+        .register(decl)
+        .expect_err("registration must refuse")
+        .to_string()
 }
 
 fn noop() -> ToolDecl {
@@ -57,7 +66,10 @@ fn names_follow_the_rules() {
     for bad in ["", "has space", "ümlaut", "slash/name", &"a".repeat(129)] {
         let mut decl = noop();
         decl.name = bad.to_owned();
-        assert!(refused(decl).contains("1 to 128 characters"), "{bad:?} accepted");
+        assert!(
+            refused(decl).contains("1 to 128 characters"),
+            "{bad:?} accepted"
+        );
     }
     let mut runtime = Runtime::builder().build();
     for good in ["a", "A.b-c_9", &"z".repeat(128)] {
@@ -74,24 +86,39 @@ fn registration_refuses_what_contradicts_the_shape() {
     let duplicate = runtime.register(noop()).unwrap_err();
     assert!(duplicate.to_string().contains("`x`") && duplicate.rule == "unique_name");
 
-    let bad_schema = refused(noop().input_schema(json!({"type": "object", "properties": {"a": {"type": "strin"}}})));
+    let bad_schema = refused(
+        noop().input_schema(json!({"type": "object", "properties": {"a": {"type": "strin"}}})),
+    );
     assert!(bad_schema.contains("does not compile"), "{bad_schema}");
     let not_object = refused(noop().input_schema(json!({"type": "array"})));
     assert!(not_object.contains("type: \"object\""), "{not_object}");
     // Remote references are never fetched: the schema does not compile.
-    let remote = refused(noop().input_schema(json!({"type": "object", "properties": {"a": {"$ref": "http://127.0.0.1:9/x.json"}}})));
+    let remote = refused(noop().input_schema(
+        json!({"type": "object", "properties": {"a": {"$ref": "http://127.0.0.1:9/x.json"}}}),
+    ));
     assert!(remote.contains("does not compile"), "{remote}");
 
     let run = |d: ToolDecl| d.run(|_, _: Value| async { Ok::<_, ToolError>(json!({})) });
-    let no_dry_run = refused(run(ToolDecl::command("c").input_schema(object(json!({"a": {"type": "string"}}), &[]))));
-    assert!(no_dry_run.contains("dry_run") && no_dry_run.contains("`c`"), "{no_dry_run}");
-    let optional = refused(run(ToolDecl::command("c").input_schema(object(json!({"dry_run": {"type": "boolean"}}), &[]))));
+    let no_dry_run = refused(run(
+        ToolDecl::command("c").input_schema(object(json!({"a": {"type": "string"}}), &[]))
+    ));
+    assert!(
+        no_dry_run.contains("dry_run") && no_dry_run.contains("`c`"),
+        "{no_dry_run}"
+    );
+    let optional = refused(run(
+        ToolDecl::command("c").input_schema(object(json!({"dry_run": {"type": "boolean"}}), &[]))
+    ));
     assert!(optional.contains("required"), "{optional}");
-    let not_bool = refused(run(ToolDecl::command("c").input_schema(object(json!({"dry_run": {"type": "string"}}), &["dry_run"]))));
+    let not_bool = refused(run(ToolDecl::command("c")
+        .input_schema(object(json!({"dry_run": {"type": "string"}}), &["dry_run"]))));
     assert!(not_bool.contains("boolean"), "{not_bool}");
 
     let cached_command = refused(run(ToolDecl::command("c")
-        .input_schema(object(json!({"dry_run": {"type": "boolean"}}), &["dry_run"]))
+        .input_schema(object(
+            json!({"dry_run": {"type": "boolean"}}),
+            &["dry_run"],
+        ))
         .cache_reads(Duration::from_secs(5))));
     assert!(cached_command.contains("cache_reads"), "{cached_command}");
     let cached_job = refused(run(ToolDecl::job("j").cache_reads(Duration::from_secs(5))));
@@ -100,23 +127,44 @@ fn registration_refuses_what_contradicts_the_shape() {
     assert!(refused(run(ToolDecl::query("q").read_only(false))).contains("read_only"));
     assert!(refused(run(ToolDecl::handle("h").read_only(false))).contains("read_only"));
     let read_only_command = refused(run(ToolDecl::command("c")
-        .input_schema(object(json!({"dry_run": {"type": "boolean"}}), &["dry_run"]))
+        .input_schema(object(
+            json!({"dry_run": {"type": "boolean"}}),
+            &["dry_run"],
+        ))
         .read_only(true)));
-    assert!(read_only_command.contains("read_only"), "{read_only_command}");
+    assert!(
+        read_only_command.contains("read_only"),
+        "{read_only_command}"
+    );
     assert!(refused(ToolDecl::query("q")).contains("executor"));
 }
 
 #[tokio::test]
 async fn unknown_tools_get_suggestions() {
     let mut runtime = Runtime::builder().build();
-    runtime.register(counting_query("find_expenses", Arc::default())).unwrap();
-    runtime.register(counting_query("submit_report", Arc::default())).unwrap();
-    let answer = runtime.invoke("find_expense", json!({}), &ctx("a", "u", &[])).await;
+    runtime
+        .register(counting_query("find_expenses", Arc::default()))
+        .unwrap();
+    runtime
+        .register(counting_query("submit_report", Arc::default()))
+        .unwrap();
+    let answer = runtime
+        .invoke("find_expense", json!({}), &ctx("a", "u", &[]))
+        .await;
     let error = answer.error_ref().unwrap();
     assert_eq!(error.code, ErrorCode::UnknownTool);
-    assert!(error.message.contains("did you mean `find_expenses`"), "{}", error.message);
-    assert_eq!(error.details.as_ref().unwrap()["suggestions"][0], "find_expenses");
-    let nothing = runtime.invoke("zzzzzzzzzzzz", json!({}), &ctx("a", "u", &[])).await;
+    assert!(
+        error.message.contains("did you mean `find_expenses`"),
+        "{}",
+        error.message
+    );
+    assert_eq!(
+        error.details.as_ref().unwrap()["suggestions"][0],
+        "find_expenses"
+    );
+    let nothing = runtime
+        .invoke("zzzzzzzzzzzz", json!({}), &ctx("a", "u", &[]))
+        .await;
     assert_eq!(nothing.error_code(), Some(ErrorCode::UnknownTool));
 }
 
@@ -147,24 +195,52 @@ async fn invalid_arguments_list_every_violation_and_run_nothing() {
         });
     runtime.register(decl).unwrap();
     let answer = runtime
-        .invoke("find", json!({"month": "Sept", "limit": 500, "tags": ["a", 3], "extra": true}), &ctx("a", "u", &[]))
+        .invoke(
+            "find",
+            json!({"month": "Sept", "limit": 500, "tags": ["a", 3], "extra": true}),
+            &ctx("a", "u", &[]),
+        )
         .await;
     let error = answer.error_ref().unwrap();
     assert_eq!(error.code, ErrorCode::InvalidArguments);
     assert!(!error.retryable);
-    let violations = error.details.as_ref().unwrap()["violations"].as_array().unwrap().clone();
+    let violations = error.details.as_ref().unwrap()["violations"]
+        .as_array()
+        .unwrap()
+        .clone();
     let seen: Vec<(String, String)> = violations
         .iter()
-        .map(|v| (v["path"].as_str().unwrap().to_owned(), v["rule"].as_str().unwrap().to_owned()))
+        .map(|v| {
+            (
+                v["path"].as_str().unwrap().to_owned(),
+                v["rule"].as_str().unwrap().to_owned(),
+            )
+        })
         .collect();
-    for expected in [("/month", "pattern"), ("/limit", "maximum"), ("/tags/1", "type"), ("/", "additionalProperties")] {
-        assert!(seen.contains(&(expected.0.to_owned(), expected.1.to_owned())), "{expected:?} not in {seen:?}");
+    for expected in [
+        ("/month", "pattern"),
+        ("/limit", "maximum"),
+        ("/tags/1", "type"),
+        ("/", "additionalProperties"),
+    ] {
+        assert!(
+            seen.contains(&(expected.0.to_owned(), expected.1.to_owned())),
+            "{expected:?} not in {seen:?}"
+        );
         assert!(error.message.contains(expected.0));
     }
-    assert!(error.message.contains("\"Sept\""), "the message shows the bad value: {}", error.message);
+    assert!(
+        error.message.contains("\"Sept\""),
+        "the message shows the bad value: {}",
+        error.message
+    );
     let missing = runtime.invoke("find", json!({}), &ctx("a", "u", &[])).await;
     assert!(missing.error_ref().unwrap().message.contains("month"));
-    assert_eq!(runs.load(Ordering::SeqCst), 0, "no tool code ran on bad arguments");
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        0,
+        "no tool code ran on bad arguments"
+    );
 }
 
 #[tokio::test]
@@ -186,12 +262,27 @@ async fn failures_and_panics_are_results() {
     let c = ctx("a", "u", &[]);
     let failed = runtime.invoke("fails", json!({}), &c).await;
     assert_eq!(failed.error_code(), Some(ErrorCode::ToolFailed));
-    assert!(failed.error_ref().unwrap().message.contains("ledger is closed"));
+    assert!(
+        failed
+            .error_ref()
+            .unwrap()
+            .message
+            .contains("ledger is closed")
+    );
     let panicked = runtime.invoke("panics", json!({}), &c).await;
     assert_eq!(panicked.error_code(), Some(ErrorCode::ToolFailed));
-    assert!(panicked.error_ref().unwrap().message.contains("index out of bounds"));
+    assert!(
+        panicked
+            .error_ref()
+            .unwrap()
+            .message
+            .contains("index out of bounds")
+    );
     // The runtime keeps serving.
-    assert_eq!(runtime.invoke("fails", json!({}), &c).await.error_code(), Some(ErrorCode::ToolFailed));
+    assert_eq!(
+        runtime.invoke("fails", json!({}), &c).await.error_code(),
+        Some(ErrorCode::ToolFailed)
+    );
 }
 
 /// Records the order in which layers saw the call.
@@ -214,7 +305,10 @@ async fn middleware_order_is_fixed_whatever_the_declaration() {
                 .layer(Arc::new(Trace("mine", seen.clone())))
                 .timeout(Duration::from_secs(1))
                 .cache_reads(Duration::from_secs(60))
-                .rate_limit(RateLimit { max: 100, per: Duration::from_secs(1) })
+                .rate_limit(RateLimit {
+                    max: 100,
+                    per: Duration::from_secs(1),
+                })
                 .require_scope("s")
                 .redact(["secret"])
                 .audit(),
@@ -222,9 +316,19 @@ async fn middleware_order_is_fixed_whatever_the_declaration() {
         .unwrap();
     assert_eq!(
         tool.stages(),
-        [Stage::Audit, Stage::Redact, Stage::Authorise, Stage::RateLimit, Stage::Cache, Stage::Timeout, Stage::Custom]
+        [
+            Stage::Audit,
+            Stage::Redact,
+            Stage::Authorise,
+            Stage::RateLimit,
+            Stage::Cache,
+            Stage::Timeout,
+            Stage::Custom
+        ]
     );
-    let answer = runtime.invoke("q", json!({"q": "x"}), &ctx("a", "u", &["s"])).await;
+    let answer = runtime
+        .invoke("q", json!({"q": "x"}), &ctx("a", "u", &["s"]))
+        .await;
     assert!(answer.is_ok());
     assert_eq!(*seen.lock().unwrap(), ["mine"]);
 }
@@ -235,14 +339,31 @@ async fn a_cached_answer_never_reaches_a_caller_without_the_scope() {
     let sink = Arc::new(MemoryAuditSink::default());
     let mut runtime = Runtime::builder().audit_sink(sink.clone()).build();
     runtime
-        .register(counting_query("q", runs.clone()).cache_reads(Duration::from_secs(60)).require_scope("read").audit())
+        .register(
+            counting_query("q", runs.clone())
+                .cache_reads(Duration::from_secs(60))
+                .require_scope("read")
+                .audit(),
+        )
         .unwrap();
     let args = json!({"q": "same"});
-    assert!(runtime.invoke("q", args.clone(), &ctx("acme", "alice", &["read"])).await.is_ok());
-    assert!(runtime.invoke("q", args.clone(), &ctx("acme", "alice", &["read"])).await.is_ok());
+    assert!(
+        runtime
+            .invoke("q", args.clone(), &ctx("acme", "alice", &["read"]))
+            .await
+            .is_ok()
+    );
+    assert!(
+        runtime
+            .invoke("q", args.clone(), &ctx("acme", "alice", &["read"]))
+            .await
+            .is_ok()
+    );
     assert_eq!(runs.load(Ordering::SeqCst), 1, "the second call was a hit");
     // Same tenant, same user, same arguments, but the scope is gone.
-    let denied = runtime.invoke("q", args.clone(), &ctx("acme", "alice", &[])).await;
+    let denied = runtime
+        .invoke("q", args.clone(), &ctx("acme", "alice", &[]))
+        .await;
     assert_eq!(denied.error_code(), Some(ErrorCode::Forbidden));
     // Denied calls are audited.
     let records = sink.records();
@@ -256,18 +377,43 @@ async fn a_cached_answer_never_reaches_a_caller_without_the_scope() {
 async fn tenants_and_users_never_share_a_cache_entry() {
     let runs = Arc::new(AtomicUsize::new(0));
     let mut runtime = Runtime::builder().build();
-    runtime.register(counting_query("q", runs.clone()).cache_reads(Duration::from_secs(60))).unwrap();
+    runtime
+        .register(counting_query("q", runs.clone()).cache_reads(Duration::from_secs(60)))
+        .unwrap();
     let args = json!({"q": "same"});
-    let a = result(&runtime.invoke("q", args.clone(), &ctx("acme", "alice", &[])).await);
-    let b = result(&runtime.invoke("q", args.clone(), &ctx("globex", "alice", &[])).await);
-    let c = result(&runtime.invoke("q", args.clone(), &ctx("acme", "bob", &[])).await);
-    assert_eq!((a["tenant"].as_str(), b["tenant"].as_str(), c["user"].as_str()), (Some("acme"), Some("globex"), Some("bob")));
+    let a = result(
+        &runtime
+            .invoke("q", args.clone(), &ctx("acme", "alice", &[]))
+            .await,
+    );
+    let b = result(
+        &runtime
+            .invoke("q", args.clone(), &ctx("globex", "alice", &[]))
+            .await,
+    );
+    let c = result(
+        &runtime
+            .invoke("q", args.clone(), &ctx("acme", "bob", &[]))
+            .await,
+    );
+    assert_eq!(
+        (
+            a["tenant"].as_str(),
+            b["tenant"].as_str(),
+            c["user"].as_str()
+        ),
+        (Some("acme"), Some("globex"), Some("bob"))
+    );
     assert_eq!(runs.load(Ordering::SeqCst), 3);
     // Member order does not make a new entry; different arguments do.
-    let again = runtime.invoke("q", json!({"q": "same"}), &ctx("acme", "alice", &[])).await;
+    let again = runtime
+        .invoke("q", json!({"q": "same"}), &ctx("acme", "alice", &[]))
+        .await;
     assert_eq!(result(&again)["tenant"], "acme");
     assert_eq!(runs.load(Ordering::SeqCst), 3);
-    runtime.invoke("q", json!({"q": "other"}), &ctx("acme", "alice", &[])).await;
+    runtime
+        .invoke("q", json!({"q": "other"}), &ctx("acme", "alice", &[]))
+        .await;
     assert_eq!(runs.load(Ordering::SeqCst), 4);
 }
 
@@ -275,7 +421,10 @@ async fn tenants_and_users_never_share_a_cache_entry() {
 async fn rate_limits_answer_when_to_come_back() {
     let mut runtime = Runtime::builder().build();
     runtime
-        .register(counting_query("q", Arc::default()).rate_limit(RateLimit { max: 2, per: Duration::from_secs(60) }))
+        .register(counting_query("q", Arc::default()).rate_limit(RateLimit {
+            max: 2,
+            per: Duration::from_secs(60),
+        }))
         .unwrap();
     let args = json!({"q": "x"});
     let acme = ctx("acme", "u", &[]);
@@ -285,9 +434,17 @@ async fn rate_limits_answer_when_to_come_back() {
     let error = limited.error_ref().unwrap();
     assert_eq!(error.code, ErrorCode::RateLimited);
     assert!(error.retryable);
-    assert!((1..=30).contains(&error.retry_after_s.unwrap()), "{error:?}");
+    assert!(
+        (1..=30).contains(&error.retry_after_s.unwrap()),
+        "{error:?}"
+    );
     // The limit is per tenant.
-    assert!(runtime.invoke("q", args, &ctx("globex", "u", &[])).await.is_ok());
+    assert!(
+        runtime
+            .invoke("q", args, &ctx("globex", "u", &[]))
+            .await
+            .is_ok()
+    );
 }
 
 #[tokio::test]
@@ -324,7 +481,13 @@ async fn redaction_masks_audit_records_and_results() {
                 }),
         )
         .unwrap();
-    let answer = runtime.invoke("card", json!({"card_number": "4111", "name": "Ada"}), &ctx("a", "u", &[])).await;
+    let answer = runtime
+        .invoke(
+            "card",
+            json!({"card_number": "4111", "name": "Ada"}),
+            &ctx("a", "u", &[]),
+        )
+        .await;
     let out = result(&answer);
     assert_eq!(out["holder"]["card_number"], "[redacted]");
     assert_eq!(out["holder"]["name"], "Ada");
@@ -352,8 +515,12 @@ async fn a_layer_of_ones_own_is_a_few_lines() {
         }
     }
     let mut runtime = Runtime::builder().build();
-    runtime.register(counting_query("q", Arc::default()).layer(Arc::new(Stamp))).unwrap();
-    let answer = runtime.invoke("q", json!({"q": "x"}), &ctx("a", "u", &[])).await;
+    runtime
+        .register(counting_query("q", Arc::default()).layer(Arc::new(Stamp)))
+        .unwrap();
+    let answer = runtime
+        .invoke("q", json!({"q": "x"}), &ctx("a", "u", &[]))
+        .await;
     assert_eq!(result(&answer)["stamped"], true);
 }
 
@@ -364,16 +531,27 @@ async fn large_handle_results_are_kept_and_paged() {
         .register(
             ToolDecl::handle("export")
                 .handle_threshold(1024)
-                .input_schema(object(json!({"n": {"type": "integer", "minimum": 0, "maximum": 5000}}), &["n"]))
+                .input_schema(object(
+                    json!({"n": {"type": "integer", "minimum": 0, "maximum": 5000}}),
+                    &["n"],
+                ))
                 .run(|_, args: Value| async move {
                     let n = args["n"].as_u64().unwrap_or(0);
-                    Ok::<_, ToolError>((0..n).map(|i| json!({"row": i, "text": "some text"})).collect::<Vec<_>>())
+                    Ok::<_, ToolError>(
+                        (0..n)
+                            .map(|i| json!({"row": i, "text": "some text"}))
+                            .collect::<Vec<_>>(),
+                    )
                 }),
         )
         .unwrap();
     let alice = ctx("acme", "alice", &[]);
     let small = result(&runtime.invoke("export", json!({"n": 2}), &alice).await);
-    assert_eq!(small.as_array().unwrap().len(), 2, "small results come back whole");
+    assert_eq!(
+        small.as_array().unwrap().len(),
+        2,
+        "small results come back whole"
+    );
 
     let big = result(&runtime.invoke("export", json!({"n": 1000}), &alice).await);
     let handle = big["handle"].as_str().unwrap().to_owned();
@@ -386,7 +564,15 @@ async fn large_handle_results_are_kept_and_paged() {
     let mut rows = 0;
     let mut offset = 0;
     loop {
-        let page = result(&runtime.invoke("read_handle", json!({"handle": handle, "offset": offset, "limit": 200}), &alice).await);
+        let page = result(
+            &runtime
+                .invoke(
+                    "read_handle",
+                    json!({"handle": handle, "offset": offset, "limit": 200}),
+                    &alice,
+                )
+                .await,
+        );
         let items = page["items"].as_array().unwrap();
         assert_eq!(items[0]["row"], offset);
         rows += items.len();
@@ -397,7 +583,9 @@ async fn large_handle_results_are_kept_and_paged() {
     }
     assert_eq!(rows, 1000);
     for stranger in [ctx("acme", "bob", &[]), ctx("globex", "alice", &[])] {
-        let other = runtime.invoke("read_handle", json!({"handle": handle}), &stranger).await;
+        let other = runtime
+            .invoke("read_handle", json!({"handle": handle}), &stranger)
+            .await;
         assert_eq!(other.error_code(), Some(ErrorCode::NotFound));
     }
 }
@@ -428,27 +616,58 @@ async fn commands_run_the_two_step_protocol() {
     let runs = Arc::new(AtomicUsize::new(0));
     let mut runtime = Runtime::builder().build();
     let tool = runtime.register(report_tool(runs.clone())).unwrap();
-    assert!(tool.input_schema()["properties"]["confirm_token"].is_object(), "the runtime adds confirm_token");
+    assert!(
+        tool.input_schema()["properties"]["confirm_token"].is_object(),
+        "the runtime adds confirm_token"
+    );
     let alice = ctx("acme", "alice", &[]);
 
-    let dry = result(&runtime.invoke("file_report", json!({"amount": 5, "dry_run": true}), &alice).await);
+    let dry = result(
+        &runtime
+            .invoke("file_report", json!({"amount": 5, "dry_run": true}), &alice)
+            .await,
+    );
     assert_eq!(dry["plan"]["would_file"], 5);
     let token = dry["confirm_token"].as_str().unwrap().to_owned();
     assert!(dry["expires_at"].as_u64().is_some());
     assert_eq!(runs.load(Ordering::SeqCst), 0);
 
-    let no_token = runtime.invoke("file_report", json!({"amount": 5, "dry_run": false}), &alice).await;
+    let no_token = runtime
+        .invoke(
+            "file_report",
+            json!({"amount": 5, "dry_run": false}),
+            &alice,
+        )
+        .await;
     assert_eq!(no_token.error_code(), Some(ErrorCode::ConfirmRequired));
     let other_args = runtime
-        .invoke("file_report", json!({"amount": 6, "dry_run": false, "confirm_token": token}), &alice)
+        .invoke(
+            "file_report",
+            json!({"amount": 6, "dry_run": false, "confirm_token": token}),
+            &alice,
+        )
         .await;
-    assert_eq!(other_args.error_code(), Some(ErrorCode::InvalidConfirmToken));
+    assert_eq!(
+        other_args.error_code(),
+        Some(ErrorCode::InvalidConfirmToken)
+    );
     let other_user = runtime
-        .invoke("file_report", json!({"amount": 5, "dry_run": false, "confirm_token": token}), &ctx("acme", "bob", &[]))
+        .invoke(
+            "file_report",
+            json!({"amount": 5, "dry_run": false, "confirm_token": token}),
+            &ctx("acme", "bob", &[]),
+        )
         .await;
-    assert_eq!(other_user.error_code(), Some(ErrorCode::InvalidConfirmToken));
+    assert_eq!(
+        other_user.error_code(),
+        Some(ErrorCode::InvalidConfirmToken)
+    );
     let forged = runtime
-        .invoke("file_report", json!({"amount": 5, "dry_run": false, "confirm_token": format!("{token}0")}), &alice)
+        .invoke(
+            "file_report",
+            json!({"amount": 5, "dry_run": false, "confirm_token": format!("{token}0")}),
+            &alice,
+        )
         .await;
     assert_eq!(forged.error_code(), Some(ErrorCode::InvalidConfirmToken));
     assert_eq!(runs.load(Ordering::SeqCst), 0);
@@ -456,10 +675,17 @@ async fn commands_run_the_two_step_protocol() {
     let commit = json!({"amount": 5, "dry_run": false, "confirm_token": token});
     let first = result(&runtime.invoke("file_report", commit.clone(), &alice).await);
     assert_eq!(first["report_id"], "r1");
-    assert_eq!(first["key"], token, "the executor gets the token as its idempotency key");
+    assert_eq!(
+        first["key"], token,
+        "the executor gets the token as its idempotency key"
+    );
     let again = result(&runtime.invoke("file_report", commit.clone(), &alice).await);
     assert_eq!(again, first);
-    assert_eq!(runs.load(Ordering::SeqCst), 1, "a repeated commit does not run the tool again");
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "a repeated commit does not run the tool again"
+    );
 }
 
 #[tokio::test]
@@ -468,9 +694,16 @@ async fn concurrent_commits_of_one_token_run_once() {
     let mut runtime = Runtime::builder().build();
     runtime.register(report_tool(runs.clone())).unwrap();
     let alice = ctx("acme", "alice", &[]);
-    let dry = result(&runtime.invoke("file_report", json!({"amount": 1, "dry_run": true}), &alice).await);
+    let dry = result(
+        &runtime
+            .invoke("file_report", json!({"amount": 1, "dry_run": true}), &alice)
+            .await,
+    );
     let commit = json!({"amount": 1, "dry_run": false, "confirm_token": dry["confirm_token"]});
-    let answers = futures_util::future::join_all((0..8).map(|_| runtime.invoke("file_report", commit.clone(), &alice))).await;
+    let answers = futures_util::future::join_all(
+        (0..8).map(|_| runtime.invoke("file_report", commit.clone(), &alice)),
+    )
+    .await;
     assert!(answers.iter().all(|a| result(a)["report_id"] == "r1"));
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
@@ -478,11 +711,18 @@ async fn concurrent_commits_of_one_token_run_once() {
 #[tokio::test]
 async fn expired_confirm_tokens_are_refused() {
     let runs = Arc::new(AtomicUsize::new(0));
-    let config = RuntimeConfig { confirm_ttl: Duration::ZERO, ..RuntimeConfig::default() };
+    let config = RuntimeConfig {
+        confirm_ttl: Duration::ZERO,
+        ..RuntimeConfig::default()
+    };
     let mut runtime = Runtime::builder().config(config).build();
     runtime.register(report_tool(runs.clone())).unwrap();
     let alice = ctx("acme", "alice", &[]);
-    let dry = result(&runtime.invoke("file_report", json!({"amount": 1, "dry_run": true}), &alice).await);
+    let dry = result(
+        &runtime
+            .invoke("file_report", json!({"amount": 1, "dry_run": true}), &alice)
+            .await,
+    );
     let commit = json!({"amount": 1, "dry_run": false, "confirm_token": dry["confirm_token"]});
     let answer = runtime.invoke("file_report", commit, &alice).await;
     let error = answer.error_ref().unwrap();
@@ -512,25 +752,58 @@ async fn jobs_and_humans_hand_off_to_the_fleet() {
         .unwrap();
     let alice = ctx("acme", "alice", &[]).with_idempotency_key("k1");
     let first = runtime.invoke("ocr", json!({"ids": [1]}), &alice).await;
-    let Envelope::Running { job_id, poll_after_s, .. } = &first else { panic!("{}", first.to_json()) };
+    let Envelope::Running {
+        job_id,
+        poll_after_s,
+        ..
+    } = &first
+    else {
+        panic!("{}", first.to_json())
+    };
     assert_eq!(*poll_after_s, 20);
     let job = fleet.job(job_id).unwrap();
-    assert_eq!((job.request.pool.as_str(), job.request.ctx.tenant()), ("ocr", "acme"));
+    assert_eq!(
+        (job.request.pool.as_str(), job.request.ctx.tenant()),
+        ("ocr", "acme")
+    );
     let same = runtime.invoke("ocr", json!({"ids": [1]}), &alice).await;
     assert_eq!(same, first, "the same idempotency key answers the same job");
     let conflict = runtime.invoke("ocr", json!({"ids": [2]}), &alice).await;
     assert_eq!(conflict.error_code(), Some(ErrorCode::Conflict));
-    let other_tenant = runtime.invoke("ocr", json!({"ids": [2]}), &ctx("globex", "alice", &[]).with_idempotency_key("k1")).await;
+    let other_tenant = runtime
+        .invoke(
+            "ocr",
+            json!({"ids": [2]}),
+            &ctx("globex", "alice", &[]).with_idempotency_key("k1"),
+        )
+        .await;
     assert_eq!(other_tenant.status(), "running", "keys are per tenant");
 
-    let asked = runtime.invoke("ask", json!({"question": "travel or meals?", "options": ["travel", "meals"]}), &alice).await;
-    let Envelope::Suspended { ticket, question, options } = asked else { panic!() };
+    let asked = runtime
+        .invoke(
+            "ask",
+            json!({"question": "travel or meals?", "options": ["travel", "meals"]}),
+            &alice,
+        )
+        .await;
+    let Envelope::Suspended {
+        ticket,
+        question,
+        options,
+    } = asked
+    else {
+        panic!()
+    };
     assert_eq!(question, "travel or meals?");
     assert_eq!(options, ["travel", "meals"]);
     assert_eq!(fleet.tickets()[0].0, ticket);
 
     // Without a fleet, enqueued shapes say so instead of failing obscurely.
     let mut bare = Runtime::builder().build();
-    bare.register(ToolDecl::job("j").run(|_, _: Value| async { Ok::<_, ToolError>(json!({})) })).unwrap();
-    assert_eq!(bare.invoke("j", json!({}), &alice).await.error_code(), Some(ErrorCode::Unavailable));
+    bare.register(ToolDecl::job("j").run(|_, _: Value| async { Ok::<_, ToolError>(json!({})) }))
+        .unwrap();
+    assert_eq!(
+        bare.invoke("j", json!({}), &alice).await.error_code(),
+        Some(ErrorCode::Unavailable)
+    );
 }

@@ -13,26 +13,37 @@ fn json_value() -> impl Strategy<Value = Value> {
         Just(Value::Null),
         any::<bool>().prop_map(Value::Bool),
         any::<i64>().prop_map(|n| json!(n)),
-        any::<f64>().prop_filter("finite", |f| f.is_finite()).prop_map(|f| json!(f)),
+        any::<f64>()
+            .prop_filter("finite", |f| f.is_finite())
+            .prop_map(|f| json!(f)),
         ".{0,40}".prop_map(Value::String),
-        prop_oneof![Just("2026-09"), Just("c50"), Just("exp-001"), Just("rcpt-005")].prop_map(|s| json!(s)),
+        prop_oneof![
+            Just("2026-09"),
+            Just("c50"),
+            Just("exp-001"),
+            Just("rcpt-005")
+        ]
+        .prop_map(|s| json!(s)),
     ];
     leaf.prop_recursive(4, 64, 8, |inner| {
         prop_oneof![
             prop::collection::vec(inner.clone(), 0..8).prop_map(Value::Array),
             prop::collection::vec(
-                (prop_oneof![
-                    Just("month".to_owned()),
-                    Just("cursor".to_owned()),
-                    Just("line_ids".to_owned()),
-                    Just("dry_run".to_owned()),
-                    Just("confirm_token".to_owned()),
-                    Just("receipt_ids".to_owned()),
-                    Just("question".to_owned()),
-                    Just("options".to_owned()),
-                    Just("handle".to_owned()),
-                    ".{0,10}"
-                ], inner),
+                (
+                    prop_oneof![
+                        Just("month".to_owned()),
+                        Just("cursor".to_owned()),
+                        Just("line_ids".to_owned()),
+                        Just("dry_run".to_owned()),
+                        Just("confirm_token".to_owned()),
+                        Just("receipt_ids".to_owned()),
+                        Just("question".to_owned()),
+                        Just("options".to_owned()),
+                        Just("handle".to_owned()),
+                        ".{0,10}"
+                    ],
+                    inner
+                ),
                 0..6
             )
             .prop_map(|members| Value::Object(members.into_iter().collect::<Map<_, _>>())),
@@ -41,15 +52,32 @@ fn json_value() -> impl Strategy<Value = Value> {
 }
 
 fn runtime() -> Runtime {
-    let mut runtime = Runtime::builder().fleet(Arc::new(MemoryFleet::default())).build();
-    runtime.register_all(tools(Arc::new(ExpenseBook::default())).unwrap()).unwrap();
+    let mut runtime = Runtime::builder()
+        .fleet(Arc::new(MemoryFleet::default()))
+        .build();
+    runtime
+        .register_all(tools(Arc::new(ExpenseBook::default())).unwrap())
+        .unwrap();
     runtime
 }
 
 const CODES: [&str; 16] = [
-    "unknown_tool", "invalid_arguments", "forbidden", "unauthenticated", "rate_limited", "timeout",
-    "tool_failed", "not_found", "conflict", "confirm_required", "invalid_confirm_token",
-    "budget_exceeded", "cancelled", "unavailable", "payload_too_large", "bad_request",
+    "unknown_tool",
+    "invalid_arguments",
+    "forbidden",
+    "unauthenticated",
+    "rate_limited",
+    "timeout",
+    "tool_failed",
+    "not_found",
+    "conflict",
+    "confirm_required",
+    "invalid_confirm_token",
+    "budget_exceeded",
+    "cancelled",
+    "unavailable",
+    "payload_too_large",
+    "bad_request",
 ];
 
 fn check_contract(envelope: &Envelope) {

@@ -32,7 +32,8 @@ impl Auth {
     /// The principal of an `Authorization` header value.
     pub fn principal(&self, header: Option<&str>) -> Result<Arc<Principal>, ToolError> {
         let unauthenticated = |m: &str| ToolError::new(ErrorCode::Unauthenticated, m);
-        let header = header.ok_or_else(|| unauthenticated("send `Authorization: Bearer <token>`"))?;
+        let header =
+            header.ok_or_else(|| unauthenticated("send `Authorization: Bearer <token>`"))?;
         let token = header
             .strip_prefix("Bearer ")
             .or_else(|| header.strip_prefix("bearer "))
@@ -53,10 +54,25 @@ mod tests {
     #[test]
     fn tokens_map_to_principals_by_hash() {
         let mut auth = Auth::default();
-        auth.insert(&token_sha256("s3cret"), Principal::new("acme", "alice", ["a"]));
-        assert_eq!(auth.principal(Some("Bearer s3cret")).unwrap().tenant, "acme");
-        for bad in [None, Some("s3cret"), Some("Bearer "), Some("Bearer nope"), Some("Basic s3cret")] {
-            assert_eq!(auth.principal(bad).unwrap_err().code, ErrorCode::Unauthenticated);
+        auth.insert(
+            &token_sha256("s3cret"),
+            Principal::new("acme", "alice", ["a"]),
+        );
+        assert_eq!(
+            auth.principal(Some("Bearer s3cret")).unwrap().tenant,
+            "acme"
+        );
+        for bad in [
+            None,
+            Some("s3cret"),
+            Some("Bearer "),
+            Some("Bearer nope"),
+            Some("Basic s3cret"),
+        ] {
+            assert_eq!(
+                auth.principal(bad).unwrap_err().code,
+                ErrorCode::Unauthenticated
+            );
         }
     }
 }

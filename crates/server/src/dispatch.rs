@@ -62,7 +62,12 @@ pub fn ticket_event(ticket: &TicketRecord) -> Event {
         id: ticket.id.clone(),
         tenant: ticket.tenant.clone(),
         tool: ticket.tool.clone(),
-        state: if ticket.answer.is_some() { "answered" } else { "open" }.to_owned(),
+        state: if ticket.answer.is_some() {
+            "answered"
+        } else {
+            "open"
+        }
+        .to_owned(),
         run_id: ticket.run_id.clone(),
         body: ticket_view(ticket),
     }
@@ -116,7 +121,10 @@ impl Fleet for Dispatcher {
         })
     }
 
-    fn open_ticket<'a>(&'a self, ticket: TicketRequest) -> BoxFuture<'a, Result<String, ToolError>> {
+    fn open_ticket<'a>(
+        &'a self,
+        ticket: TicketRequest,
+    ) -> BoxFuture<'a, Result<String, ToolError>> {
         Box::pin(async move {
             let ctx = &ticket.ctx;
             let new = NewTicket {
@@ -170,18 +178,33 @@ impl StoreCommitLog {
 }
 
 impl CommitLog for StoreCommitLog {
-    fn claim<'a>(&'a self, key: &'a str, lease: Duration) -> BoxFuture<'a, Result<Claim, ToolError>> {
+    fn claim<'a>(
+        &'a self,
+        key: &'a str,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Claim, ToolError>> {
         Box::pin(async move {
             let give_up = tokio::time::Instant::now() + self.wait;
             loop {
                 let lease_ms = lease.as_millis().min(i64::MAX as u128) as i64;
-                match self.store.claim_commit(key, now_ms(), lease_ms).await.map_err(store_error)? {
+                match self
+                    .store
+                    .claim_commit(key, now_ms(), lease_ms)
+                    .await
+                    .map_err(store_error)?
+                {
                     toolfleet_store::CommitClaim::Run => return Ok(Claim::Run),
-                    toolfleet_store::CommitClaim::Settled(envelope) => return Ok(Claim::Settled(envelope)),
-                    toolfleet_store::CommitClaim::Pending if tokio::time::Instant::now() >= give_up => {
+                    toolfleet_store::CommitClaim::Settled(envelope) => {
+                        return Ok(Claim::Settled(envelope));
+                    }
+                    toolfleet_store::CommitClaim::Pending
+                        if tokio::time::Instant::now() >= give_up =>
+                    {
                         return Ok(Claim::Busy);
                     }
-                    toolfleet_store::CommitClaim::Pending => tokio::time::sleep(Duration::from_millis(25)).await,
+                    toolfleet_store::CommitClaim::Pending => {
+                        tokio::time::sleep(Duration::from_millis(25)).await
+                    }
                 }
             }
         })

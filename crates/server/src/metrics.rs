@@ -27,7 +27,11 @@ impl Default for Metrics {
     fn default() -> Self {
         let mut registry = Registry::with_prefix("toolfleet");
         let calls = Family::<CallLabels, Counter>::default();
-        registry.register("calls", "Tool calls by tool and outcome (status, or error code)", calls.clone());
+        registry.register(
+            "calls",
+            "Tool calls by tool and outcome (status, or error code)",
+            calls.clone(),
+        );
         Metrics {
             registry: Mutex::new(registry),
             calls,

@@ -34,10 +34,18 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/tickets/{id}", get(read_ticket))
         .route("/v1/tickets/{id}/answer", post(answer_ticket))
         .route("/v1/events", get(events))
-        .route("/healthz", get(|| async { axum::Json(json!({"status": "ok"})) }))
+        .route(
+            "/healthz",
+            get(|| async { axum::Json(json!({"status": "ok"})) }),
+        )
         .route("/readyz", get(ready))
         .route("/metrics", get(metrics))
-        .fallback(|| async { reply_error(StatusCode::NOT_FOUND, ToolError::new(ErrorCode::NotFound, "no such route; see API.md")) })
+        .fallback(|| async {
+            reply_error(
+                StatusCode::NOT_FOUND,
+                ToolError::new(ErrorCode::NotFound, "no such route; see API.md"),
+            )
+        })
         .with_state(state)
 }
 
@@ -51,9 +59,16 @@ fn reply(envelope: &Envelope) -> Response {
 }
 
 fn with_status(status: StatusCode, envelope: &Envelope) -> Response {
-    let mut response = (status, [(header::CONTENT_TYPE, "application/json")], envelope.to_json()).into_response();
+    let mut response = (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        envelope.to_json(),
+    )
+        .into_response();
     if status == StatusCode::SERVICE_UNAVAILABLE {
-        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("2"));
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("2"));
     }
     response
 }
@@ -63,24 +78,56 @@ fn reply_error(status: StatusCode, error: ToolError) -> Response {
 }
 
 fn bad_request(message: impl Into<String>) -> Response {
-    reply_error(StatusCode::BAD_REQUEST, ToolError::new(ErrorCode::BadRequest, message))
+    reply_error(
+        StatusCode::BAD_REQUEST,
+        ToolError::new(ErrorCode::BadRequest, message),
+    )
 }
 
-fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Arc<Principal>, Response> {
-    let header = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
-    state.auth.principal(header).map_err(|error| {
-        let mut response = reply_error(StatusCode::UNAUTHORIZED, error);
+/// A request refused before it reached a tool.
+struct Refusal {
+    status: StatusCode,
+    error: Box<ToolError>,
+}
+
+impl Refusal {
+    fn new(status: StatusCode, code: ErrorCode, message: impl Into<String>) -> Self {
+        Refusal {
+            status,
+            error: Box::new(ToolError::new(code, message)),
+        }
+    }
+}
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        let mut response = reply_error(self.status, *self.error);
+        if self.status == StatusCode::UNAUTHORIZED {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
         response
-            .headers_mut()
-            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-        response
+    }
+}
+
+fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Arc<Principal>, Refusal> {
+    let header = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    state.auth.principal(header).map_err(|error| Refusal {
+        status: StatusCode::UNAUTHORIZED,
+        error: Box::new(error),
     })
 }
 
 /// Reads a JSON body of at most `limits.max_body` bytes. A larger body is
 /// read on (and dropped) up to a further bound, so the client reads the 413
 /// instead of a reset connection.
-async fn read_json<T: serde::de::DeserializeOwned>(state: &AppState, body: Body) -> Result<T, Response> {
+async fn read_json<T: serde::de::DeserializeOwned>(
+    state: &AppState,
+    body: Body,
+) -> Result<T, Refusal> {
     use futures_util::StreamExt;
     let limit = state.limits.max_body;
     let mut bytes = Vec::new();
@@ -88,7 +135,11 @@ async fn read_json<T: serde::de::DeserializeOwned>(state: &AppState, body: Body)
     let mut stream = body.into_data_stream();
     while let Some(chunk) = stream.next().await {
         let Ok(chunk) = chunk else {
-            return Err(bad_request("the body could not be read"));
+            return Err(Refusal::new(
+                StatusCode::BAD_REQUEST,
+                ErrorCode::BadRequest,
+                "the body could not be read",
+            ));
         };
         seen = seen.saturating_add(chunk.len());
         if seen <= limit {
@@ -98,12 +149,19 @@ async fn read_json<T: serde::de::DeserializeOwned>(state: &AppState, body: Body)
         }
     }
     if seen > limit {
-        return Err(reply_error(
+        return Err(Refusal::new(
             StatusCode::PAYLOAD_TOO_LARGE,
-            ToolError::new(ErrorCode::PayloadTooLarge, format!("the body is larger than {limit} bytes; send less")),
+            ErrorCode::PayloadTooLarge,
+            format!("the body is larger than {limit} bytes; send less"),
         ));
     }
-    serde_json::from_slice(&bytes).map_err(|e| bad_request(format!("the body is not the JSON this route takes: {e}")))
+    serde_json::from_slice(&bytes).map_err(|e| {
+        Refusal::new(
+            StatusCode::BAD_REQUEST,
+            ErrorCode::BadRequest,
+            format!("the body is not the JSON this route takes: {e}"),
+        )
+    })
 }
 
 #[derive(Deserialize)]
@@ -111,10 +169,14 @@ struct ToolsQuery {
     format: Option<String>,
 }
 
-async fn tools(State(state): State<AppState>, headers: HeaderMap, Query(q): Query<ToolsQuery>) -> Response {
+async fn tools(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Query(q): Query<ToolsQuery>,
+) -> Response {
     let principal = match authenticate(&state, &headers) {
         Ok(p) => p,
-        Err(response) => return response,
+        Err(refusal) => return refusal.into_response(),
     };
     let name = q.format.as_deref().unwrap_or("neutral");
     let Some(format) = Format::parse(name) else {
@@ -149,7 +211,9 @@ fn empty_object() -> Value {
 
 /// Checks a `callback_url` against the allow-list of hosts.
 fn check_callback(url: &str, allow: &[String]) -> Result<(), String> {
-    let uri: Uri = url.parse().map_err(|_| format!("callback_url `{url}` is not a URL"))?;
+    let uri: Uri = url
+        .parse()
+        .map_err(|_| format!("callback_url `{url}` is not a URL"))?;
     if !matches!(uri.scheme_str(), Some("http" | "https")) {
         return Err("callback_url must be an http or https URL".to_owned());
     }
@@ -166,11 +230,11 @@ fn check_callback(url: &str, allow: &[String]) -> Result<(), String> {
 async fn call(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
     let principal = match authenticate(&state, &headers) {
         Ok(p) => p,
-        Err(response) => return response,
+        Err(refusal) => return refusal.into_response(),
     };
     let request: CallRequest = match read_json(&state, body).await {
         Ok(r) => r,
-        Err(response) => return response,
+        Err(refusal) => return refusal.into_response(),
     };
     let too_long = [
         ("idempotency_key", request.idempotency_key.as_deref(), 255),
@@ -193,8 +257,15 @@ async fn call(State(state): State<AppState>, headers: HeaderMap, body: Body) -> 
     }
     ctx.idempotency_key = request.idempotency_key;
     ctx.callback_url = request.callback_url;
-    let envelope = state.runtime.invoke(&request.tool, request.args, &ctx).await;
-    let label = if state.runtime.registry().get(&request.tool).is_some() { request.tool.as_str() } else { "unknown" };
+    let envelope = state
+        .runtime
+        .invoke(&request.tool, request.args, &ctx)
+        .await;
+    let label = if state.runtime.registry().get(&request.tool).is_some() {
+        request.tool.as_str()
+    } else {
+        "unknown"
+    };
     state.metrics.call(label, &envelope);
     reply(&envelope)
 }
@@ -204,25 +275,49 @@ struct WaitQuery {
     wait_s: Option<u64>,
 }
 
-async fn read_job(State(state): State<AppState>, headers: HeaderMap, Path(id): Path<String>, Query(q): Query<WaitQuery>) -> Response {
+async fn read_job(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Query(q): Query<WaitQuery>,
+) -> Response {
     let principal = match authenticate(&state, &headers) {
         Ok(p) => p,
-        Err(response) => return response,
+        Err(refusal) => return refusal.into_response(),
     };
     let wait_s = q.wait_s.unwrap_or(0);
     if wait_s > state.limits.max_wait_s {
         return bad_request(format!("wait_s must be 0 to {}", state.limits.max_wait_s));
     }
-    let envelope = get_job(state.store.as_ref(), state.notices.as_ref(), &principal.tenant, &id, Duration::from_secs(wait_s)).await;
+    let envelope = get_job(
+        state.store.as_ref(),
+        state.notices.as_ref(),
+        &principal.tenant,
+        &id,
+        Duration::from_secs(wait_s),
+    )
+    .await;
     reply(&envelope)
 }
 
-async fn cancel(State(state): State<AppState>, headers: HeaderMap, Path(id): Path<String>) -> Response {
+async fn cancel(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
     let principal = match authenticate(&state, &headers) {
         Ok(p) => p,
-        Err(response) => return response,
+        Err(refusal) => return refusal.into_response(),
     };
-    reply(&cancel_job(state.store.as_ref(), state.notices.as_ref(), &principal.tenant, &id).await)
+    reply(
+        &cancel_job(
+            state.store.as_ref(),
+            state.notices.as_ref(),
+            &principal.tenant,
+            &id,
+        )
+        .await,
+    )
 }
 
 #[derive(Deserialize)]
@@ -233,10 +328,14 @@ struct ListQuery {
     cursor: Option<String>,
 }
 
-async fn list_jobs(State(state): State<AppState>, headers: HeaderMap, Query(q): Query<ListQuery>) -> Response {
+async fn list_jobs(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Query(q): Query<ListQuery>,
+) -> Response {
     let principal = match authenticate(&state, &headers) {
         Ok(p) => p,
-        Err(response) => return response,
+        Err(refusal) => return refusal.into_response(),
     };
     let job_state = match q.state.as_deref().map(|s| JobState::parse(s).ok_or(s)) {
         Some(Err(s)) => {
@@ -252,11 +351,20 @@ async fn list_jobs(State(state): State<AppState>, headers: HeaderMap, Query(q): 
     if !(1..=100).contains(&limit) {
         return bad_request("limit must be 1 to 100");
     }
-    if q.cursor.as_ref().is_some_and(|c| c.len() > 64) || q.tool.as_ref().is_some_and(|t| t.len() > 128) {
+    if q.cursor.as_ref().is_some_and(|c| c.len() > 64)
+        || q.tool.as_ref().is_some_and(|t| t.len() > 128)
+    {
         return bad_request("cursor or tool is too long");
     }
-    let filter = JobFilter { state: job_state, tool: q.tool };
-    match state.store.list_jobs(&principal.tenant, &filter, limit, q.cursor.as_deref()).await {
+    let filter = JobFilter {
+        state: job_state,
+        tool: q.tool,
+    };
+    match state
+        .store
+        .list_jobs(&principal.tenant, &filter, limit, q.cursor.as_deref())
+        .await
+    {
         Ok(page) => {
             let jobs: Vec<Value> = page
                 .jobs
@@ -281,13 +389,20 @@ fn ticket_missing(id: &str) -> Envelope {
     )))
 }
 
-async fn read_ticket(State(state): State<AppState>, headers: HeaderMap, Path(id): Path<String>) -> Response {
+async fn read_ticket(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
     let principal = match authenticate(&state, &headers) {
         Ok(p) => p,
-        Err(response) => return response,
+        Err(refusal) => return refusal.into_response(),
     };
     match state.store.ticket(&principal.tenant, &id).await {
-        Ok(Some(ticket)) => reply(&Envelope::ok(Json::from(ticket_view(&ticket)), ticket.call_id.clone())),
+        Ok(Some(ticket)) => reply(&Envelope::ok(
+            Json::from(ticket_view(&ticket)),
+            ticket.call_id.clone(),
+        )),
         Ok(None) => reply(&ticket_missing(&id)),
         Err(error) => reply(&Envelope::error(store_error(error))),
     }
@@ -299,34 +414,54 @@ struct AnswerRequest {
     answer: Value,
 }
 
-async fn answer_ticket(State(state): State<AppState>, headers: HeaderMap, Path(id): Path<String>, body: Body) -> Response {
+async fn answer_ticket(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Body,
+) -> Response {
     let principal = match authenticate(&state, &headers) {
         Ok(p) => p,
-        Err(response) => return response,
+        Err(refusal) => return refusal.into_response(),
     };
     let request: AnswerRequest = match read_json(&state, body).await {
         Ok(r) => r,
-        Err(response) => return response,
+        Err(refusal) => return refusal.into_response(),
     };
     let ticket = match state.store.ticket(&principal.tenant, &id).await {
         Ok(Some(ticket)) => ticket,
         Ok(None) => return reply(&ticket_missing(&id)),
         Err(error) => return reply(&Envelope::error(store_error(error))),
     };
-    if !ticket.options.is_empty() && !request.answer.as_str().is_some_and(|a| ticket.options.iter().any(|o| o == a)) {
+    if !ticket.options.is_empty()
+        && !request
+            .answer
+            .as_str()
+            .is_some_and(|a| ticket.options.iter().any(|o| o == a))
+    {
         return reply(&Envelope::error(ToolError::invalid_arguments(format!(
             "answer must be one of the ticket's options: {}",
             ticket.options.join(", ")
         ))));
     }
-    match state.store.answer_ticket(&principal.tenant, &id, &request.answer, now_ms()).await {
+    match state
+        .store
+        .answer_ticket(&principal.tenant, &id, &request.answer, now_ms())
+        .await
+    {
         Ok(Some(Answered::Now(ticket))) => {
             let _ = state.notices.publish(&ticket_event(&ticket)).await;
-            reply(&Envelope::ok(Json::from(ticket_view(&ticket)), ticket.call_id.clone()))
+            reply(&Envelope::ok(
+                Json::from(ticket_view(&ticket)),
+                ticket.call_id.clone(),
+            ))
         }
         Ok(Some(Answered::Already(ticket))) => reply(&Envelope::error(
-            ToolError::new(ErrorCode::Conflict, "this ticket was answered already; its first answer stands")
-                .with_details(ticket_view(&ticket)),
+            ToolError::new(
+                ErrorCode::Conflict,
+                "this ticket was answered already; its first answer stands",
+            )
+            .with_details(ticket_view(&ticket)),
         )),
         Ok(None) => reply(&ticket_missing(&id)),
         Err(error) => reply(&Envelope::error(store_error(error))),
@@ -336,7 +471,7 @@ async fn answer_ticket(State(state): State<AppState>, headers: HeaderMap, Path(i
 async fn events(State(state): State<AppState>, headers: HeaderMap) -> Response {
     let principal = match authenticate(&state, &headers) {
         Ok(p) => p,
-        Err(response) => return response,
+        Err(refusal) => return refusal.into_response(),
     };
     let subscription = match state.notices.subscribe().await {
         Ok(s) => s,
@@ -358,12 +493,17 @@ async fn events(State(state): State<AppState>, headers: HeaderMap) -> Response {
                     continue;
                 }
                 let data = json!({"kind": event.kind, "id": event.id, "tool": event.tool, "state": event.state, "run_id": event.run_id, "body": event.body});
-                let sse = SseEvent::default().event(event.kind.clone()).id(event.id.clone()).data(data.to_string());
+                let sse = SseEvent::default()
+                    .event(event.kind.clone())
+                    .id(event.id.clone())
+                    .data(data.to_string());
                 return Some((Ok::<_, Infallible>(sse), subscription));
             }
         }
     });
-    Sse::new(stream).keep_alive(KeepAlive::default()).into_response()
+    Sse::new(stream)
+        .keep_alive(KeepAlive::default())
+        .into_response()
 }
 
 async fn ready(State(state): State<AppState>) -> Response {
@@ -373,17 +513,26 @@ async fn ready(State(state): State<AppState>) -> Response {
         "store": store.as_ref().map(|_| "ok").unwrap_or("down"),
         "broker": broker.as_ref().map(|_| "ok").unwrap_or("down"),
     });
-    let status = if store.is_ok() && broker.is_ok() { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    let status = if store.is_ok() && broker.is_ok() {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
     let mut response = (status, axum::Json(body)).into_response();
     if status == StatusCode::SERVICE_UNAVAILABLE {
-        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("2"));
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("2"));
     }
     response
 }
 
 async fn metrics(State(state): State<AppState>) -> Response {
     (
-        [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
         state.metrics.render(),
     )
         .into_response()
@@ -398,7 +547,11 @@ mod tests {
         let allow = vec!["127.0.0.1".to_owned(), "orchestrator.internal".to_owned()];
         assert!(check_callback("http://127.0.0.1:9000/hook", &allow).is_ok());
         assert!(check_callback("https://orchestrator.internal/x", &allow).is_ok());
-        assert!(check_callback("http://evil.example/x", &allow).unwrap_err().contains("allow-list"));
+        assert!(
+            check_callback("http://evil.example/x", &allow)
+                .unwrap_err()
+                .contains("allow-list")
+        );
         assert!(check_callback("ftp://127.0.0.1/x", &allow).is_err());
         assert!(check_callback("not a url", &allow).is_err());
         assert!(check_callback("http://127.0.0.1.evil.example/", &allow).is_err());

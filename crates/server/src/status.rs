@@ -29,19 +29,33 @@ fn plausible(id: &str) -> bool {
 }
 
 /// Reads a job, waiting up to `wait` for it to settle.
-pub async fn get_job(store: &dyn Store, notices: &dyn Notices, tenant: &str, id: &str, wait: Duration) -> Envelope {
+pub async fn get_job(
+    store: &dyn Store,
+    notices: &dyn Notices,
+    tenant: &str,
+    id: &str,
+    wait: Duration,
+) -> Envelope {
     if !plausible(id) {
         return Envelope::error(missing(id));
     }
     // Subscribe before reading, so a settle between the two is not missed.
-    let mut events = if wait.is_zero() { None } else { notices.subscribe().await.ok() };
+    let mut events = if wait.is_zero() {
+        None
+    } else {
+        notices.subscribe().await.ok()
+    };
     let read = |job: Option<JobRecord>| job.map(|j| j.envelope(POLL_AFTER_S));
     let current = match store.job(tenant, id).await {
         Ok(job) => read(job),
         Err(error) => return Envelope::error(store_error(error)),
     };
-    let Some(current) = current else { return Envelope::error(missing(id)) };
-    let Some(events) = events.as_mut() else { return current };
+    let Some(current) = current else {
+        return Envelope::error(missing(id));
+    };
+    let Some(events) = events.as_mut() else {
+        return current;
+    };
     if !matches!(current, Envelope::Running { .. }) {
         return current;
     }
@@ -63,7 +77,12 @@ pub async fn get_job(store: &dyn Store, notices: &dyn Notices, tenant: &str, id:
 }
 
 /// Cancels a queued or running job; answers the job as it now stands.
-pub async fn cancel_job(store: &dyn Store, notices: &dyn Notices, tenant: &str, id: &str) -> Envelope {
+pub async fn cancel_job(
+    store: &dyn Store,
+    notices: &dyn Notices,
+    tenant: &str,
+    id: &str,
+) -> Envelope {
     if !plausible(id) {
         return Envelope::error(missing(id));
     }

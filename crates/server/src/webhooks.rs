@@ -31,9 +31,21 @@ pub fn signature(key: &[u8], t: u64, body: &str) -> String {
 /// The callback of an event's job or ticket, if the call named one.
 async fn callback_of(store: &dyn Store, event: &Event) -> Option<String> {
     match event.kind.as_str() {
-        "job" if event.is_settled_job() => store.job_by_id(&event.id).await.ok().flatten()?.callback_url,
+        "job" if event.is_settled_job() => {
+            store
+                .job_by_id(&event.id)
+                .await
+                .ok()
+                .flatten()?
+                .callback_url
+        }
         "ticket" if event.state == "answered" => {
-            store.ticket(&event.tenant, &event.id).await.ok().flatten()?.callback_url
+            store
+                .ticket(&event.tenant, &event.id)
+                .await
+                .ok()
+                .flatten()?
+                .callback_url
         }
         _ => None,
     }
@@ -74,7 +86,9 @@ pub async fn deliver(
             _ = stopped.changed() => None,
         };
         let Some(event) = event else { return };
-        let Some(url) = callback_of(store.as_ref(), &event).await else { continue };
+        let Some(url) = callback_of(store.as_ref(), &event).await else {
+            continue;
+        };
         let body = notice_body(&event).to_string();
         tokio::spawn(send(client.clone(), key.clone(), url, body));
     }
@@ -123,7 +137,10 @@ mod tests {
     fn signatures_are_hmac_of_t_dot_body() {
         // HMAC-SHA256("key", "1.{}") computed independently.
         let sig = signature(b"key", 1, "{}");
-        assert_eq!(sig, "t=1,v1=1ba6b8171186efc613e8bcc0cbdab2748f24984d7c5a84faa2637afa0e40d224");
+        assert_eq!(
+            sig,
+            "t=1,v1=1ba6b8171186efc613e8bcc0cbdab2748f24984d7c5a84faa2637afa0e40d224"
+        );
         assert_ne!(signature(b"key", 2, "{}"), sig);
         assert_ne!(signature(b"other", 1, "{}"), sig);
     }

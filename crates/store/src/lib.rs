@@ -216,14 +216,38 @@ pub trait Store: Send + Sync + 'static {
     /// queued or due retrying, or running with an expired lease -> running,
     /// attempts + 1, leased to `worker` until `now + lease_ms`. `None` when the
     /// job is not claimable (settled, leased, not due, missing).
-    async fn claim(&self, id: &str, worker: &str, now: i64, lease_ms: i64) -> Result<Option<JobRecord>, StoreError>;
+    async fn claim(
+        &self,
+        id: &str,
+        worker: &str,
+        now: i64,
+        lease_ms: i64,
+    ) -> Result<Option<JobRecord>, StoreError>;
     /// Extends the lease of a running job `worker` holds.
-    async fn heartbeat(&self, id: &str, worker: &str, now: i64, lease_ms: i64) -> Result<Lease, StoreError>;
+    async fn heartbeat(
+        &self,
+        id: &str,
+        worker: &str,
+        now: i64,
+        lease_ms: i64,
+    ) -> Result<Lease, StoreError>;
     /// Records progress of a running job `worker` holds; false if not held.
-    async fn set_progress(&self, id: &str, worker: &str, progress: &Value, now: i64) -> Result<bool, StoreError>;
+    async fn set_progress(
+        &self,
+        id: &str,
+        worker: &str,
+        progress: &Value,
+        now: i64,
+    ) -> Result<bool, StoreError>;
     /// running (held by `worker`) -> succeeded. The settled job, or `None`
     /// when the worker no longer held it.
-    async fn succeed(&self, id: &str, worker: &str, result: &Json, now: i64) -> Result<Option<JobRecord>, StoreError>;
+    async fn succeed(
+        &self,
+        id: &str,
+        worker: &str,
+        result: &Json,
+        now: i64,
+    ) -> Result<Option<JobRecord>, StoreError>;
     /// running (held by `worker`) -> retrying at `retry_at` if given and
     /// attempts remain, else failed with `error` kept. `None` when not held.
     async fn fail(
@@ -236,7 +260,12 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<Option<JobRecord>, StoreError>;
     /// queued, retrying or running -> cancelled. The job as it now stands
     /// (already settled ones unchanged), `None` if missing or another tenant's.
-    async fn cancel(&self, tenant: &str, id: &str, now: i64) -> Result<Option<JobRecord>, StoreError>;
+    async fn cancel(
+        &self,
+        tenant: &str,
+        id: &str,
+        now: i64,
+    ) -> Result<Option<JobRecord>, StoreError>;
     /// Jobs a worker should run now: queued, retrying and due, or running
     /// with an expired lease; oldest first, at most `limit`.
     async fn due_jobs(&self, now: i64, limit: u32) -> Result<Vec<JobRecord>, StoreError>;
@@ -249,7 +278,13 @@ pub trait Store: Send + Sync + 'static {
     /// A ticket of `tenant`; another tenant's ticket is `None`.
     async fn ticket(&self, tenant: &str, id: &str) -> Result<Option<TicketRecord>, StoreError>;
     /// open -> answered; `None` if missing or another tenant's.
-    async fn answer_ticket(&self, tenant: &str, id: &str, answer: &Value, now: i64) -> Result<Option<Answered>, StoreError>;
+    async fn answer_ticket(
+        &self,
+        tenant: &str,
+        id: &str,
+        answer: &Value,
+        now: i64,
+    ) -> Result<Option<Answered>, StoreError>;
 
     // Audit.
 
@@ -260,8 +295,18 @@ pub trait Store: Send + Sync + 'static {
     // Command outcomes (the durable commit log).
 
     /// Claims `key` until `now + lease_ms`, or answers its recorded outcome.
-    async fn claim_commit(&self, key: &str, now: i64, lease_ms: i64) -> Result<CommitClaim, StoreError>;
+    async fn claim_commit(
+        &self,
+        key: &str,
+        now: i64,
+        lease_ms: i64,
+    ) -> Result<CommitClaim, StoreError>;
     /// Records the outcome of `key` (kept until `keep_until`), or with `None`
     /// releases the claim so the commit may run again.
-    async fn settle_commit(&self, key: &str, outcome: Option<&Envelope>, keep_until: i64) -> Result<(), StoreError>;
+    async fn settle_commit(
+        &self,
+        key: &str,
+        outcome: Option<&Envelope>,
+        keep_until: i64,
+    ) -> Result<(), StoreError>;
 }

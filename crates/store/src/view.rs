@@ -11,7 +11,9 @@ impl JobRecord {
     pub fn envelope(&self, poll_after_s: u32) -> Envelope {
         match self.state {
             JobState::Succeeded => Envelope::ok(
-                self.result.clone().unwrap_or_else(|| serde_json::Value::Null.into()),
+                self.result
+                    .clone()
+                    .unwrap_or_else(|| serde_json::Value::Null.into()),
                 self.call_id.clone(),
             ),
             JobState::Failed | JobState::Cancelled => Envelope::Error {

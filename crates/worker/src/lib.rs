@@ -136,7 +136,9 @@ impl Worker {
         };
         let mut tasks = tokio::task::JoinSet::new();
         loop {
-            let Ok(permit) = slots.clone().acquire_owned().await else { break };
+            let Ok(permit) = slots.clone().acquire_owned().await else {
+                break;
+            };
             let delivery = tokio::select! {
                 delivery = consumer.next() => delivery,
                 _ = shutdown.changed() => None,
@@ -150,7 +152,8 @@ impl Worker {
             while tasks.try_join_next().is_some() {}
         }
         drop(consumer);
-        let drained = tokio::time::timeout(grace, async { while tasks.join_next().await.is_some() {} }).await;
+        let drained =
+            tokio::time::timeout(grace, async { while tasks.join_next().await.is_some() {} }).await;
         if drained.is_err() {
             // Dropping the tasks drops their deliveries unacked: the broker
             // hands them back, and the leases let another worker claim them.
@@ -174,7 +177,11 @@ impl Worker {
     /// Claims and runs one job.
     pub async fn run_job(&self, job_id: &str) -> Handled {
         let lease_ms = self.config.lease.as_millis() as i64;
-        let job = match self.store.claim(job_id, &self.config.id, now_ms(), lease_ms).await {
+        let job = match self
+            .store
+            .claim(job_id, &self.config.id, now_ms(), lease_ms)
+            .await
+        {
             Ok(Some(job)) => job,
             Ok(None) => return Handled::Skipped,
             Err(error) => {
@@ -182,6 +189,17 @@ impl Worker {
                 return Handled::Interrupted;
             }
         };
+        if job.attempts > job.max_attempts {
+            // Claimed again after its holders stopped mid-run, past its last attempt.
+            let error = ToolError::failed(
+                format!(
+                    "`{}` was interrupted on each of its {} attempts",
+                    job.tool, job.max_attempts
+                ),
+                false,
+            );
+            return self.settle(job, Outcome::Done(Err(error))).await;
+        }
         tracing::info!(job_id, tool = %job.tool, tenant = %job.tenant, run_id = %job.run_id, attempt = job.attempts, "job started");
         self.announce(&job).await;
         let outcome = self.execute(&job).await;
@@ -205,7 +223,8 @@ impl Worker {
             callback_url: job.callback_url.clone(),
         };
         let cancelled = Arc::new(Notify::new());
-        self.lock_running().insert(job.id.clone(), cancelled.clone());
+        self.lock_running()
+            .insert(job.id.clone(), cancelled.clone());
         let budget = Duration::from_millis(job.timeout_ms.max(1) as u64);
         let run = self.runtime.execute(&tool, job.args.clone(), ctx);
         let outcome = tokio::select! {
@@ -227,7 +246,11 @@ impl Worker {
         tick.tick().await;
         loop {
             tick.tick().await;
-            match self.store.heartbeat(job_id, &self.config.id, now_ms(), lease_ms).await {
+            match self
+                .store
+                .heartbeat(job_id, &self.config.id, now_ms(), lease_ms)
+                .await
+            {
                 Ok(Lease::Held) => {}
                 Ok(Lease::Cancelled) => return Outcome::Cancelled,
                 Ok(Lease::Lost) => return Outcome::LeaseLost,
@@ -246,10 +269,14 @@ impl Worker {
                 let retry = (error.retryable && job.attempts < job.max_attempts)
                     .then(|| retry_delay(&self.config, job.attempts));
                 let retry_at = retry.map(|d| now + d.as_millis() as i64);
-                let settled = self.store.fail(&job.id, worker, &error, retry_at, now).await;
+                let settled = self
+                    .store
+                    .fail(&job.id, worker, &error, retry_at, now)
+                    .await;
                 if let (Ok(Some(j)), Some(delay)) = (&settled, retry) {
                     if j.state == JobState::Retrying {
-                        if let Err(e) = self.broker.publish_delayed(&job.pool, &job.id, delay).await {
+                        if let Err(e) = self.broker.publish_delayed(&job.pool, &job.id, delay).await
+                        {
                             // The sweeper republishes due retries from the store.
                             tracing::warn!(job_id = %job.id, error = %e, "delayed publish failed");
                         }
@@ -290,7 +317,9 @@ impl Worker {
 
     /// Stops running executors of jobs announced as cancelled.
     async fn follow_cancels(self: Arc<Self>) {
-        let Ok(mut events) = self.notices.subscribe().await else { return };
+        let Ok(mut events) = self.notices.subscribe().await else {
+            return;
+        };
         while let Some(event) = events.next().await {
             if event.kind == "job" && event.state == JobState::Cancelled.as_str() {
                 if let Some(cancelled) = self.lock_running().get(&event.id) {
@@ -335,14 +364,21 @@ pub async fn sweep(
     limit: u32,
     queued_before: Option<i64>,
 ) -> Result<usize, String> {
-    let due = store.due_jobs(now_ms(), limit).await.map_err(|e| e.to_string())?;
+    let due = store
+        .due_jobs(now_ms(), limit)
+        .await
+        .map_err(|e| e.to_string())?;
     let mut published = 0;
     for job in &due {
-        let fresh = job.state == JobState::Queued && queued_before.is_some_and(|t| job.updated_at > t);
+        let fresh =
+            job.state == JobState::Queued && queued_before.is_some_and(|t| job.updated_at > t);
         if fresh {
             continue;
         }
-        broker.publish(&job.pool, &job.id).await.map_err(|e| e.to_string())?;
+        broker
+            .publish(&job.pool, &job.id)
+            .await
+            .map_err(|e| e.to_string())?;
         published += 1;
     }
     Ok(published)

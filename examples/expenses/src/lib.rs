@@ -64,7 +64,13 @@ pub struct ExpenseBook {
     ledgers: Mutex<HashMap<(String, String), Ledger>>,
 }
 
-const MERCHANTS: [&str; 5] = ["Rail Co", "Bistro Nord", "Hotel Lumen", "Paper & Pen", "City Cabs"];
+const MERCHANTS: [&str; 5] = [
+    "Rail Co",
+    "Bistro Nord",
+    "Hotel Lumen",
+    "Paper & Pen",
+    "City Cabs",
+];
 const CATEGORIES: [&str; 5] = ["travel", "meals", "lodging", "office", "transport"];
 /// Lines with a receipt but no amount.
 const RECEIPT_ONLY: [usize; 6] = [5, 15, 25, 35, 45, 55];
@@ -132,18 +138,28 @@ impl ExpenseBook {
         let prefix = format!("{month}-");
         let mut matching = ledger.lines.iter().filter(|l| l.date.starts_with(&prefix));
         let lines: Vec<Line> = matching.by_ref().skip(offset).take(PAGE).cloned().collect();
-        let next_cursor = matching.next().map(|_| format!("c{}", offset + lines.len()));
+        let next_cursor = matching
+            .next()
+            .map(|_| format!("c{}", offset + lines.len()));
         Page { lines, next_cursor }
     }
 
     /// Fills in the amounts OCR reads off `receipt_ids`.
-    pub fn read_receipts(&self, ctx: &CallCtx, receipt_ids: &[String]) -> Result<Vec<Receipt>, ToolError> {
+    pub fn read_receipts(
+        &self,
+        ctx: &CallCtx,
+        receipt_ids: &[String],
+    ) -> Result<Vec<Receipt>, ToolError> {
         let mut guard = self.lock();
         let ledger = Self::ledger(&mut guard, ctx);
         let mut read = Vec::new();
         let mut unknown = Vec::new();
         for receipt_id in receipt_ids {
-            match ledger.lines.iter_mut().find(|l| l.receipt_id.as_ref() == Some(receipt_id)) {
+            match ledger
+                .lines
+                .iter_mut()
+                .find(|l| l.receipt_id.as_ref() == Some(receipt_id))
+            {
                 Some(line) => {
                     let amount = read_receipt(receipt_id);
                     line.amount_cents = Some(amount);
@@ -204,7 +220,11 @@ impl ExpenseBook {
     /// The user's submitted reports.
     pub fn reports(&self, ctx: &CallCtx) -> Vec<Report> {
         let mut guard = self.lock();
-        let mut reports: Vec<Report> = Self::ledger(&mut guard, ctx).reports.values().cloned().collect();
+        let mut reports: Vec<Report> = Self::ledger(&mut guard, ctx)
+            .reports
+            .values()
+            .cloned()
+            .collect();
         reports.sort_by(|a, b| a.report_id.cmp(&b.report_id));
         reports
     }
@@ -231,11 +251,13 @@ fn plan_of(ledger: &Ledger, args: &SubmitArgs) -> Result<Plan, ToolError> {
         }
         match category.as_deref() {
             None => plan.needs_category.push(id.clone()),
-            Some("meals") if line.amount_cents.unwrap_or(0) > MEAL_LIMIT_CENTS => plan.policy_flags.push(format!(
-                "{id}: meal of {:.2} EUR is over the {:.2} EUR limit",
-                line.amount_cents.unwrap_or(0) as f64 / 100.0,
-                MEAL_LIMIT_CENTS as f64 / 100.0
-            )),
+            Some("meals") if line.amount_cents.unwrap_or(0) > MEAL_LIMIT_CENTS => {
+                plan.policy_flags.push(format!(
+                    "{id}: meal of {:.2} EUR is over the {:.2} EUR limit",
+                    line.amount_cents.unwrap_or(0) as f64 / 100.0,
+                    MEAL_LIMIT_CENTS as f64 / 100.0
+                ))
+            }
             Some(_) => {}
         }
         plan.lines += 1;
@@ -332,7 +354,10 @@ pub fn builtins(book: Arc<ExpenseBook>) -> BTreeMap<String, Arc<dyn Executor>> {
                     return book.plan(&ctx, &args).map(SubmitOutcome::Plan);
                 }
                 let key = ctx.idempotency_key.clone().ok_or_else(|| {
-                    ToolError::failed("a commit reached the executor without its confirm token", false)
+                    ToolError::failed(
+                        "a commit reached the executor without its confirm token",
+                        false,
+                    )
                 })?;
                 book.submit(&ctx, &args, &key).map(SubmitOutcome::Report)
             }
@@ -355,7 +380,11 @@ pub fn builtins(book: Arc<ExpenseBook>) -> BTreeMap<String, Arc<dyn Executor>> {
 pub fn tools(book: Arc<ExpenseBook>) -> Result<Vec<ToolDecl>, ConfigError> {
     load_builtin_tools(
         TOOLS_TOML,
-        &|path| Err(format!("the expense pack has its schemas inline, not in {path}")),
+        &|path| {
+            Err(format!(
+                "the expense pack has its schemas inline, not in {path}"
+            ))
+        },
         &builtins(book),
     )
 }
@@ -369,11 +398,26 @@ mod tests {
         let lines = seed();
         assert_eq!(lines.len(), 62);
         assert!(lines.iter().all(|l| l.date.starts_with("2026-09-")));
-        assert_eq!(lines.iter().filter(|l| l.amount_cents.is_none() && l.receipt_id.is_some()).count(), 6);
-        assert_eq!(lines.iter().filter(|l| l.category_options == ["travel", "meals"]).count(), 2);
+        assert_eq!(
+            lines
+                .iter()
+                .filter(|l| l.amount_cents.is_none() && l.receipt_id.is_some())
+                .count(),
+            6
+        );
+        assert_eq!(
+            lines
+                .iter()
+                .filter(|l| l.category_options == ["travel", "meals"])
+                .count(),
+            2
+        );
         let over = lines
             .iter()
-            .filter(|l| l.category.as_deref() == Some("meals") && l.amount_cents.unwrap_or(0) > MEAL_LIMIT_CENTS)
+            .filter(|l| {
+                l.category.as_deref() == Some("meals")
+                    && l.amount_cents.unwrap_or(0) > MEAL_LIMIT_CENTS
+            })
             .count();
         assert_eq!(over, 1);
     }

@@ -19,7 +19,10 @@ pub struct TempDir(pub PathBuf);
 
 impl TempDir {
     pub fn new(name: &str) -> TempDir {
-        let dir = std::env::temp_dir().join(format!("toolfleet-{name}-{}", uuid::Uuid::now_v7().simple()));
+        let dir = std::env::temp_dir().join(format!(
+            "toolfleet-{name}-{}",
+            uuid::Uuid::now_v7().simple()
+        ));
         std::fs::create_dir_all(&dir).expect("temp dir");
         TempDir(dir)
     }
@@ -92,7 +95,10 @@ impl Server {
 
     pub fn start_with(config: &Path) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_toolfleet"))
-            .env("TOOLFLEET_LOG", std::env::var("TOOLFLEET_LOG").unwrap_or_else(|_| "warn".into()))
+            .env(
+                "TOOLFLEET_LOG",
+                std::env::var("TOOLFLEET_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .arg("--config")
             .arg(config)
             .arg("serve")
@@ -123,7 +129,11 @@ impl Server {
                 }
             }
         });
-        Server { child, base, config: config.to_path_buf() }
+        Server {
+            child,
+            base,
+            config: config.to_path_buf(),
+        }
     }
 
     /// Kills the process at once, as SIGKILL does.
@@ -133,7 +143,11 @@ impl Server {
     }
 
     pub fn client(&self, token: &str) -> Client {
-        Client { http: toolfleet_executors::http_client().expect("client"), base: self.base.clone(), token: token.to_owned() }
+        Client {
+            http: toolfleet_executors::http_client().expect("client"),
+            base: self.base.clone(),
+            token: token.to_owned(),
+        }
     }
 }
 
@@ -152,18 +166,28 @@ pub struct Client {
 }
 
 impl Client {
-    pub async fn raw(&self, method: reqwest::Method, path: &str, body: Option<Vec<u8>>) -> (u16, Value) {
+    pub async fn raw(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> (u16, Value) {
         let mut request = self.http.request(method, format!("{}{path}", self.base));
         if !self.token.is_empty() {
             request = request.bearer_auth(&self.token);
         }
         if let Some(body) = body {
-            request = request.header("Content-Type", "application/json").body(body);
+            request = request
+                .header("Content-Type", "application/json")
+                .body(body);
         }
         let response = request.send().await.expect("the server answers");
         let status = response.status().as_u16();
         let text = response.text().await.expect("a body");
-        (status, serde_json::from_str(&text).unwrap_or(json!({"raw": text})))
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(json!({"raw": text})),
+        )
     }
 
     pub async fn get(&self, path: &str) -> Value {
@@ -173,13 +197,20 @@ impl Client {
     }
 
     pub async fn post(&self, path: &str, body: Value) -> Value {
-        let (status, body) = self.raw(reqwest::Method::POST, path, Some(body.to_string().into_bytes())).await;
+        let (status, body) = self
+            .raw(
+                reqwest::Method::POST,
+                path,
+                Some(body.to_string().into_bytes()),
+            )
+            .await;
         assert_eq!(status, 200, "POST {path}: {body}");
         body
     }
 
     pub async fn call(&self, tool: &str, args: Value) -> Value {
-        self.post("/v1/calls", json!({"tool": tool, "args": args})).await
+        self.post("/v1/calls", json!({"tool": tool, "args": args}))
+            .await
     }
 }
 
@@ -205,7 +236,10 @@ where
         if let Some(value) = f().await {
             return value;
         }
-        assert!(tokio::time::Instant::now() < deadline, "condition not reached within {limit:?}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "condition not reached within {limit:?}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

@@ -2,8 +2,8 @@
 //! pluggable sink. Arguments are recorded with the tool's redacted fields masked.
 
 use std::collections::VecDeque;
-use std::sync::Mutex;
 use std::sync::Arc;
+use std::sync::Mutex;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use futures_util::future::BoxFuture;

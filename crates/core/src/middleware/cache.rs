@@ -75,7 +75,12 @@ impl ReadCache {
 
     fn key(tool: &str, tenant: &str, user: &str, args: &Value) -> String {
         // Lengths first, so no choice of names can make two identities collide.
-        let mut key = format!("{}:{tool}{}:{tenant}{}:{user}", tool.len(), tenant.len(), user.len());
+        let mut key = format!(
+            "{}:{tool}{}:{tenant}{}:{user}",
+            tool.len(),
+            tenant.len(),
+            user.len()
+        );
         write_canonical(args, &mut key);
         key
     }
@@ -132,7 +137,12 @@ impl Layer for CacheReads {
 
     fn call<'a>(&'a self, call: Call<'a>, next: Next<'a>) -> BoxFuture<'a, Envelope> {
         let principal = &call.ctx.principal;
-        let key = ReadCache::key(call.tool.name(), &principal.tenant, &principal.user, &call.args);
+        let key = ReadCache::key(
+            call.tool.name(),
+            &principal.tenant,
+            &principal.user,
+            &call.args,
+        );
         let now = Instant::now();
         if let Some(result) = self.cache.get(&key, now) {
             let call_id = call.ctx.call_id.clone();
@@ -175,7 +185,11 @@ mod tests {
         let cache = ReadCache::new(2);
         let now = Instant::now();
         for i in 0..5 {
-            cache.put(format!("k{i}"), now + Duration::from_secs(1), Json::from(json!(i)));
+            cache.put(
+                format!("k{i}"),
+                now + Duration::from_secs(1),
+                Json::from(json!(i)),
+            );
         }
         assert_eq!(cache.len(), 2);
         assert!(cache.get("k4", now).is_some());

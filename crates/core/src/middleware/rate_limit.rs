@@ -53,7 +53,13 @@ impl RateLimits {
     }
 
     /// Takes a token, or answers how long until one is free.
-    fn take(&self, tool: &str, tenant: &str, limit: RateLimit, now: Instant) -> Result<(), Duration> {
+    fn take(
+        &self,
+        tool: &str,
+        tenant: &str,
+        limit: RateLimit,
+        now: Instant,
+    ) -> Result<(), Duration> {
         let rate = f64::from(limit.max.max(1)) / limit.per.as_secs_f64().max(1e-9);
         let burst = f64::from(limit.max.max(1));
         let mut buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
@@ -119,7 +125,8 @@ impl Layer for RateLimiter {
                 );
                 Box::pin(async move {
                     Envelope::error(
-                        ToolError::new(ErrorCode::RateLimited, message).with_retry_after(retry_after_s),
+                        ToolError::new(ErrorCode::RateLimited, message)
+                            .with_retry_after(retry_after_s),
                     )
                 })
             }
@@ -134,7 +141,10 @@ mod tests {
     #[test]
     fn buckets_refill_at_the_declared_rate() {
         let limits = RateLimits::new(10);
-        let limit = RateLimit { max: 2, per: Duration::from_secs(10) };
+        let limit = RateLimit {
+            max: 2,
+            per: Duration::from_secs(10),
+        };
         let t0 = Instant::now();
         assert!(limits.take("t", "a", limit, t0).is_ok());
         assert!(limits.take("t", "a", limit, t0).is_ok());
@@ -142,16 +152,28 @@ mod tests {
         assert!(wait > Duration::from_secs(4) && wait <= Duration::from_secs(5));
         // Another tenant has its own bucket.
         assert!(limits.take("t", "b", limit, t0).is_ok());
-        assert!(limits.take("t", "a", limit, t0 + Duration::from_secs(5)).is_ok());
+        assert!(
+            limits
+                .take("t", "a", limit, t0 + Duration::from_secs(5))
+                .is_ok()
+        );
     }
 
     #[test]
     fn the_bucket_table_stays_bounded() {
         let limits = RateLimits::new(3);
-        let limit = RateLimit { max: 5, per: Duration::from_secs(1) };
+        let limit = RateLimit {
+            max: 5,
+            per: Duration::from_secs(1),
+        };
         let t0 = Instant::now();
         for tenant in 0..50 {
-            let _ = limits.take("t", &tenant.to_string(), limit, t0 + Duration::from_secs(tenant));
+            let _ = limits.take(
+                "t",
+                &tenant.to_string(),
+                limit,
+                t0 + Duration::from_secs(tenant),
+            );
         }
         assert!(limits.buckets.lock().unwrap().len() <= 3);
     }

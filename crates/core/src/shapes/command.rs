@@ -98,9 +98,13 @@ impl ConfirmSigner {
             )
         };
         let mut parts = token.split('.');
-        let (Some(TOKEN_PREFIX), Some(exp), Some(nonce), Some(mac), None) =
-            (parts.next(), parts.next(), parts.next(), parts.next(), parts.next())
-        else {
+        let (Some(TOKEN_PREFIX), Some(exp), Some(nonce), Some(mac), None) = (
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+        ) else {
             return Err(invalid("is not a token this runtime issued"));
         };
         let Ok(exp) = exp.parse::<u64>() else {
@@ -146,7 +150,11 @@ pub enum Claim {
 /// Records the outcome of each commit, so a token commits at most once.
 pub trait CommitLog: Send + Sync + 'static {
     /// Claims `key` for `lease`; waits a while for a running commit of the same key.
-    fn claim<'a>(&'a self, key: &'a str, lease: Duration) -> BoxFuture<'a, Result<Claim, ToolError>>;
+    fn claim<'a>(
+        &'a self,
+        key: &'a str,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Claim, ToolError>>;
     /// Records the final outcome, or with `None` releases the claim so the
     /// commit may be tried again (after a retryable failure).
     fn settle<'a>(
@@ -190,7 +198,11 @@ impl Default for MemoryCommitLog {
 }
 
 impl CommitLog for MemoryCommitLog {
-    fn claim<'a>(&'a self, key: &'a str, lease: Duration) -> BoxFuture<'a, Result<Claim, ToolError>> {
+    fn claim<'a>(
+        &'a self,
+        key: &'a str,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Claim, ToolError>> {
         Box::pin(async move {
             let give_up = Instant::now() + self.wait;
             loop {
@@ -205,7 +217,9 @@ impl CommitLog for MemoryCommitLog {
                         });
                     }
                     match entries.get(key) {
-                        Some(Entry::Settled { envelope, .. }) => return Ok(Claim::Settled(envelope.clone())),
+                        Some(Entry::Settled { envelope, .. }) => {
+                            return Ok(Claim::Settled(envelope.clone()));
+                        }
                         Some(Entry::Pending { until, done }) if *until > now => {
                             if now >= give_up {
                                 return Ok(Claim::Busy);
@@ -225,7 +239,11 @@ impl CommitLog for MemoryCommitLog {
                         }
                     }
                 };
-                let _ = tokio::time::timeout(give_up.saturating_duration_since(Instant::now()), notified).await;
+                let _ = tokio::time::timeout(
+                    give_up.saturating_duration_since(Instant::now()),
+                    notified,
+                )
+                .await;
             }
         })
     }
@@ -262,7 +280,12 @@ mod tests {
     use serde_json::json;
 
     fn binding<'a>(user: &'a str, args: &'a Value) -> Binding<'a> {
-        Binding { tenant: "acme", user, tool: "submit_report", args }
+        Binding {
+            tenant: "acme",
+            user,
+            tool: "submit_report",
+            args,
+        }
     }
 
     #[test]
@@ -272,17 +295,37 @@ mod tests {
         let (token, exp) = signer.issue(&binding("alice", &args), 1000);
         assert_eq!(exp, 1060);
         let commit = json!({"line_ids": ["a"], "dry_run": false, "confirm_token": token});
-        assert!(signer.verify(&token, &binding("alice", &commit), 1001).is_ok());
+        assert!(
+            signer
+                .verify(&token, &binding("alice", &commit), 1001)
+                .is_ok()
+        );
         let other = json!({"line_ids": ["b"], "dry_run": false});
-        let e = signer.verify(&token, &binding("alice", &other), 1001).unwrap_err();
+        let e = signer
+            .verify(&token, &binding("alice", &other), 1001)
+            .unwrap_err();
         assert_eq!(e.code, ErrorCode::InvalidConfirmToken);
-        assert!(signer.verify(&token, &binding("bob", &commit), 1001).is_err());
-        let e = signer.verify(&token, &binding("alice", &commit), 1060).unwrap_err();
+        assert!(
+            signer
+                .verify(&token, &binding("bob", &commit), 1001)
+                .is_err()
+        );
+        let e = signer
+            .verify(&token, &binding("alice", &commit), 1060)
+            .unwrap_err();
         assert!(e.message.contains("expired"), "{}", e.message);
         let other_key = ConfirmSigner::new([8; 32], Duration::from_secs(60));
-        assert!(other_key.verify(&token, &binding("alice", &commit), 1001).is_err());
+        assert!(
+            other_key
+                .verify(&token, &binding("alice", &commit), 1001)
+                .is_err()
+        );
         for garbage in ["", "ct1", "ct1.x.y.z", "ct1.1.2.3.4", "💥.1.2.3"] {
-            assert!(signer.verify(garbage, &binding("alice", &commit), 1001).is_err());
+            assert!(
+                signer
+                    .verify(garbage, &binding("alice", &commit), 1001)
+                    .is_err()
+            );
         }
     }
 }

@@ -45,7 +45,8 @@ pub trait Fleet: Send + Sync + 'static {
     /// answers `conflict`.
     fn submit<'a>(&'a self, job: JobRequest) -> BoxFuture<'a, Result<String, ToolError>>;
     /// Records a ticket; answers its id.
-    fn open_ticket<'a>(&'a self, ticket: TicketRequest) -> BoxFuture<'a, Result<String, ToolError>>;
+    fn open_ticket<'a>(&'a self, ticket: TicketRequest)
+    -> BoxFuture<'a, Result<String, ToolError>>;
 }
 
 /// A runtime with no fleet: enqueued shapes answer `unavailable`.
@@ -56,17 +57,26 @@ impl Fleet for NoFleet {
         Box::pin(async move {
             Err(ToolError::new(
                 ErrorCode::Unavailable,
-                format!("`{}` runs on the fleet, and this runtime has none configured", job.tool),
+                format!(
+                    "`{}` runs on the fleet, and this runtime has none configured",
+                    job.tool
+                ),
             )
             .retryable(false))
         })
     }
 
-    fn open_ticket<'a>(&'a self, ticket: TicketRequest) -> BoxFuture<'a, Result<String, ToolError>> {
+    fn open_ticket<'a>(
+        &'a self,
+        ticket: TicketRequest,
+    ) -> BoxFuture<'a, Result<String, ToolError>> {
         Box::pin(async move {
             Err(ToolError::new(
                 ErrorCode::Unavailable,
-                format!("`{}` needs an inbox for tickets, and this runtime has none configured", ticket.tool),
+                format!(
+                    "`{}` needs an inbox for tickets, and this runtime has none configured",
+                    ticket.tool
+                ),
             )
             .retryable(false))
         })
@@ -117,9 +127,11 @@ impl Fleet for MemoryFleet {
     fn submit<'a>(&'a self, job: JobRequest) -> BoxFuture<'a, Result<String, ToolError>> {
         Box::pin(async move {
             let mut tables = self.lock();
-            let key = job.ctx.idempotency_key.clone().map(|k| {
-                (job.ctx.principal.tenant.clone(), job.tool.clone(), k)
-            });
+            let key = job
+                .ctx
+                .idempotency_key
+                .clone()
+                .map(|k| (job.ctx.principal.tenant.clone(), job.tool.clone(), k));
             if let Some(existing) = key.as_ref().and_then(|k| tables.keys.get(k)) {
                 let existing = &tables.jobs[existing];
                 if canonical_json(&existing.request.args) != canonical_json(&job.args) {
@@ -149,7 +161,10 @@ impl Fleet for MemoryFleet {
         })
     }
 
-    fn open_ticket<'a>(&'a self, ticket: TicketRequest) -> BoxFuture<'a, Result<String, ToolError>> {
+    fn open_ticket<'a>(
+        &'a self,
+        ticket: TicketRequest,
+    ) -> BoxFuture<'a, Result<String, ToolError>> {
         Box::pin(async move {
             let id = format!("t_{}", uuid::Uuid::now_v7().simple());
             self.lock().tickets.push((id.clone(), ticket));

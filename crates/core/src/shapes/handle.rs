@@ -24,9 +24,19 @@ const PREVIEW_CHARS: usize = 300;
 /// Where large results are kept.
 pub trait HandleStore: Send + Sync + 'static {
     /// Keeps `value` for `tenant` and `user`; answers the handle.
-    fn put<'a>(&'a self, tenant: &'a str, user: &'a str, value: Json) -> BoxFuture<'a, Result<String, ToolError>>;
+    fn put<'a>(
+        &'a self,
+        tenant: &'a str,
+        user: &'a str,
+        value: Json,
+    ) -> BoxFuture<'a, Result<String, ToolError>>;
     /// The value behind `handle`, if it exists and belongs to `tenant` and `user`.
-    fn get<'a>(&'a self, tenant: &'a str, user: &'a str, handle: &'a str) -> BoxFuture<'a, Result<Option<Json>, ToolError>>;
+    fn get<'a>(
+        &'a self,
+        tenant: &'a str,
+        user: &'a str,
+        handle: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Json>, ToolError>>;
 }
 
 struct Kept {
@@ -60,7 +70,12 @@ impl Default for MemoryHandleStore {
 }
 
 impl HandleStore for MemoryHandleStore {
-    fn put<'a>(&'a self, tenant: &'a str, user: &'a str, value: Json) -> BoxFuture<'a, Result<String, ToolError>> {
+    fn put<'a>(
+        &'a self,
+        tenant: &'a str,
+        user: &'a str,
+        value: Json,
+    ) -> BoxFuture<'a, Result<String, ToolError>> {
         Box::pin(async move {
             let handle = format!("h_{}", uuid::Uuid::now_v7().simple());
             let kept = Kept {
@@ -77,7 +92,12 @@ impl HandleStore for MemoryHandleStore {
         })
     }
 
-    fn get<'a>(&'a self, tenant: &'a str, user: &'a str, handle: &'a str) -> BoxFuture<'a, Result<Option<Json>, ToolError>> {
+    fn get<'a>(
+        &'a self,
+        tenant: &'a str,
+        user: &'a str,
+        handle: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Json>, ToolError>> {
         Box::pin(async move {
             let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
             Ok(entries
