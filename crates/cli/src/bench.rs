@@ -67,13 +67,21 @@ fn percentiles(mut samples: Vec<Duration>) -> Value {
     json!({"p50": at(0.50), "p95": at(0.95), "p99": at(0.99), "max": at(1.0), "n": samples.len()})
 }
 
+#[derive(Default)]
+struct Pending {
+    /// Call start times of jobs whose settled event has not arrived.
+    started: HashMap<String, Instant>,
+    /// Settled times of jobs whose call has not returned.
+    settled: HashMap<String, Instant>,
+}
+
 struct Probe {
     http: reqwest::Client,
     base: String,
     token: String,
-    /// Call start times by job id, and settle latencies as events arrive.
-    started: Mutex<HashMap<String, Instant>>,
-    settled_early: Mutex<HashMap<String, Instant>>,
+    /// Whichever of a job's call and settled event comes first waits here
+    /// for the other; one lock, so the two can never miss each other.
+    pending: Mutex<Pending>,
     settled: Mutex<Vec<(Instant, Duration)>>,
 }
 
@@ -98,19 +106,12 @@ impl Probe {
             .as_str()
             .ok_or_else(|| format!("not running: {text}"))?
             .to_owned();
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
         // The settled event may already have arrived.
-        let early = self
-            .settled_early
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&job_id);
-        match early {
+        match pending.settled.remove(&job_id) {
             Some(at) => self.record(at, at.saturating_duration_since(begun)),
             None => {
-                self.started
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(job_id, begun);
+                pending.started.insert(job_id, begun);
             }
         }
         Ok(took)
@@ -157,18 +158,11 @@ impl Probe {
                 }
                 let now = Instant::now();
                 let id = event["id"].as_str().unwrap_or_default().to_owned();
-                let begun = self
-                    .started
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&id);
-                match begun {
+                let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+                match pending.started.remove(&id) {
                     Some(begun) => self.record(now, now.saturating_duration_since(begun)),
                     None => {
-                        self.settled_early
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .insert(id, now);
+                        pending.settled.insert(id, now);
                     }
                 }
             }
@@ -320,11 +314,15 @@ async fn run(
         http: toolfleet_executors::http_client()?,
         base: format!("http://{}", served.address),
         token: token.trim().to_owned(),
-        started: Mutex::default(),
-        settled_early: Mutex::default(),
+        pending: Mutex::default(),
         settled: Mutex::default(),
     });
-    tokio::spawn(probe.clone().follow());
+    let follower = probe.clone();
+    tokio::spawn(async move {
+        if let Err(error) = follower.follow().await {
+            eprintln!("toolfleet bench: the event stream failed: {error}");
+        }
+    });
     tokio::time::sleep(Duration::from_millis(200)).await;
     // A short warm-up, so connection set-up is not measured.
     burn_down(&probe, 200.min(args.jobs), args.clients).await?;

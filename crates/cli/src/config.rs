@@ -10,9 +10,6 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use toolfleet_core::config::{ToolConfig, parse_tools};
 
-/// Where the expense pack's declarations live, loaded when there is no file.
-pub const EXPENSE_PACK: &str = "examples/expenses/toolfleet.toml";
-
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TokenConfig {
@@ -98,7 +95,8 @@ fn read(path: &Path) -> Result<String, String> {
 
 impl Config {
     /// The file named by `--config`, else `TOOLFLEET_CONFIG`, else
-    /// `./toolfleet.toml`; with none, the defaults and the expense pack.
+    /// `./toolfleet.toml`; with none, the defaults and the expense pack
+    /// (`examples/expenses/toolfleet.toml`, built into the binary).
     pub fn load(explicit: Option<&Path>) -> Result<Config, String> {
         let named = explicit
             .map(Path::to_path_buf)
@@ -109,11 +107,8 @@ impl Config {
         });
         let mut config = match &path {
             Some(path) => Config::parse(&read(path)?, path)?,
-            None => {
-                let mut config = Config::parse("", Path::new("."))?;
-                config.include.push(PathBuf::from(EXPENSE_PACK));
-                config
-            }
+            // The expense pack is built in, so this works from any directory.
+            None => Config::parse(toolfleet_expenses::TOOLS_TOML, Path::new("."))?,
         };
         config.source = path;
         config.apply_env();

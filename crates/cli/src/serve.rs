@@ -203,7 +203,8 @@ pub async fn start(config: Config, extra: Vec<ToolDecl>) -> Result<Served, Strin
             .map_err(|e| e.to_string())?,
     );
     let broker: Arc<dyn Broker> = Arc::new(MemoryBroker::new());
-    let notices: Arc<dyn Notices> = Arc::new(MemoryNotices::new());
+    // Deep enough that SSE streams and webhooks keep up with bursts.
+    let notices: Arc<dyn Notices> = Arc::new(MemoryNotices::with_capacity(65_536));
     let mut runtime = Runtime::builder()
         .config(RuntimeConfig::default())
         .secret(signing_key(&config.data_dir)?)
@@ -281,6 +282,7 @@ pub async fn start(config: Config, extra: Vec<ToolDecl>) -> Result<Served, Strin
             ..Limits::default()
         },
         metrics: Arc::new(Metrics::default()),
+        stopping: stopped.clone(),
     };
     let listener = tokio::net::TcpListener::bind(&config.listen)
         .await

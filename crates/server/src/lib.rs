@@ -56,4 +56,6 @@ pub struct AppState {
     pub webhook_allow: Arc<Vec<String>>,
     pub limits: Limits,
     pub metrics: Arc<Metrics>,
+    /// Turns true when the server stops; long-lived answers end then.
+    pub stopping: tokio::sync::watch::Receiver<bool>,
 }

@@ -483,11 +483,18 @@ async fn events(State(state): State<AppState>, headers: HeaderMap) -> Response {
         }
     };
     let tenant = principal.tenant.clone();
+    let stopping = state.stopping.clone();
     let stream = futures_util::stream::unfold(subscription, move |mut subscription| {
         let tenant = tenant.clone();
+        let mut stopping = stopping.clone();
         async move {
             loop {
-                let event = subscription.next().await?;
+                // The stream ends when the server stops, so shutdown never
+                // waits on a client that listens forever.
+                let event = tokio::select! {
+                    event = subscription.next() => event?,
+                    _ = stopping.wait_for(|stop| *stop) => return None,
+                };
                 // Another tenant's events never leave the server.
                 if event.tenant != tenant {
                     continue;

@@ -136,12 +136,20 @@ impl Worker {
         };
         let mut tasks = tokio::task::JoinSet::new();
         loop {
-            let Ok(permit) = slots.clone().acquire_owned().await else {
-                break;
+            // Shutdown comes first, both while every slot is busy and when a
+            // delivery is ready at the same moment: after it, nothing is taken.
+            let permit = tokio::select! {
+                biased;
+                _ = shutdown.changed() => break,
+                permit = slots.clone().acquire_owned() => match permit {
+                    Ok(permit) => permit,
+                    Err(_) => break,
+                },
             };
             let delivery = tokio::select! {
-                delivery = consumer.next() => delivery,
+                biased;
                 _ = shutdown.changed() => None,
+                delivery = consumer.next() => delivery,
             };
             let Some(delivery) = delivery else { break };
             let worker = self.clone();

@@ -34,7 +34,8 @@ impl Drop for TempDir {
     }
 }
 
-fn sha(token: &str) -> String {
+/// The hex SHA-256 of a token, as `[[auth.tokens]]` names it.
+pub fn sha(token: &str) -> String {
     hex::encode(Sha256::digest(token.as_bytes()))
 }
 
@@ -83,6 +84,8 @@ pub struct Server {
     pub child: Child,
     pub base: String,
     pub config: PathBuf,
+    /// What the process wrote on stderr before it served.
+    pub startup: Vec<String>,
 }
 
 impl Server {
@@ -133,6 +136,7 @@ impl Server {
             child,
             base,
             config: config.to_path_buf(),
+            startup: said,
         }
     }
 
@@ -242,4 +246,96 @@ where
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// One request a [`hook_receiver`] got.
+#[derive(Debug, Clone)]
+pub struct Hook {
+    /// The `Toolfleet-Signature` header.
+    pub signature: String,
+    pub body: String,
+    pub at: std::time::Instant,
+}
+
+/// A webhook receiver on 127.0.0.1: records every request and answers the
+/// HTTP statuses of `answers` in turn, repeating the last one.
+pub async fn hook_receiver(
+    answers: Vec<u16>,
+) -> (String, std::sync::Arc<std::sync::Mutex<Vec<Hook>>>) {
+    use std::sync::{Arc, Mutex};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    let seen: Arc<Mutex<Vec<Hook>>> = Arc::new(Mutex::new(Vec::new()));
+    let store = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let store = store.clone();
+            let answers = answers.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    let n = socket.read(&mut chunk).await.unwrap_or(0);
+                    if n == 0 {
+                        return;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                        continue;
+                    };
+                    let head = String::from_utf8_lossy(&buf[..end]).to_string();
+                    let header = |name: &str| {
+                        head.lines().find_map(|l| {
+                            let (k, v) = l.split_once(':')?;
+                            k.trim()
+                                .eq_ignore_ascii_case(name)
+                                .then(|| v.trim().to_owned())
+                        })
+                    };
+                    let length: usize = header("content-length")
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or(0);
+                    if buf.len() < end + 4 + length {
+                        continue;
+                    }
+                    let status = {
+                        let mut seen = store.lock().unwrap();
+                        seen.push(Hook {
+                            signature: header("toolfleet-signature").unwrap_or_default(),
+                            body: String::from_utf8_lossy(&buf[end + 4..end + 4 + length])
+                                .to_string(),
+                            at: std::time::Instant::now(),
+                        });
+                        answers
+                            .get(seen.len() - 1)
+                            .or(answers.last())
+                            .copied()
+                            .unwrap_or(200)
+                    };
+                    let reply = format!(
+                        "HTTP/1.1 {status} X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                    );
+                    let _ = socket.write_all(reply.as_bytes()).await;
+                    return;
+                }
+            });
+        }
+    });
+    (url, seen)
+}
+
+/// Checks a `Toolfleet-Signature` against the test configuration's key.
+pub fn signed(signature: &str, body: &str) -> bool {
+    use hmac::{Hmac, Mac};
+    let Some((t, v1)) = signature.split_once(",v1=") else {
+        return false;
+    };
+    let Some(t) = t.strip_prefix("t=") else {
+        return false;
+    };
+    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(b"test-webhook-key").unwrap();
+    mac.update(format!("{t}.{body}").as_bytes());
+    hex::encode(mac.finalize().into_bytes()) == v1
 }

@@ -1,0 +1,787 @@
+//! A worker's part of a job's life, driven directly: claim with a lease, run
+//! under the wall-time budget, retry with backoff, settle, and stop on cancel
+//! or shutdown. Each test has its own in-memory store, broker and notices.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+use tokio::sync::watch;
+use toolfleet_broker::memory::{MemoryBroker, MemoryNotices};
+use toolfleet_broker::{Acker, Broker, BrokerError, Delivery, Notices};
+use toolfleet_core::{CallCtx, ErrorCode, JobState, Json, Runtime, ToolDecl, ToolError, new_id};
+use toolfleet_store::sqlite::SqliteStore;
+use toolfleet_store::{Inserted, JobRecord, Lease, NewJob, Store};
+use toolfleet_worker::{Handled, Worker, WorkerConfig, job_event, now_ms, sweep};
+
+const TENANT: &str = "acme";
+const POOL: &str = "lifecycle";
+const BACKOFF_MIN_MS: i64 = 10;
+const BACKOFF_MAX_MS: i64 = 50;
+
+fn worker_config(lease: Duration, concurrency: usize) -> WorkerConfig {
+    let mut config = WorkerConfig::new(POOL);
+    config.concurrency = concurrency;
+    config.lease = lease;
+    config.backoff_min = Duration::from_millis(BACKOFF_MIN_MS as u64);
+    config.backoff_max = Duration::from_millis(BACKOFF_MAX_MS as u64);
+    config.poll_after_s = 1;
+    config
+}
+
+/// Sets its flag when dropped: proof that an executor's future was dropped.
+struct DropFlag(Arc<AtomicBool>);
+
+impl Drop for DropFlag {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Counts how many times it was dropped.
+struct DropCount(Arc<AtomicUsize>);
+
+impl Drop for DropCount {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+struct Rig {
+    store: Arc<dyn Store>,
+    broker: MemoryBroker,
+    notices: MemoryNotices,
+    worker: Arc<Worker>,
+}
+
+impl Rig {
+    async fn new(tools: Vec<ToolDecl>, config: WorkerConfig) -> Rig {
+        let mut runtime = Runtime::builder().build();
+        runtime.register_all(tools).expect("tools register");
+        let store: Arc<dyn Store> = Arc::new(SqliteStore::open_in_memory().await.unwrap());
+        let broker = MemoryBroker::new();
+        let notices = MemoryNotices::new();
+        let worker = Rig::worker_on(&store, &broker, &notices, Arc::new(runtime), config);
+        Rig {
+            store,
+            broker,
+            notices,
+            worker,
+        }
+    }
+
+    fn worker_on(
+        store: &Arc<dyn Store>,
+        broker: &MemoryBroker,
+        notices: &MemoryNotices,
+        runtime: Arc<Runtime>,
+        config: WorkerConfig,
+    ) -> Arc<Worker> {
+        Worker::new(
+            config,
+            runtime,
+            store.clone(),
+            Arc::new(broker.clone()),
+            Arc::new(notices.clone()),
+        )
+    }
+
+    async fn insert(&self, tool: &str, max_attempts: u32, timeout_ms: i64) -> String {
+        self.insert_keyed(tool, max_attempts, timeout_ms, None)
+            .await
+    }
+
+    async fn insert_keyed(
+        &self,
+        tool: &str,
+        max_attempts: u32,
+        timeout_ms: i64,
+        key: Option<&str>,
+    ) -> String {
+        let id = new_id();
+        let inserted = self
+            .store
+            .insert_job(NewJob {
+                id: id.clone(),
+                tenant: TENANT.into(),
+                user: "alice".into(),
+                tool: tool.into(),
+                pool: POOL.into(),
+                args: json!({}),
+                idempotency_key: key.map(str::to_owned),
+                run_id: "run-1".into(),
+                call_id: new_id(),
+                callback_url: None,
+                max_attempts,
+                timeout_ms,
+                now: now_ms(),
+            })
+            .await
+            .unwrap();
+        assert!(matches!(inserted, Inserted::Created(_)), "{inserted:?}");
+        id
+    }
+
+    async fn publish(&self, id: &str) {
+        self.broker.publish(POOL, id).await.unwrap();
+    }
+
+    async fn job(&self, id: &str) -> JobRecord {
+        self.store.job_by_id(id).await.unwrap().expect("the job")
+    }
+
+    /// Waits (at most `limit`) until the job is in `state`.
+    async fn wait_state(&self, id: &str, state: JobState, limit: Duration) -> JobRecord {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let job = self.job(id).await;
+            if job.state == state {
+                return job;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "job never reached {state} within {limit:?}: {job:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Runs the worker's loop until the sender turns true.
+    fn start(&self, grace: Duration) -> (watch::Sender<bool>, tokio::task::JoinHandle<()>) {
+        let (stop, stopped) = watch::channel(false);
+        let run = tokio::spawn(self.worker.clone().run(stopped, grace));
+        (stop, run)
+    }
+}
+
+/// Waits (at most `limit`) until `f` is true.
+async fn until(limit: Duration, what: &str, f: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + limit;
+    while !f() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: not within {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Sleeps until the store's clock passes `at` (Unix ms).
+async fn sleep_past(at: i64) {
+    let left = at + 1 - now_ms();
+    if left > 0 {
+        tokio::time::sleep(Duration::from_millis(left as u64)).await;
+    }
+}
+
+/// A job tool whose first `fail_first` runs fail (retryably or not), saying
+/// which attempt failed; it counts its runs.
+fn flaky(name: &str, runs: Arc<AtomicUsize>, fail_first: usize, retryable: bool) -> ToolDecl {
+    ToolDecl::job(name).run(move |_ctx: CallCtx, _args: Value| {
+        let runs = runs.clone();
+        async move {
+            let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
+            if n <= fail_first {
+                return Err(ToolError::failed(format!("attempt {n} failed"), retryable));
+            }
+            Ok(json!({"attempt": n}))
+        }
+    })
+}
+
+/// A job tool that marks it started, then sleeps `sleep` holding a drop flag.
+fn sleeper(
+    name: &str,
+    runs: Arc<AtomicUsize>,
+    dropped: Arc<AtomicBool>,
+    sleep: Duration,
+) -> ToolDecl {
+    ToolDecl::job(name).run(move |_ctx: CallCtx, _args: Value| {
+        let (runs, dropped) = (runs.clone(), dropped.clone());
+        async move {
+            let _guard = DropFlag(dropped);
+            runs.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(sleep).await;
+            Ok::<_, ToolError>(json!({"slept_ms": sleep.as_millis() as u64}))
+        }
+    })
+}
+
+// 1. Retries with backoff.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retryable_failure_is_retried_with_backoff_until_it_succeeds() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let rig = Rig::new(
+        vec![flaky("flaky", runs.clone(), 2, true)],
+        worker_config(Duration::from_millis(400), 4),
+    )
+    .await;
+    let id = rig.insert("flaky", 3, 5_000).await;
+
+    let mut previous_delay = 0;
+    for attempt in 1..=2u32 {
+        assert_eq!(
+            rig.worker.run_job(&id).await,
+            Handled::Ran(JobState::Retrying)
+        );
+        let job = rig.job(&id).await;
+        assert_eq!(job.state, JobState::Retrying);
+        assert_eq!(job.attempts, attempt);
+        assert_eq!(job.lease_owner, None, "a retrying job holds no lease");
+        let error = job.error.clone().expect("the error is kept");
+        assert_eq!(error.code, ErrorCode::ToolFailed);
+        assert_eq!(error.message, format!("attempt {attempt} failed"));
+        // Exponential: attempt n waits at least min * 2^(n-1), at most twice the cap.
+        let delay = job.run_at - job.updated_at;
+        let floor = BACKOFF_MIN_MS << (attempt - 1);
+        assert!(
+            (floor..=2 * BACKOFF_MAX_MS).contains(&delay),
+            "attempt {attempt}: retry delay {delay} ms"
+        );
+        assert!(delay >= previous_delay.min(BACKOFF_MAX_MS));
+        previous_delay = delay;
+        // Not claimable before run_at, by anyone.
+        assert_eq!(
+            rig.store
+                .claim(&id, "someone-else", job.run_at - 1, 1_000)
+                .await
+                .unwrap(),
+            None,
+            "a retrying job is not claimable before its run_at"
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), attempt as usize);
+        sleep_past(job.run_at).await;
+    }
+    assert_eq!(
+        rig.worker.run_job(&id).await,
+        Handled::Ran(JobState::Succeeded)
+    );
+    let job = rig.job(&id).await;
+    assert_eq!((job.state, job.attempts), (JobState::Succeeded, 3));
+    assert_eq!(
+        job.result.expect("a result").to_value(),
+        json!({"attempt": 3})
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_reach_the_worker_through_the_broker() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let rig = Rig::new(
+        vec![flaky("flaky", runs.clone(), 2, true)],
+        worker_config(Duration::from_millis(400), 4),
+    )
+    .await;
+    let mut states = rig.notices.subscribe().await.unwrap();
+    let (_stop, _run) = rig.start(Duration::from_secs(1));
+    let id = rig.insert("flaky", 3, 5_000).await;
+    rig.publish(&id).await;
+    let job = rig
+        .wait_state(&id, JobState::Succeeded, Duration::from_secs(10))
+        .await;
+    assert_eq!(job.attempts, 3);
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+    // Every transition was announced: running, retrying, ..., succeeded.
+    let mut seen = Vec::new();
+    while seen.last().map(String::as_str) != Some("succeeded") {
+        let event = tokio::time::timeout(Duration::from_secs(5), states.next())
+            .await
+            .expect("an event")
+            .expect("notices open");
+        if event.id == id {
+            seen.push(event.state);
+        }
+    }
+    assert_eq!(
+        seen,
+        [
+            "running",
+            "retrying",
+            "running",
+            "retrying",
+            "running",
+            "succeeded"
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_that_always_fails_retryably_fails_after_exactly_max_attempts() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let rig = Rig::new(
+        vec![flaky("doomed", runs.clone(), usize::MAX, true)],
+        worker_config(Duration::from_millis(400), 4),
+    )
+    .await;
+    let (_stop, _run) = rig.start(Duration::from_secs(1));
+    let id = rig.insert("doomed", 4, 5_000).await;
+    rig.publish(&id).await;
+    let job = rig
+        .wait_state(&id, JobState::Failed, Duration::from_secs(10))
+        .await;
+    assert_eq!(job.attempts, 4);
+    let error = job.error.expect("the last error is kept");
+    assert_eq!(error.code, ErrorCode::ToolFailed);
+    assert_eq!(
+        error.message, "attempt 4 failed",
+        "the last error, not the first"
+    );
+    // Well past any backoff: no fifth attempt comes.
+    tokio::time::sleep(Duration::from_millis(4 * BACKOFF_MAX_MS as u64)).await;
+    assert_eq!(runs.load(Ordering::SeqCst), 4);
+    assert_eq!(rig.job(&id).await.state, JobState::Failed);
+    assert_eq!(rig.worker.run_job(&id).await, Handled::Skipped);
+    assert_eq!(runs.load(Ordering::SeqCst), 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_non_retryable_failure_fails_at_once() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let rig = Rig::new(
+        vec![flaky("broken", runs.clone(), usize::MAX, false)],
+        worker_config(Duration::from_millis(400), 4),
+    )
+    .await;
+    let id = rig.insert("broken", 5, 5_000).await;
+    assert_eq!(
+        rig.worker.run_job(&id).await,
+        Handled::Ran(JobState::Failed)
+    );
+    let job = rig.job(&id).await;
+    assert_eq!((job.state, job.attempts), (JobState::Failed, 1));
+    let error = job.error.expect("the error is kept");
+    assert_eq!(
+        (error.message.as_str(), error.retryable),
+        ("attempt 1 failed", false)
+    );
+    assert_eq!(rig.worker.run_job(&id).await, Handled::Skipped);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+// 2. Duplicate deliveries.
+
+/// Records how a delivery was settled.
+struct RecordingAcker(Arc<Mutex<Vec<&'static str>>>);
+
+#[async_trait]
+impl Acker for RecordingAcker {
+    async fn ack(self: Box<Self>) -> Result<(), BrokerError> {
+        self.0.lock().unwrap().push("ack");
+        Ok(())
+    }
+    async fn requeue(self: Box<Self>) -> Result<(), BrokerError> {
+        self.0.lock().unwrap().push("requeue");
+        Ok(())
+    }
+    async fn reject(self: Box<Self>) -> Result<(), BrokerError> {
+        self.0.lock().unwrap().push("reject");
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_delivery_never_reruns_the_executor() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let dropped = Arc::new(AtomicBool::new(false));
+    let rig = Rig::new(
+        vec![sleeper(
+            "once",
+            runs.clone(),
+            dropped,
+            Duration::from_millis(300),
+        )],
+        worker_config(Duration::from_millis(400), 4),
+    )
+    .await;
+
+    // A duplicate while the first delivery runs: the lease is held, so skipped.
+    let id = rig.insert("once", 3, 5_000).await;
+    let first = tokio::spawn({
+        let worker = rig.worker.clone();
+        let id = id.clone();
+        async move { worker.run_job(&id).await }
+    });
+    until(Duration::from_secs(5), "the first run starts", || {
+        runs.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    assert_eq!(rig.worker.run_job(&id).await, Handled::Skipped);
+    assert_eq!(first.await.unwrap(), Handled::Ran(JobState::Succeeded));
+    // A redelivery of the settled job is acknowledged and not run.
+    let settled = Arc::new(Mutex::new(Vec::new()));
+    rig.worker
+        .handle(Delivery::new(
+            id.clone(),
+            true,
+            Box::new(RecordingAcker(settled.clone())),
+        ))
+        .await;
+    assert_eq!(*settled.lock().unwrap(), ["ack"]);
+    assert_eq!(rig.worker.run_job(&id).await, Handled::Skipped);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(rig.job(&id).await.attempts, 1);
+
+    // Through the broker: the same id published three times at once, then
+    // twice more after it settled.
+    let (_stop, _run) = rig.start(Duration::from_secs(1));
+    let id = rig.insert("once", 3, 5_000).await;
+    for _ in 0..3 {
+        rig.publish(&id).await;
+    }
+    rig.wait_state(&id, JobState::Succeeded, Duration::from_secs(10))
+        .await;
+    rig.publish(&id).await;
+    rig.publish(&id).await;
+    // A marker job published after the duplicates: once it ran, they were
+    // all taken (the queue is FIFO) and handled by a free slot.
+    let marker = rig.insert("once", 1, 5_000).await;
+    rig.publish(&marker).await;
+    rig.wait_state(&marker, JobState::Succeeded, Duration::from_secs(10))
+        .await;
+    assert_eq!(rig.broker.depth(POOL).await.unwrap(), 0);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(runs.load(Ordering::SeqCst), 3, "one run per job: {id}");
+    assert_eq!(rig.job(&id).await.attempts, 1);
+}
+
+// 3. Expired leases.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_whose_lease_expired_is_claimed_again_and_runs() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let rig = Rig::new(
+        vec![flaky("steady", runs.clone(), 0, true)],
+        worker_config(Duration::from_millis(400), 4),
+    )
+    .await;
+    let (_stop, _run) = rig.start(Duration::from_secs(1));
+    let id = rig.insert("steady", 3, 5_000).await;
+    let ghost = rig
+        .store
+        .claim(&id, "ghost", now_ms(), 600)
+        .await
+        .unwrap()
+        .expect("the ghost claims it");
+    // While the ghost's lease holds, nobody else runs it.
+    assert_eq!(rig.worker.run_job(&id).await, Handled::Skipped);
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    // The ghost never settles. Once its lease is over the sweeper finds it.
+    sleep_past(ghost.lease_until.unwrap()).await;
+    assert_eq!(
+        sweep(rig.store.as_ref(), &rig.broker, 100, None).await,
+        Ok(1)
+    );
+    let job = rig
+        .wait_state(&id, JobState::Succeeded, Duration::from_secs(10))
+        .await;
+    assert_eq!(job.attempts, 2, "the ghost's attempt counts");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    // The ghost, waking up late, can neither settle nor hold it.
+    assert_eq!(
+        rig.store
+            .succeed(&id, "ghost", &Json::from(json!({"late": true})), now_ms())
+            .await
+            .unwrap(),
+        None
+    );
+    assert_eq!(
+        rig.store
+            .heartbeat(&id, "ghost", now_ms(), 600)
+            .await
+            .unwrap(),
+        Lease::Lost
+    );
+    assert_eq!(
+        rig.job(&id).await.result.unwrap().to_value(),
+        json!({"attempt": 1})
+    );
+
+    // A job abandoned on its last attempt is failed, not run a further time.
+    let last = rig.insert("steady", 1, 5_000).await;
+    let ghost = rig
+        .store
+        .claim(&last, "ghost", now_ms(), 50)
+        .await
+        .unwrap()
+        .unwrap();
+    sleep_past(ghost.lease_until.unwrap()).await;
+    assert_eq!(
+        rig.worker.run_job(&last).await,
+        Handled::Ran(JobState::Failed)
+    );
+    let job = rig.job(&last).await;
+    assert!(
+        job.error.unwrap().message.contains("interrupted"),
+        "the reason is given"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+// 4. Cancel.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_notice_stops_a_running_executor() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let dropped = Arc::new(AtomicBool::new(false));
+    // A long lease: heartbeats are 10 s apart, so only the notice can stop it.
+    let rig = Rig::new(
+        vec![sleeper(
+            "long",
+            runs.clone(),
+            dropped.clone(),
+            Duration::from_secs(60),
+        )],
+        worker_config(Duration::from_secs(30), 4),
+    )
+    .await;
+    let (_stop, _run) = rig.start(Duration::from_secs(1));
+    let id = rig.insert("long", 3, 120_000).await;
+    rig.publish(&id).await;
+    until(Duration::from_secs(5), "the executor starts", || {
+        runs.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    assert_eq!(rig.job(&id).await.state, JobState::Running);
+    // As the server's cancel does: the store, then the event.
+    let cancelled = rig
+        .store
+        .cancel(TENANT, &id, now_ms())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(cancelled.state, JobState::Cancelled);
+    rig.notices
+        .publish(&job_event(&cancelled, 1))
+        .await
+        .unwrap();
+    until(
+        Duration::from_secs(3),
+        "the executor's future is dropped",
+        || dropped.load(Ordering::SeqCst),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let job = rig.job(&id).await;
+    assert_eq!(job.state, JobState::Cancelled, "nothing settles it after");
+    assert_eq!(job.error.unwrap().code, ErrorCode::Cancelled);
+    assert_eq!((job.attempts, runs.load(Ordering::SeqCst)), (1, 1));
+    assert_eq!(rig.worker.run_job(&id).await, Handled::Skipped);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heartbeat_finds_a_cancelled_job_and_stops_its_executor() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let dropped = Arc::new(AtomicBool::new(false));
+    let rig = Rig::new(
+        vec![sleeper(
+            "long",
+            runs.clone(),
+            dropped.clone(),
+            Duration::from_secs(60),
+        )],
+        worker_config(Duration::from_millis(300), 4),
+    )
+    .await;
+    let id = rig.insert("long", 3, 120_000).await;
+    // run_job alone follows no notices: only the heartbeat can see the cancel.
+    let run = tokio::spawn({
+        let worker = rig.worker.clone();
+        let id = id.clone();
+        async move { worker.run_job(&id).await }
+    });
+    until(Duration::from_secs(5), "the executor starts", || {
+        runs.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    rig.store.cancel(TENANT, &id, now_ms()).await.unwrap();
+    let handled = tokio::time::timeout(Duration::from_secs(5), run)
+        .await
+        .expect("the run stops")
+        .unwrap();
+    assert_eq!(handled, Handled::Ran(JobState::Cancelled));
+    assert!(dropped.load(Ordering::SeqCst));
+    let job = rig.job(&id).await;
+    assert_eq!((job.state, job.attempts), (JobState::Cancelled, 1));
+}
+
+// 5. The wall-time budget.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_past_its_wall_time_budget_times_out_and_is_retried_until_it_fails() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let drops = Arc::new(AtomicUsize::new(0));
+    let tool = ToolDecl::job("slow").run({
+        let (runs, drops) = (runs.clone(), drops.clone());
+        move |_ctx: CallCtx, _args: Value| {
+            let (runs, drops) = (runs.clone(), drops.clone());
+            async move {
+                let _guard = DropCount(drops);
+                runs.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_secs(30)).await;
+                Ok::<_, ToolError>(json!({}))
+            }
+        }
+    });
+    let rig = Rig::new(vec![tool], worker_config(Duration::from_secs(5), 4)).await;
+    let id = rig.insert("slow", 2, 100).await;
+
+    let started = tokio::time::Instant::now();
+    assert_eq!(
+        rig.worker.run_job(&id).await,
+        Handled::Ran(JobState::Retrying)
+    );
+    assert!(started.elapsed() >= Duration::from_millis(100));
+    let job = rig.job(&id).await;
+    let error = job.error.expect("the timeout is kept");
+    assert_eq!((error.code, error.retryable), (ErrorCode::Timeout, true));
+    assert!(error.message.contains("100 ms"), "{}", error.message);
+    assert_eq!(drops.load(Ordering::SeqCst), 1, "the attempt was stopped");
+
+    sleep_past(job.run_at).await;
+    assert_eq!(
+        rig.worker.run_job(&id).await,
+        Handled::Ran(JobState::Failed)
+    );
+    let job = rig.job(&id).await;
+    assert_eq!((job.state, job.attempts), (JobState::Failed, 2));
+    assert_eq!(job.error.unwrap().code, ErrorCode::Timeout);
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    assert_eq!(drops.load(Ordering::SeqCst), 2);
+}
+
+// 6. The idempotency key.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn executors_get_the_job_id_as_idempotency_key_on_every_attempt() {
+    let keys = Arc::new(Mutex::new(Vec::new()));
+    let tool = ToolDecl::job("keyed").run({
+        let keys = keys.clone();
+        move |ctx: CallCtx, _args: Value| {
+            let keys = keys.clone();
+            async move {
+                let n = {
+                    let mut keys = keys.lock().unwrap();
+                    keys.push(ctx.idempotency_key.clone());
+                    keys.len()
+                };
+                if n < 3 {
+                    return Err(ToolError::failed("try again", true));
+                }
+                Ok(json!({}))
+            }
+        }
+    });
+    let rig = Rig::new(vec![tool], worker_config(Duration::from_millis(400), 4)).await;
+    let (_stop, _run) = rig.start(Duration::from_secs(1));
+    // The caller's key identifies the job; the executor's key is the job id.
+    let id = rig
+        .insert_keyed("keyed", 3, 5_000, Some("client-key-1"))
+        .await;
+    rig.publish(&id).await;
+    let job = rig
+        .wait_state(&id, JobState::Succeeded, Duration::from_secs(10))
+        .await;
+    assert_eq!(job.attempts, 3);
+    assert_eq!(*keys.lock().unwrap(), vec![Some(id.clone()); 3]);
+}
+
+// 7. Shutdown.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_shutdown_a_worker_takes_nothing_and_finishes_what_runs() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let dropped = Arc::new(AtomicBool::new(false));
+    let rig = Rig::new(
+        vec![sleeper(
+            "work",
+            runs.clone(),
+            dropped.clone(),
+            Duration::from_millis(400),
+        )],
+        worker_config(Duration::from_millis(600), 1),
+    )
+    .await;
+    let (stop, run) = rig.start(Duration::from_secs(10));
+    let running = rig.insert("work", 3, 5_000).await;
+    rig.publish(&running).await;
+    until(Duration::from_secs(5), "the first job starts", || {
+        runs.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    let queued = rig.insert("work", 3, 5_000).await;
+    rig.publish(&queued).await;
+    stop.send(true).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), run)
+        .await
+        .expect("the worker stops within its grace")
+        .unwrap();
+    // The running job finished within the grace.
+    let job = rig.job(&running).await;
+    assert_eq!((job.state, job.attempts), (JobState::Succeeded, 1));
+    // The queued one was not taken and is not lost: queued in the store and
+    // still in the queue (beside, possibly, a harmless copy of the first one's
+    // message, handed back when the worker stopped consuming).
+    let job = rig.job(&queued).await;
+    assert_eq!((job.state, job.attempts), (JobState::Queued, 0));
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert!(rig.broker.depth(POOL).await.unwrap() >= 1);
+
+    // The next worker runs it, and only it.
+    let (_stop, _run) = rig.start(Duration::from_secs(1));
+    let job = rig
+        .wait_state(&queued, JobState::Succeeded, Duration::from_secs(10))
+        .await;
+    assert_eq!(job.attempts, 1);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    assert_eq!(rig.job(&running).await.attempts, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_still_running_when_the_grace_ends_is_handed_back() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let dropped = Arc::new(AtomicBool::new(false));
+    let rig = Rig::new(
+        vec![sleeper(
+            "long",
+            runs.clone(),
+            dropped.clone(),
+            Duration::from_secs(60),
+        )],
+        // Every slot busy: the shutdown must still be seen at once.
+        worker_config(Duration::from_millis(300), 1),
+    )
+    .await;
+    let (stop, run) = rig.start(Duration::from_millis(200));
+    let id = rig.insert("long", 3, 120_000).await;
+    rig.publish(&id).await;
+    until(Duration::from_secs(5), "the job starts", || {
+        runs.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    stop.send(true).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), run)
+        .await
+        .expect("the worker stops once the grace is over, not when the job ends")
+        .unwrap();
+    until(Duration::from_secs(5), "the executor is stopped", || {
+        dropped.load(Ordering::SeqCst)
+    })
+    .await;
+    // Its message is back in the queue, and its lease runs out for the next worker.
+    assert_eq!(rig.broker.depth(POOL).await.unwrap(), 1);
+    let job = rig.job(&id).await;
+    assert_eq!(job.state, JobState::Running);
+    sleep_past(job.lease_until.unwrap()).await;
+    let next = rig
+        .store
+        .claim(&id, "next-worker", now_ms(), 1_000)
+        .await
+        .unwrap()
+        .expect("claimable again");
+    assert_eq!(next.attempts, 2);
+}
