@@ -11,8 +11,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use toolfleet_core::config::{ConfigError, load_builtin_tools};
-use toolfleet_core::{CallCtx, Executor, ToolDecl, ToolError, executor_fn};
+use toolfleet_core::{CallCtx, Executor, Json, ToolDecl, ToolError, executor_fn};
 
 /// The pack's declarations, as `toolfleet serve` loads them.
 pub const TOOLS_TOML: &str = include_str!("../toolfleet.toml");
@@ -54,8 +55,44 @@ pub struct Report {
 #[derive(Default)]
 struct Ledger {
     lines: Vec<Line>,
+    /// Each line's JSON, kept beside it so a page is written without
+    /// encoding its lines again: pages are read far more often than changed.
+    encoded: Vec<Box<RawValue>>,
     /// Reports by the idempotency key they were submitted with.
     reports: HashMap<String, Report>,
+}
+
+fn encode(line: &Line) -> Box<RawValue> {
+    // A Line has string keys and finite numbers: encoding cannot fail.
+    serde_json::value::to_raw_value(line).expect("a line encodes")
+}
+
+impl Ledger {
+    fn new(lines: Vec<Line>) -> Self {
+        Ledger {
+            encoded: lines.iter().map(encode).collect(),
+            lines,
+            reports: HashMap::new(),
+        }
+    }
+
+    /// Indices of `month`'s lines from `offset`, at most [`PAGE`], and the cursor of the next page.
+    fn page(&self, month: &str, offset: usize) -> (Vec<usize>, Option<String>) {
+        let in_month = |(_, l): &(usize, &Line)| {
+            l.date.len() > month.len()
+                && l.date.starts_with(month)
+                && l.date.as_bytes()[month.len()] == b'-'
+        };
+        let mut matching = self
+            .lines
+            .iter()
+            .enumerate()
+            .filter(in_month)
+            .map(|(i, _)| i);
+        let page: Vec<usize> = matching.by_ref().skip(offset).take(PAGE).collect();
+        let next_cursor = matching.next().map(|_| format!("c{}", offset + page.len()));
+        (page, next_cursor)
+    }
 }
 
 /// Every user's expense lines and reports, in memory.
@@ -121,10 +158,7 @@ impl ExpenseBook {
     ) -> &'a mut Ledger {
         guard
             .entry((ctx.tenant().to_owned(), ctx.user().to_owned()))
-            .or_insert_with(|| Ledger {
-                lines: seed(),
-                reports: HashMap::new(),
-            })
+            .or_insert_with(|| Ledger::new(seed()))
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<(String, String), Ledger>> {
@@ -135,13 +169,32 @@ impl ExpenseBook {
     pub fn find(&self, ctx: &CallCtx, month: &str, offset: usize) -> Page {
         let mut guard = self.lock();
         let ledger = Self::ledger(&mut guard, ctx);
-        let prefix = format!("{month}-");
-        let mut matching = ledger.lines.iter().filter(|l| l.date.starts_with(&prefix));
-        let lines: Vec<Line> = matching.by_ref().skip(offset).take(PAGE).cloned().collect();
-        let next_cursor = matching
-            .next()
-            .map(|_| format!("c{}", offset + lines.len()));
-        Page { lines, next_cursor }
+        let (page, next_cursor) = ledger.page(month, offset);
+        Page {
+            lines: page.iter().map(|&i| ledger.lines[i].clone()).collect(),
+            next_cursor,
+        }
+    }
+
+    /// The same page as JSON, written from the kept encodings of its lines.
+    pub fn find_encoded(
+        &self,
+        ctx: &CallCtx,
+        month: &str,
+        offset: usize,
+    ) -> Result<Json, ToolError> {
+        let mut guard = self.lock();
+        let ledger = Self::ledger(&mut guard, ctx);
+        let (page, next_cursor) = ledger.page(month, offset);
+        let page = Page {
+            lines: page
+                .iter()
+                .map(|&i| &*ledger.encoded[i])
+                .collect::<Vec<&RawValue>>(),
+            next_cursor,
+        };
+        Json::encode(&page)
+            .map_err(|e| ToolError::failed(format!("the page could not be encoded: {e}"), false))
     }
 
     /// Fills in the amounts OCR reads off `receipt_ids`.
@@ -157,12 +210,15 @@ impl ExpenseBook {
         for receipt_id in receipt_ids {
             match ledger
                 .lines
-                .iter_mut()
-                .find(|l| l.receipt_id.as_ref() == Some(receipt_id))
+                .iter()
+                .position(|l| l.receipt_id.as_ref() == Some(receipt_id))
             {
-                Some(line) => {
+                Some(i) => {
                     let amount = read_receipt(receipt_id);
+                    let line = &mut ledger.lines[i];
                     line.amount_cents = Some(amount);
+                    ledger.encoded[i] = encode(line);
+                    let line = &ledger.lines[i];
                     read.push(Receipt {
                         receipt_id: receipt_id.clone(),
                         line_id: line.id.clone(),
@@ -273,8 +329,8 @@ fn plan_of(ledger: &Ledger, args: &SubmitArgs) -> Result<Plan, ToolError> {
 
 /// A page of `find_expenses`.
 #[derive(Debug, Serialize)]
-pub struct Page {
-    pub lines: Vec<Line>,
+pub struct Page<L = Line> {
+    pub lines: Vec<L>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub next_cursor: Option<String>,
 }
@@ -340,7 +396,7 @@ pub fn builtins(book: Arc<ExpenseBook>) -> BTreeMap<String, Arc<dyn Executor>> {
                         .and_then(|n| n.parse().ok())
                         .ok_or_else(|| ToolError::invalid_arguments("cursor is not a next_cursor from this tool; start again without it"))?,
                 };
-                Ok(book.find(&ctx, &args.month, offset))
+                book.find_encoded(&ctx, &args.month, offset)
             }
         }),
     );
