@@ -18,6 +18,7 @@ use toolfleet_core::JobState;
 
 pub mod conformance;
 pub mod memory;
+pub mod rabbit;
 
 /// Why a broker operation failed.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -19,7 +19,7 @@ use tokio::sync::Semaphore;
 use toolfleet_core::{CallCtx, ToolDecl, ToolError};
 
 use crate::config::Config;
-use crate::serve::{DEV_TOKEN_FILE, start};
+use crate::serve::{DEV_TOKEN_FILE, Roles, start};
 
 /// The no-op job every run measures.
 const NOOP: &str = "bench_noop";
@@ -287,7 +287,7 @@ pub async fn bench(mut config: Config, args: BenchArgs) -> Result<(), String> {
     config.listen = "127.0.0.1:0".to_owned();
     config.auth.tokens.clear();
     config.concurrency = args.concurrency;
-    let served = start(config, vec![noop_tool()]).await?;
+    let served = start(config, vec![noop_tool()], Roles::all()).await?;
     let outcome = run(&served, &data, &args).await;
     let stopped = served.stop().await;
     let _ = std::fs::remove_dir_all(&data);
@@ -312,7 +312,10 @@ async fn run(
     let token = std::fs::read_to_string(data.join(DEV_TOKEN_FILE)).map_err(|e| e.to_string())?;
     let probe = Arc::new(Probe {
         http: toolfleet_executors::http_client()?,
-        base: format!("http://{}", served.address),
+        base: format!(
+            "http://{}",
+            served.address.ok_or("the bench server has no address")?
+        ),
         token: token.trim().to_owned(),
         pending: Mutex::default(),
         settled: Mutex::default(),

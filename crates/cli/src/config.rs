@@ -47,6 +47,17 @@ pub struct Config {
     pub data_dir: PathBuf,
     pub database_url: Option<String>,
     pub broker_url: Option<String>,
+    /// The PostgreSQL schema of toolfleet's tables (default: the search path's).
+    pub database_schema: Option<String>,
+    /// Connections to PostgreSQL per process.
+    #[serde(default = "default_database_pool")]
+    pub database_pool: usize,
+    /// First part of every RabbitMQ queue and exchange name.
+    #[serde(default = "default_broker_prefix")]
+    pub broker_prefix: String,
+    /// Key of confirm tokens (hex, 64 characters), shared by every dispatcher
+    /// of a fleet; absent, one is kept in `data_dir`.
+    pub confirm_secret: Option<String>,
     #[serde(default)]
     pub include: Vec<PathBuf>,
     #[serde(default)]
@@ -78,6 +89,12 @@ fn default_listen() -> String {
 }
 fn default_data_dir() -> PathBuf {
     PathBuf::from(".toolfleet")
+}
+fn default_database_pool() -> usize {
+    16
+}
+fn default_broker_prefix() -> String {
+    "toolfleet".to_owned()
 }
 fn default_concurrency() -> usize {
     16

@@ -29,6 +29,19 @@ struct Cli {
 enum Command {
     /// Run dispatcher, workers and webhooks in one process.
     Serve,
+    /// Run the HTTP API, webhooks and the sweeper (several may share a fleet).
+    Dispatcher,
+    /// Run workers against the configured store and broker.
+    Worker {
+        /// The pool to work (repeat for several; default: every pool).
+        #[arg(long = "pool")]
+        pools: Vec<String>,
+        /// Jobs run at once per pool.
+        #[arg(long)]
+        concurrency: Option<usize>,
+    },
+    /// Apply the store's migrations (PostgreSQL with database_url, else SQLite).
+    Migrate,
     /// Print the tool specs in a provider's format.
     Tools {
         /// neutral, openai, openai-responses, anthropic, gemini or mcp.
@@ -53,6 +66,14 @@ enum Command {
     Bench(bench::BenchArgs),
 }
 
+/// Separate dispatchers and workers share work only through PostgreSQL and RabbitMQ.
+fn distributed(config: &config::Config) -> Result<(), String> {
+    if config.database_url.is_none() || config.broker_url.is_none() {
+        return Err("dispatcher and worker run as separate processes, so they need database_url (PostgreSQL) and broker_url (RabbitMQ); on one machine, `toolfleet serve` runs both in one process".to_owned());
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
@@ -75,7 +96,34 @@ fn main() -> ExitCode {
     let outcome = runtime.block_on(async {
         let config = config::Config::load(cli.config.as_deref())?;
         match cli.command {
-            Command::Serve => serve::serve(config).await,
+            Command::Serve => serve::run(config, serve::Roles::all()).await,
+            Command::Dispatcher => {
+                distributed(&config)?;
+                let roles = serve::Roles {
+                    dispatcher: true,
+                    pools: None,
+                    no_workers: true,
+                };
+                serve::run(config, roles).await
+            }
+            Command::Worker { pools, concurrency } => {
+                distributed(&config)?;
+                let mut config = config;
+                if let Some(n) = concurrency {
+                    config.concurrency = n;
+                }
+                let pools = (!pools.is_empty()).then_some(pools);
+                serve::run(
+                    config,
+                    serve::Roles {
+                        dispatcher: false,
+                        pools,
+                        no_workers: false,
+                    },
+                )
+                .await
+            }
+            Command::Migrate => serve::migrate(&config).await,
             Command::Tools { format, server } => client::tools(&config, &server, &format).await,
             Command::Call {
                 tool,

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 use toolfleet_broker::memory::{MemoryBroker, MemoryNotices};
+use toolfleet_broker::rabbit::{RabbitBroker, RabbitOptions};
 use toolfleet_broker::{Broker, Notices};
 use toolfleet_core::{Principal, Runtime, RuntimeConfig, Shape, ToolDecl};
 use toolfleet_executors::{Binder, http_client};
@@ -17,6 +18,7 @@ use toolfleet_server::{
     token_sha256,
 };
 use toolfleet_store::Store;
+use toolfleet_store::postgres::PgStore;
 use toolfleet_store::sqlite::SqliteStore;
 use toolfleet_worker::{Worker, WorkerConfig, run_sweeper, sweep};
 
@@ -61,20 +63,22 @@ fn kept_secret(
     Ok((value, true))
 }
 
-fn signing_key(dir: &Path) -> Result<[u8; 32], String> {
-    let (text, _) = kept_secret(dir, "secret", || random_hex(32))?;
-    let bytes = hex::decode(&text).map_err(|_| {
+/// The key of confirm tokens: `confirm_secret` (shared by every dispatcher
+/// of a fleet), else one kept in the data directory.
+fn signing_key(config: &Config) -> Result<[u8; 32], String> {
+    let dir = &config.data_dir;
+    let text = match &config.confirm_secret {
+        Some(secret) => secret.clone(),
+        None => kept_secret(dir, "secret", || random_hex(32))?.0,
+    };
+    let wrong = || {
         format!(
-            "{}/secret is not hex; delete it to make a new one",
+            "the confirm-token key (confirm_secret, or {}/secret) must be 64 hex characters; delete the file to make a new one",
             dir.display()
         )
-    })?;
-    bytes.try_into().map_err(|_| {
-        format!(
-            "{}/secret is not 32 bytes; delete it to make a new one",
-            dir.display()
-        )
-    })
+    };
+    let bytes = hex::decode(text.trim()).map_err(|_| wrong())?;
+    bytes.try_into().map_err(|_| wrong())
 }
 
 /// The principals of the configuration, or a development token.
@@ -146,7 +150,7 @@ fn register_tools(
 }
 
 /// The pools the registered job and agent tools run on.
-fn pools(runtime: &Runtime) -> BTreeSet<String> {
+fn all_pools(runtime: &Runtime) -> BTreeSet<String> {
     let config = runtime.config();
     runtime
         .registry()
@@ -164,9 +168,52 @@ fn pools(runtime: &Runtime) -> BTreeSet<String> {
         .collect()
 }
 
-/// Runs everything until SIGTERM or Ctrl-C.
-pub async fn serve(config: Config) -> Result<(), String> {
-    let served = start(config, Vec::new()).await?;
+/// `toolfleet migrate`: PostgreSQL's migrations with `database_url`, else
+/// the SQLite file's (which `serve` also applies when it opens it).
+pub async fn migrate(config: &Config) -> Result<(), String> {
+    match &config.database_url {
+        Some(url) => {
+            match &config.database_schema {
+                Some(schema) => toolfleet_store::postgres::migrate_in_schema(url, schema).await,
+                None => toolfleet_store::postgres::migrate(url).await,
+            }
+            .map_err(|e| e.to_string())?;
+            eprintln!("the PostgreSQL schema is up to date");
+        }
+        None => {
+            let path = config.data_dir.join("toolfleet.db");
+            SqliteStore::open(&path).await.map_err(|e| e.to_string())?;
+            eprintln!("the SQLite schema of {} is up to date", path.display());
+        }
+    }
+    Ok(())
+}
+
+/// Which parts a process runs.
+#[derive(Debug, Clone)]
+pub struct Roles {
+    /// The HTTP API, webhooks and the sweeper.
+    pub dispatcher: bool,
+    /// Workers of these pools; `None`: every pool of the registered tools.
+    pub pools: Option<Vec<String>>,
+    /// Run no workers at all.
+    pub no_workers: bool,
+}
+
+impl Roles {
+    /// `toolfleet serve`: everything.
+    pub fn all() -> Roles {
+        Roles {
+            dispatcher: true,
+            pools: None,
+            no_workers: false,
+        }
+    }
+}
+
+/// Runs `roles` until SIGTERM or Ctrl-C, then stops gracefully.
+pub async fn run(config: Config, roles: Roles) -> Result<(), String> {
+    let served = start(config, Vec::new(), roles).await?;
     wait_for_signal().await;
     eprintln!(
         "stopping: finishing running jobs (up to {} s)",
@@ -177,7 +224,8 @@ pub async fn serve(config: Config) -> Result<(), String> {
 
 /// A server running in this process.
 pub struct Served {
-    pub address: std::net::SocketAddr,
+    /// Where the HTTP API listens, for processes that serve it.
+    pub address: Option<std::net::SocketAddr>,
     stop: watch::Sender<bool>,
     done: tokio::task::JoinHandle<Result<(), String>>,
 }
@@ -190,24 +238,73 @@ impl Served {
     }
 }
 
-/// Starts everything, with `extra` tools beside the configured ones.
-pub async fn start(config: Config, extra: Vec<ToolDecl>) -> Result<Served, String> {
-    if config.database_url.is_some() || config.broker_url.is_some() {
-        return Err("database_url and broker_url select PostgreSQL and RabbitMQ, which this build does not have yet; remove them to run on the embedded default".to_owned());
-    }
+/// The store, broker and notices a configuration names.
+pub struct Backends {
+    pub store: Arc<dyn Store>,
+    pub broker: Arc<dyn Broker>,
+    pub notices: Arc<dyn Notices>,
+    /// True for the in-process queue, which starts empty and is refilled
+    /// from the store.
+    pub in_process: bool,
+}
+
+/// Opens the backends: PostgreSQL when `database_url` is set (else SQLite in
+/// `data_dir`), RabbitMQ when `broker_url` is set (else the in-process queue).
+/// The one place a backend is chosen.
+pub async fn open_backends(config: &Config, prefetch: u16) -> Result<Backends, String> {
+    let store: Arc<dyn Store> = match &config.database_url {
+        Some(url) => Arc::new(
+            match &config.database_schema {
+                Some(schema) => PgStore::connect_in_schema(url, schema, config.database_pool).await,
+                None => PgStore::connect(url, config.database_pool).await,
+            }
+            .map_err(|e| e.to_string())?,
+        ),
+        None => Arc::new(
+            SqliteStore::open(&config.data_dir.join("toolfleet.db"))
+                .await
+                .map_err(|e| e.to_string())?,
+        ),
+    };
+    let Some(url) = &config.broker_url else {
+        return Ok(Backends {
+            store,
+            broker: Arc::new(MemoryBroker::new()),
+            // Deep enough that SSE streams and webhooks keep up with bursts.
+            notices: Arc::new(MemoryNotices::with_capacity(65_536)),
+            in_process: true,
+        });
+    };
+    let options = RabbitOptions {
+        prefix: config.broker_prefix.clone(),
+        default_prefetch: prefetch,
+        ..RabbitOptions::default()
+    };
+    let broker = RabbitBroker::connect(url, options)
+        .await
+        .map_err(|e| format!("cannot reach the broker: {e}"))?;
+    Ok(Backends {
+        notices: Arc::new(broker.notices()),
+        broker: Arc::new(broker),
+        store,
+        in_process: false,
+    })
+}
+
+/// Starts `roles`, with `extra` tools beside the configured ones.
+pub async fn start(config: Config, extra: Vec<ToolDecl>, roles: Roles) -> Result<Served, String> {
     std::fs::create_dir_all(&config.data_dir)
         .map_err(|e| format!("cannot create data_dir {}: {e}", config.data_dir.display()))?;
-    let store: Arc<dyn Store> = Arc::new(
-        SqliteStore::open(&config.data_dir.join("toolfleet.db"))
-            .await
-            .map_err(|e| e.to_string())?,
-    );
-    let broker: Arc<dyn Broker> = Arc::new(MemoryBroker::new());
-    // Deep enough that SSE streams and webhooks keep up with bursts.
-    let notices: Arc<dyn Notices> = Arc::new(MemoryNotices::with_capacity(65_536));
+    let prefetch = u16::try_from(config.concurrency.max(1)).unwrap_or(u16::MAX);
+    let Backends {
+        store,
+        broker,
+        notices,
+        in_process,
+    } = open_backends(&config, prefetch).await?;
     let mut runtime = Runtime::builder()
         .config(RuntimeConfig::default())
-        .secret(signing_key(&config.data_dir)?)
+        .secret(signing_key(&config)?)
         .fleet(Arc::new(Dispatcher::new(
             store.clone(),
             broker.clone(),
@@ -218,14 +315,15 @@ pub async fn start(config: Config, extra: Vec<ToolDecl>) -> Result<Served, Strin
         .build();
     register_tools(&mut runtime, &config, &store, &notices)?;
     runtime.register_all(extra).map_err(|e| e.to_string())?;
-    let auth = authentication(&config, &runtime)?;
     let runtime = Arc::new(runtime);
     let (stop, stopped) = watch::channel(false);
 
-    // The in-process queue starts empty: refill it from the store first.
-    let refilled = sweep(store.as_ref(), broker.as_ref(), 100_000, None).await?;
-    if refilled > 0 {
-        tracing::info!(jobs = refilled, "requeued jobs left from the last run");
+    if in_process {
+        // The in-process queue starts empty: refill it from the store first.
+        let refilled = sweep(store.as_ref(), broker.as_ref(), 100_000, None).await?;
+        if refilled > 0 {
+            tracing::info!(jobs = refilled, "requeued jobs left from the last run");
+        }
     }
     let lease = Duration::try_from_secs_f64(config.lease_s)
         .ok()
@@ -237,7 +335,12 @@ pub async fn start(config: Config, extra: Vec<ToolDecl>) -> Result<Served, Strin
             )
         })?;
     let mut workers = Vec::new();
-    for pool in pools(&runtime) {
+    let pools = match (&roles.pools, roles.no_workers) {
+        (_, true) => Vec::new(),
+        (Some(pools), false) => pools.clone(),
+        (None, false) => all_pools(&runtime).into_iter().collect(),
+    };
+    for pool in pools {
         let mut worker_config = WorkerConfig::new(pool);
         worker_config.concurrency = config.concurrency;
         worker_config.lease = lease;
@@ -250,55 +353,67 @@ pub async fn start(config: Config, extra: Vec<ToolDecl>) -> Result<Served, Strin
         );
         workers.push(tokio::spawn(worker.run(stopped.clone(), GRACE)));
     }
-    // Expired leases and lost retries are found within a lease, at most 10 s.
-    let period = lease.min(Duration::from_secs(10));
-    tokio::spawn(run_sweeper(
-        store.clone(),
-        broker.clone(),
-        period,
-        stopped.clone(),
-    ));
-    let (webhook_key, _) = match &config.webhooks.secret {
-        Some(secret) => (secret.clone(), false),
-        None => kept_secret(&config.data_dir, "webhook-secret", || random_hex(32))?,
-    };
-    tokio::spawn(toolfleet_server::webhooks::deliver(
-        store.clone(),
-        notices.clone(),
-        http_client()?,
-        webhook_key.into_bytes(),
-        stopped.clone(),
-    ));
-
-    let state = AppState {
-        runtime,
-        store,
-        broker,
-        notices,
-        auth: Arc::new(auth),
-        webhook_allow: Arc::new(config.webhooks.allow.clone()),
-        limits: Limits {
-            max_body: config.max_body_bytes,
-            ..Limits::default()
-        },
-        metrics: Arc::new(Metrics::default()),
-        stopping: stopped.clone(),
-    };
-    let listener = tokio::net::TcpListener::bind(&config.listen)
-        .await
-        .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
-    let address = listener.local_addr().map_err(|e| e.to_string())?;
-    eprintln!(
-        "toolfleet serving on http://{address} (data in {})",
-        config.data_dir.display()
-    );
-    let mut shutdown = stopped.clone();
-    let server =
-        axum::serve(listener, toolfleet_server::router(state)).with_graceful_shutdown(async move {
-            let _ = shutdown.changed().await;
-        });
+    let mut address = None;
+    let mut server = None;
+    if roles.dispatcher {
+        // Expired leases and lost retries are found within a lease, at most 10 s.
+        let period = lease.min(Duration::from_secs(10));
+        tokio::spawn(run_sweeper(
+            store.clone(),
+            broker.clone(),
+            period,
+            stopped.clone(),
+        ));
+        let webhook_key = match &config.webhooks.secret {
+            Some(secret) => secret.clone(),
+            None => kept_secret(&config.data_dir, "webhook-secret", || random_hex(32))?.0,
+        };
+        tokio::spawn(toolfleet_server::webhooks::deliver(
+            store.clone(),
+            notices.clone(),
+            http_client()?,
+            webhook_key.into_bytes(),
+            stopped.clone(),
+        ));
+        let auth = authentication(&config, &runtime)?;
+        let state = AppState {
+            runtime,
+            store,
+            broker,
+            notices,
+            auth: Arc::new(auth),
+            webhook_allow: Arc::new(config.webhooks.allow.clone()),
+            limits: Limits {
+                max_body: config.max_body_bytes,
+                ..Limits::default()
+            },
+            metrics: Arc::new(Metrics::default()),
+            stopping: stopped.clone(),
+        };
+        let listener = tokio::net::TcpListener::bind(&config.listen)
+            .await
+            .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
+        let bound = listener.local_addr().map_err(|e| e.to_string())?;
+        eprintln!(
+            "toolfleet serving on http://{bound} (data in {})",
+            config.data_dir.display()
+        );
+        address = Some(bound);
+        let mut shutdown = stopped.clone();
+        server = Some(
+            axum::serve(listener, toolfleet_server::router(state)).with_graceful_shutdown(
+                async move {
+                    let _ = shutdown.changed().await;
+                },
+            ),
+        );
+    } else {
+        eprintln!("toolfleet worker running ({} pools)", workers.len());
+    }
     let done = tokio::spawn(async move {
-        server.await.map_err(|e| e.to_string())?;
+        if let Some(server) = server {
+            server.await.map_err(|e| e.to_string())?;
+        }
         for worker in workers {
             let _ = worker.await;
         }

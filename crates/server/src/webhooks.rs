@@ -15,10 +15,15 @@ use serde_json::{Value, json};
 use sha2::Sha256;
 use tokio::sync::watch;
 use toolfleet_broker::{Event, Notices};
-use toolfleet_store::Store;
+use toolfleet_core::{Envelope, Json};
+use toolfleet_store::{CommitClaim, Store};
+
+use crate::dispatch::now_ms;
 
 /// Attempts per delivery before it is given up (and logged).
 const MAX_ATTEMPTS: usize = 12;
+/// How long one dispatcher holds a notice before another may send it.
+const CLAIM_MS: i64 = 30 * 60 * 1000;
 
 /// The signature header value of `body` at `t`.
 pub fn signature(key: &[u8], t: u64, body: &str) -> String {
@@ -89,12 +94,33 @@ pub async fn deliver(
         let Some(url) = callback_of(store.as_ref(), &event).await else {
             continue;
         };
+        // Every dispatcher hears every event; the first to claim the notice sends it.
+        let claim = format!("webhook:{}:{}:{}", event.kind, event.id, event.state);
+        match store.claim_commit(&claim, now_ms(), CLAIM_MS).await {
+            Ok(CommitClaim::Run) => {}
+            Ok(_) => continue,
+            Err(error) => {
+                tracing::warn!(%error, "webhooks: cannot claim a notice; sending it anyway");
+            }
+        }
         let body = notice_body(&event).to_string();
-        tokio::spawn(send(client.clone(), key.clone(), url, body));
+        let sent = send(client.clone(), key.clone(), url, body);
+        let store = store.clone();
+        tokio::spawn(async move {
+            let delivered = sent.await;
+            let outcome =
+                delivered.then(|| Envelope::ok(Json::from(json!({"delivered": true})), ""));
+            // Kept a day, so a redelivered event in that time is not sent again.
+            let keep = now_ms() + 24 * 3600 * 1000;
+            if let Err(error) = store.settle_commit(&claim, outcome.as_ref(), keep).await {
+                tracing::warn!(%error, "webhooks: cannot record a delivered notice");
+            }
+        });
     }
 }
 
-async fn send(client: reqwest::Client, key: Arc<Vec<u8>>, url: String, body: String) {
+/// Sends until a 2xx (true) or the last attempt (false).
+async fn send(client: reqwest::Client, key: Arc<Vec<u8>>, url: String, body: String) -> bool {
     let mut delays = ExponentialBuilder::default()
         .with_min_delay(Duration::from_millis(500))
         .with_max_delay(Duration::from_secs(120))
@@ -115,7 +141,7 @@ async fn send(client: reqwest::Client, key: Arc<Vec<u8>>, url: String, body: Str
             .send()
             .await;
         match sent {
-            Ok(response) if response.status().is_success() => return,
+            Ok(response) if response.status().is_success() => return true,
             Ok(response) => tracing::warn!(%url, status = %response.status(), "webhook refused"),
             Err(error) => tracing::warn!(%url, %error, "webhook failed"),
         }
@@ -123,7 +149,7 @@ async fn send(client: reqwest::Client, key: Arc<Vec<u8>>, url: String, body: Str
             Some(delay) => tokio::time::sleep(delay).await,
             None => {
                 tracing::error!(%url, "webhook given up after {MAX_ATTEMPTS} attempts");
-                return;
+                return false;
             }
         }
     }

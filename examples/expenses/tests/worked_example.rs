@@ -124,11 +124,21 @@ async fn submit_my_september_expenses() {
     assert_eq!(read.to_value()["receipts"].as_array().unwrap().len(), 6);
     // Pages are written from kept encodings: they must follow the change.
     for offset in [0, 50] {
-        let kept = p.book.find_encoded(&ctx, "2026-09", offset).unwrap().to_value();
+        let kept = p
+            .book
+            .find_encoded(&ctx, "2026-09", offset)
+            .unwrap()
+            .to_value();
         let fresh = serde_json::to_value(p.book.find(&ctx, "2026-09", offset)).unwrap();
         assert_eq!(kept, fresh);
     }
-    assert!(p.book.find(&ctx, "2026-09", 0).lines.iter().all(|l| l.amount_cents.is_some()));
+    assert!(
+        p.book
+            .find(&ctx, "2026-09", 0)
+            .lines
+            .iter()
+            .all(|l| l.amount_cents.is_some())
+    );
 
     // Two ambiguous lines: the run suspends on a question.
     let ambiguous: Vec<String> = lines

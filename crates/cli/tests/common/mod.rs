@@ -97,6 +97,11 @@ impl Server {
     }
 
     pub fn start_with(config: &Path) -> Server {
+        Server::start_role(config, "serve", "toolfleet serving on ")
+    }
+
+    /// Starts `toolfleet <role>` and waits for the stderr line starting with `ready`.
+    pub fn start_role(config: &Path, role: &str, ready: &str) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_toolfleet"))
             .env(
                 "TOOLFLEET_LOG",
@@ -104,7 +109,7 @@ impl Server {
             )
             .arg("--config")
             .arg(config)
-            .arg("serve")
+            .arg(role)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -119,8 +124,12 @@ impl Server {
                 _ => panic!("toolfleet serve exited before serving: {}", said.join("\n")),
             };
             said.push(line.clone());
-            if let Some(rest) = line.strip_prefix("toolfleet serving on ") {
-                break rest.split_whitespace().next().expect("address").to_owned();
+            if let Some(rest) = line.strip_prefix(ready) {
+                break rest
+                    .split_whitespace()
+                    .next()
+                    .unwrap_or_default()
+                    .to_owned();
             }
         };
         // Keep draining stderr so the server never blocks on a full pipe.

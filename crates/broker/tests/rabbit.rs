@@ -1,0 +1,453 @@
+//! The RabbitMQ broker and notices against a real RabbitMQ: the shared
+//! conformance suites, then what only RabbitMQ shows (the dead-letter queue,
+//! the bound, redelivery after a dropped delivery, closing, and coming back
+//! after the connection dies).
+//!
+//! RabbitMQ is found at `TOOLFLEET_TEST_AMQP_URL` (default
+//! `amqp://guest:guest@127.0.0.1:5672/%2f`). These tests never skip: if
+//! RabbitMQ is unreachable they fail and say so. Each test uses a prefix of
+//! its own, so tests run in parallel, and deletes its queues and exchanges
+//! when it ends. The server-side close test also needs `rabbitmqctl` (or the
+//! command in `TOOLFLEET_TEST_RABBITMQCTL`, e.g. `docker exec rabbitmq
+//! rabbitmqctl`).
+
+use std::future::Future;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lapin::options::{BasicAckOptions, BasicGetOptions};
+use lapin::{Connection, ConnectionProperties};
+use tokio::time::{Instant, sleep, timeout};
+use toolfleet_broker::conformance::{ARRIVAL, QUIET, next_delivery, unique};
+use toolfleet_broker::rabbit::{RabbitBroker, RabbitNotices, RabbitOptions};
+use toolfleet_broker::{Broker, BrokerError, Consumer, Delivery, Event, Notices, Subscription};
+
+fn url() -> String {
+    std::env::var("TOOLFLEET_TEST_AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
+}
+
+fn options() -> RabbitOptions {
+    RabbitOptions {
+        prefix: format!("tftest-{}", toolfleet_core::new_id()),
+        ..RabbitOptions::default()
+    }
+}
+
+fn unreachable(e: BrokerError) -> ! {
+    panic!(
+        "RabbitMQ is unreachable at {} ({e}); start it or set TOOLFLEET_TEST_AMQP_URL \
+         (these tests never skip)",
+        url()
+    )
+}
+
+async fn broker_with(options: RabbitOptions) -> Isolated<RabbitBroker> {
+    match RabbitBroker::connect(&url(), options).await {
+        Ok(broker) => Isolated(broker),
+        Err(e) => unreachable(e),
+    }
+}
+
+async fn broker() -> Isolated<RabbitBroker> {
+    broker_with(options()).await
+}
+
+async fn notices() -> Isolated<RabbitNotices> {
+    match RabbitNotices::connect(&url(), options()).await {
+        Ok(notices) => Isolated(notices),
+        Err(e) => unreachable(e),
+    }
+}
+
+/// What a test's broker or notices deletes when the test ends.
+trait Teardown: Send + Sync + 'static {
+    fn teardown(&self) -> impl Future<Output = Result<(), BrokerError>> + Send;
+}
+
+impl Teardown for RabbitBroker {
+    fn teardown(&self) -> impl Future<Output = Result<(), BrokerError>> + Send {
+        self.close_and_delete()
+    }
+}
+
+impl Teardown for RabbitNotices {
+    fn teardown(&self) -> impl Future<Output = Result<(), BrokerError>> + Send {
+        self.close_and_delete()
+    }
+}
+
+/// A test's broker or notices: deletes its queues and exchanges when
+/// dropped, which the conformance macros do at the end of each test.
+struct Isolated<T: Teardown>(T);
+
+impl<T: Teardown> Drop for Isolated<T> {
+    fn drop(&mut self) {
+        let teardown = timeout(ARRIVAL, self.0.teardown());
+        let runtime = tokio::runtime::Handle::current();
+        let done = tokio::task::block_in_place(|| runtime.block_on(teardown));
+        if !std::thread::panicking() {
+            assert!(
+                matches!(done, Ok(Ok(()))),
+                "deleting the test's queues: {done:?}"
+            );
+        }
+    }
+}
+
+#[async_trait]
+impl Broker for Isolated<RabbitBroker> {
+    async fn ping(&self) -> Result<(), BrokerError> {
+        self.0.ping().await
+    }
+
+    async fn publish(&self, pool: &str, job_id: &str) -> Result<(), BrokerError> {
+        self.0.publish(pool, job_id).await
+    }
+
+    async fn publish_delayed(
+        &self,
+        pool: &str,
+        job_id: &str,
+        delay: Duration,
+    ) -> Result<(), BrokerError> {
+        self.0.publish_delayed(pool, job_id, delay).await
+    }
+
+    async fn consume(&self, pool: &str, prefetch: u16) -> Result<Box<dyn Consumer>, BrokerError> {
+        self.0.consume(pool, prefetch).await
+    }
+
+    async fn depth(&self, pool: &str) -> Result<u64, BrokerError> {
+        self.0.depth(pool).await
+    }
+}
+
+#[async_trait]
+impl Notices for Isolated<RabbitNotices> {
+    async fn publish(&self, event: &Event) -> Result<(), BrokerError> {
+        self.0.publish(event).await
+    }
+
+    async fn subscribe(&self) -> Result<Box<dyn Subscription>, BrokerError> {
+        self.0.subscribe().await
+    }
+}
+
+toolfleet_broker::broker_conformance!(broker());
+
+toolfleet_broker::notices_conformance!(notices());
+
+async fn consume(broker: &RabbitBroker, pool: &str, prefetch: u16) -> Box<dyn Consumer> {
+    match broker.consume(pool, prefetch).await {
+        Ok(consumer) => consumer,
+        Err(e) => panic!("consuming {pool}: {e}"),
+    }
+}
+
+async fn publish(broker: &RabbitBroker, pool: &str, job_id: &str) {
+    assert_eq!(
+        broker.publish(pool, job_id).await,
+        Ok(()),
+        "publishing {job_id}"
+    );
+}
+
+/// Publishes until RabbitMQ takes it, as a dispatcher's outbox sweeper
+/// would while the broker comes back or the pool drains.
+async fn publish_eventually(broker: &RabbitBroker, pool: &str, job_id: &str) {
+    let deadline = Instant::now() + ARRIVAL;
+    loop {
+        match broker.publish(pool, job_id).await {
+            Ok(()) => return,
+            Err(e) if Instant::now() >= deadline => panic!("publishing {job_id}: {e}"),
+            Err(BrokerError::Closed) => panic!("publishing {job_id}: closed"),
+            Err(_) => sleep(Duration::from_millis(50)).await,
+        }
+    }
+}
+
+/// A plain connection of the test's own, to look into queues the broker
+/// does not expose.
+async fn raw_connection() -> Connection {
+    match Connection::connect(&url(), ConnectionProperties::default()).await {
+        Ok(connection) => connection,
+        Err(e) => panic!("RabbitMQ is unreachable at {} ({e})", url()),
+    }
+}
+
+/// Takes the next message of `queue`, waiting (bounded) for one to arrive.
+async fn get_from(connection: &Connection, queue: &str) -> String {
+    let channel = connection.create_channel().await.expect("a channel");
+    let deadline = Instant::now() + ARRIVAL;
+    loop {
+        let got = channel
+            .basic_get(queue.into(), BasicGetOptions::default())
+            .await
+            .expect("basic.get");
+        if let Some(message) = got {
+            message
+                .delivery
+                .acker
+                .ack(BasicAckOptions::default())
+                .await
+                .expect("ack");
+            return String::from_utf8_lossy(&message.delivery.data).into_owned();
+        }
+        assert!(Instant::now() < deadline, "nothing arrived in {queue}");
+        sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rejected_message_lands_in_the_dead_letter_queue() {
+    let options = options();
+    let dead = |pool: &str| format!("{}.dead.{pool}", options.prefix);
+    let broker = broker_with(options.clone()).await;
+    let pool = unique("dead");
+    publish(&broker.0, &pool, "not-a-job").await;
+    publish(&broker.0, &pool, "job-b").await;
+    let mut consumer = consume(&broker.0, &pool, 1).await;
+    let bad = next_delivery(consumer.as_mut(), "to reject").await;
+    assert_eq!(bad.job_id, "not-a-job");
+    assert_eq!(bad.reject().await, Ok(()));
+    let next = next_delivery(consumer.as_mut(), "after the reject").await;
+    assert_eq!(
+        next.job_id, "job-b",
+        "a rejected message does not block the next"
+    );
+    assert_eq!(next.ack().await, Ok(()));
+
+    let connection = raw_connection().await;
+    assert_eq!(get_from(&connection, &dead(&pool)).await, "not-a-job");
+    assert_eq!(broker.0.depth(&pool).await, Ok(0));
+}
+
+/// A quorum queue checks its bound after taking a message, so it takes one
+/// beyond the bound before refusing, and takes more once below it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_pool_answers_full() {
+    let bound = 2;
+    let broker = broker_with(RabbitOptions {
+        max_length: Some(bound),
+        ..options()
+    })
+    .await;
+    let pool = unique("full");
+    let mut taken = 0;
+    let refusal = loop {
+        match broker.0.publish(&pool, &format!("job-{taken}")).await {
+            Ok(()) => taken += 1,
+            Err(e) => break e,
+        }
+        assert!(
+            taken <= bound + 1,
+            "{taken} messages taken under a bound of {bound}"
+        );
+    };
+    assert!(matches!(refusal, BrokerError::Full(_)), "{refusal:?}");
+    assert!(
+        taken >= bound,
+        "refused at {taken} under a bound of {bound}"
+    );
+    publish(&broker.0, &unique("other"), "job-other").await;
+
+    let mut consumer = consume(&broker.0, &pool, u16::try_from(taken).unwrap_or(1)).await;
+    for _ in 0..taken {
+        let delivery = next_delivery(consumer.as_mut(), "draining").await;
+        assert_eq!(delivery.ack().await, Ok(()));
+    }
+    publish_eventually(&broker.0, &pool, "job-after").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_delivery_returns_to_the_queue() {
+    let broker = broker().await;
+    let pool = unique("dropped-delivery");
+    publish(&broker.0, &pool, "job-a").await;
+    let mut consumer = consume(&broker.0, &pool, 1).await;
+    drop(next_delivery(consumer.as_mut(), "to drop").await);
+    let again = next_delivery(consumer.as_mut(), "after the drop").await;
+    assert_eq!(again.job_id, "job-a");
+    assert!(
+        again.redelivered,
+        "a dropped delivery comes back redelivered"
+    );
+    assert_eq!(again.ack().await, Ok(()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zero_prefetch_takes_the_default() {
+    let broker = broker().await;
+    let pool = unique("zero-prefetch");
+    publish(&broker.0, &pool, "job-a").await;
+    publish(&broker.0, &pool, "job-b").await;
+    let mut consumer = consume(&broker.0, &pool, 0).await;
+    let held = next_delivery(consumer.as_mut(), "first").await;
+    let beyond = timeout(QUIET, consumer.next()).await;
+    assert!(beyond.is_err(), "a default prefetch of one held two");
+    assert_eq!(held.ack().await, Ok(()));
+    let second = next_delivery(consumer.as_mut(), "after the ack").await;
+    assert_eq!(second.ack().await, Ok(()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_ends_consumers_and_refuses_work() {
+    let broker = broker().await;
+    let pool = unique("close");
+    let mut consumer = consume(&broker.0, &pool, 1).await;
+    let waiting = tokio::spawn(async move { consumer.next().await.map(|d| d.job_id.clone()) });
+    sleep(QUIET).await;
+    broker.0.close();
+    let ended = timeout(ARRIVAL, waiting).await;
+    assert!(
+        matches!(ended, Ok(Ok(None))),
+        "a waiting consumer ends on close: {ended:?}"
+    );
+    assert_eq!(
+        broker.0.publish(&pool, "job-a").await,
+        Err(BrokerError::Closed)
+    );
+    assert_eq!(broker.0.ping().await, Err(BrokerError::Closed));
+    assert!(broker.0.consume(&pool, 1).await.is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_broker_answers_unavailable() {
+    let connecting = RabbitBroker::connect("amqp://guest:guest@127.0.0.1:1/%2f", options());
+    let answer = timeout(ARRIVAL * 2, connecting).await;
+    assert!(
+        matches!(answer, Ok(Err(BrokerError::Unavailable(_)))),
+        "{answer:?}"
+    );
+}
+
+/// A consumer holding an unacked delivery loses its connection; the
+/// delivery's ack fails cleanly, the message comes again on the same
+/// consumer, and the consumer takes new work once publishing is back.
+async fn comes_back_after(broker: &RabbitBroker, kill: impl Future<Output = ()>) {
+    let pool = unique("reconnect");
+    publish(broker, &pool, "job-a").await;
+    let mut consumer = consume(broker, &pool, 1).await;
+    let held = next_delivery(consumer.as_mut(), "before the close").await;
+
+    kill.await;
+    let right_after = timeout(Duration::from_secs(1), broker.publish(&pool, "job-b")).await;
+    assert!(
+        matches!(right_after, Ok(Ok(()) | Err(BrokerError::Unavailable(_)))),
+        "publishing while the connection is down answers at once: {right_after:?}"
+    );
+    let stale = held.ack().await;
+    assert!(
+        matches!(stale, Err(BrokerError::Closed) | Ok(())),
+        "acking a delivery of the dead channel: {stale:?}"
+    );
+
+    let again = redelivery(consumer.as_mut(), "job-a").await;
+    assert!(
+        again.redelivered,
+        "the unacked message comes back redelivered"
+    );
+    assert_eq!(again.ack().await, Ok(()));
+    publish_eventually(broker, &pool, "job-c").await;
+    loop {
+        let delivery = redelivery(consumer.as_mut(), "new work after the reconnect").await;
+        let id = delivery.job_id.clone();
+        assert_eq!(delivery.ack().await, Ok(()));
+        if id == "job-c" {
+            break;
+        }
+        assert_eq!(id, "job-b", "only job-b may come before job-c");
+    }
+}
+
+/// The next delivery on a consumer that is coming back: up to twice
+/// [`ARRIVAL`], since reconnecting comes first.
+async fn redelivery(consumer: &mut dyn Consumer, what: &str) -> Delivery {
+    match timeout(ARRIVAL * 2, consumer.next()).await {
+        Ok(Some(delivery)) => delivery,
+        Ok(None) => panic!("{what}: the consumer ended instead of coming back"),
+        Err(_) => panic!("{what}: nothing delivered within {:?}", ARRIVAL * 2),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consumer_comes_back_after_its_connection_closes() {
+    let broker = broker().await;
+    comes_back_after(&broker.0, broker.0.force_reconnect()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consumer_comes_back_after_the_server_closes_its_connection() {
+    let options = options();
+    let connection_name = options.prefix.clone();
+    let broker = broker_with(options).await;
+    comes_back_after(&broker.0, close_from_server(&connection_name)).await;
+}
+
+/// Closes, from RabbitMQ's side, the one connection named `name` (the test's
+/// prefix), as a node going down would, and no other.
+async fn close_from_server(name: &str) {
+    let listed = rabbitmqctl(&[
+        "list_connections",
+        "--no-table-headers",
+        "pid",
+        "client_properties",
+    ])
+    .await;
+    let pid = listed
+        .lines()
+        .find(|line| line.contains(name))
+        .and_then(|line| line.split_whitespace().next())
+        .unwrap_or_else(|| panic!("connection {name} not listed by rabbitmqctl:\n{listed}"))
+        .to_owned();
+    rabbitmqctl(&["close_connection", &pid, "toolfleet test: node going down"]).await;
+}
+
+async fn rabbitmqctl(args: &[&str]) -> String {
+    let command =
+        std::env::var("TOOLFLEET_TEST_RABBITMQCTL").unwrap_or_else(|_| "rabbitmqctl".into());
+    let mut words = command.split_whitespace();
+    let program = words.next().unwrap_or("rabbitmqctl");
+    let run = tokio::process::Command::new(program)
+        .args(words)
+        .arg("--quiet")
+        .args(args)
+        .output();
+    let output = match timeout(Duration::from_secs(60), run).await {
+        Ok(Ok(output)) if output.status.success() => output,
+        other => panic!(
+            "running {command} {args:?} failed ({other:?}); this test closes a connection \
+             from the server side and needs rabbitmqctl (set TOOLFLEET_TEST_RABBITMQCTL)"
+        ),
+    };
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscription_comes_back_after_a_reconnect() {
+    let notices = notices().await;
+    let mut subscription = notices.0.subscribe().await.expect("subscribing");
+    notices.0.force_reconnect().await;
+    let tenant = unique("tenant");
+    let event = Event {
+        kind: "job".to_owned(),
+        id: "job-a".to_owned(),
+        tenant: tenant.clone(),
+        tool: "receipt_ocr".to_owned(),
+        state: "succeeded".to_owned(),
+        run_id: "run-1".to_owned(),
+        body: serde_json::json!({"status": "ok"}),
+    };
+    // Events published while the subscription rebinds are missed, so keep
+    // publishing until one arrives.
+    let deadline = Instant::now() + ARRIVAL * 2;
+    loop {
+        let _ = notices.0.publish(&event).await;
+        if let Ok(Some(got)) = timeout(Duration::from_millis(100), subscription.next()).await {
+            assert_eq!(got, event);
+            return;
+        }
+        assert!(Instant::now() < deadline, "no event after the reconnect");
+    }
+}

@@ -1,0 +1,188 @@
+//! Distributed mode with real processes and the real servers of this
+//! machine: `toolfleet migrate`, two dispatchers and two workers on one
+//! PostgreSQL schema and one RabbitMQ prefix of this test's own. A call made
+//! through one dispatcher is long-polled and announced through the other; a
+//! worker killed with SIGKILL mid-job loses nothing, and each side effect of
+//! the idempotent executor happens once.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use common::{OTHER_TOKEN, Server, TOKEN, TempDir, config_with, eventually, settle};
+use serde_json::json;
+
+fn database_url() -> String {
+    std::env::var("TOOLFLEET_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+}
+
+fn amqp_url() -> String {
+    std::env::var("TOOLFLEET_TEST_AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
+}
+
+/// Drops this test's schema and queues whatever the outcome.
+struct Cleanup {
+    schema: String,
+    prefix: String,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let _ = Command::new("psql")
+            .arg(database_url())
+            .args([
+                "-q",
+                "-c",
+                &format!("DROP SCHEMA IF EXISTS {} CASCADE", self.schema),
+            ])
+            .output();
+        let prefix = self.prefix.clone();
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let options = toolfleet_broker::rabbit::RabbitOptions {
+                    prefix,
+                    ..Default::default()
+                };
+                if let Ok(broker) =
+                    toolfleet_broker::rabbit::RabbitBroker::connect(&amqp_url(), options).await
+                {
+                    let _ = broker.close_and_delete().await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+fn tools(dir: &Path) -> String {
+    let effects = dir.join("effects");
+    let runs = dir.join("runs");
+    let script = format!(
+        "k=\"$TOOLFLEET_IDEMPOTENCY_KEY\"; echo \"$k\" >> {runs}; sleep 0.3; grep -qx \"$k\" {effects} 2>/dev/null || echo \"$k\" >> {effects}; echo '{{\"done\": true}}'",
+        runs = runs.display(),
+        effects = effects.display()
+    );
+    format!(
+        "[[tools]]\nname = \"side_effect\"\nshape = \"job\"\nexecutor = {{ kind = \"exec\", program = \"/bin/sh\", args = [\"-c\", {script:?}] }}\n"
+    )
+}
+
+fn lines(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_dispatchers_and_two_workers_share_one_fleet() {
+    let dir = TempDir::new("distributed");
+    let id = uuid::Uuid::now_v7().simple().to_string();
+    let _cleanup = Cleanup {
+        schema: format!("tf_{id}"),
+        prefix: format!("tf-{id}"),
+    };
+    let top = format!(
+        "database_url = {:?}\ndatabase_schema = \"tf_{id}\"\nbroker_url = {:?}\nbroker_prefix = \"tf-{id}\"\nconfirm_secret = \"{}\"\nlease_s = 1\nconcurrency = 2",
+        database_url(),
+        amqp_url(),
+        "ab".repeat(32)
+    );
+    let config_path = dir.0.join("toolfleet.toml");
+    std::fs::write(&config_path, config_with(&dir.0, &top, &tools(&dir.0))).unwrap();
+
+    // Before migrating, a dispatcher refuses the unknown schema, clearly.
+    let refused = Command::new(env!("CARGO_BIN_EXE_toolfleet"))
+        .arg("--config")
+        .arg(&config_path)
+        .arg("dispatcher")
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("toolfleet migrate"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    let migrated = Command::new(env!("CARGO_BIN_EXE_toolfleet"))
+        .arg("--config")
+        .arg(&config_path)
+        .arg("migrate")
+        .output()
+        .unwrap();
+    assert!(
+        migrated.status.success(),
+        "{}",
+        String::from_utf8_lossy(&migrated.stderr)
+    );
+
+    let a = Server::start_role(&config_path, "dispatcher", "toolfleet serving on ");
+    let b = Server::start_role(&config_path, "dispatcher", "toolfleet serving on ");
+    let mut w1 = Server::start_role(&config_path, "worker", "toolfleet worker running");
+    let _w2 = Server::start_role(&config_path, "worker", "toolfleet worker running");
+    let (alice_a, alice_b) = (a.client(TOKEN), b.client(TOKEN));
+
+    // Called through A, settled on a worker, long-polled through B.
+    let mut ids = BTreeSet::new();
+    for _ in 0..8 {
+        let accepted = alice_a.call("side_effect", json!({})).await;
+        assert_eq!(accepted["status"], "running", "{accepted}");
+        ids.insert(accepted["job_id"].as_str().unwrap().to_owned());
+    }
+    for id in &ids {
+        let done = settle(&alice_b, id).await;
+        assert_eq!(done["result"]["done"], true, "{done}");
+    }
+
+    // A worker killed mid-job: every job still settles, each effect once.
+    let mut second = BTreeSet::new();
+    for _ in 0..12 {
+        let accepted = alice_b.call("side_effect", json!({})).await;
+        second.insert(accepted["job_id"].as_str().unwrap().to_owned());
+    }
+    eventually(Duration::from_secs(20), || {
+        let runs = dir.0.join("runs");
+        async move { (lines(&runs).len() > 9).then_some(()) }
+    })
+    .await;
+    w1.kill();
+    for id in &second {
+        let done = settle(&alice_a, id).await;
+        assert_eq!(done["status"], "ok", "{done}");
+    }
+    ids.extend(second);
+    let effects = lines(&dir.0.join("effects"));
+    assert_eq!(effects.len(), ids.len(), "each side effect happened once");
+    assert_eq!(effects.into_iter().collect::<BTreeSet<_>>(), ids);
+
+    // The other tenant sees nothing of it through either dispatcher.
+    let mallory = b.client(OTHER_TOKEN);
+    let some = ids.iter().next().unwrap();
+    assert_eq!(
+        mallory.get(&format!("/v1/jobs/{some}")).await["error"]["code"],
+        "not_found"
+    );
+    assert!(
+        mallory.get("/v1/jobs").await["jobs"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(
+        alice_a.get("/v1/jobs?limit=100").await["jobs"]
+            .as_array()
+            .unwrap()
+            .len(),
+        20
+    );
+}

@@ -1,0 +1,1137 @@
+//! The PostgreSQL store: the distributed backend, shared by every dispatcher
+//! and worker of a fleet.
+//!
+//! This module owns the SQL of every transition of a job, ticket and command
+//! outcome for PostgreSQL, the connection pool (deadpool-postgres, with a
+//! bounded wait so calls during an outage answer promptly) and the schema:
+//! migrations embedded from `migrations/postgres`, applied only by
+//! [`migrate`] (`toolfleet migrate`), and checked by [`PgStore::connect`],
+//! which refuses a schema it does not know. It must never read a job and
+//! then write it: each transition is one conditional `UPDATE ... RETURNING`
+//! (or `INSERT ... ON CONFLICT`), so two workers or two processes cannot both
+//! win. It must never migrate on connect, and never panic on what it reads:
+//! a row it cannot decode is a [`StoreError::Unavailable`] naming the row.
+
+use std::fmt::Display;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use deadpool_postgres::{
+    ClientWrapper, Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime, TimeoutType,
+};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use tokio_postgres::config::Host;
+use tokio_postgres::types::{FromSql, ToSql};
+use tokio_postgres::{Config, NoTls, Row};
+use toolfleet_core::middleware::canonical_json;
+use toolfleet_core::{AuditRecord, Envelope, ErrorCode, JobState, Json, ToolError};
+
+use crate::{
+    Answered, CommitClaim, Inserted, JobFilter, JobPage, JobRecord, Lease, NewJob, NewTicket,
+    Store, StoreError, TicketRecord,
+};
+
+mod embedded {
+    refinery::embed_migrations!("../../migrations/postgres");
+}
+
+/// How long a call waits for a connection (taking one from the pool,
+/// opening one, checking one) before it answers that the store is
+/// unavailable.
+const POOL_TIMEOUT: Duration = Duration::from_secs(5);
+/// Where refinery records the applied migrations, in the store's schema.
+const HISTORY: &str = "refinery_schema_history";
+/// Bounds of one page of [`Store::list_jobs`].
+const MAX_PAGE: u32 = 100;
+/// Bound of one answer of [`Store::due_jobs`] and [`Store::audit`].
+const MAX_BATCH: u32 = 1000;
+/// Sorts after every id (ids use the "C" collation), so the first page needs
+/// no second statement.
+const NO_CURSOR: &str = "\u{10FFFF}";
+/// Settled commit outcomes pruned per claim, so pruning stays cheap.
+const PRUNE_BATCH: i64 = 100;
+/// Claims of a commit key tried before giving up, when the key keeps being
+/// released between the claim and the read of its outcome.
+const CLAIM_COMMIT_TRIES: usize = 5;
+
+/// The statements that move a job. Each names the states it moves from.
+///
+/// Rows are read by named columns, never `*`: PostgreSQL refuses to run a
+/// prepared statement whose result columns changed, so a column that a
+/// later migration adds must not break the processes still running.
+mod sql {
+    macro_rules! job_columns {
+        () => {
+            r#"id, tenant, "user", tool, pool, args, state, attempts, max_attempts,
+            timeout_ms, run_at, lease_owner, lease_until, progress, result, error,
+            idempotency_key, run_id, call_id, callback_url, created_at, updated_at"#
+        };
+    }
+
+    macro_rules! ticket_columns {
+        () => {
+            r#"id, tenant, "user", tool, question, options, args, run_id, call_id,
+            callback_url, answer, created_at, answered_at"#
+        };
+    }
+
+    pub const INSERT_JOB: &str = concat!(
+        r#"
+        INSERT INTO jobs (id, tenant, "user", tool, pool, args, state, attempts, max_attempts,
+            timeout_ms, run_at, idempotency_key, run_id, call_id, callback_url, created_at, updated_at)
+        VALUES ($1, $2, $3, $4, $5, $6, 'queued', 0, $7,
+            $8, $9, $10, $11, $12, $13, $9, $9)
+        ON CONFLICT DO NOTHING
+        RETURNING "#,
+        job_columns!()
+    );
+
+    pub const JOB_BY_KEY: &str = concat!(
+        "SELECT ",
+        job_columns!(),
+        " FROM jobs WHERE tenant = $1 AND tool = $2 AND idempotency_key = $3"
+    );
+
+    /// queued or due retrying, or running with an expired lease -> running.
+    pub const CLAIM: &str = concat!(
+        "
+        UPDATE jobs SET state = 'running', attempts = attempts + 1,
+            lease_owner = $2, lease_until = $4, updated_at = $3
+        WHERE id = $1
+          AND ((state IN ('queued', 'retrying') AND run_at <= $3)
+               OR (state = 'running' AND lease_until < $3))
+        RETURNING ",
+        job_columns!()
+    );
+
+    /// running (held) -> running, lease extended.
+    pub const HEARTBEAT: &str = "
+        UPDATE jobs SET lease_until = $4, updated_at = $3
+        WHERE id = $1 AND state = 'running' AND lease_owner = $2";
+
+    pub const STATE: &str = "SELECT state FROM jobs WHERE id = $1";
+
+    /// running (held) -> running, progress recorded.
+    pub const PROGRESS: &str = "
+        UPDATE jobs SET progress = $3, updated_at = $4
+        WHERE id = $1 AND state = 'running' AND lease_owner = $2";
+
+    /// running (held) -> succeeded.
+    pub const SUCCEED: &str = concat!(
+        "
+        UPDATE jobs SET state = 'succeeded', result = $3,
+            lease_owner = NULL, lease_until = NULL, updated_at = $4
+        WHERE id = $1 AND state = 'running' AND lease_owner = $2
+        RETURNING ",
+        job_columns!()
+    );
+
+    /// running (held) -> retrying at $4 while attempts remain, else failed.
+    /// The right-hand sides read the row as it was before the update.
+    pub const FAIL: &str = concat!(
+        "
+        UPDATE jobs SET
+            state = CASE WHEN $4::bigint IS NOT NULL AND attempts < max_attempts
+                         THEN 'retrying' ELSE 'failed' END,
+            run_at = CASE WHEN $4::bigint IS NOT NULL AND attempts < max_attempts
+                          THEN $4::bigint ELSE run_at END,
+            error = $3, lease_owner = NULL, lease_until = NULL, updated_at = $5
+        WHERE id = $1 AND state = 'running' AND lease_owner = $2
+        RETURNING ",
+        job_columns!()
+    );
+
+    /// queued, retrying or running -> cancelled.
+    pub const CANCEL: &str = concat!(
+        "
+        UPDATE jobs SET state = 'cancelled', error = $3,
+            lease_owner = NULL, lease_until = NULL, updated_at = $4
+        WHERE id = $1 AND tenant = $2 AND state IN ('queued', 'retrying', 'running')
+        RETURNING ",
+        job_columns!()
+    );
+
+    /// Two range scans, one per partial index, rather than an OR the planner
+    /// may turn into a walk of the whole table.
+    pub const DUE: &str = concat!(
+        "SELECT ",
+        job_columns!(),
+        " FROM jobs WHERE state IN ('queued', 'retrying') AND run_at <= $1
+        UNION ALL
+        SELECT ",
+        job_columns!(),
+        " FROM jobs WHERE state = 'running' AND lease_until < $1
+        ORDER BY id LIMIT $2"
+    );
+
+    pub const LIST: &str = concat!(
+        "SELECT ",
+        job_columns!(),
+        " FROM jobs
+        WHERE tenant = $1 AND id < $4
+          AND ($2::text IS NULL OR state = $2) AND ($3::text IS NULL OR tool = $3)
+        ORDER BY id DESC LIMIT $5"
+    );
+
+    pub const JOB: &str = concat!(
+        "SELECT ",
+        job_columns!(),
+        " FROM jobs WHERE id = $1 AND tenant = $2"
+    );
+
+    pub const JOB_BY_ID: &str = concat!("SELECT ", job_columns!(), " FROM jobs WHERE id = $1");
+
+    pub const COUNTS: &str = "SELECT state, COUNT(*) AS n FROM jobs GROUP BY state";
+
+    pub const INSERT_TICKET: &str = concat!(
+        r#"
+        INSERT INTO tickets (id, tenant, "user", tool, question, options, args,
+            run_id, call_id, callback_url, created_at)
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+        ON CONFLICT DO NOTHING
+        RETURNING "#,
+        ticket_columns!()
+    );
+
+    pub const TICKET: &str = concat!(
+        "SELECT ",
+        ticket_columns!(),
+        " FROM tickets WHERE id = $1 AND tenant = $2"
+    );
+
+    /// open -> answered.
+    pub const ANSWER: &str = concat!(
+        "
+        UPDATE tickets SET answer = $3, answered_at = $4
+        WHERE id = $1 AND tenant = $2 AND answer IS NULL
+        RETURNING ",
+        ticket_columns!()
+    );
+
+    /// One statement for a whole batch: the arrays are the columns.
+    pub const INSERT_AUDIT: &str = r#"
+        INSERT INTO audit (at_ms, tenant, "user", tool, run_id, call_id, args, status,
+            error_code, duration_us)
+        SELECT * FROM UNNEST($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[],
+            $6::text[], $7::text[], $8::text[], $9::text[], $10::bigint[])"#;
+
+    pub const AUDIT: &str = r#"
+        SELECT seq, at_ms, tenant, "user", tool, run_id, call_id, args, status,
+            error_code, duration_us
+        FROM audit WHERE tenant = $1 ORDER BY at_ms DESC, seq DESC LIMIT $2"#;
+
+    /// Skips rows another pruner holds, so concurrent claims never wait on
+    /// each other's housekeeping; the array makes the delete a walk of the
+    /// primary key, whatever the planner guesses of the batch size.
+    pub const PRUNE_COMMITS: &str = "
+        DELETE FROM commits WHERE key = ANY (ARRAY(
+            SELECT key FROM commits WHERE state = 'settled' AND keep_until < $1
+            LIMIT $2 FOR UPDATE SKIP LOCKED))";
+
+    /// absent, pending past its lease, or settled past keep_until -> pending.
+    /// The conflicting row is locked and its condition checked on its latest
+    /// version, so two processes can never both claim a key.
+    pub const CLAIM_COMMIT: &str = "
+        INSERT INTO commits (key, state, lease_until) VALUES ($1, 'pending', $3)
+        ON CONFLICT (key) DO UPDATE SET
+            state = 'pending', envelope = NULL, lease_until = $3, keep_until = NULL
+        WHERE (commits.state = 'pending' AND commits.lease_until < $2)
+           OR (commits.state = 'settled' AND commits.keep_until < $2)
+        RETURNING key";
+
+    pub const COMMIT: &str = "SELECT state, envelope FROM commits WHERE key = $1";
+
+    /// pending (or absent) -> settled; a settled outcome is never replaced.
+    pub const SETTLE_COMMIT: &str = "
+        INSERT INTO commits (key, state, envelope, keep_until) VALUES ($1, 'settled', $2, $3)
+        ON CONFLICT (key) DO UPDATE SET
+            state = 'settled', envelope = $2, lease_until = NULL, keep_until = $3
+        WHERE commits.state = 'pending'";
+
+    /// pending -> absent: the claim is released.
+    pub const RELEASE_COMMIT: &str = "DELETE FROM commits WHERE key = $1 AND state = 'pending'";
+}
+
+/// The PostgreSQL implementation of [`Store`].
+pub struct PgStore {
+    pool: Pool,
+    /// Where the store is, for messages: host, port, database and schema,
+    /// never the password.
+    place: String,
+}
+
+impl PgStore {
+    /// Connects to the database at `url` (a `postgres://` URL or a
+    /// `key=value` string) with a pool of at most `pool_size` connections.
+    /// Refuses a database whose schema `toolfleet migrate` has not brought
+    /// to this program's version, or that a newer program migrated.
+    pub async fn connect(url: &str, pool_size: usize) -> Result<PgStore, StoreError> {
+        PgStore::open(url, None, pool_size).await
+    }
+
+    /// As [`PgStore::connect`], with every connection's `search_path` set
+    /// to `schema`, so several stores (tests, say) can share one database.
+    pub async fn connect_in_schema(
+        url: &str,
+        schema: &str,
+        pool_size: usize,
+    ) -> Result<PgStore, StoreError> {
+        PgStore::open(url, Some(schema), pool_size).await
+    }
+
+    async fn open(
+        url: &str,
+        schema: Option<&str>,
+        pool_size: usize,
+    ) -> Result<PgStore, StoreError> {
+        let store = unchecked(url, schema, pool_size)?;
+        let client = store.client().await?;
+        let applied = applied_version(&client).await?;
+        check_version(applied, &store.place)?;
+        drop(client);
+        Ok(store)
+    }
+
+    /// Closes the pool: idle connections now, busy ones as they come back;
+    /// calls after this answer [`StoreError::Unavailable`].
+    pub fn close(&self) {
+        self.pool.close();
+    }
+
+    async fn client(&self) -> Result<deadpool_postgres::Client, StoreError> {
+        self.pool
+            .get()
+            .await
+            .map_err(|e| pool_error(e, &self.place))
+    }
+}
+
+/// Applies the embedded migrations to the database at `url`: what
+/// `toolfleet migrate` does. Applying them again changes nothing. Refuses a
+/// database that a newer program migrated.
+pub async fn migrate(url: &str) -> Result<(), StoreError> {
+    run_migrations(url, None).await
+}
+
+/// As [`migrate`], in `schema`, which is created if missing; refinery's
+/// history table lives there too.
+pub async fn migrate_in_schema(url: &str, schema: &str) -> Result<(), StoreError> {
+    run_migrations(url, Some(schema)).await
+}
+
+/// Migrations of one schema run one at a time across processes (an advisory
+/// lock held by this session), and all pending ones commit together, so no
+/// process ever sees tables without their history.
+async fn run_migrations(url: &str, schema: Option<&str>) -> Result<(), StoreError> {
+    let store = unchecked(url, schema, 1)?;
+    let mut client = store.client().await?;
+    let lock = format!("toolfleet migrate {}", schema.unwrap_or_default());
+    client
+        .execute("SELECT pg_advisory_lock(hashtext($1))", &[&lock])
+        .await?;
+    if let Some(schema) = schema {
+        client
+            .batch_execute(&format!(r#"CREATE SCHEMA IF NOT EXISTS "{schema}""#))
+            .await?;
+    }
+    if let Some(applied) = applied_version(&client).await? {
+        if applied > known_version() {
+            return Err(newer_schema(applied, &store.place));
+        }
+    }
+    let runner = embedded::migrations::runner().set_grouped(true);
+    runner.run_async(&mut **client).await.map_err(|e| {
+        StoreError::Schema(format!(
+            "migrating the database {} failed: {e}",
+            store.place
+        ))
+    })?;
+    client
+        .execute("SELECT pg_advisory_unlock(hashtext($1))", &[&lock])
+        .await?;
+    Ok(())
+}
+
+/// A store for `url`, its connections in `schema`, not yet connected and
+/// its schema not yet checked.
+fn unchecked(url: &str, schema: Option<&str>, size: usize) -> Result<PgStore, StoreError> {
+    let mut config: Config = url
+        .parse()
+        .map_err(|e| StoreError::Unavailable(format!("the database URL is not valid: {e}")))?;
+    if let Some(schema) = schema {
+        check_schema_name(schema)?;
+        let options = match config.get_options() {
+            Some(given) => format!("{given} -c search_path={schema}"),
+            None => format!("-c search_path={schema}"),
+        };
+        config.options(&options);
+    }
+    if config.get_application_name().is_none() {
+        config.application_name("toolfleet");
+    }
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(POOL_TIMEOUT);
+    }
+    let place = describe(&config, schema);
+    let manager = Manager::from_config(
+        config,
+        NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    let pool = Pool::builder(manager)
+        .max_size(size.max(1))
+        .runtime(Runtime::Tokio1)
+        .wait_timeout(Some(POOL_TIMEOUT))
+        .create_timeout(Some(POOL_TIMEOUT))
+        .recycle_timeout(Some(POOL_TIMEOUT))
+        .build()
+        .map_err(|e| StoreError::Unavailable(format!("cannot build the pool for {place}: {e}")))?;
+    Ok(PgStore { pool, place })
+}
+
+/// The name goes into `search_path` and a `CREATE SCHEMA`, so it is held to
+/// plain identifiers, which need no quoting or escaping.
+fn check_schema_name(schema: &str) -> Result<(), StoreError> {
+    let plain = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_';
+    let starts_well = schema
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_lowercase() || c == '_');
+    if starts_well && schema.len() <= 63 && schema.chars().all(plain) {
+        return Ok(());
+    }
+    Err(StoreError::Schema(format!(
+        "schema name {schema:?} is not allowed: use 1 to 63 lowercase letters, digits and \
+         underscores, starting with a letter or an underscore"
+    )))
+}
+
+/// "test on 127.0.0.1:5432 (schema tf_1)", for messages.
+fn describe(config: &Config, schema: Option<&str>) -> String {
+    let host = match config.get_hosts().first() {
+        Some(Host::Tcp(name)) => name.clone(),
+        #[cfg(unix)]
+        Some(Host::Unix(path)) => path.display().to_string(),
+        None => "localhost".to_owned(),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let database = config
+        .get_dbname()
+        .or(config.get_user())
+        .unwrap_or("postgres");
+    match schema {
+        Some(schema) => format!("{database} on {host}:{port} (schema {schema})"),
+        None => format!("{database} on {host}:{port}"),
+    }
+}
+
+fn known_version() -> i64 {
+    embedded::migrations::runner()
+        .get_migrations()
+        .iter()
+        .map(|m| i64::from(m.version()))
+        .max()
+        .unwrap_or(0)
+}
+
+/// The newest migration recorded in the store's schema, `None` when there
+/// is no history at all.
+async fn applied_version(c: &ClientWrapper) -> Result<Option<i64>, StoreError> {
+    let exists: bool = c
+        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&HISTORY])
+        .await?
+        .try_get(0)?;
+    if !exists {
+        return Ok(None);
+    }
+    let sql = format!("SELECT MAX(version)::bigint FROM {HISTORY}");
+    Ok(c.query_one(&sql, &[]).await?.try_get(0)?)
+}
+
+fn check_version(applied: Option<i64>, place: &str) -> Result<(), StoreError> {
+    let known = known_version();
+    match applied {
+        Some(applied) if applied == known => Ok(()),
+        Some(applied) if applied > known => Err(newer_schema(applied, place)),
+        Some(applied) => Err(StoreError::Schema(format!(
+            "the database {place} has schema version {applied}, older than this toolfleet's \
+             ({known}); run `toolfleet migrate` to bring it up to date"
+        ))),
+        None => Err(StoreError::Schema(format!(
+            "the database {place} has no toolfleet tables; run `toolfleet migrate` to create them"
+        ))),
+    }
+}
+
+fn newer_schema(applied: i64, place: &str) -> StoreError {
+    StoreError::Schema(format!(
+        "the database {place} has schema version {applied}, newer than the newest this \
+         toolfleet knows ({known}): a newer toolfleet's `toolfleet migrate` made it, and this \
+         one would misread it; run the newer toolfleet",
+        known = known_version()
+    ))
+}
+
+// Errors.
+
+impl From<tokio_postgres::Error> for StoreError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        StoreError::Unavailable(format!("postgres: {}", pg_message(&e)))
+    }
+}
+
+/// What went wrong, readably: tokio-postgres's own text is "db error" for
+/// everything the server says.
+fn pg_message(e: &tokio_postgres::Error) -> String {
+    if let Some(db) = e.as_db_error() {
+        return format!("{} {}: {}", db.severity(), db.code().code(), db.message());
+    }
+    if e.is_closed() {
+        return "the connection closed (the server may be restarting); try again".to_owned();
+    }
+    match std::error::Error::source(e) {
+        Some(cause) => format!("{e}: {cause}"),
+        None => e.to_string(),
+    }
+}
+
+fn pool_error(e: PoolError, place: &str) -> StoreError {
+    let secs = POOL_TIMEOUT.as_secs();
+    let message = match e {
+        PoolError::Timeout(TimeoutType::Wait) => {
+            format!("every connection to {place} stayed busy for {secs}s")
+        }
+        PoolError::Timeout(_) => {
+            format!("no connection to {place} within {secs}s: is PostgreSQL up and reachable?")
+        }
+        PoolError::Backend(e) => format!("cannot connect to {place}: {}", pg_message(&e)),
+        PoolError::Closed => format!("the pool of {place} was closed"),
+        other => format!("cannot connect to {place}: {other}"),
+    };
+    StoreError::Unavailable(message)
+}
+
+// Reading rows.
+
+/// The columns of one row, with errors that name the row.
+struct Fields<'a> {
+    row: &'a Row,
+    table: &'static str,
+    id: String,
+}
+
+impl<'a> Fields<'a> {
+    /// `id_column` only labels errors, so reading it never fails here.
+    fn new(row: &'a Row, table: &'static str, id_column: &str) -> Self {
+        let id = row
+            .try_get::<_, String>(id_column)
+            .or_else(|_| row.try_get::<_, i64>(id_column).map(|n| n.to_string()))
+            .unwrap_or_default();
+        Fields { row, table, id }
+    }
+
+    /// For a row without its id among the columns.
+    fn named(row: &'a Row, table: &'static str, id: &str) -> Self {
+        let id = id.to_owned();
+        Fields { row, table, id }
+    }
+
+    fn corrupt(&self, column: &str, e: impl Display) -> StoreError {
+        StoreError::Unavailable(format!(
+            "corrupt row: {} {} column {column}: {e}",
+            self.table, self.id
+        ))
+    }
+
+    fn get<T: FromSql<'a>>(&self, column: &str) -> Result<T, StoreError> {
+        self.row
+            .try_get(column)
+            .map_err(|e| self.corrupt(column, e))
+    }
+
+    fn int<T: TryFrom<i64>>(&self, column: &str) -> Result<T, StoreError> {
+        let n: i64 = self.get(column)?;
+        T::try_from(n).map_err(|_| self.corrupt(column, format!("{n} is out of range")))
+    }
+
+    fn json<T: DeserializeOwned>(&self, column: &str) -> Result<T, StoreError> {
+        let text: &str = self.get(column)?;
+        serde_json::from_str(text).map_err(|e| self.corrupt(column, e))
+    }
+
+    /// SQL NULL is `None`; JSON `null` text is a present value.
+    fn json_opt<T: DeserializeOwned>(&self, column: &str) -> Result<Option<T>, StoreError> {
+        let text: Option<&str> = self.get(column)?;
+        text.map(|t| serde_json::from_str(t).map_err(|e| self.corrupt(column, e)))
+            .transpose()
+    }
+
+    fn raw_json_opt(&self, column: &str) -> Result<Option<Json>, StoreError> {
+        let text: Option<&str> = self.get(column)?;
+        text.map(|t| Json::parse(t).map_err(|e| self.corrupt(column, e)))
+            .transpose()
+    }
+
+    fn state(&self) -> Result<JobState, StoreError> {
+        let text: &str = self.get("state")?;
+        JobState::parse(text)
+            .ok_or_else(|| self.corrupt("state", format!("unknown state {text:?}")))
+    }
+}
+
+fn job_from_row(row: &Row) -> Result<JobRecord, StoreError> {
+    let f = Fields::new(row, "job", "id");
+    Ok(JobRecord {
+        id: f.get("id")?,
+        tenant: f.get("tenant")?,
+        user: f.get("user")?,
+        tool: f.get("tool")?,
+        pool: f.get("pool")?,
+        args: f.json("args")?,
+        state: f.state()?,
+        attempts: f.int("attempts")?,
+        max_attempts: f.int("max_attempts")?,
+        timeout_ms: f.get("timeout_ms")?,
+        run_at: f.get("run_at")?,
+        lease_owner: f.get("lease_owner")?,
+        lease_until: f.get("lease_until")?,
+        progress: f.json_opt("progress")?,
+        result: f.raw_json_opt("result")?,
+        error: f.json_opt("error")?,
+        idempotency_key: f.get("idempotency_key")?,
+        run_id: f.get("run_id")?,
+        call_id: f.get("call_id")?,
+        callback_url: f.get("callback_url")?,
+        created_at: f.get("created_at")?,
+        updated_at: f.get("updated_at")?,
+    })
+}
+
+fn ticket_from_row(row: &Row) -> Result<TicketRecord, StoreError> {
+    let f = Fields::new(row, "ticket", "id");
+    Ok(TicketRecord {
+        id: f.get("id")?,
+        tenant: f.get("tenant")?,
+        user: f.get("user")?,
+        tool: f.get("tool")?,
+        question: f.get("question")?,
+        options: f.json("options")?,
+        args: f.json("args")?,
+        run_id: f.get("run_id")?,
+        call_id: f.get("call_id")?,
+        callback_url: f.get("callback_url")?,
+        answer: f.json_opt("answer")?,
+        created_at: f.get("created_at")?,
+        answered_at: f.get("answered_at")?,
+    })
+}
+
+fn audit_from_row(row: &Row) -> Result<AuditRecord, StoreError> {
+    let f = Fields::new(row, "audit", "seq");
+    // AuditRecord's status is static text: map back onto the four words.
+    let status = match f.get::<&str>("status")? {
+        "ok" => "ok",
+        "error" => "error",
+        "running" => "running",
+        "suspended" => "suspended",
+        other => return Err(f.corrupt("status", format!("unknown status {other:?}"))),
+    };
+    let error_code: Option<String> = f.get("error_code")?;
+    let error_code = error_code
+        .map(|code| serde_json::from_value::<ErrorCode>(Value::String(code)))
+        .transpose()
+        .map_err(|e| f.corrupt("error_code", e))?;
+    Ok(AuditRecord {
+        at_ms: f.int("at_ms")?,
+        tool: f.get("tool")?,
+        tenant: f.get("tenant")?,
+        user: f.get("user")?,
+        run_id: f.get("run_id")?,
+        call_id: f.get("call_id")?,
+        args: f.json("args")?,
+        status,
+        error_code,
+        duration_us: f.int("duration_us")?,
+    })
+}
+
+type FromRow<T> = fn(&Row) -> Result<T, StoreError>;
+type Params<'a> = &'a [&'a (dyn ToSql + Sync)];
+
+async fn query_one<T>(
+    c: &ClientWrapper,
+    sql: &str,
+    params: Params<'_>,
+    map: FromRow<T>,
+) -> Result<Option<T>, StoreError> {
+    let stmt = c.prepare_cached(sql).await?;
+    c.query_opt(&stmt, params)
+        .await?
+        .as_ref()
+        .map(map)
+        .transpose()
+}
+
+async fn query_all<T>(
+    c: &ClientWrapper,
+    sql: &str,
+    params: Params<'_>,
+    map: FromRow<T>,
+) -> Result<Vec<T>, StoreError> {
+    let stmt = c.prepare_cached(sql).await?;
+    c.query(&stmt, params).await?.iter().map(map).collect()
+}
+
+async fn execute(c: &ClientWrapper, sql: &str, params: Params<'_>) -> Result<u64, StoreError> {
+    let stmt = c.prepare_cached(sql).await?;
+    Ok(c.execute(&stmt, params).await?)
+}
+
+fn encode<T: Serialize + ?Sized>(value: &T) -> Result<String, StoreError> {
+    serde_json::to_string(value)
+        .map_err(|e| StoreError::Unavailable(format!("cannot encode a value to store: {e}")))
+}
+
+fn to_i64(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+// Jobs.
+
+async fn insert_job(c: &ClientWrapper, job: &NewJob) -> Result<Inserted, StoreError> {
+    let args = canonical_json(&job.args);
+    let max_attempts = i64::from(job.max_attempts);
+    let params: Params<'_> = &[
+        &job.id,
+        &job.tenant,
+        &job.user,
+        &job.tool,
+        &job.pool,
+        &args,
+        &max_attempts,
+        &job.timeout_ms,
+        &job.now,
+        &job.idempotency_key,
+        &job.run_id,
+        &job.call_id,
+        &job.callback_url,
+    ];
+    if let Some(created) = query_one(c, sql::INSERT_JOB, params, job_from_row).await? {
+        return Ok(Inserted::Created(created));
+    }
+    // Nothing inserted: the key was taken (or, never in practice, the id).
+    let existing = match &job.idempotency_key {
+        Some(key) => {
+            let params: Params<'_> = &[&job.tenant, &job.tool, key];
+            query_one(c, sql::JOB_BY_KEY, params, job_from_row).await?
+        }
+        None => None,
+    };
+    match existing {
+        Some(existing) if canonical_json(&existing.args) == args => {
+            Ok(Inserted::Existing(existing))
+        }
+        Some(_) => Err(StoreError::Conflict(format!(
+            "idempotency_key was already used for a `{}` job with other arguments; use a new key for new work",
+            job.tool
+        ))),
+        None => Err(StoreError::Conflict(format!(
+            "a job with id {} already exists",
+            job.id
+        ))),
+    }
+}
+
+async fn heartbeat(
+    c: &ClientWrapper,
+    id: &str,
+    worker: &str,
+    now: i64,
+    until: i64,
+) -> Result<Lease, StoreError> {
+    if execute(c, sql::HEARTBEAT, &[&id, &worker, &now, &until]).await? > 0 {
+        return Ok(Lease::Held);
+    }
+    // Read after the update, so a cancel that the update waited for is seen.
+    let stmt = c.prepare_cached(sql::STATE).await?;
+    let row = c.query_opt(&stmt, &[&id]).await?;
+    let state = match &row {
+        Some(row) => Fields::named(row, "job", id).get::<&str>("state")?,
+        None => "",
+    };
+    Ok(match state {
+        "cancelled" => Lease::Cancelled,
+        _ => Lease::Lost,
+    })
+}
+
+async fn cancel(
+    c: &ClientWrapper,
+    tenant: &str,
+    id: &str,
+    now: i64,
+) -> Result<Option<JobRecord>, StoreError> {
+    let error = encode(&ToolError::new(
+        ErrorCode::Cancelled,
+        "the job was cancelled before it finished; call the tool again if the work is still needed",
+    ))?;
+    let params: Params<'_> = &[&id, &tenant, &error, &now];
+    if let Some(job) = query_one(c, sql::CANCEL, params, job_from_row).await? {
+        return Ok(Some(job));
+    }
+    // Settled, missing or another tenant's: answered as it stands.
+    query_one(c, sql::JOB, &[&id, &tenant], job_from_row).await
+}
+
+async fn list_jobs(
+    c: &ClientWrapper,
+    tenant: &str,
+    filter: &JobFilter,
+    limit: u32,
+    cursor: Option<&str>,
+) -> Result<JobPage, StoreError> {
+    let limit = limit.clamp(1, MAX_PAGE) as usize;
+    let state = filter.state.map(JobState::as_str);
+    // One row more than the page tells whether there is a next page.
+    let fetch = limit as i64 + 1;
+    let cursor = cursor.unwrap_or(NO_CURSOR);
+    let params: Params<'_> = &[&tenant, &state, &filter.tool, &cursor, &fetch];
+    let mut jobs = query_all(c, sql::LIST, params, job_from_row).await?;
+    let next_cursor = if jobs.len() > limit {
+        jobs.truncate(limit);
+        jobs.last().map(|job| job.id.clone())
+    } else {
+        None
+    };
+    Ok(JobPage { jobs, next_cursor })
+}
+
+async fn job_counts(c: &ClientWrapper) -> Result<Vec<(JobState, u64)>, StoreError> {
+    let all = [
+        JobState::Queued,
+        JobState::Running,
+        JobState::Retrying,
+        JobState::Succeeded,
+        JobState::Failed,
+        JobState::Cancelled,
+    ];
+    let mut counts: Vec<(JobState, u64)> = all.into_iter().map(|s| (s, 0)).collect();
+    let stmt = c.prepare_cached(sql::COUNTS).await?;
+    for row in c.query(&stmt, &[]).await? {
+        let f = Fields::new(&row, "job count", "state");
+        let state = f.state()?;
+        let n: u64 = f.int("n")?;
+        if let Some(slot) = counts.iter_mut().find(|(s, _)| *s == state) {
+            slot.1 = n;
+        }
+    }
+    Ok(counts)
+}
+
+// Tickets, audit and commits.
+
+async fn insert_ticket(c: &ClientWrapper, t: &NewTicket) -> Result<TicketRecord, StoreError> {
+    let (options, args) = (encode(&t.options)?, encode(&t.args)?);
+    let params: Params<'_> = &[
+        &t.id,
+        &t.tenant,
+        &t.user,
+        &t.tool,
+        &t.question,
+        &options,
+        &args,
+        &t.run_id,
+        &t.call_id,
+        &t.callback_url,
+        &t.now,
+    ];
+    query_one(c, sql::INSERT_TICKET, params, ticket_from_row)
+        .await?
+        .ok_or_else(|| StoreError::Conflict(format!("a ticket with id {} already exists", t.id)))
+}
+
+async fn answer_ticket(
+    c: &ClientWrapper,
+    tenant: &str,
+    id: &str,
+    answer: &str,
+    now: i64,
+) -> Result<Option<Answered>, StoreError> {
+    let params: Params<'_> = &[&id, &tenant, &answer, &now];
+    if let Some(t) = query_one(c, sql::ANSWER, params, ticket_from_row).await? {
+        return Ok(Some(Answered::Now(t)));
+    }
+    let ticket = query_one(c, sql::TICKET, &[&id, &tenant], ticket_from_row).await?;
+    Ok(ticket.map(Answered::Already))
+}
+
+/// The records as columns, for one `INSERT ... SELECT FROM UNNEST`.
+#[derive(Default)]
+struct AuditColumns {
+    at_ms: Vec<i64>,
+    tenant: Vec<String>,
+    user: Vec<String>,
+    tool: Vec<String>,
+    run_id: Vec<String>,
+    call_id: Vec<String>,
+    args: Vec<String>,
+    status: Vec<&'static str>,
+    error_code: Vec<Option<&'static str>>,
+    duration_us: Vec<i64>,
+}
+
+impl AuditColumns {
+    fn of(records: &[AuditRecord]) -> Result<AuditColumns, StoreError> {
+        let mut cols = AuditColumns::default();
+        for r in records {
+            cols.at_ms.push(to_i64(r.at_ms));
+            cols.tenant.push(r.tenant.clone());
+            cols.user.push(r.user.clone());
+            cols.tool.push(r.tool.clone());
+            cols.run_id.push(r.run_id.clone());
+            cols.call_id.push(r.call_id.clone());
+            cols.args.push(encode(&r.args)?);
+            cols.status.push(r.status);
+            cols.error_code.push(r.error_code.map(ErrorCode::as_str));
+            cols.duration_us.push(to_i64(r.duration_us));
+        }
+        Ok(cols)
+    }
+}
+
+async fn append_audit(c: &ClientWrapper, records: &[AuditRecord]) -> Result<(), StoreError> {
+    let cols = AuditColumns::of(records)?;
+    let params: Params<'_> = &[
+        &cols.at_ms,
+        &cols.tenant,
+        &cols.user,
+        &cols.tool,
+        &cols.run_id,
+        &cols.call_id,
+        &cols.args,
+        &cols.status,
+        &cols.error_code,
+        &cols.duration_us,
+    ];
+    execute(c, sql::INSERT_AUDIT, params).await?;
+    Ok(())
+}
+
+/// The claim and the read of an unclaimable key's outcome are two
+/// statements; a key released or pruned in between is claimed afresh.
+async fn claim_commit(
+    c: &ClientWrapper,
+    key: &str,
+    now: i64,
+    until: i64,
+) -> Result<CommitClaim, StoreError> {
+    execute(c, sql::PRUNE_COMMITS, &[&now, &PRUNE_BATCH]).await?;
+    for _ in 0..CLAIM_COMMIT_TRIES {
+        let claim = c.prepare_cached(sql::CLAIM_COMMIT).await?;
+        if c.query_opt(&claim, &[&key, &now, &until]).await?.is_some() {
+            return Ok(CommitClaim::Run);
+        }
+        let read = c.prepare_cached(sql::COMMIT).await?;
+        let Some(row) = c.query_opt(&read, &[&key]).await? else {
+            continue;
+        };
+        let f = Fields::named(&row, "commit", key);
+        return match f.get::<Option<&str>>("envelope")? {
+            Some(text) => Ok(CommitClaim::Settled(
+                serde_json::from_str(text).map_err(|e| f.corrupt("envelope", e))?,
+            )),
+            None => Ok(CommitClaim::Pending),
+        };
+    }
+    Err(StoreError::Unavailable(format!(
+        "commit {key} was claimed and released {CLAIM_COMMIT_TRIES} times while this claim \
+         ran; try again"
+    )))
+}
+
+async fn settle_commit(
+    c: &ClientWrapper,
+    key: &str,
+    envelope: Option<&str>,
+    keep_until: i64,
+) -> Result<(), StoreError> {
+    match envelope {
+        Some(envelope) => execute(c, sql::SETTLE_COMMIT, &[&key, &envelope, &keep_until]).await?,
+        None => execute(c, sql::RELEASE_COMMIT, &[&key]).await?,
+    };
+    Ok(())
+}
+
+#[async_trait]
+impl Store for PgStore {
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.client().await?.simple_query("SELECT 1").await?;
+        Ok(())
+    }
+
+    async fn insert_job(&self, job: NewJob) -> Result<Inserted, StoreError> {
+        insert_job(&*self.client().await?, &job).await
+    }
+
+    async fn job(&self, tenant: &str, id: &str) -> Result<Option<JobRecord>, StoreError> {
+        let c = self.client().await?;
+        query_one(&c, sql::JOB, &[&id, &tenant], job_from_row).await
+    }
+
+    async fn job_by_id(&self, id: &str) -> Result<Option<JobRecord>, StoreError> {
+        let c = self.client().await?;
+        query_one(&c, sql::JOB_BY_ID, &[&id], job_from_row).await
+    }
+
+    async fn list_jobs(
+        &self,
+        tenant: &str,
+        filter: &JobFilter,
+        limit: u32,
+        cursor: Option<&str>,
+    ) -> Result<JobPage, StoreError> {
+        list_jobs(&*self.client().await?, tenant, filter, limit, cursor).await
+    }
+
+    async fn claim(
+        &self,
+        id: &str,
+        worker: &str,
+        now: i64,
+        lease_ms: i64,
+    ) -> Result<Option<JobRecord>, StoreError> {
+        let until = now.saturating_add(lease_ms);
+        let c = self.client().await?;
+        let params: Params<'_> = &[&id, &worker, &now, &until];
+        query_one(&c, sql::CLAIM, params, job_from_row).await
+    }
+
+    async fn heartbeat(
+        &self,
+        id: &str,
+        worker: &str,
+        now: i64,
+        lease_ms: i64,
+    ) -> Result<Lease, StoreError> {
+        let until = now.saturating_add(lease_ms);
+        heartbeat(&*self.client().await?, id, worker, now, until).await
+    }
+
+    async fn set_progress(
+        &self,
+        id: &str,
+        worker: &str,
+        progress: &Value,
+        now: i64,
+    ) -> Result<bool, StoreError> {
+        let progress = encode(progress)?;
+        let c = self.client().await?;
+        Ok(execute(&c, sql::PROGRESS, &[&id, &worker, &progress, &now]).await? > 0)
+    }
+
+    async fn succeed(
+        &self,
+        id: &str,
+        worker: &str,
+        result: &Json,
+        now: i64,
+    ) -> Result<Option<JobRecord>, StoreError> {
+        let c = self.client().await?;
+        let params: Params<'_> = &[&id, &worker, &result.get(), &now];
+        query_one(&c, sql::SUCCEED, params, job_from_row).await
+    }
+
+    async fn fail(
+        &self,
+        id: &str,
+        worker: &str,
+        error: &ToolError,
+        retry_at: Option<i64>,
+        now: i64,
+    ) -> Result<Option<JobRecord>, StoreError> {
+        let error = encode(error)?;
+        let c = self.client().await?;
+        let params: Params<'_> = &[&id, &worker, &error, &retry_at, &now];
+        query_one(&c, sql::FAIL, params, job_from_row).await
+    }
+
+    async fn cancel(
+        &self,
+        tenant: &str,
+        id: &str,
+        now: i64,
+    ) -> Result<Option<JobRecord>, StoreError> {
+        cancel(&*self.client().await?, tenant, id, now).await
+    }
+
+    /// At most 1000 jobs per call, so one sweep stays bounded.
+    async fn due_jobs(&self, now: i64, limit: u32) -> Result<Vec<JobRecord>, StoreError> {
+        let limit = i64::from(limit.min(MAX_BATCH));
+        let c = self.client().await?;
+        query_all(&c, sql::DUE, &[&now, &limit], job_from_row).await
+    }
+
+    async fn job_counts(&self) -> Result<Vec<(JobState, u64)>, StoreError> {
+        job_counts(&*self.client().await?).await
+    }
+
+    async fn insert_ticket(&self, ticket: NewTicket) -> Result<TicketRecord, StoreError> {
+        insert_ticket(&*self.client().await?, &ticket).await
+    }
+
+    async fn ticket(&self, tenant: &str, id: &str) -> Result<Option<TicketRecord>, StoreError> {
+        let c = self.client().await?;
+        query_one(&c, sql::TICKET, &[&id, &tenant], ticket_from_row).await
+    }
+
+    async fn answer_ticket(
+        &self,
+        tenant: &str,
+        id: &str,
+        answer: &Value,
+        now: i64,
+    ) -> Result<Option<Answered>, StoreError> {
+        let answer = encode(answer)?;
+        answer_ticket(&*self.client().await?, tenant, id, &answer, now).await
+    }
+
+    /// One statement per call, so a batch is appended whole or not at all.
+    async fn append_audit(&self, records: &[AuditRecord]) -> Result<(), StoreError> {
+        if records.is_empty() {
+            return Ok(());
+        }
+        append_audit(&*self.client().await?, records).await
+    }
+
+    /// At most 1000 records per call.
+    async fn audit(&self, tenant: &str, limit: u32) -> Result<Vec<AuditRecord>, StoreError> {
+        let limit = i64::from(limit.clamp(1, MAX_BATCH));
+        let c = self.client().await?;
+        query_all(&c, sql::AUDIT, &[&tenant, &limit], audit_from_row).await
+    }
+
+    async fn claim_commit(
+        &self,
+        key: &str,
+        now: i64,
+        lease_ms: i64,
+    ) -> Result<CommitClaim, StoreError> {
+        let until = now.saturating_add(lease_ms);
+        claim_commit(&*self.client().await?, key, now, until).await
+    }
+
+    async fn settle_commit(
+        &self,
+        key: &str,
+        outcome: Option<&Envelope>,
+        keep_until: i64,
+    ) -> Result<(), StoreError> {
+        let envelope = outcome.map(Envelope::to_json);
+        let c = self.client().await?;
+        settle_commit(&c, key, envelope.as_deref(), keep_until).await
+    }
+}

@@ -1,0 +1,362 @@
+//! The PostgreSQL store against the conformance suite, plus what only
+//! PostgreSQL has: a schema that `toolfleet migrate` must have made, refusal
+//! of an unknown one, and migrations that apply once.
+//!
+//! Each test works in a fresh schema of its own (`tf_<uuid>`) in the
+//! database named by `TOOLFLEET_TEST_DATABASE_URL` (by default the local
+//! server, `postgres://postgres@127.0.0.1:5432/test`), and drops it at the
+//! end. An unreachable database fails the tests with a message saying so:
+//! they are meant to run wherever the project is built, CI included.
+
+use std::time::Duration;
+
+use serde_json::json;
+use tokio_postgres::NoTls;
+use toolfleet_core::{JobState, new_id};
+use toolfleet_store::postgres::{self, PgStore};
+use toolfleet_store::{CommitClaim, Inserted, NewJob, Store, StoreError};
+
+const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+
+fn url() -> String {
+    std::env::var("TOOLFLEET_TEST_DATABASE_URL").unwrap_or_else(|_| DEFAULT_URL.to_owned())
+}
+
+fn fresh_name() -> String {
+    format!("tf_{}", new_id().replace('-', ""))
+}
+
+/// A direct connection for what the store does not do (dropping schemas,
+/// forging history); panics with directions when the server is not there.
+async fn admin() -> tokio_postgres::Client {
+    let url = url();
+    let connected = tokio::time::timeout(
+        Duration::from_secs(10),
+        tokio_postgres::connect(&url, NoTls),
+    )
+    .await;
+    let (client, connection) = match connected {
+        Ok(Ok(pair)) => pair,
+        Ok(Err(e)) => {
+            let cause = std::error::Error::source(&e).map(|c| format!(": {c}"));
+            unreachable_database(&url, &format!("{e}{}", cause.unwrap_or_default()))
+        }
+        Err(_) => unreachable_database(&url, "no answer within 10s"),
+    };
+    tokio::spawn(connection);
+    client
+}
+
+fn unreachable_database(url: &str, why: &str) -> ! {
+    let where_ = if std::env::var_os("CI").is_some() {
+        "CI must start PostgreSQL before these tests"
+    } else {
+        "start PostgreSQL locally, or point TOOLFLEET_TEST_DATABASE_URL at one"
+    };
+    panic!("the PostgreSQL store tests need a database at {url} ({why}); {where_}")
+}
+
+/// A migrated schema of its own, dropped when the test ends, panicking or not.
+struct Schema {
+    name: String,
+}
+
+impl Schema {
+    async fn migrated() -> Schema {
+        let schema = Schema::empty().await;
+        postgres::migrate_in_schema(&url(), &schema.name)
+            .await
+            .expect("migrate a fresh schema");
+        schema
+    }
+
+    /// Reserves a name; the schema itself does not exist yet.
+    async fn empty() -> Schema {
+        // Fails early, with directions, when the server is not there.
+        drop(admin().await);
+        Schema { name: fresh_name() }
+    }
+
+    async fn store(&self) -> PgStore {
+        PgStore::connect_in_schema(&url(), &self.name, 4)
+            .await
+            .expect("connect to a migrated schema")
+    }
+}
+
+impl Drop for Schema {
+    fn drop(&mut self) {
+        // The test's runtime may be ending, so the drop gets its own.
+        let sql = format!(r#"DROP SCHEMA IF EXISTS "{}" CASCADE"#, self.name);
+        let url = url();
+        let dropped = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime to drop the schema");
+            runtime.block_on(async move {
+                let (client, connection) = tokio_postgres::connect(&url, NoTls).await?;
+                tokio::spawn(connection);
+                client.batch_execute(&sql).await
+            })
+        })
+        .join();
+        if let Ok(Err(e)) = dropped {
+            eprintln!("could not drop test schema {}: {e}", self.name);
+        }
+    }
+}
+
+/// A store in a fresh schema, for the conformance suite, which takes the
+/// store alone. The schema's guard goes to a task that never ends: the
+/// test's runtime drops it when the test ends, and the guard drops the schema.
+async fn conformance_store() -> PgStore {
+    let schema = Schema::migrated().await;
+    let store = schema.store().await;
+    tokio::spawn(async move {
+        let _schema = schema;
+        std::future::pending::<()>().await;
+    });
+    store
+}
+
+mod conformance {
+    toolfleet_store::store_conformance!(super::conformance_store().await);
+}
+
+fn job(tenant: &str) -> NewJob {
+    NewJob {
+        id: new_id(),
+        tenant: tenant.to_owned(),
+        user: "alice".to_owned(),
+        tool: "start_receipt_ocr".to_owned(),
+        pool: "default".to_owned(),
+        args: json!({"line": 3}),
+        idempotency_key: Some("k".to_owned()),
+        run_id: new_id(),
+        call_id: new_id(),
+        callback_url: None,
+        max_attempts: 3,
+        timeout_ms: 60_000,
+        now: 1_700_000_000_000,
+    }
+}
+
+fn expect_schema_error(outcome: Result<PgStore, StoreError>) -> String {
+    match outcome {
+        Err(StoreError::Schema(message)) => message,
+        Err(other) => panic!("expected a schema error, got {other}"),
+        Ok(_) => panic!("a schema this toolfleet does not know was accepted"),
+    }
+}
+
+#[tokio::test]
+async fn an_unmigrated_schema_is_refused() {
+    let schema = Schema::empty().await;
+    let message = expect_schema_error(PgStore::connect_in_schema(&url(), &schema.name, 2).await);
+    assert!(message.contains("toolfleet migrate"), "{message}");
+    assert!(message.contains(&schema.name), "{message}");
+    assert!(!message.contains("postgres://"), "{message}");
+}
+
+#[tokio::test]
+async fn a_newer_schema_is_refused() {
+    let schema = Schema::migrated().await;
+    let forge = format!(
+        "INSERT INTO {}.refinery_schema_history (version, name, applied_on, checksum)
+         VALUES (9999, 'from_the_future', '2030-01-01T00:00:00Z', '0')",
+        schema.name
+    );
+    admin()
+        .await
+        .batch_execute(&forge)
+        .await
+        .expect("record a future migration");
+
+    let message = expect_schema_error(PgStore::connect_in_schema(&url(), &schema.name, 2).await);
+    assert!(message.contains("9999"), "{message}");
+    assert!(message.contains("newer"), "{message}");
+    assert!(message.contains("toolfleet migrate"), "{message}");
+    match postgres::migrate_in_schema(&url(), &schema.name).await {
+        Err(StoreError::Schema(message)) => assert!(message.contains("9999"), "{message}"),
+        other => panic!("migrating a newer schema should be refused, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn migrating_twice_changes_nothing() {
+    let schema = Schema::migrated().await;
+    let store = schema.store().await;
+    let Inserted::Created(created) = store.insert_job(job("acme")).await.expect("insert") else {
+        panic!("a new job was expected");
+    };
+    let history = format!(
+        "SELECT COUNT(*) FROM {}.refinery_schema_history",
+        schema.name
+    );
+    let count = |c: tokio_postgres::Client| {
+        let history = history.clone();
+        async move {
+            let row = c.query_one(&history, &[]).await.expect("count history");
+            row.get::<_, i64>(0)
+        }
+    };
+    let before = count(admin().await).await;
+    postgres::migrate_in_schema(&url(), &schema.name)
+        .await
+        .expect("migrate again");
+    assert_eq!(count(admin().await).await, before);
+    assert_eq!(
+        store.job("acme", &created.id).await.expect("job"),
+        Some(created)
+    );
+}
+
+#[tokio::test]
+async fn concurrent_migrations_of_one_schema_both_succeed() {
+    let schema = Schema::empty().await;
+    let (url, name) = (url(), schema.name.clone());
+    let (a, b) = tokio::join!(
+        postgres::migrate_in_schema(&url, &name),
+        postgres::migrate_in_schema(&url, &name)
+    );
+    a.expect("first migration");
+    b.expect("second migration");
+    schema.store().await.ping().await.expect("ping");
+}
+
+/// Two processes (two pools on one schema) racing for the same commit key
+/// and the same job: exactly one wins each.
+#[tokio::test]
+async fn racing_processes_never_both_win() {
+    let schema = Schema::migrated().await;
+    let (a, b) = (schema.store().await, schema.store().await);
+    let now = 1_700_000_000_000;
+    for _ in 0..20 {
+        let key = new_id();
+        let (x, y) = tokio::join!(
+            a.claim_commit(&key, now, 30_000),
+            b.claim_commit(&key, now, 30_000)
+        );
+        let runs = [x.expect("claim a"), y.expect("claim b")]
+            .into_iter()
+            .filter(|c| *c == CommitClaim::Run)
+            .count();
+        assert_eq!(runs, 1);
+
+        let fresh = NewJob {
+            idempotency_key: None,
+            ..job("acme")
+        };
+        let Inserted::Created(created) = a.insert_job(fresh).await.expect("insert") else {
+            panic!("a new job was expected");
+        };
+        let (x, y) = tokio::join!(
+            a.claim(&created.id, "w1", now, 30_000),
+            b.claim(&created.id, "w2", now, 30_000)
+        );
+        let winners = [x.expect("claim a"), y.expect("claim b")];
+        assert_eq!(winners.iter().flatten().count(), 1, "{winners:?}");
+        a.cancel("acme", &created.id, now).await.expect("cancel");
+    }
+}
+
+#[tokio::test]
+async fn a_bad_schema_name_is_refused() {
+    let long = "t".repeat(64);
+    for name in ["", "Tf", "tf-1", "1tf", "tf; DROP TABLE jobs", &long] {
+        match postgres::migrate_in_schema(&url(), name).await {
+            Err(StoreError::Schema(message)) => assert!(message.contains("schema name")),
+            other => panic!("{name:?} should be refused, got {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_unreachable_database_is_unavailable_promptly() {
+    // Port 1 on the loopback: nothing listens there.
+    let started = std::time::Instant::now();
+    let outcome = PgStore::connect("postgres://postgres@127.0.0.1:1/test", 2).await;
+    match outcome {
+        Err(StoreError::Unavailable(message)) => {
+            assert!(message.contains("127.0.0.1:1"), "{message}");
+        }
+        Err(other) => panic!("expected unavailable, got {other}"),
+        Ok(_) => panic!("connected to nothing"),
+    }
+    assert!(started.elapsed() < Duration::from_secs(8));
+}
+
+/// A server that accepts connections and never answers, as a database
+/// mid-outage may: calls give up after the pool's bound instead of hanging.
+#[tokio::test]
+async fn a_silent_server_is_unavailable_within_the_pool_timeout() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("address").port();
+    let silent = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket);
+        }
+    });
+    let started = std::time::Instant::now();
+    let url = format!("postgres://postgres@127.0.0.1:{port}/test");
+    match PgStore::connect(&url, 2).await {
+        Err(StoreError::Unavailable(message)) => {
+            assert!(message.contains(&format!("127.0.0.1:{port}")), "{message}");
+        }
+        Err(other) => panic!("expected unavailable, got {other}"),
+        Ok(_) => panic!("connected to a server that never answered"),
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        started.elapsed()
+    );
+    silent.abort();
+}
+
+#[tokio::test]
+async fn a_corrupt_row_is_an_error_not_a_panic() {
+    let schema = Schema::migrated().await;
+    let store = schema.store().await;
+    let Inserted::Created(created) = store.insert_job(job("acme")).await.expect("insert") else {
+        panic!("a new job was expected");
+    };
+    let corrupt = format!(
+        "UPDATE {}.jobs SET args = '{{not json' WHERE id = $1",
+        schema.name
+    );
+    admin()
+        .await
+        .execute(&corrupt, &[&created.id])
+        .await
+        .expect("corrupt the row");
+
+    match store.job("acme", &created.id).await {
+        Err(StoreError::Unavailable(message)) => {
+            assert!(message.contains("corrupt row"), "{message}");
+            assert!(message.contains(&created.id), "{message}");
+            assert!(message.contains("args"), "{message}");
+        }
+        other => panic!("expected a corrupt-row error, got {other:?}"),
+    }
+    assert_eq!(
+        store.job_counts().await.expect("counts").first(),
+        Some(&(JobState::Queued, 1))
+    );
+}
+
+#[tokio::test]
+async fn a_closed_store_is_unavailable() {
+    let schema = Schema::migrated().await;
+    let store = schema.store().await;
+    store.ping().await.expect("ping");
+    store.close();
+    assert!(matches!(
+        store.ping().await,
+        Err(StoreError::Unavailable(_))
+    ));
+}
