@@ -84,11 +84,11 @@ fn lines(path: &Path) -> Vec<String> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_dispatchers_and_two_workers_share_one_fleet() {
-    let dir = TempDir::new("distributed");
+/// A fleet of this test's own: its directory, its configuration, its cleanup.
+fn fleet(name: &str) -> (TempDir, std::path::PathBuf, Cleanup) {
+    let dir = TempDir::new(name);
     let id = uuid::Uuid::now_v7().simple().to_string();
-    let _cleanup = Cleanup {
+    let cleanup = Cleanup {
         schema: format!("tf_{id}"),
         prefix: format!("tf-{id}"),
     };
@@ -100,6 +100,67 @@ async fn two_dispatchers_and_two_workers_share_one_fleet() {
     );
     let config_path = dir.0.join("toolfleet.toml");
     std::fs::write(&config_path, config_with(&dir.0, &top, &tools(&dir.0))).unwrap();
+    (dir, config_path, cleanup)
+}
+
+fn migrate(config_path: &Path) {
+    let migrated = Command::new(env!("CARGO_BIN_EXE_toolfleet"))
+        .arg("--config")
+        .arg(config_path)
+        .arg("migrate")
+        .output()
+        .unwrap();
+    assert!(
+        migrated.status.success(),
+        "{}",
+        String::from_utf8_lossy(&migrated.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dispatcher_dead_between_write_and_publish_loses_nothing() {
+    let (dir, config_path, _cleanup) = fleet("outbox");
+    migrate(&config_path);
+    let faulty = Server::start_role_env(
+        &config_path,
+        "dispatcher",
+        "toolfleet serving on ",
+        &[("TOOLFLEET_FAULT", "abort_after_job_write")],
+    );
+    let healthy = Server::start_role(&config_path, "dispatcher", "toolfleet serving on ");
+    let _worker = Server::start_role(&config_path, "worker", "toolfleet worker running");
+    // The faulty dispatcher writes the row, then dies before publishing.
+    let answered = faulty
+        .client(TOKEN)
+        .http
+        .post(format!("{}/v1/calls", faulty.base))
+        .bearer_auth(TOKEN)
+        .body(json!({"tool": "side_effect", "args": {}}).to_string())
+        .send()
+        .await;
+    assert!(
+        answered.is_err(),
+        "the faulty dispatcher died before answering"
+    );
+    // The other dispatcher's sweeper publishes the orphaned row; it settles.
+    let alice = healthy.client(TOKEN);
+    let job = eventually(Duration::from_secs(15), || {
+        let alice = alice.clone();
+        async move {
+            alice.get("/v1/jobs").await["jobs"][0]["job_id"]
+                .as_str()
+                .map(str::to_owned)
+        }
+    })
+    .await;
+    let done = settle(&alice, &job).await;
+    assert_eq!(done["result"]["done"], true, "{done}");
+    assert_eq!(lines(&dir.0.join("effects")), vec![job]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_dispatchers_and_two_workers_share_one_fleet() {
+    let (dir, config_path, _cleanup) = fleet("distributed");
 
     // Before migrating, a dispatcher refuses the unknown schema, clearly.
     let refused = Command::new(env!("CARGO_BIN_EXE_toolfleet"))
@@ -114,17 +175,7 @@ async fn two_dispatchers_and_two_workers_share_one_fleet() {
         "{}",
         String::from_utf8_lossy(&refused.stderr)
     );
-    let migrated = Command::new(env!("CARGO_BIN_EXE_toolfleet"))
-        .arg("--config")
-        .arg(&config_path)
-        .arg("migrate")
-        .output()
-        .unwrap();
-    assert!(
-        migrated.status.success(),
-        "{}",
-        String::from_utf8_lossy(&migrated.stderr)
-    );
+    migrate(&config_path);
 
     let a = Server::start_role(&config_path, "dispatcher", "toolfleet serving on ");
     let b = Server::start_role(&config_path, "dispatcher", "toolfleet serving on ");

@@ -38,11 +38,29 @@ pub fn store_error(error: StoreError) -> ToolError {
     }
 }
 
+/// A crash the tests of the outbox can trigger (`TOOLFLEET_FAULT`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// The process dies after writing a job row and before publishing it.
+    AbortAfterJobWrite,
+}
+
+impl Fault {
+    /// The fault named by `TOOLFLEET_FAULT`, if any.
+    pub fn from_env() -> Option<Fault> {
+        match std::env::var("TOOLFLEET_FAULT").ok()?.as_str() {
+            "abort_after_job_write" => Some(Fault::AbortAfterJobWrite),
+            _ => None,
+        }
+    }
+}
+
 /// Accepts jobs and tickets into the store and the broker.
 pub struct Dispatcher {
     store: Arc<dyn Store>,
     broker: Arc<dyn Broker>,
     notices: Arc<dyn Notices>,
+    fault: Option<Fault>,
 }
 
 impl Dispatcher {
@@ -51,6 +69,7 @@ impl Dispatcher {
             store,
             broker,
             notices,
+            fault: Fault::from_env(),
         }
     }
 }
@@ -111,6 +130,9 @@ impl Fleet for Dispatcher {
             let Inserted::Created(record) = inserted else {
                 return Ok(inserted.job().id.clone());
             };
+            if self.fault == Some(Fault::AbortAfterJobWrite) {
+                std::process::abort();
+            }
             if let Err(error) = self.broker.publish(&record.pool, &record.id).await {
                 // The row is durable: the sweeper publishes it later.
                 tracing::warn!(job_id = %record.id, %error, "publish failed; left to the sweeper");

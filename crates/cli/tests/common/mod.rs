@@ -102,7 +102,13 @@ impl Server {
 
     /// Starts `toolfleet <role>` and waits for the stderr line starting with `ready`.
     pub fn start_role(config: &Path, role: &str, ready: &str) -> Server {
+        Server::start_role_env(config, role, ready, &[])
+    }
+
+    /// As [`Server::start_role`], with extra environment variables.
+    pub fn start_role_env(config: &Path, role: &str, ready: &str, env: &[(&str, &str)]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_toolfleet"))
+            .envs(env.iter().copied())
             .env(
                 "TOOLFLEET_LOG",
                 std::env::var("TOOLFLEET_LOG").unwrap_or_else(|_| "warn".into()),
