@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use toolfleet_core::JobState;
 
+pub mod announcer;
 pub mod conformance;
 pub mod memory;
 pub mod rabbit;

@@ -923,7 +923,8 @@ impl Shared {
 
     /// A delay queue: its TTL is the delay, then the message is
     /// dead-lettered, at least once, into the pool queue through the
-    /// default exchange. A full pool queue holds it back rather than losing it.
+    /// default exchange. A full pool queue holds it back rather than losing
+    /// it: RabbitMQ retries (every few minutes by default) until it fits.
     fn delay_args(&self, queues: &PoolQueues, ms: u64) -> FieldTable {
         let mut args = self.quorum_args();
         let ttl = i64::try_from(ms).unwrap_or(i64::MAX);

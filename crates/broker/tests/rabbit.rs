@@ -36,9 +36,8 @@ fn options() -> RabbitOptions {
 
 fn unreachable(e: BrokerError) -> ! {
     panic!(
-        "RabbitMQ is unreachable at {} ({e}); start it or set TOOLFLEET_TEST_AMQP_URL \
-         (these tests never skip)",
-        url()
+        "RabbitMQ is unreachable ({e}); start it or set TOOLFLEET_TEST_AMQP_URL \
+         (these tests never skip)"
     )
 }
 
@@ -172,7 +171,7 @@ async fn publish_eventually(broker: &RabbitBroker, pool: &str, job_id: &str) {
 async fn raw_connection() -> Connection {
     match Connection::connect(&url(), ConnectionProperties::default()).await {
         Ok(connection) => connection,
-        Err(e) => panic!("RabbitMQ is unreachable at {} ({e})", url()),
+        Err(e) => panic!("RabbitMQ is unreachable ({e})"),
     }
 }
 
@@ -258,6 +257,73 @@ async fn full_pool_answers_full() {
         assert_eq!(delivery.ack().await, Ok(()));
     }
     publish_eventually(&broker.0, &pool, "job-after").await;
+}
+
+/// A delayed message due while its pool is full does not overflow it. It is
+/// not lost either: dead-lettering is at least once, so it stays in its
+/// delay queue and RabbitMQ retries (every few minutes by default, too late
+/// for a test to wait for) until the pool takes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delayed_message_due_in_a_full_pool_does_not_overflow_it() {
+    let broker = broker_with(RabbitOptions {
+        max_length: Some(1),
+        ..options()
+    })
+    .await;
+    let pool = unique("full-delayed");
+    let mut taken = 0;
+    while broker
+        .0
+        .publish(&pool, &format!("job-{taken}"))
+        .await
+        .is_ok()
+    {
+        taken += 1;
+        assert!(taken <= 3, "the pool never filled");
+    }
+    assert_eq!(
+        broker.0.publish_delayed(&pool, "job-later", QUIET).await,
+        Ok(())
+    );
+    sleep(QUIET * 5).await;
+    assert_eq!(
+        broker.0.depth(&pool).await,
+        Ok(taken),
+        "the pool stays full"
+    );
+    let mut consumer = consume(&broker.0, &pool, 1).await;
+    for n in 0..taken {
+        let delivery = next_delivery(consumer.as_mut(), "the pool's own").await;
+        assert_eq!(delivery.job_id, format!("job-{n}"));
+        assert_eq!(delivery.ack().await, Ok(()));
+    }
+}
+
+/// A queue declared with another bound (an older configuration) is used as
+/// it is rather than refused, so a changed setting never stops a fleet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn existing_queue_with_other_arguments_is_used_as_it_is() {
+    let options = options();
+    let older = broker_with(RabbitOptions {
+        max_length: Some(5),
+        ..options.clone()
+    })
+    .await;
+    let newer = broker_with(RabbitOptions {
+        max_length: Some(50),
+        ..options
+    })
+    .await;
+    let pool = unique("arguments");
+    publish(&older.0, &pool, "job-a").await;
+    publish(&newer.0, &pool, "job-b").await;
+    assert_eq!(newer.0.publish_delayed(&pool, "job-c", QUIET).await, Ok(()));
+    let mut consumer = consume(&newer.0, &pool, 3).await;
+    for id in ["job-a", "job-b", "job-c"] {
+        let delivery = next_delivery(consumer.as_mut(), id).await;
+        assert_eq!(delivery.job_id, id);
+        assert_eq!(delivery.ack().await, Ok(()));
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

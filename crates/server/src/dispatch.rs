@@ -12,6 +12,7 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use serde_json::json;
 use tokio::sync::mpsc;
+use toolfleet_broker::announcer::Announcer;
 use toolfleet_broker::{Broker, Event, Notices};
 use toolfleet_core::shapes::command::{Claim, CommitLog};
 use toolfleet_core::{
@@ -59,7 +60,8 @@ impl Fault {
 pub struct Dispatcher {
     store: Arc<dyn Store>,
     broker: Arc<dyn Broker>,
-    notices: Arc<dyn Notices>,
+    /// Publishes events in order, off the call's path.
+    announcer: Announcer,
     fault: Option<Fault>,
 }
 
@@ -68,7 +70,7 @@ impl Dispatcher {
         Dispatcher {
             store,
             broker,
-            notices,
+            announcer: Announcer::spawn(notices, 65_536),
             fault: Fault::from_env(),
         }
     }
@@ -137,8 +139,7 @@ impl Fleet for Dispatcher {
                 // The row is durable: the sweeper publishes it later.
                 tracing::warn!(job_id = %record.id, %error, "publish failed; left to the sweeper");
             }
-            let event = job_event(&record);
-            let _ = self.notices.publish(&event).await;
+            self.announcer.announce(job_event(&record));
             Ok(record.id)
         })
     }
@@ -163,7 +164,7 @@ impl Fleet for Dispatcher {
                 now: now_ms(),
             };
             let record = self.store.insert_ticket(new).await.map_err(store_error)?;
-            let _ = self.notices.publish(&ticket_event(&record)).await;
+            self.announcer.announce(ticket_event(&record));
             Ok(record.id)
         })
     }

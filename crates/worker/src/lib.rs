@@ -15,6 +15,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use backon::{BackoffBuilder, ExponentialBuilder};
 use tokio::sync::{Notify, Semaphore, watch};
+use toolfleet_broker::announcer::Announcer;
 use toolfleet_broker::{Broker, Delivery, Event, Notices};
 use toolfleet_core::{CallCtx, ErrorCode, JobState, Principal, Runtime, ToolError};
 use toolfleet_store::{JobRecord, Lease, Store};
@@ -90,6 +91,8 @@ pub struct Worker {
     store: Arc<dyn Store>,
     broker: Arc<dyn Broker>,
     notices: Arc<dyn Notices>,
+    /// Publishes this worker's events in order, off the job's path.
+    announcer: Announcer,
     /// Running jobs, so a cancel notice reaches their executor at once.
     running: Mutex<HashMap<String, Arc<Notify>>>,
 }
@@ -103,6 +106,7 @@ impl Worker {
         notices: Arc<dyn Notices>,
     ) -> Arc<Self> {
         Arc::new(Worker {
+            announcer: Announcer::spawn(notices.clone(), 65_536),
             config,
             runtime,
             store,
@@ -170,8 +174,18 @@ impl Worker {
         cancels.abort();
     }
 
-    /// Handles one delivery and acknowledges it.
+    /// Handles one delivery and acknowledges it; a message that is not a
+    /// job id is rejected (dead-lettered).
     pub async fn handle(&self, delivery: Delivery) {
+        if !is_job_id(&delivery.job_id) {
+            // No job can be claimed for it: dead-letter it rather than drop it.
+            let body: String = delivery.job_id.chars().take(64).collect();
+            tracing::warn!(pool = %self.config.pool, body, "not a job id; dead-lettering the message");
+            if let Err(error) = delivery.reject().await {
+                tracing::warn!(%error, "could not reject a delivery");
+            }
+            return;
+        }
         let handled = self.run_job(&delivery.job_id).await;
         let settled = match handled {
             Handled::Interrupted => delivery.requeue().await,
@@ -317,10 +331,8 @@ impl Worker {
     }
 
     async fn announce(&self, job: &JobRecord) {
-        let event = job_event(job, self.config.poll_after_s);
-        if let Err(error) = self.notices.publish(&event).await {
-            tracing::warn!(job_id = %job.id, %error, "could not announce");
-        }
+        self.announcer
+            .announce(job_event(job, self.config.poll_after_s));
     }
 
     /// Stops running executors of jobs announced as cancelled.
@@ -346,6 +358,15 @@ enum Outcome {
     Done(Result<toolfleet_core::Json, ToolError>),
     Cancelled,
     LeaseLost,
+}
+
+/// A job id is a hyphenated UUID (`toolfleet_core::new_id`).
+fn is_job_id(id: &str) -> bool {
+    id.len() == 36
+        && id.bytes().enumerate().all(|(i, b)| match i {
+            8 | 13 | 18 | 23 => b == b'-',
+            _ => b.is_ascii_hexdigit(),
+        })
 }
 
 /// The event announcing `job` as it stands.

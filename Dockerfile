@@ -1,0 +1,45 @@
+# syntax=docker/dockerfile:1
+#
+# The toolfleet image: one binary, the expense pack and nothing else.
+#
+#   docker build -t toolfleet .
+#   docker run --rm -p 8080:8080 toolfleet                # serve: SQLite and the in-process queue
+#   docker run --rm toolfleet dispatcher --help           # or worker, migrate, call, tools, bench
+#
+# docker-compose.yml runs it distributed (migrate, dispatchers, workers).
+
+# The newest rust-version of the workspace's crates (toolfleet-broker: lapin 4 needs 1.88).
+ARG RUST_VERSION=1.88
+
+FROM rust:${RUST_VERSION}-slim-bookworm AS build
+WORKDIR /src
+COPY . .
+# The registry and the target directory live in cache mounts, so the binary is
+# copied out of the target directory in the same step.
+RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
+    --mount=type=cache,target=/usr/local/cargo/git,sharing=locked \
+    --mount=type=cache,target=/src/target,sharing=locked \
+    cargo build --release --locked -p toolfleet \
+    && cp target/release/toolfleet /usr/local/bin/toolfleet
+
+FROM debian:bookworm-slim AS runtime
+# ca-certificates: http executors and webhooks verify TLS against the system store.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends ca-certificates \
+    && rm -rf /var/lib/apt/lists/* \
+    && groupadd --system --gid 10001 toolfleet \
+    && useradd --system --uid 10001 --gid 10001 --home-dir /var/lib/toolfleet --no-create-home toolfleet \
+    && install -d -o 10001 -g 10001 -m 0750 /var/lib/toolfleet
+COPY --from=build /usr/local/bin/toolfleet /usr/local/bin/toolfleet
+# The expense pack, for configurations to include (deploy/compose/toolfleet.toml does).
+COPY examples/expenses/toolfleet.toml /usr/share/toolfleet/expenses/toolfleet.toml
+USER 10001:10001
+# The data directory (.toolfleet: SQLite, development token, secrets) lands here.
+WORKDIR /var/lib/toolfleet
+# Listen beyond the container's loopback; a configuration file's `listen` is overridden too.
+ENV TOOLFLEET_LISTEN=0.0.0.0:8080
+EXPOSE 8080
+# No HEALTHCHECK: the image has no HTTP client and workers serve no HTTP;
+# docker-compose.yml probes the dispatchers' /readyz itself.
+ENTRYPOINT ["toolfleet"]
+CMD ["serve"]

@@ -1,0 +1,96 @@
+//! Announcing without waiting: events go to a bounded in-process queue that
+//! one task publishes in order, so a job's path never waits on the notices'
+//! round trip. Notices are best-effort by nature (the store holds the truth
+//! and pollers read it); a queue that overflows drops events, and says so.
+
+use std::sync::Arc;
+
+use futures_util::future::join_all;
+use tokio::sync::mpsc;
+
+/// Events published together at most.
+const BATCH: usize = 256;
+
+use crate::{Event, Notices};
+
+/// Hands events to the publishing task.
+#[derive(Clone)]
+pub struct Announcer {
+    queue: mpsc::Sender<Event>,
+}
+
+impl Announcer {
+    /// Spawns the task publishing to `notices`, holding at most `capacity` events.
+    pub fn spawn(notices: Arc<dyn Notices>, capacity: usize) -> Announcer {
+        let (queue, mut events) = mpsc::channel::<Event>(capacity.max(1));
+        tokio::spawn(async move {
+            let mut batch = Vec::with_capacity(BATCH);
+            // A batch is published together, so a broker that confirms each
+            // event is paid one round trip per batch, not per event; the
+            // events of a batch are sent in queue order.
+            while events.recv_many(&mut batch, BATCH).await > 0 {
+                let sent = batch.iter().map(|event| notices.publish(event));
+                for (event, outcome) in batch.iter().zip(join_all(sent).await) {
+                    if let Err(error) = outcome {
+                        tracing_warn(event, &error.to_string());
+                    }
+                }
+                batch.clear();
+            }
+        });
+        Announcer { queue }
+    }
+
+    /// Queues `event`; never waits.
+    pub fn announce(&self, event: Event) {
+        if let Err(error) = self.queue.try_send(event) {
+            let event = match &error {
+                mpsc::error::TrySendError::Full(e) | mpsc::error::TrySendError::Closed(e) => e,
+            };
+            tracing_warn(event, "the announcement queue is full or closed");
+        }
+    }
+}
+
+fn tracing_warn(event: &Event, why: &str) {
+    // This crate logs nothing of its own; stderr keeps the loss visible.
+    eprintln!(
+        "toolfleet: event {} {} not announced: {why}",
+        event.id, event.state
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::MemoryNotices;
+
+    fn event(n: usize) -> Event {
+        Event {
+            kind: "job".into(),
+            id: n.to_string(),
+            tenant: "t".into(),
+            tool: "x".into(),
+            state: "running".into(),
+            run_id: "r".into(),
+            body: serde_json::Value::Null,
+        }
+    }
+
+    #[tokio::test]
+    async fn events_are_published_in_order_without_waiting() {
+        let notices = Arc::new(MemoryNotices::new());
+        let mut subscription = notices.subscribe().await.unwrap();
+        let announcer = Announcer::spawn(notices.clone(), 16);
+        for n in 0..10 {
+            announcer.announce(event(n));
+        }
+        for n in 0..10 {
+            let got = tokio::time::timeout(std::time::Duration::from_secs(5), subscription.next())
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(got.id, n.to_string());
+        }
+    }
+}
