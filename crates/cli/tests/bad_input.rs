@@ -156,10 +156,16 @@ async fn every_entry_point_answers_bad_input_with_the_contract() {
         "/v1/jobs?state=bogus",
         "/v1/jobs?limit=0",
         "/v1/jobs?limit=x",
+        "/v1/jobs/01a00000-0000-7000-8000-000000000000?wait_s=soon",
         "/v1/tools?format=bogus",
     ] {
         let (status, body) = alice.raw(Method::GET, path, None).await;
-        assert_eq!(status, 400, "{path}: {body}");
+        // The contract's envelope, not a framework's plain-text rejection.
+        assert_eq!(
+            (status, body["error"]["code"].as_str()),
+            (400, Some("bad_request")),
+            "{path}: {body}"
+        );
     }
     let (status, body) = alice.raw(Method::GET, "/v1/tickets/t_nope", None).await;
     assert_eq!(

@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
+use axum::extract::{FromRequestParts, Path, Query, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderValue, StatusCode, Uri, header};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -111,14 +112,26 @@ impl IntoResponse for Refusal {
     }
 }
 
-fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Arc<Principal>, Refusal> {
-    let header = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok());
-    state.auth.principal(header).map_err(|error| Refusal {
-        status: StatusCode::UNAUTHORIZED,
-        error: Box::new(error),
-    })
+/// The authenticated caller of a route: the bearer token's principal.
+struct Caller(Arc<Principal>);
+
+impl FromRequestParts<AppState> for Caller {
+    type Rejection = Refusal;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Refusal> {
+        let header = parts
+            .headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
+        state
+            .auth
+            .principal(header)
+            .map(Caller)
+            .map_err(|error| Refusal {
+                status: StatusCode::UNAUTHORIZED,
+                error: Box::new(error),
+            })
+    }
 }
 
 /// Reads a JSON body of at most `limits.max_body` bytes. A larger body is
@@ -171,13 +184,9 @@ struct ToolsQuery {
 
 async fn tools(
     State(state): State<AppState>,
-    headers: HeaderMap,
+    Caller(principal): Caller,
     Query(q): Query<ToolsQuery>,
 ) -> Response {
-    let principal = match authenticate(&state, &headers) {
-        Ok(p) => p,
-        Err(refusal) => return refusal.into_response(),
-    };
     let name = q.format.as_deref().unwrap_or("neutral");
     let Some(format) = Format::parse(name) else {
         return bad_request(format!(
@@ -227,11 +236,7 @@ fn check_callback(url: &str, allow: &[String]) -> Result<(), String> {
     }
 }
 
-async fn call(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
-    let principal = match authenticate(&state, &headers) {
-        Ok(p) => p,
-        Err(refusal) => return refusal.into_response(),
-    };
+async fn call(State(state): State<AppState>, Caller(principal): Caller, body: Body) -> Response {
     let request: CallRequest = match read_json(&state, body).await {
         Ok(r) => r,
         Err(refusal) => return refusal.into_response(),
@@ -272,23 +277,25 @@ async fn call(State(state): State<AppState>, headers: HeaderMap, body: Body) -> 
 
 #[derive(Deserialize)]
 struct WaitQuery {
-    wait_s: Option<u64>,
+    wait_s: Option<String>,
 }
 
 async fn read_job(
     State(state): State<AppState>,
-    headers: HeaderMap,
+    Caller(principal): Caller,
     Path(id): Path<String>,
     Query(q): Query<WaitQuery>,
 ) -> Response {
-    let principal = match authenticate(&state, &headers) {
-        Ok(p) => p,
-        Err(refusal) => return refusal.into_response(),
+    let max = state.limits.max_wait_s;
+    let wait_s = match q.wait_s.as_deref().map(str::parse::<u64>) {
+        None => 0,
+        Some(Ok(n)) if n <= max => n,
+        Some(_) => {
+            return bad_request(format!(
+                "wait_s must be a whole number of seconds, 0 to {max}"
+            ));
+        }
     };
-    let wait_s = q.wait_s.unwrap_or(0);
-    if wait_s > state.limits.max_wait_s {
-        return bad_request(format!("wait_s must be 0 to {}", state.limits.max_wait_s));
-    }
     let envelope = get_job(
         state.store.as_ref(),
         state.notices.as_ref(),
@@ -302,13 +309,9 @@ async fn read_job(
 
 async fn cancel(
     State(state): State<AppState>,
-    headers: HeaderMap,
+    Caller(principal): Caller,
     Path(id): Path<String>,
 ) -> Response {
-    let principal = match authenticate(&state, &headers) {
-        Ok(p) => p,
-        Err(refusal) => return refusal.into_response(),
-    };
     reply(
         &cancel_job(
             state.store.as_ref(),
@@ -324,19 +327,15 @@ async fn cancel(
 struct ListQuery {
     state: Option<String>,
     tool: Option<String>,
-    limit: Option<u32>,
+    limit: Option<String>,
     cursor: Option<String>,
 }
 
 async fn list_jobs(
     State(state): State<AppState>,
-    headers: HeaderMap,
+    Caller(principal): Caller,
     Query(q): Query<ListQuery>,
 ) -> Response {
-    let principal = match authenticate(&state, &headers) {
-        Ok(p) => p,
-        Err(refusal) => return refusal.into_response(),
-    };
     let job_state = match q.state.as_deref().map(|s| JobState::parse(s).ok_or(s)) {
         Some(Err(s)) => {
             return bad_request(format!(
@@ -347,10 +346,11 @@ async fn list_jobs(
         Some(Ok(s)) => Some(s),
         None => None,
     };
-    let limit = q.limit.unwrap_or(20);
-    if !(1..=100).contains(&limit) {
-        return bad_request("limit must be 1 to 100");
-    }
+    let limit = match q.limit.as_deref().map(str::parse::<u32>) {
+        None => 20,
+        Some(Ok(n)) if (1..=100).contains(&n) => n,
+        Some(_) => return bad_request("limit must be a whole number, 1 to 100"),
+    };
     if q.cursor.as_ref().is_some_and(|c| c.len() > 64)
         || q.tool.as_ref().is_some_and(|t| t.len() > 128)
     {
@@ -391,13 +391,9 @@ fn ticket_missing(id: &str) -> Envelope {
 
 async fn read_ticket(
     State(state): State<AppState>,
-    headers: HeaderMap,
+    Caller(principal): Caller,
     Path(id): Path<String>,
 ) -> Response {
-    let principal = match authenticate(&state, &headers) {
-        Ok(p) => p,
-        Err(refusal) => return refusal.into_response(),
-    };
     match state.store.ticket(&principal.tenant, &id).await {
         Ok(Some(ticket)) => reply(&Envelope::ok(
             Json::from(ticket_view(&ticket)),
@@ -416,14 +412,10 @@ struct AnswerRequest {
 
 async fn answer_ticket(
     State(state): State<AppState>,
-    headers: HeaderMap,
+    Caller(principal): Caller,
     Path(id): Path<String>,
     body: Body,
 ) -> Response {
-    let principal = match authenticate(&state, &headers) {
-        Ok(p) => p,
-        Err(refusal) => return refusal.into_response(),
-    };
     let request: AnswerRequest = match read_json(&state, body).await {
         Ok(r) => r,
         Err(refusal) => return refusal.into_response(),
@@ -468,11 +460,7 @@ async fn answer_ticket(
     }
 }
 
-async fn events(State(state): State<AppState>, headers: HeaderMap) -> Response {
-    let principal = match authenticate(&state, &headers) {
-        Ok(p) => p,
-        Err(refusal) => return refusal.into_response(),
-    };
+async fn events(State(state): State<AppState>, Caller(principal): Caller) -> Response {
     let subscription = match state.notices.subscribe().await {
         Ok(s) => s,
         Err(error) => {
