@@ -12,56 +12,11 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{OTHER_TOKEN, Server, TOKEN, TempDir, config_with, eventually, settle};
+use common::{
+    OTHER_TOKEN, Server, SharedCleanup, TOKEN, TempDir, config_with, eventually, settle,
+    shared_amqp_url, shared_database_url,
+};
 use serde_json::json;
-
-fn database_url() -> String {
-    std::env::var("TOOLFLEET_TEST_DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
-}
-
-fn amqp_url() -> String {
-    std::env::var("TOOLFLEET_TEST_AMQP_URL")
-        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
-}
-
-/// Drops this test's schema and queues whatever the outcome.
-struct Cleanup {
-    schema: String,
-    prefix: String,
-}
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        let _ = Command::new("psql")
-            .arg(database_url())
-            .args([
-                "-q",
-                "-c",
-                &format!("DROP SCHEMA IF EXISTS {} CASCADE", self.schema),
-            ])
-            .output();
-        let prefix = self.prefix.clone();
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async {
-                let options = toolfleet_broker::rabbit::RabbitOptions {
-                    prefix,
-                    ..Default::default()
-                };
-                if let Ok(broker) =
-                    toolfleet_broker::rabbit::RabbitBroker::connect(&amqp_url(), options).await
-                {
-                    let _ = broker.close_and_delete().await;
-                }
-            });
-        })
-        .join();
-    }
-}
 
 fn tools(dir: &Path) -> String {
     let effects = dir.join("effects");
@@ -85,17 +40,17 @@ fn lines(path: &Path) -> Vec<String> {
 }
 
 /// A fleet of this test's own: its directory, its configuration, its cleanup.
-fn fleet(name: &str) -> (TempDir, std::path::PathBuf, Cleanup) {
+fn fleet(name: &str) -> (TempDir, std::path::PathBuf, SharedCleanup) {
     let dir = TempDir::new(name);
     let id = uuid::Uuid::now_v7().simple().to_string();
-    let cleanup = Cleanup {
-        schema: format!("tf_{id}"),
-        prefix: format!("tf-{id}"),
+    let cleanup = SharedCleanup {
+        database: Some((shared_database_url(), format!("tf_{id}"))),
+        broker: Some((shared_amqp_url(), format!("tf-{id}"))),
     };
     let top = format!(
         "database_url = {:?}\ndatabase_schema = \"tf_{id}\"\nbroker_url = {:?}\nbroker_prefix = \"tf-{id}\"\nconfirm_secret = \"{}\"\nlease_s = 1\nconcurrency = 2",
-        database_url(),
-        amqp_url(),
+        shared_database_url(),
+        shared_amqp_url(),
         "ab".repeat(32)
     );
     let config_path = dir.0.join("toolfleet.toml");

@@ -86,10 +86,10 @@ fn events(client: &Client) -> Arc<Mutex<Vec<Value>>> {
             text.push_str(&String::from_utf8_lossy(&chunk));
             while let Some(end) = text.find("\n\n") {
                 let block: String = text.drain(..end + 2).collect();
-                if let Some(data) = block.lines().find_map(|l| l.strip_prefix("data: ")) {
-                    if let Ok(event) = serde_json::from_str::<Value>(data) {
-                        store.lock().unwrap().push(event);
-                    }
+                if let Some(data) = block.lines().find_map(|l| l.strip_prefix("data: "))
+                    && let Ok(event) = serde_json::from_str::<Value>(data)
+                {
+                    store.lock().unwrap().push(event);
                 }
             }
         }

@@ -137,18 +137,18 @@ fn bytes(value: &Value) -> Vec<u8> {
 /// text does not matter. MCP's error text is not JSON and stays as it is.
 fn normalize(mut value: Value) -> Value {
     for key in ["content", "output"] {
-        if let Some(Value::String(text)) = value.get(key) {
-            if let Ok(parsed) = serde_json::from_str::<Value>(text) {
-                value[key] = parsed;
-            }
+        if let Some(Value::String(text)) = value.get(key)
+            && let Ok(parsed) = serde_json::from_str::<Value>(text)
+        {
+            value[key] = parsed;
         }
     }
     if let Some(Value::Array(blocks)) = value.get_mut("content") {
         for block in blocks {
-            if let Some(Value::String(text)) = block.get("text") {
-                if let Ok(parsed) = serde_json::from_str::<Value>(text) {
-                    block["text"] = parsed;
-                }
+            if let Some(Value::String(text)) = block.get("text")
+                && let Ok(parsed) = serde_json::from_str::<Value>(text)
+            {
+                block["text"] = parsed;
             }
         }
     }

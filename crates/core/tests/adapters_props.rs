@@ -160,12 +160,12 @@ fn mcp_status(result: &Value) -> Result<String, TestCaseError> {
         }
         _ => {}
     }
-    if status != "ok" {
-        if let Some(structured) = structured {
-            let parsed: Envelope = serde_json::from_value(structured.clone())
-                .map_err(|e| fail(Format::Mcp, &format!("not an envelope ({e})"), result))?;
-            prop_assert_eq!(parsed.status(), status.as_str());
-        }
+    if status != "ok"
+        && let Some(structured) = structured
+    {
+        let parsed: Envelope = serde_json::from_value(structured.clone())
+            .map_err(|e| fail(Format::Mcp, &format!("not an envelope ({e})"), result))?;
+        prop_assert_eq!(parsed.status(), status.as_str());
     }
     Ok(status)
 }

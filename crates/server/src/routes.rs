@@ -251,10 +251,10 @@ async fn call(State(state): State<AppState>, Caller(principal): Caller, body: Bo
     if let Some((field, _, max)) = too_long {
         return bad_request(format!("`{field}` must be 1 to {max} characters"));
     }
-    if let Some(url) = &request.callback_url {
-        if let Err(message) = check_callback(url, &state.webhook_allow) {
-            return bad_request(message);
-        }
+    if let Some(url) = &request.callback_url
+        && let Err(message) = check_callback(url, &state.webhook_allow)
+    {
+        return bad_request(message);
     }
     let mut ctx = CallCtx::new(principal);
     if let Some(run_id) = request.run_id {

@@ -336,10 +336,10 @@ async fn run_migrations(url: &str, schema: Option<&str>) -> Result<(), StoreErro
             .batch_execute(&format!(r#"CREATE SCHEMA IF NOT EXISTS "{schema}""#))
             .await?;
     }
-    if let Some(applied) = applied_version(&client).await? {
-        if applied > known_version() {
-            return Err(newer_schema(applied, &store.place));
-        }
+    if let Some(applied) = applied_version(&client).await?
+        && applied > known_version()
+    {
+        return Err(newer_schema(applied, &store.place));
     }
     let runner = embedded::migrations::runner().set_grouped(true);
     runner.run_async(&mut **client).await.map_err(|e| {

@@ -20,6 +20,9 @@ use toolfleet_broker::{Broker, Delivery, Event, Notices};
 use toolfleet_core::{CallCtx, ErrorCode, JobState, Principal, Runtime, ToolError};
 use toolfleet_store::{JobRecord, Lease, Store};
 
+/// How long a delivery that could not be handled waits before going back.
+const REQUEUE_PAUSE: Duration = Duration::from_millis(500);
+
 /// Unix milliseconds now.
 pub fn now_ms() -> i64 {
     SystemTime::now()
@@ -188,7 +191,12 @@ impl Worker {
         }
         let handled = self.run_job(&delivery.job_id).await;
         let settled = match handled {
-            Handled::Interrupted => delivery.requeue().await,
+            Handled::Interrupted => {
+                // The store or the lease failed: give it a moment rather than
+                // take the same message straight back in a tight loop.
+                tokio::time::sleep(REQUEUE_PAUSE).await;
+                delivery.requeue().await
+            }
             _ => delivery.ack().await,
         };
         if let Err(error) = settled {
@@ -295,14 +303,12 @@ impl Worker {
                     .store
                     .fail(&job.id, worker, &error, retry_at, now)
                     .await;
-                if let (Ok(Some(j)), Some(delay)) = (&settled, retry) {
-                    if j.state == JobState::Retrying {
-                        if let Err(e) = self.broker.publish_delayed(&job.pool, &job.id, delay).await
-                        {
-                            // The sweeper republishes due retries from the store.
-                            tracing::warn!(job_id = %job.id, error = %e, "delayed publish failed");
-                        }
-                    }
+                if let (Ok(Some(j)), Some(delay)) = (&settled, retry)
+                    && j.state == JobState::Retrying
+                    && let Err(e) = self.broker.publish_delayed(&job.pool, &job.id, delay).await
+                {
+                    // The sweeper republishes due retries from the store.
+                    tracing::warn!(job_id = %job.id, error = %e, "delayed publish failed");
                 }
                 settled
             }
@@ -341,10 +347,11 @@ impl Worker {
             return;
         };
         while let Some(event) = events.next().await {
-            if event.kind == "job" && event.state == JobState::Cancelled.as_str() {
-                if let Some(cancelled) = self.lock_running().get(&event.id) {
-                    cancelled.notify_one();
-                }
+            if event.kind == "job"
+                && event.state == JobState::Cancelled.as_str()
+                && let Some(cancelled) = self.lock_running().get(&event.id)
+            {
+                cancelled.notify_one();
             }
         }
     }

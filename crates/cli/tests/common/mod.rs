@@ -354,3 +354,78 @@ pub fn signed(signature: &str, body: &str) -> bool {
     mac.update(format!("{t}.{body}").as_bytes());
     hex::encode(mac.finalize().into_bytes()) == v1
 }
+
+pub fn shared_database_url() -> String {
+    std::env::var("TOOLFLEET_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+}
+
+pub fn shared_amqp_url() -> String {
+    std::env::var("TOOLFLEET_TEST_AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
+}
+
+/// Runs `f` on a runtime of its own (for drops, which cannot await).
+pub fn block_on<F: std::future::Future + Send>(f: F) -> F::Output
+where
+    F::Output: Send,
+{
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(f)
+        })
+        .join()
+        .unwrap()
+    })
+}
+
+/// Removes what a test left on the shared servers, whatever its outcome:
+/// its schema on PostgreSQL and its queues and exchanges on RabbitMQ.
+pub struct SharedCleanup {
+    pub database: Option<(String, String)>,
+    pub broker: Option<(String, String)>,
+}
+
+impl Drop for SharedCleanup {
+    fn drop(&mut self) {
+        if let Some((url, schema)) = &self.database {
+            let _ = std::process::Command::new("psql")
+                .arg(url)
+                .args([
+                    "-q",
+                    "-c",
+                    &format!("DROP SCHEMA IF EXISTS {schema} CASCADE"),
+                ])
+                .output();
+        }
+        if let Some((url, prefix)) = self.broker.clone() {
+            block_on(async move {
+                let options = toolfleet_broker::rabbit::RabbitOptions {
+                    prefix,
+                    ..Default::default()
+                };
+                let Ok(broker) =
+                    toolfleet_broker::rabbit::RabbitBroker::connect(&url, options).await
+                else {
+                    return;
+                };
+                // close_and_delete removes what this handle declared:
+                // declare the pool's queues and the events exchange first.
+                if let Ok(consumer) = toolfleet_broker::Broker::consume(&broker, "default", 1).await
+                {
+                    drop(consumer);
+                }
+                let notices = broker.notices();
+                if let Ok(sub) = toolfleet_broker::Notices::subscribe(&notices).await {
+                    drop(sub);
+                }
+                let _ = broker.close_and_delete().await;
+                let _ = notices.close_and_delete().await;
+            });
+        }
+    }
+}

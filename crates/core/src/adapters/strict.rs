@@ -213,10 +213,10 @@ fn nullable(mut schema: Value) -> Value {
     if let Some(c) = obj.remove("const") {
         obj.insert("enum".into(), json!([c]));
     }
-    if let Some(Value::Array(values)) = obj.get_mut("enum") {
-        if !values.contains(&Value::Null) {
-            values.push(Value::Null);
-        }
+    if let Some(Value::Array(values)) = obj.get_mut("enum")
+        && !values.contains(&Value::Null)
+    {
+        values.push(Value::Null);
     }
     match obj.get_mut("type") {
         Some(Value::String(t)) if t != "null" => {
