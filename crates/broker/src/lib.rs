@@ -137,6 +137,27 @@ pub struct Event {
 }
 
 impl Event {
+    /// The event of a job: who it belongs to, its state, and the envelope
+    /// `get_job` answers now.
+    pub fn job(
+        id: &str,
+        tenant: &str,
+        tool: &str,
+        state: JobState,
+        run_id: &str,
+        envelope: &toolfleet_core::Envelope,
+    ) -> Event {
+        Event {
+            kind: "job".to_owned(),
+            id: id.to_owned(),
+            tenant: tenant.to_owned(),
+            tool: tool.to_owned(),
+            state: state.as_str().to_owned(),
+            run_id: run_id.to_owned(),
+            body: serde_json::to_value(envelope).unwrap_or_default(),
+        }
+    }
+
     /// The routing key of the events exchange: `<tenant>.<tool>.<state>`.
     pub fn routing_key(&self) -> String {
         format!("{}.{}.{}", self.tenant, self.tool, self.state)

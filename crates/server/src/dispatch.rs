@@ -172,15 +172,15 @@ impl Fleet for Dispatcher {
 
 /// The event of a job as it stands.
 pub fn job_event(job: &toolfleet_store::JobRecord) -> Event {
-    Event {
-        kind: "job".to_owned(),
-        id: job.id.clone(),
-        tenant: job.tenant.clone(),
-        tool: job.tool.clone(),
-        state: job.state.as_str().to_owned(),
-        run_id: job.run_id.clone(),
-        body: serde_json::to_value(job.envelope(crate::status::POLL_AFTER_S)).unwrap_or_default(),
-    }
+    let envelope = job.envelope(crate::status::POLL_AFTER_S);
+    Event::job(
+        &job.id,
+        &job.tenant,
+        &job.tool,
+        job.state,
+        &job.run_id,
+        &envelope,
+    )
 }
 
 /// Command outcomes in the store, so a confirm token commits once across

@@ -378,15 +378,15 @@ fn is_job_id(id: &str) -> bool {
 
 /// The event announcing `job` as it stands.
 pub fn job_event(job: &JobRecord, poll_after_s: u32) -> Event {
-    Event {
-        kind: "job".to_owned(),
-        id: job.id.clone(),
-        tenant: job.tenant.clone(),
-        tool: job.tool.clone(),
-        state: job.state.as_str().to_owned(),
-        run_id: job.run_id.clone(),
-        body: serde_json::to_value(job.envelope(poll_after_s)).unwrap_or_default(),
-    }
+    let envelope = job.envelope(poll_after_s);
+    Event::job(
+        &job.id,
+        &job.tenant,
+        &job.tool,
+        job.state,
+        &job.run_id,
+        &envelope,
+    )
 }
 
 /// Publishes every job the store says should run now: at start (the
