@@ -13,7 +13,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::{
-    OTHER_TOKEN, Server, SharedCleanup, TOKEN, TempDir, config_with, eventually, settle,
+    OTHER_TOKEN, Server, SharedCleanup, TOKEN, TempDir, config_with, events, eventually, settle,
     shared_amqp_url, shared_database_url,
 };
 use serde_json::json;
@@ -137,6 +137,10 @@ async fn two_dispatchers_and_two_workers_share_one_fleet() {
     let mut w1 = Server::start_role(&config_path, "worker", "toolfleet worker running");
     let _w2 = Server::start_role(&config_path, "worker", "toolfleet worker running");
     let (alice_a, alice_b) = (a.client(TOKEN), b.client(TOKEN));
+    // Both tenants listen on B, where none of these jobs is called.
+    let mallory = b.client(OTHER_TOKEN);
+    let (alice_heard, mallory_heard) = (events(&alice_b), events(&mallory));
+    tokio::time::sleep(Duration::from_millis(300)).await;
 
     // Called through A, settled on a worker, long-polled through B.
     let mut ids = BTreeSet::new();
@@ -171,11 +175,41 @@ async fn two_dispatchers_and_two_workers_share_one_fleet() {
     assert_eq!(effects.len(), ids.len(), "each side effect happened once");
     assert_eq!(effects.into_iter().collect::<BTreeSet<_>>(), ids);
 
-    // The other tenant sees nothing of it through either dispatcher.
-    let mallory = b.client(OTHER_TOKEN);
-    let some = ids.iter().next().unwrap();
+    // Events of jobs called on A and run on workers reach B's listeners,
+    // and only the owning tenant's.
+    let heard =
+        |seen: &std::sync::Arc<std::sync::Mutex<Vec<serde_json::Value>>>| -> BTreeSet<String> {
+            seen.lock()
+                .unwrap()
+                .iter()
+                .filter(|e| e["state"] == "succeeded")
+                .filter_map(|e| e["id"].as_str().map(str::to_owned))
+                .collect()
+        };
+    let first = ids.iter().next().unwrap().clone();
+    eventually(Duration::from_secs(10), || {
+        let heard = heard(&alice_heard);
+        let first = first.clone();
+        async move { heard.contains(&first).then_some(()) }
+    })
+    .await;
+    assert!(
+        mallory_heard
+            .lock()
+            .unwrap()
+            .iter()
+            .all(|e| !ids.contains(e["id"].as_str().unwrap_or("")))
+    );
+
+    // The other tenant can neither read, list nor cancel any of it.
     assert_eq!(
-        mallory.get(&format!("/v1/jobs/{some}")).await["error"]["code"],
+        mallory.get(&format!("/v1/jobs/{first}")).await["error"]["code"],
+        "not_found"
+    );
+    assert_eq!(
+        mallory
+            .post(&format!("/v1/jobs/{first}/cancel"), json!({}))
+            .await["error"]["code"],
         "not_found"
     );
     assert!(
@@ -190,5 +224,9 @@ async fn two_dispatchers_and_two_workers_share_one_fleet() {
             .unwrap()
             .len(),
         20
+    );
+    assert_eq!(
+        alice_b.get(&format!("/v1/jobs/{first}")).await["status"],
+        "ok"
     );
 }

@@ -8,7 +8,7 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{Client, OTHER_TOKEN, Server, TOKEN, TempDir, config, eventually, settle};
+use common::{OTHER_TOKEN, Server, TOKEN, TempDir, config, events, eventually, settle};
 use hmac::{Hmac, Mac};
 use serde_json::{Value, json};
 use sha2::Sha256;
@@ -66,35 +66,6 @@ async fn receiver() -> (String, Arc<Mutex<Vec<(String, String)>>>) {
         }
     });
     (url, seen)
-}
-
-/// Collects the SSE events of one client.
-fn events(client: &Client) -> Arc<Mutex<Vec<Value>>> {
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let store = seen.clone();
-    let client = client.clone();
-    tokio::spawn(async move {
-        let mut response = client
-            .http
-            .get(format!("{}/v1/events", client.base))
-            .bearer_auth(&client.token)
-            .send()
-            .await
-            .unwrap();
-        let mut text = String::new();
-        while let Ok(Some(chunk)) = response.chunk().await {
-            text.push_str(&String::from_utf8_lossy(&chunk));
-            while let Some(end) = text.find("\n\n") {
-                let block: String = text.drain(..end + 2).collect();
-                if let Some(data) = block.lines().find_map(|l| l.strip_prefix("data: "))
-                    && let Ok(event) = serde_json::from_str::<Value>(data)
-                {
-                    store.lock().unwrap().push(event);
-                }
-            }
-        }
-    });
-    seen
 }
 
 fn verify(signature: &str, body: &str) -> bool {

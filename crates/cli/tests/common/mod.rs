@@ -429,3 +429,32 @@ impl Drop for SharedCleanup {
         }
     }
 }
+
+/// Collects the SSE events of one client.
+pub fn events(client: &Client) -> std::sync::Arc<std::sync::Mutex<Vec<Value>>> {
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let store = seen.clone();
+    let client = client.clone();
+    tokio::spawn(async move {
+        let mut response = client
+            .http
+            .get(format!("{}/v1/events", client.base))
+            .bearer_auth(&client.token)
+            .send()
+            .await
+            .unwrap();
+        let mut text = String::new();
+        while let Ok(Some(chunk)) = response.chunk().await {
+            text.push_str(&String::from_utf8_lossy(&chunk));
+            while let Some(end) = text.find("\n\n") {
+                let block: String = text.drain(..end + 2).collect();
+                if let Some(data) = block.lines().find_map(|l| l.strip_prefix("data: "))
+                    && let Ok(event) = serde_json::from_str::<Value>(data)
+                {
+                    store.lock().unwrap().push(event);
+                }
+            }
+        }
+    });
+    seen
+}
