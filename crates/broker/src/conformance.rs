@@ -1,6 +1,6 @@
 //! The conformance suites: the behaviours every [`Broker`] and every
 //! [`Notices`] implementation must show, written once and run against each
-//! (the in-process ones here, RabbitMQ in its own crate), so the backends are
+//! (`tests/memory.rs` and `tests/rabbit.rs`), so the backends are
 //! proven equal by the same tests.
 //!
 //! This module owns the behaviours and the macros that turn them into one

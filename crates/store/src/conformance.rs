@@ -1,5 +1,5 @@
 //! The conformance suite: what every [`Store`] must do, proven by the same
-//! tests for each implementation (SQLite here, PostgreSQL later).
+//! tests for each implementation (`tests/sqlite.rs` and `tests/postgres.rs`).
 //!
 //! Each behaviour is a public async function taking `&dyn Store`;
 //! [`store_conformance!`](crate::store_conformance) turns them into one
