@@ -44,6 +44,18 @@ pub struct BenchArgs {
     /// Print the results as JSON.
     #[arg(long)]
     json: bool,
+    /// Drive running dispatchers instead of a server in this process (repeat
+    /// for several; calls go round-robin, events are read from the first).
+    /// Their configuration must declare a no-op job tool, for example with
+    /// the builtin executor `toolfleet.noop`.
+    #[arg(long = "server")]
+    servers: Vec<String>,
+    /// The bearer token for `--server`.
+    #[arg(long, env = "TOOLFLEET_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// The no-op job tool to call.
+    #[arg(long, default_value = NOOP)]
+    tool: String,
 }
 
 fn noop_tool() -> ToolDecl {
@@ -77,7 +89,10 @@ struct Pending {
 
 struct Probe {
     http: reqwest::Client,
-    base: String,
+    /// Dispatchers, called round-robin; events are read from the first.
+    bases: Vec<String>,
+    next: std::sync::atomic::AtomicUsize,
+    tool: String,
     token: String,
     /// Whichever of a job's call and settled event comes first waits here
     /// for the other; one lock, so the two can never miss each other.
@@ -89,10 +104,12 @@ impl Probe {
     /// One call; the call-to-`running` latency.
     async fn call(&self) -> Result<Duration, String> {
         let begun = Instant::now();
-        let body = json!({"tool": NOOP, "args": {}}).to_string();
+        let body = json!({"tool": self.tool, "args": {}}).to_string();
+        let turn = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let base = &self.bases[turn % self.bases.len()];
         let response = self
             .http
-            .post(format!("{}/v1/calls", self.base))
+            .post(format!("{base}/v1/calls"))
             .bearer_auth(&self.token)
             .header("Content-Type", "application/json")
             .body(body)
@@ -132,7 +149,7 @@ impl Probe {
     async fn follow(self: Arc<Self>) -> Result<(), String> {
         let mut response = self
             .http
-            .get(format!("{}/v1/events", self.base))
+            .get(format!("{}/v1/events", self.bases[0]))
             .bearer_auth(&self.token)
             .send()
             .await
@@ -281,18 +298,39 @@ fn print_text(result: &Value) {
 }
 
 pub async fn bench(mut config: Config, args: BenchArgs) -> Result<(), String> {
-    let data =
-        std::env::temp_dir().join(format!("toolfleet-bench-{}", uuid::Uuid::now_v7().simple()));
-    config.data_dir = PathBuf::from(&data);
-    config.listen = "127.0.0.1:0".to_owned();
-    config.auth.tokens.clear();
-    config.concurrency = args.concurrency;
-    let served = start(config, vec![noop_tool()], Roles::all()).await?;
-    let outcome = run(&served, &data, &args).await;
-    let stopped = served.stop().await;
-    let _ = std::fs::remove_dir_all(&data);
-    let results = outcome?;
-    stopped?;
+    let results = if args.servers.is_empty() {
+        let data =
+            std::env::temp_dir().join(format!("toolfleet-bench-{}", uuid::Uuid::now_v7().simple()));
+        config.data_dir = PathBuf::from(&data);
+        config.listen = "127.0.0.1:0".to_owned();
+        config.auth.tokens.clear();
+        config.concurrency = args.concurrency;
+        let served = start(config, vec![noop_tool()], Roles::all()).await?;
+        let address = served.address.ok_or("the bench server has no address")?;
+        let token = std::fs::read_to_string(data.join(DEV_TOKEN_FILE))
+            .map_err(|e| e.to_string())
+            .map(|t| t.trim().to_owned());
+        let outcome = match token {
+            Ok(token) => run(vec![format!("http://{address}")], token, &args).await,
+            Err(error) => Err(error),
+        };
+        let stopped = served.stop().await;
+        let _ = std::fs::remove_dir_all(&data);
+        let results = outcome?;
+        stopped?;
+        results
+    } else {
+        let token = args
+            .token
+            .clone()
+            .ok_or("--server needs --token (or TOOLFLEET_TOKEN)")?;
+        let bases = args
+            .servers
+            .iter()
+            .map(|s| s.trim_end_matches('/').to_owned())
+            .collect();
+        run(bases, token, &args).await?
+    };
     if args.json {
         println!(
             "{}",
@@ -304,19 +342,13 @@ pub async fn bench(mut config: Config, args: BenchArgs) -> Result<(), String> {
     Ok(())
 }
 
-async fn run(
-    served: &crate::serve::Served,
-    data: &std::path::Path,
-    args: &BenchArgs,
-) -> Result<Vec<Value>, String> {
-    let token = std::fs::read_to_string(data.join(DEV_TOKEN_FILE)).map_err(|e| e.to_string())?;
+async fn run(bases: Vec<String>, token: String, args: &BenchArgs) -> Result<Vec<Value>, String> {
     let probe = Arc::new(Probe {
         http: toolfleet_executors::http_client()?,
-        base: format!(
-            "http://{}",
-            served.address.ok_or("the bench server has no address")?
-        ),
-        token: token.trim().to_owned(),
+        bases,
+        next: std::sync::atomic::AtomicUsize::new(0),
+        tool: args.tool.clone(),
+        token,
         pending: Mutex::default(),
         settled: Mutex::default(),
     });

@@ -11,7 +11,9 @@ use tokio::sync::watch;
 use toolfleet_broker::memory::{MemoryBroker, MemoryNotices};
 use toolfleet_broker::rabbit::{RabbitBroker, RabbitOptions};
 use toolfleet_broker::{Broker, Notices};
-use toolfleet_core::{Principal, Runtime, RuntimeConfig, Shape, ToolDecl};
+use toolfleet_core::{
+    CallCtx, Principal, Runtime, RuntimeConfig, Shape, ToolDecl, ToolError, executor_fn,
+};
 use toolfleet_executors::{Binder, http_client};
 use toolfleet_server::{
     AppState, Auth, Dispatcher, Limits, Metrics, StoreAuditSink, StoreCommitLog, status_tools,
@@ -128,8 +130,15 @@ fn register_tools(
     runtime
         .register_all(status_tools(store.clone(), notices.clone()))
         .map_err(|e| e.to_string())?;
-    let builtins =
+    let mut builtins =
         toolfleet_expenses::builtins(Arc::new(toolfleet_expenses::ExpenseBook::default()));
+    // A job that does nothing, for measuring the pipeline (`toolfleet bench --server`).
+    builtins.insert(
+        "toolfleet.noop".to_owned(),
+        executor_fn(|_: CallCtx, _: serde_json::Value| async {
+            Ok::<_, ToolError>(serde_json::json!({}))
+        }),
+    );
     let binder = Binder::new(builtins, http_client()?);
     for (tool, dir) in &config.tools {
         let name = tool.name.clone();

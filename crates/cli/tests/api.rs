@@ -801,3 +801,27 @@ async fn the_command_line_client_calls_waits_and_lists() {
         "{specs:?}"
     );
 }
+
+/// `toolfleet bench --server` drives a running server's no-op job tool (the
+/// builtin `toolfleet.noop`) and reports every job settled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_drives_a_running_server() {
+    let dir = common::TempDir::new("bench");
+    let tables = "[[tools]]\nname = \"bench_noop\"\nshape = \"job\"\nexecutor = { kind = \"builtin\", name = \"toolfleet.noop\" }\n";
+    let server = common::Server::start(&dir.0, &common::config(&dir.0, tables));
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_toolfleet"))
+        .args(["bench", "--server", &server.base, "--token", common::TOKEN])
+        .args(["-n", "40", "-c", "4", "--json"])
+        .output()
+        .expect("bench runs");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let results: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON results");
+    assert_eq!(results[0]["mode"], "burn-down");
+    assert_eq!(results[0]["jobs"], 40);
+    assert_eq!(results[0]["settled"], 40);
+    assert!(results[0]["call_to_settled_ms"]["p99"].as_f64().is_some());
+}
