@@ -5,78 +5,12 @@
 
 mod common;
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{OTHER_TOKEN, Server, TOKEN, TempDir, config, events, eventually, settle};
-use hmac::{Hmac, Mac};
+use common::{
+    OTHER_TOKEN, Server, TOKEN, TempDir, config, events, eventually, hook_receiver, settle, signed,
+};
 use serde_json::{Value, json};
-use sha2::Sha256;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-/// A webhook receiver: records each request's signature header and body.
-async fn receiver() -> (String, Arc<Mutex<Vec<(String, String)>>>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/hook", listener.local_addr().unwrap());
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let store = seen.clone();
-    tokio::spawn(async move {
-        while let Ok((mut socket, _)) = listener.accept().await {
-            let store = store.clone();
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 4096];
-                loop {
-                    let n = socket.read(&mut chunk).await.unwrap_or(0);
-                    if n == 0 {
-                        break;
-                    }
-                    buf.extend_from_slice(&chunk[..n]);
-                    let text = String::from_utf8_lossy(&buf).to_string();
-                    if let Some(end) = text.find("\r\n\r\n") {
-                        let head = &text[..end];
-                        let length: usize = head
-                            .lines()
-                            .find_map(|l| {
-                                l.to_ascii_lowercase()
-                                    .strip_prefix("content-length:")
-                                    .map(|v| v.trim().parse().unwrap_or(0))
-                            })
-                            .unwrap_or(0);
-                        if buf.len() >= end + 4 + length {
-                            let signature = head
-                                .lines()
-                                .find_map(|l| {
-                                    l.to_ascii_lowercase()
-                                        .starts_with("toolfleet-signature:")
-                                        .then(|| l[20..].trim().to_owned())
-                                })
-                                .unwrap_or_default();
-                            let body = String::from_utf8_lossy(&buf[end + 4..end + 4 + length])
-                                .to_string();
-                            store.lock().unwrap().push((signature, body));
-                            let _ = socket
-                                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
-                                .await;
-                            break;
-                        }
-                    }
-                }
-            });
-        }
-    });
-    (url, seen)
-}
-
-fn verify(signature: &str, body: &str) -> bool {
-    let Some((t, v1)) = signature.split_once(",v1=") else {
-        return false;
-    };
-    let t = t.trim_start_matches("t=");
-    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(b"test-webhook-key").unwrap();
-    mac.update(format!("{t}.{body}").as_bytes());
-    hex::encode(mac.finalize().into_bytes()) == v1
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn submit_my_september_expenses_over_http() {
@@ -86,7 +20,7 @@ async fn submit_my_september_expenses_over_http() {
     let mallory = server.client(OTHER_TOKEN);
     let alice_events = events(&alice);
     let mallory_events = events(&mallory);
-    let (hook, hooks) = receiver().await;
+    let (hook, hooks) = hook_receiver(vec![200]).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
 
     // Two pages.
@@ -127,11 +61,14 @@ async fn submit_my_september_expenses_over_http() {
     assert_eq!(done["result"]["receipts"].as_array().unwrap().len(), 6);
     let (signature, body) = eventually(Duration::from_secs(10), || {
         let hooks = hooks.clone();
-        async move { hooks.lock().unwrap().first().cloned() }
+        async move {
+            let hooks = hooks.lock().unwrap();
+            hooks.first().map(|h| (h.signature.clone(), h.body.clone()))
+        }
     })
     .await;
     assert!(
-        verify(&signature, &body),
+        signed(&signature, &body),
         "the webhook is signed as API.md says: {signature}"
     );
     let notice: Value = serde_json::from_str(&body).unwrap();
