@@ -193,6 +193,28 @@ impl Probe {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
+
+    /// Waits for `calls` and for their `count` jobs to settle; answers the
+    /// call-to-`running` latencies and the settlements recorded after `before`.
+    async fn gather(
+        &self,
+        mut calls: tokio::task::JoinSet<Result<Duration, String>>,
+        before: usize,
+        count: usize,
+    ) -> Result<(Vec<Duration>, Vec<(Instant, Duration)>), String> {
+        let mut accepted = Vec::with_capacity(count);
+        while let Some(took) = calls.join_next().await {
+            accepted.push(took.map_err(|e| e.to_string())??);
+        }
+        self.wait_settled(before + count, Duration::from_secs(120))
+            .await;
+        let settled = self
+            .settled
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .split_off(before);
+        Ok((accepted, settled))
+    }
 }
 
 /// Runs the burn-down: `jobs` calls from `clients` clients.
@@ -214,19 +236,8 @@ async fn burn_down(probe: &Arc<Probe>, jobs: usize, clients: usize) -> Result<Va
             took
         });
     }
-    let mut accepted = Vec::with_capacity(jobs);
-    while let Some(took) = calls.join_next().await {
-        accepted.push(took.map_err(|e| e.to_string())??);
-    }
+    let (accepted, all) = probe.gather(calls, before, jobs).await?;
     let called = begun.elapsed();
-    probe
-        .wait_settled(before + jobs, Duration::from_secs(120))
-        .await;
-    let all = probe
-        .settled
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .split_off(before);
     let last = all.iter().map(|(at, _)| *at).max().unwrap_or(begun);
     let elapsed = last
         .saturating_duration_since(begun)
@@ -256,18 +267,7 @@ async fn fixed_rate(probe: &Arc<Probe>, rate: u32, secs: u64) -> Result<Value, S
         let probe = probe.clone();
         calls.spawn(async move { probe.call().await });
     }
-    let mut accepted = Vec::with_capacity(total);
-    while let Some(took) = calls.join_next().await {
-        accepted.push(took.map_err(|e| e.to_string())??);
-    }
-    probe
-        .wait_settled(before + total, Duration::from_secs(120))
-        .await;
-    let all = probe
-        .settled
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .split_off(before);
+    let (accepted, all) = probe.gather(calls, before, total).await?;
     Ok(json!({
         "mode": "fixed-rate",
         "rate_per_s": rate,
