@@ -74,6 +74,7 @@ mod tests {
             state: "running".into(),
             run_id: "r".into(),
             body: serde_json::Value::Null,
+            callback: false,
         }
     }
 

@@ -427,6 +427,7 @@ pub mod notices {
             state: "succeeded".to_owned(),
             run_id: "run-1".to_owned(),
             body: json!({"status": "ok", "n": n}),
+            callback: n % 2 == 1,
         }
     }
 

@@ -134,6 +134,10 @@ pub struct Event {
     pub run_id: String,
     /// The envelope `get_job` would answer now (or the ticket).
     pub body: Value,
+    /// The call named a `callback_url`, so a webhook may be due: only then
+    /// does a dispatcher look the callback up in the store.
+    #[serde(default)]
+    pub callback: bool,
 }
 
 impl Event {
@@ -155,6 +159,7 @@ impl Event {
             state: state.as_str().to_owned(),
             run_id: run_id.to_owned(),
             body: serde_json::to_value(envelope).unwrap_or_default(),
+            callback: false,
         }
     }
 

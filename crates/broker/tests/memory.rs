@@ -262,6 +262,7 @@ async fn notices_take_any_buffer_and_need_no_subscriber() {
             state: "succeeded".to_owned(),
             run_id: "run-1".to_owned(),
             body: serde_json::json!({}),
+            callback: false,
         };
         assert_eq!(notices.publish(&event).await, Ok(()), "buffer {buffer}");
     }

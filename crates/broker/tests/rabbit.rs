@@ -504,6 +504,7 @@ async fn subscription_comes_back_after_a_reconnect() {
         state: "succeeded".to_owned(),
         run_id: "run-1".to_owned(),
         body: serde_json::json!({"status": "ok"}),
+        callback: false,
     };
     // Events published while the subscription rebinds are missed, so keep
     // publishing until one arrives.

@@ -91,6 +91,7 @@ pub fn ticket_event(ticket: &TicketRecord) -> Event {
         .to_owned(),
         run_id: ticket.run_id.clone(),
         body: ticket_view(ticket),
+        callback: ticket.callback_url.is_some(),
     }
 }
 
@@ -173,14 +174,16 @@ impl Fleet for Dispatcher {
 /// The event of a job as it stands.
 pub fn job_event(job: &toolfleet_store::JobRecord) -> Event {
     let envelope = job.envelope(crate::status::POLL_AFTER_S);
-    Event::job(
+    let mut event = Event::job(
         &job.id,
         &job.tenant,
         &job.tool,
         job.state,
         &job.run_id,
         &envelope,
-    )
+    );
+    event.callback = job.callback_url.is_some();
+    event
 }
 
 /// Command outcomes in the store, so a confirm token commits once across

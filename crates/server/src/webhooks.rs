@@ -35,6 +35,9 @@ pub fn signature(key: &[u8], t: u64, body: &str) -> String {
 
 /// The callback of an event's job or ticket, if the call named one.
 async fn callback_of(store: &dyn Store, event: &Event) -> Option<String> {
+    if !event.callback {
+        return None;
+    }
     match event.kind.as_str() {
         "job" if event.is_settled_job() => {
             store

@@ -379,14 +379,16 @@ fn is_job_id(id: &str) -> bool {
 /// The event announcing `job` as it stands.
 pub fn job_event(job: &JobRecord, poll_after_s: u32) -> Event {
     let envelope = job.envelope(poll_after_s);
-    Event::job(
+    let mut event = Event::job(
         &job.id,
         &job.tenant,
         &job.tool,
         job.state,
         &job.run_id,
         &envelope,
-    )
+    );
+    event.callback = job.callback_url.is_some();
+    event
 }
 
 /// Publishes every job the store says should run now: at start (the
