@@ -5,7 +5,6 @@
 
 use std::sync::Arc;
 
-use futures_util::future::join_all;
 use tokio::sync::mpsc;
 
 /// Events published together at most.
@@ -29,9 +28,9 @@ impl Announcer {
             // event is paid one round trip per batch, not per event; the
             // events of a batch are sent in queue order.
             while events.recv_many(&mut batch, BATCH).await > 0 {
-                let sent = batch.iter().map(|event| notices.publish(event));
-                for (event, outcome) in batch.iter().zip(join_all(sent).await) {
-                    if let Err(error) = outcome {
+                if let Err(error) = notices.publish_all(&batch).await {
+                    // Some of the batch may have gone; say which could not.
+                    for event in &batch {
                         tracing_warn(event, &error.to_string());
                     }
                 }

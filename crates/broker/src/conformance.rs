@@ -1,6 +1,7 @@
 //! The conformance suites: the behaviours every [`Broker`] and every
 //! [`Notices`] implementation must show, written once and run against each
-//! (`tests/memory.rs` and `tests/rabbit.rs`), so the backends are
+//! (`tests/memory.rs`, `tests/rabbit.rs` and, for notices,
+//! `tests/postgres.rs`, each also behind a `Fanout`), so the backends are
 //! proven equal by the same tests.
 //!
 //! This module owns the behaviours and the macros that turn them into one
@@ -75,6 +76,7 @@ macro_rules! notices_conformance {
             events_before_subscribing_are_not_received,
             event_arrives_whole_with_its_routing_key,
             lagging_subscriber_skips_and_keeps_up,
+            a_batch_arrives_whole_each_jobs_events_in_order,
         ]);
     };
 }
@@ -524,6 +526,51 @@ pub mod notices {
             if got.id == last {
                 break;
             }
+        }
+    }
+
+    /// `publish_all` of the events of two jobs, their states
+    /// interleaved: every event arrives whole, once, and each job's events
+    /// in the order given.
+    pub async fn a_batch_arrives_whole_each_jobs_events_in_order(notices: &dyn Notices) {
+        let tenant = unique("tenant");
+        let mut subscriber = subscribe(notices).await;
+        // Eight events: within the smallest buffer the suites run with.
+        let states = ["running", "retrying", "running", "succeeded"];
+        let mut events = Vec::new();
+        for state in states {
+            for n in 0..2 {
+                let mut e = event(&tenant, n);
+                e.state = state.to_owned();
+                e.body = json!({"n": n, "state": state});
+                events.push(e);
+            }
+        }
+        assert_eq!(
+            within("publish_all", notices.publish_all(&events)).await,
+            Ok(()),
+            "publishing a batch"
+        );
+        let mut got = Vec::new();
+        while got.len() < events.len() {
+            got.push(next_of(subscriber.as_mut(), &tenant, "each event of the batch").await);
+        }
+        for n in 0..2 {
+            let id = format!("job-{n}");
+            let order: Vec<&str> = got
+                .iter()
+                .filter(|e| e.id == id)
+                .map(|e| e.state.as_str())
+                .collect();
+            assert_eq!(order, states, "the events of {id}");
+        }
+        for event in &events {
+            assert!(
+                got.contains(event),
+                "{} {} arrived whole",
+                event.id,
+                event.state
+            );
         }
     }
 }

@@ -7,7 +7,10 @@
 //!
 //! [`Broker`] moves job ids; [`Notices`] fans out events. Each has an
 //! in-process implementation here and a conformance suite in [`conformance`]
-//! that every implementation runs.
+//! that every implementation runs. Across processes, jobs move over RabbitMQ
+//! ([`rabbit`]) and events over RabbitMQ's events exchange or PostgreSQL's
+//! `LISTEN`/`NOTIFY` ([`postgres`]), each behind a [`fanout::Fanout`] so a
+//! process holds one subscription however many local subscribers it has.
 
 use std::time::Duration;
 
@@ -18,7 +21,9 @@ use toolfleet_core::JobState;
 
 pub mod announcer;
 pub mod conformance;
+pub mod fanout;
 pub mod memory;
+pub mod postgres;
 pub mod rabbit;
 
 /// Why a broker operation failed.
@@ -187,6 +192,112 @@ pub trait Subscription: Send {
 #[async_trait]
 pub trait Notices: Send + Sync + 'static {
     async fn publish(&self, event: &Event) -> Result<(), BrokerError>;
+    /// Publishes `events` together, in order. An implementation may carry
+    /// several in one message (see [`batches`]); each job's events still
+    /// arrive in the order given, while events of different jobs may arrive
+    /// interleaved otherwise.
+    async fn publish_all(&self, events: &[Event]) -> Result<(), BrokerError> {
+        for event in events {
+            self.publish(event).await?;
+        }
+        Ok(())
+    }
     /// Every event published from now on.
     async fn subscribe(&self) -> Result<Box<dyn Subscription>, BrokerError>;
+}
+
+/// Splits `events` into groups that share a routing key, so that each group
+/// can travel as one message, without reordering any job's own events: the
+/// n-th event of a job in the list goes into the n-th round, rounds come in
+/// order, and within a round the groups come in the order their keys first
+/// appear. Under load, when many jobs of one tool change state together, a
+/// few messages carry hundreds of events.
+pub fn batches(events: &[Event]) -> Vec<(String, Vec<&Event>)> {
+    use std::collections::HashMap;
+    let mut seen: HashMap<(&str, &str), usize> = HashMap::new();
+    // (round, key) -> index into `groups`.
+    let mut placed: HashMap<(usize, String), usize> = HashMap::new();
+    let mut groups: Vec<(usize, String, Vec<&Event>)> = Vec::new();
+    for event in events {
+        let count = seen.entry((&event.kind, &event.id)).or_insert(0);
+        let round = *count;
+        *count += 1;
+        let key = event.routing_key();
+        match placed.get(&(round, key.clone())) {
+            Some(&at) => groups[at].2.push(event),
+            None => {
+                placed.insert((round, key.clone()), groups.len());
+                groups.push((round, key, vec![event]));
+            }
+        }
+    }
+    // Stable: within a round, first appearance order stays.
+    groups.sort_by_key(|(round, _, _)| *round);
+    groups
+        .into_iter()
+        .map(|(_, key, events)| (key, events))
+        .collect()
+}
+
+#[cfg(test)]
+mod batch_tests {
+    use super::*;
+
+    fn event(id: &str, tool: &str, state: &str) -> Event {
+        Event {
+            kind: "job".into(),
+            id: id.into(),
+            tenant: "t".into(),
+            tool: tool.into(),
+            state: state.into(),
+            run_id: "r".into(),
+            body: Value::Null,
+            callback: false,
+        }
+    }
+
+    fn flat(groups: &[(String, Vec<&Event>)]) -> Vec<(String, String)> {
+        groups
+            .iter()
+            .flat_map(|(_, events)| events.iter().map(|e| (e.id.clone(), e.state.clone())))
+            .collect()
+    }
+
+    #[test]
+    fn events_sharing_a_key_travel_together() {
+        let events: Vec<Event> = (0..5)
+            .map(|n| event(&format!("j{n}"), "ocr", "succeeded"))
+            .collect();
+        let groups = batches(&events);
+        assert_eq!(groups.len(), 1);
+        assert_eq!(groups[0].0, "t.ocr.succeeded");
+        assert_eq!(groups[0].1.len(), 5);
+    }
+
+    #[test]
+    fn a_jobs_own_events_keep_their_order() {
+        let events = vec![
+            event("a", "ocr", "running"),
+            event("b", "ocr", "running"),
+            event("a", "ocr", "retrying"),
+            event("a", "ocr", "running"),
+            event("b", "ocr", "succeeded"),
+            event("a", "ocr", "succeeded"),
+        ];
+        let order = flat(&batches(&events));
+        assert_eq!(order.len(), events.len());
+        for id in ["a", "b"] {
+            let mine: Vec<&str> = order
+                .iter()
+                .filter(|(i, _)| i == id)
+                .map(|(_, s)| s.as_str())
+                .collect();
+            let given: Vec<&str> = events
+                .iter()
+                .filter(|e| e.id == id)
+                .map(|e| e.state.as_str())
+                .collect();
+            assert_eq!(mine, given, "job {id}");
+        }
+    }
 }

@@ -297,6 +297,30 @@ pub struct RabbitNotices {
 }
 
 impl RabbitNotices {
+    /// Publishes one message of events to the exchange and awaits its confirm.
+    async fn send(&self, key: &str, body: &[u8], what: &str) -> Result<(), BrokerError> {
+        let shared = self.shared();
+        let link = shared.link()?;
+        let sent = async {
+            shared.ensure_events(&link, &self.exchange).await?;
+            let properties =
+                BasicProperties::default().with_content_type("application/json".into());
+            let route = Route {
+                exchange: &self.exchange,
+                key,
+                mandatory: false,
+            };
+            match shared.confirm(&link, route, body, properties).await? {
+                Confirmation::Nack(_) => Err(BrokerError::Unavailable(format!(
+                    "RabbitMQ refused {what} on {}",
+                    self.exchange
+                ))),
+                _ => Ok(()),
+            }
+        };
+        shared.noting_loss(&link, sent.await)
+    }
+
     /// Connects to RabbitMQ at `url` for notices alone; see
     /// [`RabbitBroker::notices`] to share the broker's connection.
     pub async fn connect(url: &str, options: RabbitOptions) -> Result<Self, BrokerError> {
@@ -339,26 +363,31 @@ impl Notices for RabbitNotices {
     async fn publish(&self, event: &Event) -> Result<(), BrokerError> {
         let body = serde_json::to_vec(event)
             .map_err(|e| BrokerError::Unavailable(format!("encoding event {}: {e}", event.id)))?;
-        let shared = self.shared();
-        let link = shared.link()?;
-        let sent = async {
-            shared.ensure_events(&link, &self.exchange).await?;
-            let properties =
-                BasicProperties::default().with_content_type("application/json".into());
-            let route = Route {
-                exchange: &self.exchange,
-                key: &event.routing_key(),
-                mandatory: false,
-            };
-            match shared.confirm(&link, route, &body, properties).await? {
-                Confirmation::Nack(_) => Err(BrokerError::Unavailable(format!(
-                    "RabbitMQ refused event {} on {}",
-                    event.id, self.exchange
-                ))),
-                _ => Ok(()),
+        self.send(&event.routing_key(), &body, &event.id).await
+    }
+
+    /// Events that share a routing key go as one message whose body is a
+    /// JSON array of them (one event alone is a JSON object, as from
+    /// [`Notices::publish`]); the messages are published back to back and
+    /// their confirms awaited together.
+    async fn publish_all(&self, events: &[Event]) -> Result<(), BrokerError> {
+        let mut messages = Vec::new();
+        for (key, group) in crate::batches(events) {
+            let body = match group.as_slice() {
+                [one] => serde_json::to_vec(one),
+                many => serde_json::to_vec(many),
             }
-        };
-        shared.noting_loss(&link, sent.await)
+            .map_err(|e| BrokerError::Unavailable(format!("encoding events for {key}: {e}")))?;
+            let what = format!("{} events for {key}", group.len());
+            messages.push((key, body, what));
+        }
+        let sent = messages
+            .iter()
+            .map(|(key, body, what)| self.send(key, body, what));
+        futures_util::future::join_all(sent)
+            .await
+            .into_iter()
+            .collect()
     }
 
     async fn subscribe(&self) -> Result<Box<dyn Subscription>, BrokerError> {
@@ -1239,6 +1268,15 @@ impl Drop for RabbitAcker {
     }
 }
 
+/// The body of a message on the events exchange: one event, or several
+/// that share the message's routing key.
+#[derive(serde::Deserialize)]
+#[serde(untagged)]
+enum Message {
+    One(Event),
+    Many(Vec<Event>),
+}
+
 /// A notices subscriber's feed: an exclusive queue bound to every key,
 /// auto-acked (events are announcements, not work), turned into events.
 struct EventFeed {
@@ -1282,8 +1320,11 @@ impl Feed for EventFeed {
     }
 
     fn forward(&self, delivery: LapinDelivery) -> bool {
-        match serde_json::from_slice::<Event>(&delivery.data) {
-            Ok(event) => self.sender.send(event).is_ok(),
+        match serde_json::from_slice::<Message>(&delivery.data) {
+            Ok(Message::One(event)) => self.sender.send(event).is_ok(),
+            Ok(Message::Many(events)) => events
+                .into_iter()
+                .all(|event| self.sender.send(event).is_ok()),
             Err(error) => {
                 tracing::debug!(%error, key = %delivery.routing_key, "skipping a malformed event");
                 true

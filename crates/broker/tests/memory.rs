@@ -1,6 +1,8 @@
 //! The in-process broker and notices: the shared conformance suites, then
 //! what only the in-process implementations promise (their bound, their
-//! dead-letter list, where a requeued message goes, and what closing means).
+//! dead-letter list, where a requeued message goes, and what closing means),
+//! and what the fan-out promises over any notices (one shared subscription,
+//! made again when it ends).
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -8,8 +10,9 @@ use std::time::Duration;
 use toolfleet_broker::conformance::{
     ARRIVAL, QUIET, assert_nothing_delivered, next_delivery, unique,
 };
+use toolfleet_broker::fanout::{Fanout, FanoutOptions};
 use toolfleet_broker::memory::{MemoryBroker, MemoryNotices};
-use toolfleet_broker::{Broker, BrokerError, Consumer, Notices};
+use toolfleet_broker::{Broker, BrokerError, Consumer, Event, Notices, Subscription};
 
 toolfleet_broker::broker_conformance!(async { MemoryBroker::new() });
 
@@ -25,6 +28,21 @@ toolfleet_broker::notices_conformance!(async { MemoryNotices::new() });
 // A buffer smaller than the lag test's burst, so that subscriber really lags.
 toolfleet_broker::notices_conformance!(mod notices_conformance_small_buffer, async {
     MemoryNotices::with_capacity(8)
+});
+
+toolfleet_broker::notices_conformance!(mod fanout_conformance, async {
+    Fanout::new(MemoryNotices::new())
+});
+
+// A ring smaller than the lag test's burst in front of a deep one.
+toolfleet_broker::notices_conformance!(mod fanout_conformance_small_buffer, async {
+    Fanout::with_options(
+        MemoryNotices::new(),
+        FanoutOptions {
+            buffer: 8,
+            ..FanoutOptions::default()
+        },
+    )
 });
 
 async fn consume(broker: &MemoryBroker, pool: &str, prefetch: u16) -> Box<dyn Consumer> {
@@ -266,4 +284,206 @@ async fn notices_take_any_buffer_and_need_no_subscriber() {
         };
         assert_eq!(notices.publish(&event).await, Ok(()), "buffer {buffer}");
     }
+}
+
+/// Notices over [`MemoryNotices`] that count their subscriptions, can end
+/// them all at once, and can refuse new ones, to show what [`Fanout`] does
+/// with the notices it wraps.
+#[derive(Clone)]
+struct Flaky {
+    inner: MemoryNotices,
+    state: std::sync::Arc<FlakyState>,
+}
+
+struct FlakyState {
+    subscribed: std::sync::atomic::AtomicUsize,
+    refuse: std::sync::atomic::AtomicBool,
+    cut: tokio::sync::watch::Sender<u64>,
+}
+
+impl Flaky {
+    fn new() -> Flaky {
+        Flaky {
+            inner: MemoryNotices::new(),
+            state: std::sync::Arc::new(FlakyState {
+                subscribed: 0.into(),
+                refuse: false.into(),
+                cut: tokio::sync::watch::Sender::new(0),
+            }),
+        }
+    }
+
+    fn subscribed(&self) -> usize {
+        self.state
+            .subscribed
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn refuse(&self, refuse: bool) {
+        self.state
+            .refuse
+            .store(refuse, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Ends every subscription made so far.
+    fn cut(&self) {
+        self.state.cut.send_modify(|n| *n += 1);
+    }
+}
+
+#[async_trait::async_trait]
+impl Notices for Flaky {
+    async fn publish(&self, event: &Event) -> Result<(), BrokerError> {
+        self.inner.publish(event).await
+    }
+
+    async fn subscribe(&self) -> Result<Box<dyn Subscription>, BrokerError> {
+        if self.state.refuse.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(BrokerError::Unavailable("refusing, for the test".into()));
+        }
+        let mut cut = self.state.cut.subscribe();
+        cut.mark_unchanged();
+        let inner = self.inner.subscribe().await?;
+        self.state
+            .subscribed
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(Box::new(FlakySubscription { inner, cut }))
+    }
+}
+
+struct FlakySubscription {
+    inner: Box<dyn Subscription>,
+    cut: tokio::sync::watch::Receiver<u64>,
+}
+
+#[async_trait::async_trait]
+impl Subscription for FlakySubscription {
+    async fn next(&mut self) -> Option<Event> {
+        tokio::select! {
+            biased;
+            _ = self.cut.changed() => None,
+            event = self.inner.next() => event,
+        }
+    }
+}
+
+fn event(tenant: &str, id: &str) -> Event {
+    Event {
+        kind: "job".to_owned(),
+        id: id.to_owned(),
+        tenant: tenant.to_owned(),
+        tool: "receipt_ocr".to_owned(),
+        state: "succeeded".to_owned(),
+        run_id: "run-1".to_owned(),
+        body: serde_json::json!({}),
+        callback: false,
+    }
+}
+
+async fn subscribe(notices: &dyn Notices) -> Box<dyn Subscription> {
+    match tokio::time::timeout(ARRIVAL, notices.subscribe()).await {
+        Ok(Ok(subscription)) => subscription,
+        Ok(Err(e)) => panic!("subscribing: {e}"),
+        Err(_) => panic!("subscribing: no answer within {ARRIVAL:?}"),
+    }
+}
+
+async fn next_event(subscription: &mut dyn Subscription, what: &str) -> Event {
+    match tokio::time::timeout(ARRIVAL, subscription.next()).await {
+        Ok(Some(event)) => event,
+        Ok(None) => panic!("{what}: the subscription ended"),
+        Err(_) => panic!("{what}: nothing within {ARRIVAL:?}"),
+    }
+}
+
+#[tokio::test]
+async fn fanout_shares_one_subscription_among_local_subscribers() {
+    let flaky = Flaky::new();
+    let fanout = Fanout::new(flaky.clone());
+    assert_eq!(flaky.subscribed(), 0, "nothing is subscribed before asked");
+    assert!(!fanout.is_subscribed().await);
+    let mut locals = Vec::new();
+    for _ in 0..5 {
+        locals.push(subscribe(&fanout).await);
+    }
+    assert_eq!(
+        flaky.subscribed(),
+        1,
+        "one subscription for five subscribers"
+    );
+    assert!(fanout.is_subscribed().await);
+    let sent = event("acme", "job-a");
+    assert_eq!(fanout.publish(&sent).await, Ok(()));
+    for local in &mut locals {
+        assert_eq!(
+            next_event(local.as_mut(), "each local subscriber").await,
+            sent
+        );
+    }
+}
+
+#[tokio::test]
+async fn fanout_subscribes_again_when_its_subscription_ends() {
+    let flaky = Flaky::new();
+    let fanout = Fanout::with_options(
+        flaky.clone(),
+        FanoutOptions {
+            retry_min: Duration::from_millis(5),
+            retry_max: Duration::from_millis(20),
+            ..FanoutOptions::default()
+        },
+    );
+    let mut local = subscribe(&fanout).await;
+    // The first attempt to subscribe again fails; a later one succeeds.
+    flaky.refuse(true);
+    flaky.cut();
+    tokio::time::sleep(QUIET).await;
+    flaky.refuse(false);
+    let deadline = tokio::time::Instant::now() + ARRIVAL;
+    let sent = event("acme", "job-after");
+    loop {
+        assert_eq!(fanout.publish(&sent).await, Ok(()));
+        if let Ok(Some(got)) = tokio::time::timeout(Duration::from_millis(20), local.next()).await {
+            assert_eq!(got, sent, "the same local subscription carries on");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "nothing after the shared subscription ended"
+        );
+    }
+    assert_eq!(flaky.subscribed(), 2, "made again once");
+    // A new local subscriber joins the new shared subscription.
+    let mut late = subscribe(&fanout).await;
+    let next = event("acme", "job-next");
+    assert_eq!(fanout.publish(&next).await, Ok(()));
+    assert_eq!(next_event(late.as_mut(), "a late subscriber").await, next);
+    assert_eq!(flaky.subscribed(), 2);
+}
+
+#[tokio::test]
+async fn fanout_answers_the_wrapped_error_and_tries_again_on_the_next_subscribe() {
+    let flaky = Flaky::new();
+    let fanout = Fanout::new(flaky.clone());
+    flaky.refuse(true);
+    let refused = fanout.subscribe().await.err();
+    assert!(
+        matches!(refused, Some(BrokerError::Unavailable(_))),
+        "{refused:?}"
+    );
+    flaky.refuse(false);
+    let mut local = subscribe(&fanout).await;
+    let sent = event("acme", "job-a");
+    assert_eq!(fanout.publish(&sent).await, Ok(()));
+    assert_eq!(next_event(local.as_mut(), "after a refusal").await, sent);
+    assert_eq!(flaky.subscribed(), 1);
+}
+
+#[tokio::test]
+async fn dropping_the_fanout_ends_local_subscriptions() {
+    let fanout = Fanout::new(MemoryNotices::new());
+    let mut local = subscribe(&fanout).await;
+    drop(fanout);
+    let ended = tokio::time::timeout(ARRIVAL, local.next()).await;
+    assert!(matches!(ended, Ok(None)), "{ended:?}");
 }

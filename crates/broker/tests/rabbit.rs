@@ -1,7 +1,8 @@
 //! The RabbitMQ broker and notices against a real RabbitMQ: the shared
-//! conformance suites, then what only RabbitMQ shows (the dead-letter queue,
-//! the bound, redelivery after a dropped delivery, closing, and coming back
-//! after the connection dies).
+//! conformance suites (the notices also behind a fan-out), then what only
+//! RabbitMQ shows (the dead-letter queue, the bound, redelivery after a
+//! dropped delivery, closing, coming back after the connection dies, and one
+//! queue per fan-out however many subscribe through it).
 //!
 //! RabbitMQ is found at `TOOLFLEET_TEST_AMQP_URL` (default
 //! `amqp://guest:guest@127.0.0.1:5672/%2f`). These tests never skip: if
@@ -19,6 +20,7 @@ use lapin::options::{BasicAckOptions, BasicGetOptions};
 use lapin::{Connection, ConnectionProperties};
 use tokio::time::{Instant, sleep, timeout};
 use toolfleet_broker::conformance::{ARRIVAL, QUIET, next_delivery, unique};
+use toolfleet_broker::fanout::Fanout;
 use toolfleet_broker::rabbit::{RabbitBroker, RabbitNotices, RabbitOptions};
 use toolfleet_broker::{Broker, BrokerError, Consumer, Delivery, Event, Notices, Subscription};
 
@@ -136,6 +138,34 @@ impl Notices for Isolated<RabbitNotices> {
 toolfleet_broker::broker_conformance!(broker());
 
 toolfleet_broker::notices_conformance!(notices());
+
+/// A test's notices behind a [`Fanout`]; the fan-out goes first, then the
+/// notices delete what they declared.
+struct FannedOut {
+    fanout: Fanout<RabbitNotices>,
+    _isolated: Isolated<RabbitNotices>,
+}
+
+async fn fanned_out() -> FannedOut {
+    let isolated = notices().await;
+    FannedOut {
+        fanout: Fanout::new(isolated.0.clone()),
+        _isolated: isolated,
+    }
+}
+
+#[async_trait]
+impl Notices for FannedOut {
+    async fn publish(&self, event: &Event) -> Result<(), BrokerError> {
+        self.fanout.publish(event).await
+    }
+
+    async fn subscribe(&self) -> Result<Box<dyn Subscription>, BrokerError> {
+        self.fanout.subscribe().await
+    }
+}
+
+toolfleet_broker::notices_conformance!(mod fanout_conformance, fanned_out());
 
 async fn consume(broker: &RabbitBroker, pool: &str, prefetch: u16) -> Box<dyn Consumer> {
     match broker.consume(pool, prefetch).await {
@@ -517,4 +547,104 @@ async fn subscription_comes_back_after_a_reconnect() {
         }
         assert!(Instant::now() < deadline, "no event after the reconnect");
     }
+}
+
+/// The queues bound to the events exchange of `prefix`, as RabbitMQ lists
+/// them.
+async fn event_queues(prefix: &str) -> usize {
+    let exchange = format!("{prefix}.events");
+    let listed = rabbitmqctl(&[
+        "list_bindings",
+        "--no-table-headers",
+        "source_name",
+        "destination_name",
+    ])
+    .await;
+    listed
+        .lines()
+        .filter(|line| line.split_whitespace().next() == Some(exchange.as_str()))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fanout_binds_one_queue_however_many_subscribe() {
+    let options = options();
+    let prefix = options.prefix.clone();
+    let notices = match RabbitNotices::connect(&url(), options).await {
+        Ok(notices) => Isolated(notices),
+        Err(e) => unreachable(e),
+    };
+    let fanout = Fanout::new(notices.0.clone());
+    let mut locals = Vec::new();
+    for _ in 0..5 {
+        locals.push(fanout.subscribe().await.expect("subscribing"));
+    }
+    assert_eq!(
+        event_queues(&prefix).await,
+        1,
+        "one queue for five subscribers"
+    );
+    let direct = notices.0.subscribe().await.expect("subscribing directly");
+    assert_eq!(
+        event_queues(&prefix).await,
+        2,
+        "without the fan-out, a subscriber declares its own"
+    );
+    drop(direct);
+    let tenant = unique("tenant");
+    let event = Event {
+        kind: "job".to_owned(),
+        id: "job-a".to_owned(),
+        tenant: tenant.clone(),
+        tool: "receipt_ocr".to_owned(),
+        state: "succeeded".to_owned(),
+        run_id: "run-1".to_owned(),
+        body: serde_json::json!({"status": "ok"}),
+        callback: false,
+    };
+    assert_eq!(fanout.publish(&event).await, Ok(()));
+    for local in &mut locals {
+        loop {
+            match timeout(ARRIVAL, local.next()).await {
+                Ok(Some(got)) if got.tenant == tenant => {
+                    assert_eq!(got, event);
+                    break;
+                }
+                Ok(Some(_)) => {}
+                other => panic!("a local subscriber heard nothing: {:?}", other.ok()),
+            }
+        }
+    }
+    drop(fanout);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fanout_carries_on_after_a_reconnect() {
+    let notices = notices().await;
+    let fanout = Fanout::new(notices.0.clone());
+    let mut subscription = fanout.subscribe().await.expect("subscribing");
+    notices.0.force_reconnect().await;
+    let tenant = unique("tenant");
+    let event = Event {
+        kind: "job".to_owned(),
+        id: "job-a".to_owned(),
+        tenant: tenant.clone(),
+        tool: "receipt_ocr".to_owned(),
+        state: "succeeded".to_owned(),
+        run_id: "run-1".to_owned(),
+        body: serde_json::json!({"status": "ok"}),
+        callback: false,
+    };
+    // Events published while the subscription rebinds are missed, so keep
+    // publishing until one arrives.
+    let deadline = Instant::now() + ARRIVAL * 2;
+    loop {
+        let _ = fanout.publish(&event).await;
+        if let Ok(Some(got)) = timeout(Duration::from_millis(100), subscription.next()).await {
+            assert_eq!(got, event);
+            break;
+        }
+        assert!(Instant::now() < deadline, "no event after the reconnect");
+    }
+    drop(fanout);
 }

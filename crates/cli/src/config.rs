@@ -37,6 +37,42 @@ pub struct WebhookConfig {
     pub secret: Option<String>,
 }
 
+/// How settled work is announced to every process of a fleet: the `notices`
+/// key, or `TOOLFLEET_NOTICES`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub enum NoticesBackend {
+    /// In-process: one process only (no server is configured).
+    Memory,
+    /// RabbitMQ's events exchange (`broker`; needs `broker_url`).
+    Broker,
+    /// PostgreSQL `LISTEN`/`NOTIFY` (`postgres`; needs `database_url`).
+    Postgres,
+}
+
+impl std::str::FromStr for NoticesBackend {
+    type Err = String;
+
+    fn from_str(value: &str) -> Result<Self, String> {
+        match value {
+            "broker" => Ok(NoticesBackend::Broker),
+            "postgres" => Ok(NoticesBackend::Postgres),
+            other => Err(format!(
+                "notices = {other:?} is not known: use \"broker\" (RabbitMQ's events exchange, \
+                 needs broker_url) or \"postgres\" (PostgreSQL LISTEN/NOTIFY, needs database_url)"
+            )),
+        }
+    }
+}
+
+impl TryFrom<String> for NoticesBackend {
+    type Error = String;
+
+    fn try_from(value: String) -> Result<Self, String> {
+        value.parse()
+    }
+}
+
 /// The settings of a process.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -55,6 +91,9 @@ pub struct Config {
     /// First part of every RabbitMQ queue and exchange name.
     #[serde(default = "default_broker_prefix")]
     pub broker_prefix: String,
+    /// How settled work is announced across processes; see
+    /// [`Config::notices_backend`] for the default.
+    pub notices: Option<NoticesBackend>,
     /// Key of confirm tokens (hex, 64 characters), shared by every dispatcher
     /// of a fleet; absent, one is kept in `data_dir`.
     pub confirm_secret: Option<String>,
@@ -128,7 +167,7 @@ impl Config {
             None => Config::parse(toolfleet_expenses::TOOLS_TOML, Path::new("."))?,
         };
         config.source = path;
-        config.apply_env();
+        config.apply_env()?;
         config.load_includes()?;
         Ok(config)
     }
@@ -146,7 +185,7 @@ impl Config {
         Ok(config)
     }
 
-    fn apply_env(&mut self) {
+    fn apply_env(&mut self) -> Result<(), String> {
         if let Ok(listen) = std::env::var("TOOLFLEET_LISTEN") {
             self.listen = listen;
         }
@@ -155,6 +194,33 @@ impl Config {
         }
         if let Ok(url) = std::env::var("TOOLFLEET_BROKER_URL") {
             self.broker_url = Some(url);
+        }
+        if let Ok(notices) = std::env::var("TOOLFLEET_NOTICES") {
+            self.notices = Some(
+                notices
+                    .parse()
+                    .map_err(|e| format!("TOOLFLEET_NOTICES: {e}"))?,
+            );
+        }
+        Ok(())
+    }
+
+    /// The notices to use: `notices` if set (refused without the server it
+    /// needs), else RabbitMQ's events exchange with `broker_url`, else
+    /// in-process.
+    pub fn notices_backend(&self) -> Result<NoticesBackend, String> {
+        match self.notices {
+            Some(NoticesBackend::Broker) if self.broker_url.is_none() => Err(
+                "notices = \"broker\" announces over RabbitMQ, so it needs broker_url".to_owned(),
+            ),
+            Some(NoticesBackend::Postgres) if self.database_url.is_none() => Err(
+                "notices = \"postgres\" announces over PostgreSQL LISTEN/NOTIFY, so it needs \
+                 database_url"
+                    .to_owned(),
+            ),
+            Some(chosen) => Ok(chosen),
+            None if self.broker_url.is_some() => Ok(NoticesBackend::Broker),
+            None => Ok(NoticesBackend::Memory),
         }
     }
 
@@ -213,5 +279,36 @@ input_schema_file = "schemas/t.json"
         assert_eq!(config.include, [PathBuf::from("more.toml")]);
         let typo = Config::parse("lisen = \"x\"", Path::new("t.toml")).unwrap_err();
         assert!(typo.contains("lisen"), "{typo}");
+    }
+
+    #[test]
+    fn notices_default_to_the_servers_configured_and_refuse_what_cannot_work() {
+        let parse = |text: &str| Config::parse(text, Path::new("t.toml"));
+        let backend = |text: &str| parse(text).and_then(|c| c.notices_backend());
+        assert_eq!(backend(""), Ok(NoticesBackend::Memory));
+        assert_eq!(
+            backend("database_url = \"postgres://x\""),
+            Ok(NoticesBackend::Memory)
+        );
+        assert_eq!(
+            backend("broker_url = \"amqp://y\""),
+            Ok(NoticesBackend::Broker)
+        );
+        assert_eq!(
+            backend(
+                "broker_url = \"amqp://y\"\ndatabase_url = \"postgres://x\"\nnotices = \"postgres\""
+            ),
+            Ok(NoticesBackend::Postgres)
+        );
+        let without = backend("broker_url = \"amqp://y\"\nnotices = \"postgres\"").unwrap_err();
+        assert!(without.contains("database_url"), "{without}");
+        let without = backend("database_url = \"postgres://x\"\nnotices = \"broker\"").unwrap_err();
+        assert!(without.contains("broker_url"), "{without}");
+        let unknown = parse("notices = \"carrier-pigeon\"").unwrap_err();
+        assert!(
+            unknown.contains("carrier-pigeon") && unknown.contains("\"postgres\""),
+            "{unknown}"
+        );
+        assert!("redis".parse::<NoticesBackend>().is_err());
     }
 }

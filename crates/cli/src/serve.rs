@@ -8,7 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
+use toolfleet_broker::fanout::{Fanout, FanoutOptions};
 use toolfleet_broker::memory::{MemoryBroker, MemoryNotices};
+use toolfleet_broker::postgres::PgNotices;
 use toolfleet_broker::rabbit::{RabbitBroker, RabbitOptions};
 use toolfleet_broker::{Broker, Notices};
 use toolfleet_core::{
@@ -24,7 +26,7 @@ use toolfleet_store::postgres::PgStore;
 use toolfleet_store::sqlite::SqliteStore;
 use toolfleet_worker::{Worker, WorkerConfig, run_sweeper, sweep};
 
-use crate::config::Config;
+use crate::config::{Config, NoticesBackend};
 
 /// How long running jobs may finish after a shutdown signal.
 const GRACE: Duration = Duration::from_secs(20);
@@ -257,10 +259,18 @@ pub struct Backends {
     pub in_process: bool,
 }
 
+/// How far a process's local subscribers (SSE streams, webhooks, long
+/// polls) may fall behind before they skip events: deep enough to keep up
+/// with bursts.
+const NOTICE_BUFFER: usize = 65_536;
+
 /// Opens the backends: PostgreSQL when `database_url` is set (else SQLite in
-/// `data_dir`), RabbitMQ when `broker_url` is set (else the in-process queue).
-/// The one place a backend is chosen.
+/// `data_dir`), RabbitMQ when `broker_url` is set (else the in-process queue),
+/// and the notices of [`Config::notices_backend`]: RabbitMQ's events exchange
+/// or PostgreSQL `LISTEN`/`NOTIFY` behind one fan-out per process, else
+/// in-process. The one place a backend is chosen.
 pub async fn open_backends(config: &Config, prefetch: u16) -> Result<Backends, String> {
+    let notices_backend = config.notices_backend()?;
     let store: Arc<dyn Store> = match &config.database_url {
         Some(url) => Arc::new(
             match &config.database_schema {
@@ -275,28 +285,58 @@ pub async fn open_backends(config: &Config, prefetch: u16) -> Result<Backends, S
                 .map_err(|e| e.to_string())?,
         ),
     };
-    let Some(url) = &config.broker_url else {
-        return Ok(Backends {
-            store,
-            broker: Arc::new(MemoryBroker::new()),
-            // Deep enough that SSE streams and webhooks keep up with bursts.
-            notices: Arc::new(MemoryNotices::with_capacity(65_536)),
-            in_process: true,
-        });
+    let rabbit = match &config.broker_url {
+        Some(url) => {
+            let options = RabbitOptions {
+                prefix: config.broker_prefix.clone(),
+                default_prefetch: prefetch,
+                ..RabbitOptions::default()
+            };
+            let broker = RabbitBroker::connect(url, options)
+                .await
+                .map_err(|e| format!("cannot reach the broker: {e}"))?;
+            Some(broker)
+        }
+        None => None,
     };
-    let options = RabbitOptions {
-        prefix: config.broker_prefix.clone(),
-        default_prefetch: prefetch,
-        ..RabbitOptions::default()
+    let fanout = FanoutOptions {
+        buffer: NOTICE_BUFFER,
+        ..FanoutOptions::default()
     };
-    let broker = RabbitBroker::connect(url, options)
-        .await
-        .map_err(|e| format!("cannot reach the broker: {e}"))?;
+    let notices: Arc<dyn Notices> = match (notices_backend, &rabbit, &config.database_url) {
+        (NoticesBackend::Broker, Some(broker), _) => {
+            Arc::new(Fanout::with_options(broker.notices(), fanout))
+        }
+        (NoticesBackend::Postgres, _, Some(url)) => {
+            // Fleets sharing a database keep apart by schema, else by prefix.
+            let namespace = config
+                .database_schema
+                .as_deref()
+                .unwrap_or(&config.broker_prefix);
+            let channel = toolfleet_broker::postgres::channel_for(namespace);
+            let notices = PgNotices::connect(url, &channel)
+                .await
+                .map_err(|e| format!("cannot listen for notices on PostgreSQL: {e}"))?;
+            Arc::new(Fanout::with_options(notices, fanout))
+        }
+        (NoticesBackend::Memory, _, _) => Arc::new(MemoryNotices::with_capacity(NOTICE_BUFFER)),
+        // notices_backend refuses these before anything is opened.
+        (NoticesBackend::Broker, None, _) | (NoticesBackend::Postgres, _, None) => {
+            return Err(format!(
+                "notices {notices_backend:?} need a server that is not configured"
+            ));
+        }
+    };
+    let in_process = rabbit.is_none();
+    let broker: Arc<dyn Broker> = match rabbit {
+        Some(broker) => Arc::new(broker),
+        None => Arc::new(MemoryBroker::new()),
+    };
     Ok(Backends {
-        notices: Arc::new(broker.notices()),
-        broker: Arc::new(broker),
         store,
-        in_process: false,
+        broker,
+        notices,
+        in_process,
     })
 }
 

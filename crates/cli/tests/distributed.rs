@@ -3,7 +3,9 @@
 //! PostgreSQL schema and one RabbitMQ prefix of this test's own. A call made
 //! through one dispatcher is long-polled and announced through the other; a
 //! worker killed with SIGKILL mid-job loses nothing, and each side effect of
-//! the idempotent executor happens once.
+//! the idempotent executor happens once. With `notices = "postgres"` the
+//! same long poll and announcement cross processes over PostgreSQL
+//! `LISTEN`/`NOTIFY` instead of RabbitMQ's events exchange.
 
 mod common;
 
@@ -13,8 +15,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::{
-    OTHER_TOKEN, Server, SharedCleanup, TOKEN, TempDir, config_with, events, eventually, settle,
-    shared_amqp_url, shared_database_url,
+    OTHER_TOKEN, Server, SharedCleanup, TOKEN, TempDir, config_with, events, eventually,
+    psql_value, settle, shared_amqp_url, shared_database_url,
 };
 use serde_json::json;
 
@@ -26,8 +28,9 @@ fn tools(dir: &Path) -> String {
         runs = runs.display(),
         effects = effects.display()
     );
+    let slow = "sleep 2; echo '{\"slow\": true}'";
     format!(
-        "[[tools]]\nname = \"side_effect\"\nshape = \"job\"\nexecutor = {{ kind = \"exec\", program = \"/bin/sh\", args = [\"-c\", {script:?}] }}\n"
+        "[[tools]]\nname = \"side_effect\"\nshape = \"job\"\nexecutor = {{ kind = \"exec\", program = \"/bin/sh\", args = [\"-c\", {script:?}] }}\n\n[[tools]]\nname = \"slow_job\"\nshape = \"job\"\nexecutor = {{ kind = \"exec\", program = \"/bin/sh\", args = [\"-c\", {slow:?}] }}\n"
     )
 }
 
@@ -41,6 +44,11 @@ fn lines(path: &Path) -> Vec<String> {
 
 /// A fleet of this test's own: its directory, its configuration, its cleanup.
 fn fleet(name: &str) -> (TempDir, std::path::PathBuf, SharedCleanup) {
+    fleet_with(name, "")
+}
+
+/// As [`fleet`], with more top-level keys `top`.
+fn fleet_with(name: &str, top: &str) -> (TempDir, std::path::PathBuf, SharedCleanup) {
     let dir = TempDir::new(name);
     let id = uuid::Uuid::now_v7().simple().to_string();
     let cleanup = SharedCleanup {
@@ -48,7 +56,7 @@ fn fleet(name: &str) -> (TempDir, std::path::PathBuf, SharedCleanup) {
         broker: Some((shared_amqp_url(), format!("tf-{id}"))),
     };
     let top = format!(
-        "database_url = {:?}\ndatabase_schema = \"tf_{id}\"\nbroker_url = {:?}\nbroker_prefix = \"tf-{id}\"\nconfirm_secret = \"{}\"\nlease_s = 1\nconcurrency = 2",
+        "database_url = {:?}\ndatabase_schema = \"tf_{id}\"\nbroker_url = {:?}\nbroker_prefix = \"tf-{id}\"\nconfirm_secret = \"{}\"\nlease_s = 1\nconcurrency = 2\n{top}",
         shared_database_url(),
         shared_amqp_url(),
         "ab".repeat(32)
@@ -229,4 +237,83 @@ async fn two_dispatchers_and_two_workers_share_one_fleet() {
         alice_b.get(&format!("/v1/jobs/{first}")).await["status"],
         "ok"
     );
+}
+
+/// With `notices = "postgres"`: a job called through dispatcher A and run on
+/// the worker is long-polled through dispatcher B, whose poll answers the
+/// settled result as soon as it settles (not at the end of its wait), and
+/// B's SSE stream hears it. Every process LISTENs on the fleet's channel,
+/// and nobody declares RabbitMQ's events exchange.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notices_over_postgres_reach_another_dispatcher() {
+    let (_dir, config_path, cleanup) = fleet_with("pg-notices", "notices = \"postgres\"");
+    let (schema, prefix) = match (&cleanup.database, &cleanup.broker) {
+        (Some((_, schema)), Some((_, prefix))) => (schema.clone(), prefix.clone()),
+        _ => panic!("the fleet has a schema and a prefix"),
+    };
+    migrate(&config_path);
+    let a = Server::start_role(&config_path, "dispatcher", "toolfleet serving on ");
+    let b = Server::start_role(&config_path, "dispatcher", "toolfleet serving on ");
+    let _worker = Server::start_role(&config_path, "worker", "toolfleet worker running");
+
+    let listening = format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN \"{}\"%'",
+        toolfleet_broker::postgres::channel_for(&schema)
+    );
+    eventually(Duration::from_secs(10), || {
+        let count = psql_value(&shared_database_url(), &listening);
+        async move { (count == "3").then_some(()) }
+    })
+    .await;
+
+    let (alice_a, alice_b) = (a.client(TOKEN), b.client(TOKEN));
+    let heard = events(&alice_b);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let accepted = alice_a.call("slow_job", json!({})).await;
+    assert_eq!(accepted["status"], "running", "{accepted}");
+    let id = accepted["job_id"].as_str().unwrap().to_owned();
+    let asked = std::time::Instant::now();
+    let done = alice_b.get(&format!("/v1/jobs/{id}?wait_s=25")).await;
+    let waited = asked.elapsed();
+    assert_eq!(done["status"], "ok", "{done}");
+    assert_eq!(done["result"]["slow"], true, "{done}");
+    // The job sleeps 2 s; without a notice B would answer after 25 s.
+    assert!(
+        waited >= Duration::from_millis(1500) && waited < Duration::from_secs(10),
+        "the long poll through B answered after {waited:?}"
+    );
+
+    eventually(Duration::from_secs(10), || {
+        let heard = heard.lock().unwrap().clone();
+        let id = id.clone();
+        async move {
+            heard
+                .iter()
+                .any(|e| e["id"] == id.as_str() && e["state"] == "succeeded")
+                .then_some(())
+        }
+    })
+    .await;
+
+    // The events went over PostgreSQL: RabbitMQ's events exchange was never
+    // declared for this fleet.
+    let connection =
+        lapin::Connection::connect(&shared_amqp_url(), lapin::ConnectionProperties::default())
+            .await
+            .expect("RabbitMQ answers");
+    let channel = connection.create_channel().await.expect("a channel");
+    let passive = lapin::options::ExchangeDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
+    let declared = channel
+        .exchange_declare(
+            format!("{prefix}.events").as_str().into(),
+            lapin::ExchangeKind::Topic,
+            passive,
+            lapin::types::FieldTable::default(),
+        )
+        .await;
+    assert!(declared.is_err(), "the events exchange exists");
 }

@@ -71,6 +71,9 @@ macro_rules! store_conformance {
             releasing_a_commit_lets_it_run_again,
             an_expired_commit_claim_is_taken_over,
             a_settled_commit_expires_after_keep_until,
+            concurrent_claims_of_one_job_give_it_to_one_worker,
+            concurrent_inserts_with_one_key_make_one_job,
+            many_jobs_at_once_each_get_their_own_answer,
         );
     };
     (@tests $make:expr; $($name:ident),* $(,)?) => {
@@ -1128,4 +1131,123 @@ pub async fn a_settled_commit_expires_after_keep_until(store: &dyn Store) {
         claim_commit(store, &key, LATER + 5_001).await,
         CommitClaim::Run
     );
+}
+
+// Many callers at once: an implementation may group concurrent operations
+// into shared statements, and must still answer each caller as if alone.
+
+/// Twenty workers claiming one job at the same moment: one gets it.
+pub async fn concurrent_claims_of_one_job_give_it_to_one_worker(store: &dyn Store) {
+    let job = queued(store, &tenant()).await;
+    let workers: Vec<String> = (0..20).map(|n| format!("w{n}")).collect();
+    let claims = workers
+        .iter()
+        .map(|worker| store.claim(&job.id, worker, BASE, LEASE));
+    let answers = futures_util::future::join_all(claims).await;
+    let won: Vec<(usize, JobRecord)> = answers
+        .into_iter()
+        .enumerate()
+        .filter_map(|(n, answer)| answer.expect("claim").map(|job| (n, job)))
+        .collect();
+    assert_eq!(won.len(), 1, "one claim wins, got {won:?}");
+    let (n, claimed) = &won[0];
+    assert_eq!(claimed.lease_owner.as_deref(), Some(workers[*n].as_str()));
+    assert_eq!(claimed.attempts, 1);
+    assert_eq!(reread(store, &job).await, *claimed);
+}
+
+/// Twenty calls with one key at the same moment make one job; a call with
+/// the same key and other arguments is a conflict, even among them.
+pub async fn concurrent_inserts_with_one_key_make_one_job(store: &dyn Store) {
+    let t = tenant();
+    let key = format!("key-{}", new_id());
+    let mut jobs: Vec<NewJob> = (0..20)
+        .map(|_| {
+            job_for(
+                &t,
+                "submit_report",
+                json!({"month": "2024-05"}),
+                Some(&key),
+                BASE,
+            )
+        })
+        .collect();
+    jobs.push(job_for(
+        &t,
+        "submit_report",
+        json!({"month": "2024-06"}),
+        Some(&key),
+        BASE,
+    ));
+    let answers =
+        futures_util::future::join_all(jobs.into_iter().map(|job| store.insert_job(job))).await;
+    let (mut ids, mut created, mut conflicts) = (Vec::new(), 0, 0);
+    for answer in answers {
+        match answer {
+            Ok(Inserted::Created(job)) => {
+                created += 1;
+                ids.push(job.id);
+            }
+            Ok(Inserted::Existing(job)) => ids.push(job.id),
+            Err(StoreError::Conflict(_)) => conflicts += 1,
+            Err(other) => panic!("insert_job: {other}"),
+        }
+    }
+    ids.dedup();
+    // The odd one out conflicts unless it came first; then the twenty do.
+    assert!(
+        (created, conflicts, ids.len()) == (1, 1, 1)
+            || (created, conflicts, ids.len()) == (1, 20, 1),
+        "created {created}, conflicts {conflicts}, ids {ids:?}"
+    );
+}
+
+/// Two hundred jobs recorded, claimed and settled at once: every caller
+/// gets its own job back, with its own result.
+pub async fn many_jobs_at_once_each_get_their_own_answer(store: &dyn Store) {
+    use futures_util::future::join_all;
+    let t = tenant();
+    let jobs: Vec<NewJob> = (0..200)
+        .map(|n| job_for(&t, "start_receipt_ocr", json!({"line": n}), None, BASE))
+        .collect();
+    let ids: Vec<String> = jobs.iter().map(|j| j.id.clone()).collect();
+    let inserted = join_all(jobs.into_iter().map(|job| store.insert_job(job))).await;
+    for (n, answer) in inserted.into_iter().enumerate() {
+        match answer.expect("insert_job") {
+            Inserted::Created(job) => {
+                assert_eq!(
+                    (job.id.as_str(), &job.args),
+                    (ids[n].as_str(), &json!({"line": n}))
+                );
+            }
+            other => panic!("expected job {n} to be new, got {other:?}"),
+        }
+    }
+    let claims = ids
+        .iter()
+        .enumerate()
+        .map(|(n, id)| async move { (n, store.claim(id, &format!("w{n}"), BASE, LEASE).await) });
+    for (n, answer) in join_all(claims).await {
+        let job = answer.expect("claim").expect("each job is claimable");
+        assert_eq!(job.id, ids[n]);
+        assert_eq!(job.lease_owner, Some(format!("w{n}")));
+    }
+    let results: Vec<Json> = (0..200).map(|n| Json::from(json!({"n": n}))).collect();
+    let settles = ids.iter().enumerate().map(|(n, id)| {
+        let result = &results[n];
+        async move {
+            (
+                n,
+                store.succeed(id, &format!("w{n}"), result, BASE + 1).await,
+            )
+        }
+    });
+    for (n, answer) in join_all(settles).await {
+        let job = answer.expect("succeed").expect("each holder settles");
+        assert_eq!(
+            (job.id.as_str(), job.state),
+            (ids[n].as_str(), JobState::Succeeded)
+        );
+        assert_eq!(job.result.as_ref(), Some(&results[n]));
+    }
 }

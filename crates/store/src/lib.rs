@@ -15,6 +15,7 @@ use serde_json::Value;
 use toolfleet_core::{AuditRecord, Envelope, JobState, Json, ToolError};
 
 pub mod conformance;
+mod group;
 pub mod postgres;
 pub mod sqlite;
 mod view;

@@ -365,6 +365,21 @@ pub fn shared_amqp_url() -> String {
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
 }
 
+/// The first value `sql` answers on the database at `url`, through `psql`.
+pub fn psql_value(url: &str, sql: &str) -> String {
+    let output = std::process::Command::new("psql")
+        .arg(url)
+        .args(["-XtAq", "-c", sql])
+        .output()
+        .expect("psql runs");
+    assert!(
+        output.status.success(),
+        "psql: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).trim().to_owned()
+}
+
 /// Runs `f` on a runtime of its own (for drops, which cannot await).
 pub fn block_on<F: std::future::Future + Send>(f: F) -> F::Output
 where

@@ -1,0 +1,190 @@
+//! Group commit: many callers' operations of one kind share one statement
+//! and one commit.
+//!
+//! A [`Group`] takes requests from any number of tasks and runs them in
+//! batches through one function (a multi-row statement). It never waits to
+//! fill a batch: a request that finds a batch slot free goes at once, alone,
+//! so a lightly loaded store answers as fast as without grouping. Only while
+//! every slot is busy do requests queue, and the next free slot takes all of
+//! them (up to a bound) in one statement. Under load, then, the number of
+//! commits per second stays near `slots` times the commit rate while the
+//! jobs per commit grow with the load, which is what lets a database whose
+//! commit rate binds serve many more jobs than commits.
+//!
+//! Each request gets its own answer; a batch that fails as a whole answers
+//! every request in it with the same error.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use tokio::sync::{Semaphore, mpsc, oneshot};
+
+use crate::StoreError;
+
+type Reply<O> = oneshot::Sender<Result<O, StoreError>>;
+
+/// Runs requests of type `R` in batches; each answers an `O`.
+pub(crate) struct Group<R, O> {
+    requests: mpsc::UnboundedSender<(R, Reply<O>)>,
+    what: &'static str,
+}
+
+impl<R: Send + 'static, O: Send + 'static> Group<R, O> {
+    /// Spawns the batching task. `run` gets a batch and answers one result
+    /// per request, in the batch's order. At most `slots` batches run at
+    /// once, each of at most `max_batch` requests.
+    pub(crate) fn spawn<F, Fut>(what: &'static str, slots: usize, max_batch: usize, run: F) -> Self
+    where
+        F: Fn(Vec<R>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Vec<Result<O, StoreError>>, StoreError>> + Send + 'static,
+    {
+        let (requests, mut queue) = mpsc::unbounded_channel::<(R, Reply<O>)>();
+        let slots = Arc::new(Semaphore::new(slots.max(1)));
+        let max_batch = max_batch.max(1);
+        let run = Arc::new(run);
+        tokio::spawn(async move {
+            let mut waiting = Vec::with_capacity(max_batch);
+            loop {
+                // A slot first: while none is free, requests gather in the queue.
+                let Ok(slot) = slots.clone().acquire_owned().await else {
+                    return;
+                };
+                if queue.recv_many(&mut waiting, max_batch).await == 0 {
+                    return; // Every handle is gone.
+                }
+                let batch = std::mem::replace(&mut waiting, Vec::with_capacity(max_batch));
+                let run = run.clone();
+                tokio::spawn(async move {
+                    let (requests, replies): (Vec<R>, Vec<Reply<O>>) = batch.into_iter().unzip();
+                    let count = requests.len();
+                    let answers = run(requests).await;
+                    drop(slot);
+                    match answers {
+                        Ok(answers) if answers.len() == count => {
+                            for (reply, answer) in replies.into_iter().zip(answers) {
+                                let _ = reply.send(answer);
+                            }
+                        }
+                        Ok(answers) => {
+                            let error = StoreError::Unavailable(format!(
+                                "{what}: a batch of {count} answered {} results",
+                                answers.len()
+                            ));
+                            for reply in replies {
+                                let _ = reply.send(Err(error.clone()));
+                            }
+                        }
+                        Err(error) => {
+                            for reply in replies {
+                                let _ = reply.send(Err(error.clone()));
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        Group { requests, what }
+    }
+
+    /// Runs `request` in the next batch and answers its result.
+    pub(crate) async fn run(&self, request: R) -> Result<O, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        self.requests
+            .send((request, reply))
+            .map_err(|_| StoreError::Unavailable(format!("{}: the store is closed", self.what)))?;
+        answer.await.map_err(|_| {
+            StoreError::Unavailable(format!("{}: the batch was dropped unanswered", self.what))
+        })?
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_lone_request_runs_at_once_in_a_batch_of_one() {
+        let sizes = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = sizes.clone();
+        let group = Group::spawn("double", 2, 16, move |batch: Vec<u32>| {
+            seen.lock().unwrap().push(batch.len());
+            async move { Ok(batch.into_iter().map(|n| Ok(n * 2)).collect()) }
+        });
+        assert_eq!(group.run(21).await, Ok(42));
+        assert_eq!(*sizes.lock().unwrap(), vec![1]);
+    }
+
+    #[tokio::test]
+    async fn requests_waiting_for_a_slot_share_one_batch_and_each_gets_its_answer() {
+        let batches = Arc::new(AtomicUsize::new(0));
+        let counted = batches.clone();
+        let group = Arc::new(Group::spawn("slow", 1, 1000, move |batch: Vec<u32>| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            async move {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                Ok(batch.into_iter().map(|n| Ok(n + 1)).collect())
+            }
+        }));
+        let calls: Vec<_> = (0..100u32)
+            .map(|n| {
+                let group = group.clone();
+                tokio::spawn(async move { (n, group.run(n).await) })
+            })
+            .collect();
+        for call in calls {
+            let (n, answer) = call.await.unwrap();
+            assert_eq!(answer, Ok(n + 1));
+        }
+        // The first request (or few) ran alone; the rest waited and shared.
+        let batches = batches.load(Ordering::SeqCst);
+        assert!(batches <= 3, "100 requests took {batches} batches");
+    }
+
+    #[tokio::test]
+    async fn a_failed_batch_answers_every_request_with_its_error_and_a_short_one_too() {
+        let group = Group::spawn("broken", 1, 8, |batch: Vec<u32>| async move {
+            if batch.contains(&0) {
+                Err(StoreError::Unavailable("down".into()))
+            } else {
+                Ok(Vec::new())
+            }
+        });
+        assert_eq!(
+            group.run(0).await,
+            Err::<u32, _>(StoreError::Unavailable("down".into()))
+        );
+        let short = group.run(1).await;
+        assert!(matches!(short, Err(StoreError::Unavailable(m)) if m.contains("answered 0")));
+    }
+
+    #[tokio::test]
+    async fn at_most_slots_batches_run_at_once() {
+        let running = Arc::new(AtomicUsize::new(0));
+        let most = Arc::new(AtomicUsize::new(0));
+        let (r, m) = (running.clone(), most.clone());
+        let group = Arc::new(Group::spawn("bounded", 3, 2, move |batch: Vec<u32>| {
+            let (r, m) = (r.clone(), m.clone());
+            async move {
+                let now = r.fetch_add(1, Ordering::SeqCst) + 1;
+                m.fetch_max(now, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                r.fetch_sub(1, Ordering::SeqCst);
+                Ok(batch.into_iter().map(Ok).collect())
+            }
+        }));
+        let calls: Vec<_> = (0..40u32)
+            .map(|n| {
+                let group = group.clone();
+                tokio::spawn(async move { group.run(n).await })
+            })
+            .collect();
+        for call in calls {
+            assert!(call.await.unwrap().is_ok());
+        }
+        let most = most.load(Ordering::SeqCst);
+        assert!((1..=3).contains(&most), "{most} batches ran at once");
+    }
+}
