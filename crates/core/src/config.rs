@@ -59,6 +59,69 @@ pub enum ExecutorSpec {
         args: Vec<String>,
         timeout_s: Option<f64>,
     },
+    /// A sub-agent's loop (tools of shape `agent` only).
+    Agent(AgentSpec),
+}
+
+/// The wire format of a model endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ModelProvider {
+    /// OpenAI Chat Completions, also spoken by vLLM, llama.cpp and Ollama.
+    Openai,
+    /// Anthropic Messages.
+    Anthropic,
+}
+
+/// A sub-agent: its model, prompt, tools, scopes and budget.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentSpec {
+    pub provider: ModelProvider,
+    /// The API root, e.g. `https://api.openai.com/v1` or
+    /// `https://api.anthropic.com/v1`; the client appends
+    /// `/chat/completions` or `/messages`.
+    pub base_url: String,
+    pub model: String,
+    /// The environment variable holding the API key.
+    pub api_key_env: Option<String>,
+    /// A file holding the API key (a mounted secret).
+    pub api_key_file: Option<String>,
+    pub system_prompt: String,
+    /// The registered tools the sub-agent may call.
+    #[serde(default)]
+    pub tools: Vec<String>,
+    /// The scopes it runs with, intersected with the caller's.
+    #[serde(default)]
+    pub scopes: Vec<String>,
+    #[serde(default = "default_max_steps")]
+    pub max_steps: u32,
+    #[serde(default = "default_max_tokens")]
+    pub max_tokens: u64,
+    #[serde(default = "default_max_wall_s")]
+    pub max_wall_s: f64,
+    /// Output tokens one model call may produce.
+    #[serde(default = "default_max_output_tokens")]
+    pub max_output_tokens: u32,
+    /// How long one model call may take.
+    #[serde(default = "default_model_timeout_s")]
+    pub timeout_s: f64,
+}
+
+fn default_max_steps() -> u32 {
+    8
+}
+fn default_max_tokens() -> u64 {
+    50_000
+}
+fn default_max_wall_s() -> f64 {
+    300.0
+}
+fn default_max_output_tokens() -> u32 {
+    1024
+}
+fn default_model_timeout_s() -> f64 {
+    60.0
 }
 
 /// Cache settings of a tool.
@@ -317,5 +380,40 @@ poll_after_s = 20
         let zero = "[[tools]]\nname = \"x\"\nshape = \"query\"\nmiddleware = { timeout_s = 0 }\n";
         let tool = parse_tools(zero).unwrap().remove(0);
         assert!(tool.into_decl(&|_| Ok(String::new()), None).is_err());
+    }
+
+    #[test]
+    fn an_agent_executor_reads_its_model_tools_scopes_and_budget() {
+        let text = r#"
+[[tools]]
+name = "reconcile_month"
+shape = "agent"
+description = "Reconciles a month of expenses."
+input_schema = { type = "object", properties = { task = { type = "string" } }, required = ["task"] }
+
+[tools.executor]
+kind = "agent"
+provider = "anthropic"
+base_url = "http://127.0.0.1:9/v1"
+model = "claude-test"
+api_key_env = "ANTHROPIC_API_KEY"
+system_prompt = "You reconcile expenses."
+tools = ["find_expenses"]
+scopes = ["expenses:read"]
+max_steps = 4
+max_wall_s = 30
+"#;
+        let tools = parse_tools(text).unwrap();
+        let Some(ExecutorSpec::Agent(spec)) = &tools[0].executor else {
+            panic!("expected an agent executor, got {:?}", tools[0].executor);
+        };
+        assert_eq!(spec.provider, ModelProvider::Anthropic);
+        assert_eq!(spec.tools, vec!["find_expenses".to_owned()]);
+        assert_eq!(
+            (spec.max_steps, spec.max_tokens, spec.max_wall_s),
+            (4, 50_000, 30.0)
+        );
+        let unknown = text.replace("max_steps = 4", "max_stepz = 4");
+        assert!(parse_tools(&unknown).is_err(), "unknown keys are refused");
     }
 }

@@ -137,6 +137,47 @@ pub struct CallCtx {
     pub idempotency_key: Option<String>,
     /// Where to announce the settled job (checked against the allow-list by the server).
     pub callback_url: Option<String>,
+    /// Set when a sub-agent's loop makes the call: whose run it serves, how
+    /// deep it is, and what is left of the calling agent's budget.
+    pub lineage: Option<Lineage>,
+}
+
+/// Where a call made by a sub-agent stands in the tree of agents. Travels
+/// with a job (stored beside it), so an agent tool called by an agent
+/// knows its depth and its ceiling on whichever worker it runs.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Lineage {
+    /// The run id of the call that started the calling agent: audit records
+    /// of the agent's steps carry it beside the agent's own run id.
+    pub parent_run_id: String,
+    /// Agents between the client and this call: 1 for a call made by an
+    /// agent a client called.
+    pub depth: u32,
+    /// What is left of the calling agent's budget; an agent tool called
+    /// here runs within it.
+    pub budget: Budget,
+}
+
+/// The limits of an agent's loop; the loop stops at the first reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Budget {
+    /// Model calls.
+    pub max_steps: u32,
+    /// Input plus output tokens, as the model reports them.
+    pub max_tokens: u64,
+    /// Wall time from the job's first start, in milliseconds.
+    pub max_wall_ms: u64,
+}
+
+impl Budget {
+    /// The tighter of the two in each dimension.
+    pub fn within(self, ceiling: Budget) -> Budget {
+        Budget {
+            max_steps: self.max_steps.min(ceiling.max_steps),
+            max_tokens: self.max_tokens.min(ceiling.max_tokens),
+            max_wall_ms: self.max_wall_ms.min(ceiling.max_wall_ms),
+        }
+    }
 }
 
 impl CallCtx {
@@ -149,6 +190,7 @@ impl CallCtx {
             call_id,
             idempotency_key: None,
             callback_url: None,
+            lineage: None,
         }
     }
 

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use reqwest::Client;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
-use toolfleet_core::config::{ConfigError, ExecutorSpec, parse_tools};
+use toolfleet_core::config::{AgentSpec, ConfigError, ExecutorSpec, parse_tools};
 use toolfleet_core::{Executor, ToolDecl};
 
 use crate::http::RESERVED_HEADERS;
@@ -22,6 +22,12 @@ use crate::{DEFAULT_MAX_RESULT_BYTES, ExecExecutor, HttpExecutor};
 /// attempt is bounded; the tool's own `timeout_s` middleware may cut it shorter.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Makes the executor of an agent tool: the sub-agent's loop, which needs
+/// the runtime, the store and a model client that this crate does not hold.
+pub trait AgentFactory: Send + Sync {
+    fn bind(&self, spec: &AgentSpec) -> Result<Arc<dyn Executor>, String>;
+}
+
 /// Turns [`ExecutorSpec`]s into executors.
 #[derive(Clone)]
 pub struct Binder {
@@ -29,6 +35,7 @@ pub struct Binder {
     client: Client,
     default_timeout: Duration,
     max_result_bytes: usize,
+    agents: Option<Arc<dyn AgentFactory>>,
 }
 
 impl Binder {
@@ -40,7 +47,14 @@ impl Binder {
             client,
             default_timeout: DEFAULT_TIMEOUT,
             max_result_bytes: DEFAULT_MAX_RESULT_BYTES,
+            agents: None,
         }
+    }
+
+    /// Where the executors of agent tools come from.
+    pub fn with_agents(mut self, agents: Arc<dyn AgentFactory>) -> Self {
+        self.agents = Some(agents);
+        self
     }
 
     /// The timeout of executors whose configuration gives no `timeout_s`.
@@ -80,6 +94,12 @@ impl Binder {
                     .with_max_output_bytes(self.max_result_bytes);
                 Ok(Arc::new(executor))
             }
+            ExecutorSpec::Agent(spec) => match &self.agents {
+                Some(agents) => agents.bind(spec),
+                None => {
+                    Err("agent executors need the agent runtime, which this process lacks".into())
+                }
+            },
         }
     }
 

@@ -16,7 +16,7 @@ mod binder;
 mod exec;
 mod http;
 
-pub use binder::{Binder, DEFAULT_TIMEOUT};
+pub use binder::{AgentFactory, Binder, DEFAULT_TIMEOUT};
 pub use exec::{EX_TEMPFAIL, ExecExecutor};
 pub use http::{HttpExecutor, http_client};
 

@@ -251,6 +251,7 @@ impl Worker {
             // The stable key downstream systems deduplicate retries on.
             idempotency_key: Some(job.id.clone()),
             callback_url: job.callback_url.clone(),
+            lineage: None,
         };
         let cancelled = Arc::new(Notify::new());
         self.lock_running()
