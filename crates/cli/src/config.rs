@@ -115,6 +115,9 @@ pub struct Config {
     /// Largest request body, in bytes.
     #[serde(default = "default_max_body")]
     pub max_body_bytes: usize,
+    /// How deep agents may call agents: 1 lets no agent call another.
+    #[serde(default = "default_max_agent_depth")]
+    pub max_agent_depth: u32,
     /// The tools, each with the directory its schema files are relative to.
     #[serde(skip)]
     pub tools: Vec<(ToolConfig, PathBuf)>,
@@ -140,6 +143,9 @@ fn default_concurrency() -> usize {
 }
 fn default_lease_s() -> f64 {
     30.0
+}
+fn default_max_agent_depth() -> u32 {
+    toolfleet_agent::DEFAULT_MAX_DEPTH
 }
 fn default_max_body() -> usize {
     1024 * 1024

@@ -26,6 +26,9 @@ use toolfleet_store::postgres::PgStore;
 use toolfleet_store::sqlite::SqliteStore;
 use toolfleet_worker::{Worker, WorkerConfig, run_sweeper, sweep};
 
+use toolfleet_agent::{AgentEnv, Agents};
+use toolfleet_core::config::ExecutorSpec;
+
 use crate::config::{Config, NoticesBackend};
 
 /// How long running jobs may finish after a shutdown signal.
@@ -128,6 +131,7 @@ fn register_tools(
     config: &Config,
     store: &Arc<dyn Store>,
     notices: &Arc<dyn Notices>,
+    agents: &Arc<AgentEnv>,
 ) -> Result<(), String> {
     runtime
         .register_all(status_tools(store.clone(), notices.clone()))
@@ -141,7 +145,9 @@ fn register_tools(
             Ok::<_, ToolError>(serde_json::json!({}))
         }),
     );
-    let binder = Binder::new(builtins, http_client()?);
+    let client = http_client()?;
+    let binder = Binder::new(builtins, client.clone())
+        .with_agents(Arc::new(Agents::new(agents.clone(), client)));
     for (tool, dir) in &config.tools {
         let name = tool.name.clone();
         let executor = tool
@@ -156,6 +162,41 @@ fn register_tools(
             .into_decl(&read, executor)
             .map_err(|e| e.to_string())?;
         runtime.register(decl).map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// Every agent tool names only tools that are registered, and is of
+/// shape `agent`; an agent executor on another shape is refused.
+fn check_agents(runtime: &Runtime, config: &Config) -> Result<(), String> {
+    for (tool, _) in &config.tools {
+        let Some(ExecutorSpec::Agent(spec)) = &tool.executor else {
+            continue;
+        };
+        if tool.shape != Shape::Agent {
+            return Err(format!(
+                "tool `{}`: an agent executor needs shape = \"agent\"",
+                tool.name
+            ));
+        }
+        for name in &spec.tools {
+            // What OpenAI and Anthropic accept as a function name.
+            if !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+            {
+                return Err(format!(
+                    "agent tool `{}` names tool `{name}`: model providers take tool names of A-Z a-z 0-9 _ - only",
+                    tool.name
+                ));
+            }
+            if runtime.registry().get(name).is_none() {
+                return Err(format!(
+                    "agent tool `{}` names tool `{name}`, which is not registered",
+                    tool.name
+                ));
+            }
+        }
     }
     Ok(())
 }
@@ -362,9 +403,12 @@ pub async fn start(config: Config, extra: Vec<ToolDecl>, roles: Roles) -> Result
         .commit_log(Arc::new(StoreCommitLog::new(store.clone())))
         .audit_sink(Arc::new(StoreAuditSink::spawn(store.clone(), 10_000)))
         .build();
-    register_tools(&mut runtime, &config, &store, &notices)?;
+    let agents = AgentEnv::with_max_depth(store.clone(), notices.clone(), config.max_agent_depth);
+    register_tools(&mut runtime, &config, &store, &notices, &agents)?;
     runtime.register_all(extra).map_err(|e| e.to_string())?;
+    check_agents(&runtime, &config)?;
     let runtime = Arc::new(runtime);
+    agents.set_runtime(&runtime);
     let (stop, stopped) = watch::channel(false);
 
     if in_process {

@@ -11,11 +11,22 @@ use common::{
     OTHER_TOKEN, Server, TOKEN, TempDir, config, events, eventually, hook_receiver, settle, signed,
 };
 use serde_json::{Value, json};
+use toolfleet_agent::model::Usage;
+use toolfleet_agent::testing::{Scripted, ScriptedModel};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn submit_my_september_expenses_over_http() {
     let dir = TempDir::new("worked");
-    let server = Server::start(&dir.0, &config(&dir.0, ""));
+    // The sub-agent's model: a scripted server speaking OpenAI's format.
+    let model = ScriptedModel::start().await;
+    let config_file = dir.0.join("toolfleet.toml");
+    std::fs::write(&config_file, config(&dir.0, "")).unwrap();
+    let server = Server::start_role_env(
+        &config_file,
+        "serve",
+        "toolfleet serving on ",
+        &[("EXPENSES_MODEL_URL", model.base_url().as_str())],
+    );
     let alice = server.client(TOKEN);
     let mallory = server.client(OTHER_TOKEN);
     let alice_events = events(&alice);
@@ -189,4 +200,63 @@ async fn submit_my_september_expenses_over_http() {
             .all(|e| e["id"] != job_id.as_str() && e["id"] != ticket.as_str())
     );
     assert!(!alice_events.lock().unwrap().is_empty());
+
+    // A sub-agent reconciles the month: it pages through the lines, reads
+    // the receipts, and explains the total, citing the calls it relied on.
+    let tokens = Usage {
+        input_tokens: 400,
+        output_tokens: 40,
+    };
+    let find = |args: Value| Scripted::Calls {
+        calls: vec![("find_expenses".into(), args)],
+        usage: tokens,
+    };
+    model.script(
+        "llama3.1",
+        vec![
+            find(json!({"month": "2026-09"})),
+            find(json!({"month": "2026-09", "cursor": cursor})),
+            Scripted::Calls {
+                calls: vec![("start_receipt_ocr".into(), json!({"receipt_ids": receipts}))],
+                usage: tokens,
+            },
+            Scripted::Answer {
+                text: "September 2026: 62 lines; the 6 receipts without an amount were read."
+                    .into(),
+                usage: tokens,
+            },
+        ],
+    );
+    let started = alice
+        .call(
+            "reconcile_month",
+            json!({"task": "Reconcile 2026-09 and explain the total."}),
+        )
+        .await;
+    assert_eq!(started["status"], "running", "{started}");
+    let reconciled = settle(&alice, started["job_id"].as_str().unwrap()).await;
+    let out = &reconciled["result"];
+    assert_eq!(out["status"], "answered", "{reconciled}");
+    assert!(out["answer"].as_str().unwrap().contains("62 lines"));
+    let relied: Vec<&str> = out["evidence"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["tool"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        relied,
+        ["find_expenses", "find_expenses", "start_receipt_ocr"]
+    );
+    assert_eq!(out["usage"]["steps"], 4);
+    assert_eq!(out["usage"]["total_tokens"], 4 * 440);
+    // The model was offered the agent's two tools, and nothing else.
+    let offered = model.requests("llama3.1")[0]["tools"].clone();
+    let names: Vec<&str> = offered
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["function"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["find_expenses", "start_receipt_ocr"]);
 }

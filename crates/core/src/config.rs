@@ -82,6 +82,9 @@ pub struct AgentSpec {
     /// `https://api.anthropic.com/v1`; the client appends
     /// `/chat/completions` or `/messages`.
     pub base_url: String,
+    /// An environment variable that, when set, replaces `base_url` (one
+    /// declaration, a model server per deployment).
+    pub base_url_env: Option<String>,
     pub model: String,
     /// The environment variable holding the API key.
     pub api_key_env: Option<String>,
@@ -289,28 +292,36 @@ pub fn load_builtin_tools(
 ) -> Result<Vec<ToolDecl>, ConfigError> {
     parse_tools(text)?
         .into_iter()
-        .map(|tool| {
-            let executor = match &tool.executor {
-                None => None,
-                Some(ExecutorSpec::Builtin { name }) => {
-                    Some(builtins.get(name).cloned().ok_or_else(|| {
-                        ConfigError::new(format!(
-                            "tool `{}`: no builtin executor named `{name}`; known: {}",
-                            tool.name,
-                            builtins.keys().cloned().collect::<Vec<_>>().join(", ")
-                        ))
-                    })?)
-                }
-                Some(other) => {
-                    return Err(ConfigError::new(format!(
-                        "tool `{}`: executor {other:?} needs the fleet to bind it",
-                        tool.name
-                    )));
-                }
-            };
-            tool.into_decl(read_file, executor)
-        })
+        .map(|tool| bind_builtin(tool, read_file, builtins))
         .collect()
+}
+
+/// One tool of [`parse_tools`] as a declaration, its executor one of
+/// `builtins`; a tool naming another kind of executor is refused.
+pub fn bind_builtin(
+    tool: ToolConfig,
+    read_file: &dyn Fn(&str) -> Result<String, String>,
+    builtins: &BTreeMap<String, Arc<dyn Executor>>,
+) -> Result<ToolDecl, ConfigError> {
+    let executor = match &tool.executor {
+        None => None,
+        Some(ExecutorSpec::Builtin { name }) => {
+            Some(builtins.get(name).cloned().ok_or_else(|| {
+                ConfigError::new(format!(
+                    "tool `{}`: no builtin executor named `{name}`; known: {}",
+                    tool.name,
+                    builtins.keys().cloned().collect::<Vec<_>>().join(", ")
+                ))
+            })?)
+        }
+        Some(other) => {
+            return Err(ConfigError::new(format!(
+                "tool `{}`: executor {other:?} needs the fleet to bind it",
+                tool.name
+            )));
+        }
+    };
+    tool.into_decl(read_file, executor)
 }
 
 #[cfg(test)]

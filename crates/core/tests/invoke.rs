@@ -9,6 +9,7 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use serde_json::{Value, json};
 use toolfleet_core::middleware::{Call, Layer, Next, Stage};
+use toolfleet_core::tool::{Budget, Lineage};
 use toolfleet_core::{
     CallCtx, Envelope, ErrorCode, Json, MemoryAuditSink, MemoryFleet, Principal, RateLimit,
     Runtime, RuntimeConfig, ToolDecl, ToolError,
@@ -495,6 +496,46 @@ async fn redaction_masks_audit_records_and_results() {
     assert_eq!(record.args["card_number"], "[redacted]");
     assert_eq!(record.args["name"], "Ada");
     assert!(!serde_json::to_string(record).unwrap().contains("4111"));
+}
+
+#[tokio::test]
+async fn audit_records_the_parent_run_of_a_sub_agents_call() {
+    let sink = Arc::new(MemoryAuditSink::default());
+    let mut runtime = Runtime::builder().audit_sink(sink.clone()).build();
+    runtime.register(noop().audit()).unwrap();
+    let mut child = ctx("acme", "alice", &[]).with_run_id("run-of-the-sub-agent");
+    child.lineage = Some(Lineage {
+        parent_run_id: "run-of-the-caller".to_owned(),
+        depth: 1,
+        budget: Budget {
+            max_steps: 5,
+            max_tokens: 10_000,
+            max_wall_ms: 60_000,
+        },
+    });
+    assert!(runtime.invoke("x", json!({}), &child).await.is_ok());
+    assert!(
+        runtime
+            .invoke("x", json!({}), &ctx("acme", "alice", &[]))
+            .await
+            .is_ok()
+    );
+    let records = sink.records();
+    assert_eq!(records.len(), 2);
+    assert_eq!(records[0].run_id, "run-of-the-sub-agent");
+    assert_eq!(
+        records[0].parent_run_id.as_deref(),
+        Some("run-of-the-caller")
+    );
+    let text = serde_json::to_string(&records[0]).unwrap();
+    assert!(
+        text.contains(r#""parent_run_id":"run-of-the-caller""#),
+        "{text}"
+    );
+    // A call no agent made has no parent, and its record does not say one.
+    assert_eq!(records[1].parent_run_id, None);
+    let text = serde_json::to_string(&records[1]).unwrap();
+    assert!(!text.contains("parent_run_id"), "{text}");
 }
 
 #[tokio::test]

@@ -125,6 +125,8 @@ impl Fleet for Dispatcher {
                 run_id: ctx.run_id.clone(),
                 call_id: ctx.call_id.clone(),
                 callback_url: ctx.callback_url.clone(),
+                lineage: ctx.lineage.clone(),
+                scopes: ctx.principal.scopes.iter().cloned().collect(),
                 max_attempts: job.max_attempts,
                 timeout_ms: job.timeout.as_millis().min(i64::MAX as u128) as i64,
                 now: now_ms(),

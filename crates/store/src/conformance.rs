@@ -12,6 +12,7 @@
 //! tests or assume a table is empty.
 
 use serde_json::{Value, json};
+use toolfleet_core::tool::{Budget, Lineage};
 use toolfleet_core::{AuditRecord, Envelope, ErrorCode, JobState, Json, ToolError, new_id};
 
 use crate::{
@@ -74,6 +75,11 @@ macro_rules! store_conformance {
             concurrent_claims_of_one_job_give_it_to_one_worker,
             concurrent_inserts_with_one_key_make_one_job,
             many_jobs_at_once_each_get_their_own_answer,
+            lineage_travels_with_the_job,
+            many_jobs_at_once_keep_their_own_lineage,
+            a_checkpoint_is_saved_for_the_current_attempt_only,
+            a_checkpoint_outlives_claims_and_retries,
+            audit_keeps_the_parent_run_id,
         );
     };
     (@tests $make:expr; $($name:ident),* $(,)?) => {
@@ -105,6 +111,8 @@ fn job_for(tenant: &str, tool: &str, args: Value, key: Option<&str>, now: i64) -
         run_id: new_id(),
         call_id: new_id(),
         callback_url: Some("http://127.0.0.1:9/done".to_owned()),
+        lineage: None,
+        scopes: Vec::new(),
         max_attempts: 3,
         timeout_ms: 60_000,
         now,
@@ -988,6 +996,7 @@ fn audit_record(
         user: "alice".to_owned(),
         run_id: new_id(),
         call_id: new_id(),
+        parent_run_id: None,
         args: json!({"month": "2026-09", "token": "***"}),
         status,
         error_code,
@@ -1250,4 +1259,262 @@ pub async fn many_jobs_at_once_each_get_their_own_answer(store: &dyn Store) {
         );
         assert_eq!(job.result.as_ref(), Some(&results[n]));
     }
+}
+
+// Sub-agents: lineage, checkpoints and the parent run id.
+
+fn lineage(depth: u32) -> Lineage {
+    Lineage {
+        parent_run_id: new_id(),
+        depth,
+        budget: Budget {
+            max_steps: 12,
+            // Beyond what an i64 or a double holds exactly, so a store that
+            // reads numbers loosely is caught.
+            max_tokens: u64::MAX - 1,
+            max_wall_ms: 90_000,
+        },
+    }
+}
+
+/// A job made by a sub-agent's call keeps its lineage through insert,
+/// claim, progress, settling and every read; a job made without one reads
+/// back without one.
+pub async fn lineage_travels_with_the_job(store: &dyn Store) {
+    let t = tenant();
+    let given = lineage(2);
+    let mut new = ocr_job(&t);
+    new.lineage = Some(given.clone());
+    new.scopes = vec!["expenses:read".to_owned(), "ledger:write".to_owned()];
+    let job = insert(store, new.clone()).await;
+    assert_eq!(job.lineage.as_ref(), Some(&given));
+    assert_eq!(job.scopes, new.scopes, "the caller's scopes travel too");
+    assert_eq!(reread(store, &job).await.scopes, new.scopes);
+    let plain = insert(store, ocr_job(&tenant())).await;
+    assert!(reread(store, &plain).await.scopes.is_empty());
+    assert_eq!(reread(store, &job).await.lineage.as_ref(), Some(&given));
+    let by_id = store.job_by_id(&job.id).await.expect("job_by_id");
+    assert_eq!(by_id.and_then(|j| j.lineage), Some(given.clone()));
+    let claimed = claim(store, &job.id, "w1", BASE).await.expect("claimable");
+    assert_eq!(claimed.lineage.as_ref(), Some(&given));
+    let listed = store
+        .list_jobs(&t, &JobFilter::default(), 10, None)
+        .await
+        .expect("list_jobs");
+    assert_eq!(
+        listed
+            .jobs
+            .iter()
+            .map(|j| j.lineage.clone())
+            .collect::<Vec<_>>(),
+        vec![Some(given.clone())]
+    );
+    let done = store
+        .succeed(&job.id, "w1", &result_doc(), BASE + 1)
+        .await
+        .expect("succeed")
+        .expect("held");
+    assert_eq!(done.lineage.as_ref(), Some(&given));
+    assert_eq!(reread(store, &job).await.lineage, Some(given.clone()));
+
+    // The key's second call finds the first job, lineage and all.
+    let mut keyed = job_for(&t, "ocr", json!({"a": 1}), Some("k"), BASE);
+    keyed.lineage = Some(given.clone());
+    let first = insert(store, keyed.clone()).await;
+    keyed.id = new_id();
+    match store.insert_job(keyed).await.expect("insert_job") {
+        Inserted::Existing(existing) => assert_eq!(existing, first),
+        other => panic!("expected the first job, got {other:?}"),
+    }
+
+    let plain = queued(store, &t).await;
+    assert_eq!(plain.lineage, None);
+    assert_eq!(reread(store, &plain).await.lineage, None);
+}
+
+/// Jobs recorded, claimed and settled together keep each its own lineage,
+/// those without one included.
+pub async fn many_jobs_at_once_keep_their_own_lineage(store: &dyn Store) {
+    use futures_util::future::join_all;
+    let t = tenant();
+    let jobs: Vec<NewJob> = (0..50u32)
+        .map(|n| {
+            let mut job = job_for(&t, "ocr", json!({"n": n}), None, BASE);
+            job.lineage = (n % 3 != 0).then(|| lineage(n));
+            job
+        })
+        .collect();
+    let expected: Vec<Option<Lineage>> = jobs.iter().map(|j| j.lineage.clone()).collect();
+    let ids: Vec<String> = jobs.iter().map(|j| j.id.clone()).collect();
+    let inserted = join_all(jobs.into_iter().map(|job| store.insert_job(job))).await;
+    for (n, answer) in inserted.into_iter().enumerate() {
+        let job = answer.expect("insert_job");
+        assert_eq!(job.job().lineage, expected[n], "job {n}");
+    }
+    let claims = ids.iter().map(|id| store.claim(id, "w1", BASE, LEASE));
+    for (n, answer) in join_all(claims).await.into_iter().enumerate() {
+        let job = answer.expect("claim").expect("claimable");
+        assert_eq!((&job.id, &job.lineage), (&ids[n], &expected[n]));
+    }
+    let result = result_doc();
+    let settles = ids
+        .iter()
+        .map(|id| store.succeed(id, "w1", &result, BASE + 1));
+    for (n, answer) in join_all(settles).await.into_iter().enumerate() {
+        let job = answer.expect("succeed").expect("held");
+        assert_eq!((&job.id, &job.lineage), (&ids[n], &expected[n]));
+    }
+}
+
+async fn save_checkpoint(store: &dyn Store, id: &str, attempt: u32, checkpoint: &Value) -> bool {
+    store
+        .save_checkpoint(id, attempt, checkpoint, BASE + 10)
+        .await
+        .expect("save_checkpoint")
+}
+
+/// A checkpoint is written only on a running job, by its current attempt:
+/// not on a queued or settled job, not by a stale attempt, not on another
+/// id. Each save replaces the last.
+pub async fn a_checkpoint_is_saved_for_the_current_attempt_only(store: &dyn Store) {
+    let t = tenant();
+    let step = |n: u32| json!({"step": n, "messages": [{"role": "user", "content": "go"}]});
+
+    let waiting = queued(store, &t).await;
+    assert!(!save_checkpoint(store, &waiting.id, 0, &step(1)).await);
+    assert!(!save_checkpoint(store, &waiting.id, 1, &step(1)).await);
+    assert_eq!(reread(store, &waiting).await.checkpoint, None);
+
+    let job = running(store, &t, "w1").await;
+    assert_eq!(job.checkpoint, None);
+    assert!(!save_checkpoint(store, &job.id, 0, &step(1)).await);
+    assert!(!save_checkpoint(store, &job.id, 2, &step(1)).await);
+    assert!(!save_checkpoint(store, &new_id(), 1, &step(1)).await);
+    assert!(save_checkpoint(store, &job.id, 1, &step(1)).await);
+    let seen = reread(store, &job).await;
+    assert_eq!(
+        (seen.checkpoint, seen.updated_at),
+        (Some(step(1)), BASE + 10)
+    );
+    assert!(save_checkpoint(store, &job.id, 1, &step(2)).await);
+    assert_eq!(reread(store, &job).await.checkpoint, Some(step(2)));
+    // JSON null is a checkpoint like any other, not its absence.
+    let other = running(store, &t, "w1").await;
+    assert!(save_checkpoint(store, &other.id, 1, &Value::Null).await);
+    assert_eq!(reread(store, &other).await.checkpoint, Some(Value::Null));
+
+    let done = store
+        .succeed(&job.id, "w1", &result_doc(), BASE + 11)
+        .await
+        .expect("succeed")
+        .expect("held");
+    assert_eq!(done.checkpoint, Some(step(2)));
+    assert!(!save_checkpoint(store, &job.id, 1, &step(3)).await);
+    let failed = running(store, &t, "w1").await;
+    store
+        .fail(&failed.id, "w1", &failure("x"), None, BASE + 1)
+        .await
+        .expect("fail");
+    assert!(!save_checkpoint(store, &failed.id, 1, &step(1)).await);
+    let cancelled = running(store, &t, "w1").await;
+    store
+        .cancel(&t, &cancelled.id, BASE + 1)
+        .await
+        .expect("cancel");
+    assert!(!save_checkpoint(store, &cancelled.id, 1, &step(1)).await);
+    for settled in [&job, &failed, &cancelled] {
+        let seen = reread(store, settled).await;
+        assert!(seen.state.is_settled(), "{seen:?}");
+    }
+    assert_eq!(reread(store, &job).await.checkpoint, Some(step(2)));
+    assert_eq!(reread(store, &failed).await.checkpoint, None);
+    assert_eq!(reread(store, &cancelled).await.checkpoint, None);
+}
+
+/// The checkpoint stays on the job when its lease runs out and another
+/// worker claims it (the new attempt reads it, the old one can no longer
+/// write it), and when a failure is retried; `get_job`'s envelope never
+/// shows it, nor the lineage.
+pub async fn a_checkpoint_outlives_claims_and_retries(store: &dyn Store) {
+    let t = tenant();
+    let mut new = ocr_job(&t);
+    new.lineage = Some(lineage(1));
+    let job = insert(store, new).await;
+    claim(store, &job.id, "w1", BASE).await.expect("claimable");
+    let saved = json!({"step": 4, "secret": "chain-of-thought-7f3a"});
+    assert!(save_checkpoint(store, &job.id, 1, &saved).await);
+
+    let now = BASE + LEASE + 1;
+    let again = claim(store, &job.id, "w2", now)
+        .await
+        .expect("the lease expired");
+    assert_eq!(
+        (again.attempts, again.checkpoint.as_ref()),
+        (2, Some(&saved))
+    );
+    // The first worker lost the job: its late save is refused and the new
+    // holder's checkpoint stands.
+    assert!(!save_checkpoint(store, &job.id, 1, &json!({"step": 5})).await);
+    assert_eq!(reread(store, &job).await.checkpoint, Some(saved.clone()));
+    let later = json!({"step": 6, "secret": "chain-of-thought-7f3a"});
+    assert!(save_checkpoint(store, &job.id, 2, &later).await);
+
+    let envelope = reread(store, &job).await.envelope(5);
+    let text = envelope.to_json();
+    for hidden in ["chain-of-thought", "checkpoint", "lineage", "parent_run_id"] {
+        assert!(!text.contains(hidden), "{hidden} in {text}");
+    }
+
+    let retrying = store
+        .fail(
+            &job.id,
+            "w2",
+            &failure("model overloaded"),
+            Some(now + 10),
+            now + 1,
+        )
+        .await
+        .expect("fail")
+        .expect("held");
+    assert_eq!(
+        (retrying.state, retrying.checkpoint.as_ref()),
+        (JobState::Retrying, Some(&later))
+    );
+    assert!(!save_checkpoint(store, &job.id, 2, &json!({"step": 7})).await);
+    let third = claim(store, &job.id, "w3", now + 10)
+        .await
+        .expect("due again");
+    assert_eq!(
+        (third.attempts, third.checkpoint.as_ref()),
+        (3, Some(&later))
+    );
+    assert_eq!(third.lineage, job.lineage);
+    let done = store
+        .succeed(&job.id, "w3", &result_doc(), now + 11)
+        .await
+        .expect("succeed")
+        .expect("held");
+    let text = done.envelope(5).to_json();
+    assert!(!text.contains("chain-of-thought"), "{text}");
+}
+
+/// An audit record of a sub-agent's step keeps the parent run id beside
+/// its own; one without reads back without.
+pub async fn audit_keeps_the_parent_run_id(store: &dyn Store) {
+    let t = tenant();
+    let at = BASE as u64 + 100;
+    let parent = new_id();
+    let mut step = audit_record(&t, at, "ok", None);
+    step.parent_run_id = Some(parent.clone());
+    let mut failed = audit_record(&t, at + 1, "error", Some(ErrorCode::Timeout));
+    failed.parent_run_id = Some(parent);
+    let plain = audit_record(&t, at + 2, "ok", None);
+    store
+        .append_audit(&[step.clone(), failed.clone(), plain.clone()])
+        .await
+        .expect("append_audit");
+    assert_eq!(
+        store.audit(&t, 10).await.expect("audit"),
+        vec![plain, failed, step]
+    );
 }

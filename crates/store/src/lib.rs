@@ -12,6 +12,7 @@
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use toolfleet_core::tool::Lineage;
 use toolfleet_core::{AuditRecord, Envelope, JobState, Json, ToolError};
 
 pub mod conformance;
@@ -58,6 +59,11 @@ pub struct NewJob {
     pub run_id: String,
     pub call_id: String,
     pub callback_url: Option<String>,
+    /// Where the call that made the job stands among agents: set when a
+    /// sub-agent's loop made it. The worker hands it to the executor.
+    pub lineage: Option<Lineage>,
+    /// The scopes of the caller: the worker runs the job with them.
+    pub scopes: Vec<String>,
     pub max_attempts: u32,
     /// Wall-time budget of one attempt.
     pub timeout_ms: i64,
@@ -90,6 +96,16 @@ pub struct JobRecord {
     pub run_id: String,
     pub call_id: String,
     pub callback_url: Option<String>,
+    /// The [`NewJob::lineage`] it was made with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lineage: Option<Lineage>,
+    /// The [`NewJob::scopes`] it was made with.
+    #[serde(default)]
+    pub scopes: Vec<String>,
+    /// An agent loop's last saved state (see [`Store::save_checkpoint`]);
+    /// kept across claims and retries. Never shown to clients.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<Value>,
     pub created_at: i64,
     pub updated_at: i64,
 }
@@ -239,6 +255,18 @@ pub trait Store: Send + Sync + 'static {
         id: &str,
         worker: &str,
         progress: &Value,
+        now: i64,
+    ) -> Result<bool, StoreError>;
+    /// Saves an agent loop's state on a running job, for the attempt that
+    /// runs it: written only while the job is `running` and its `attempts`
+    /// equals `attempt`, so a worker that lost the job to a newer claim
+    /// cannot overwrite the new holder's checkpoint. True if written. The
+    /// checkpoint stays on the job across later claims and retries.
+    async fn save_checkpoint(
+        &self,
+        id: &str,
+        attempt: u32,
+        checkpoint: &Value,
         now: i64,
     ) -> Result<bool, StoreError>;
     /// running (held by `worker`) -> succeeded. The settled job, or `None`

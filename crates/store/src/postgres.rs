@@ -76,7 +76,8 @@ mod sql {
         () => {
             r#"id, tenant, "user", tool, pool, args, state, attempts, max_attempts,
             timeout_ms, run_at, lease_owner, lease_until, progress, result, error,
-            idempotency_key, run_id, call_id, callback_url, created_at, updated_at"#
+            idempotency_key, run_id, call_id, callback_url, lineage, scopes, checkpoint,
+            created_at, updated_at"#
         };
     }
 
@@ -90,9 +91,10 @@ mod sql {
     pub const INSERT_JOB: &str = concat!(
         r#"
         INSERT INTO jobs (id, tenant, "user", tool, pool, args, state, attempts, max_attempts,
-            timeout_ms, run_at, idempotency_key, run_id, call_id, callback_url, created_at, updated_at)
+            timeout_ms, run_at, idempotency_key, run_id, call_id, callback_url, lineage,
+            scopes, created_at, updated_at)
         VALUES ($1, $2, $3, $4, $5, $6, 'queued', 0, $7,
-            $8, $9, $10, $11, $12, $13, $9, $9)
+            $8, $9, $10, $11, $12, $13, $14, $15, $9, $9)
         ON CONFLICT DO NOTHING
         RETURNING "#,
         job_columns!()
@@ -104,13 +106,16 @@ mod sql {
     pub const INSERT_MANY: &str = concat!(
         r#"
         INSERT INTO jobs (id, tenant, "user", tool, pool, args, state, attempts, max_attempts,
-            timeout_ms, run_at, idempotency_key, run_id, call_id, callback_url, created_at, updated_at)
+            timeout_ms, run_at, idempotency_key, run_id, call_id, callback_url, lineage,
+            scopes, created_at, updated_at)
         SELECT id, tenant, "user", tool, pool, args, 'queued', 0, max_attempts,
-            timeout_ms, now, idempotency_key, run_id, call_id, callback_url, now, now
+            timeout_ms, now, idempotency_key, run_id, call_id, callback_url, lineage, scopes,
+            now, now
         FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
             $7::bigint[], $8::bigint[], $9::bigint[], $10::text[], $11::text[], $12::text[],
-            $13::text[]) WITH ORDINALITY AS n(id, tenant, "user", tool, pool, args,
-            max_attempts, timeout_ms, now, idempotency_key, run_id, call_id, callback_url, ord)
+            $13::text[], $14::text[], $15::text[]) WITH ORDINALITY AS n(id, tenant, "user",
+            tool, pool, args, max_attempts, timeout_ms, now, idempotency_key, run_id, call_id,
+            callback_url, lineage, scopes, ord)
         ORDER BY ord
         ON CONFLICT DO NOTHING
         RETURNING "#,
@@ -151,6 +156,13 @@ mod sql {
     pub const PROGRESS: &str = "
         UPDATE jobs SET progress = $3, updated_at = $4
         WHERE id = $1 AND state = 'running' AND lease_owner = $2";
+
+    /// running (this attempt) -> running, checkpoint saved. By attempt, not
+    /// lease owner: a worker that lost the job to a newer claim, even its
+    /// own, no longer matches.
+    pub const CHECKPOINT: &str = "
+        UPDATE jobs SET checkpoint = $3, updated_at = $4
+        WHERE id = $1 AND state = 'running' AND attempts = $2";
 
     /// running (held) -> succeeded, for a batch of successes; `s_ord` tells
     /// whose each row was.
@@ -250,13 +262,13 @@ mod sql {
     /// One statement for a whole batch: the arrays are the columns.
     pub const INSERT_AUDIT: &str = r#"
         INSERT INTO audit (at_ms, tenant, "user", tool, run_id, call_id, args, status,
-            error_code, duration_us)
+            error_code, duration_us, parent_run_id)
         SELECT * FROM UNNEST($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[],
-            $6::text[], $7::text[], $8::text[], $9::text[], $10::bigint[])"#;
+            $6::text[], $7::text[], $8::text[], $9::text[], $10::bigint[], $11::text[])"#;
 
     pub const AUDIT: &str = r#"
-        SELECT seq, at_ms, tenant, "user", tool, run_id, call_id, args, status,
-            error_code, duration_us
+        SELECT seq, at_ms, tenant, "user", tool, run_id, call_id, parent_run_id, args,
+            status, error_code, duration_us
         FROM audit WHERE tenant = $1 ORDER BY at_ms DESC, seq DESC LIMIT $2"#;
 
     /// Skips rows another pruner holds, so concurrent claims never wait on
@@ -305,9 +317,33 @@ pub struct PgStore {
 /// successes. Under load each becomes one statement and one commit for
 /// many jobs; alone, each runs at once (see [`crate::group`]).
 struct Groups {
-    insert: Group<NewJob, Inserted>,
+    insert: Group<Insert, Inserted>,
     claim: Group<Claim, Option<JobRecord>>,
     succeed: Group<Success, Option<JobRecord>>,
+}
+
+/// A job to record, its JSON columns encoded before it joins a group, so a
+/// value that cannot be encoded fails its own call and no other.
+struct Insert {
+    job: NewJob,
+    /// Canonical, as the idempotency check compares it.
+    args: String,
+    lineage: Option<String>,
+    /// JSON array; `None` for no scopes.
+    scopes: Option<String>,
+}
+
+impl Insert {
+    fn of(job: NewJob) -> Result<Insert, StoreError> {
+        Ok(Insert {
+            args: canonical_json(&job.args),
+            lineage: job.lineage.as_ref().map(encode).transpose()?,
+            scopes: (!job.scopes.is_empty())
+                .then(|| encode(&job.scopes))
+                .transpose()?,
+            job,
+        })
+    }
 }
 
 struct Claim {
@@ -703,6 +739,9 @@ fn job_from_row(row: &Row) -> Result<JobRecord, StoreError> {
         run_id: f.get("run_id")?,
         call_id: f.get("call_id")?,
         callback_url: f.get("callback_url")?,
+        lineage: f.json_opt("lineage")?,
+        scopes: f.json_opt("scopes")?.unwrap_or_default(),
+        checkpoint: f.json_opt("checkpoint")?,
         created_at: f.get("created_at")?,
         updated_at: f.get("updated_at")?,
     })
@@ -749,6 +788,7 @@ fn audit_from_row(row: &Row) -> Result<AuditRecord, StoreError> {
         user: f.get("user")?,
         run_id: f.get("run_id")?,
         call_id: f.get("call_id")?,
+        parent_run_id: f.get("parent_run_id")?,
         args: f.json("args")?,
         status,
         error_code,
@@ -799,8 +839,8 @@ fn to_i64(n: u64) -> i64 {
 
 // Jobs.
 
-async fn insert_job(c: &ClientWrapper, job: &NewJob) -> Result<Inserted, StoreError> {
-    let args = canonical_json(&job.args);
+async fn insert_job(c: &ClientWrapper, insert: &Insert) -> Result<Inserted, StoreError> {
+    let (job, args) = (&insert.job, &insert.args);
     let max_attempts = i64::from(job.max_attempts);
     let params: Params<'_> = &[
         &job.id,
@@ -816,6 +856,8 @@ async fn insert_job(c: &ClientWrapper, job: &NewJob) -> Result<Inserted, StoreEr
         &job.run_id,
         &job.call_id,
         &job.callback_url,
+        &insert.lineage,
+        &insert.scopes,
     ];
     if let Some(created) = query_one(c, sql::INSERT_JOB, params, job_from_row).await? {
         return Ok(Inserted::Created(created));
@@ -829,7 +871,7 @@ async fn insert_job(c: &ClientWrapper, job: &NewJob) -> Result<Inserted, StoreEr
         None => None,
     };
     match existing {
-        Some(existing) if canonical_json(&existing.args) == args => {
+        Some(existing) if canonical_json(&existing.args) == *args => {
             Ok(Inserted::Existing(existing))
         }
         Some(_) => Err(StoreError::Conflict(format!(
@@ -849,27 +891,28 @@ type Answers<T> = Result<Vec<Result<T, StoreError>>, StoreError>;
 /// Records a batch of jobs in one statement. A job it did not insert (its
 /// key or id taken) takes the one-job path, which finds the earlier job or
 /// says why not.
-async fn insert_many(pool: &Pool, place: &str, jobs: Vec<NewJob>) -> Answers<Inserted> {
+async fn insert_many(pool: &Pool, place: &str, jobs: Vec<Insert>) -> Answers<Inserted> {
     let c = pool.get().await.map_err(|e| pool_error(e, place))?;
-    let column = |f: fn(&NewJob) -> &str| jobs.iter().map(f).collect::<Vec<&str>>();
+    let column = |f: fn(&Insert) -> &str| jobs.iter().map(f).collect::<Vec<&str>>();
     let optional =
-        |f: fn(&NewJob) -> Option<&str>| jobs.iter().map(f).collect::<Vec<Option<&str>>>();
-    let number = |f: fn(&NewJob) -> i64| jobs.iter().map(f).collect::<Vec<i64>>();
-    let args: Vec<String> = jobs.iter().map(|j| canonical_json(&j.args)).collect();
+        |f: fn(&Insert) -> Option<&str>| jobs.iter().map(f).collect::<Vec<Option<&str>>>();
+    let number = |f: fn(&Insert) -> i64| jobs.iter().map(f).collect::<Vec<i64>>();
     let params: Params<'_> = &[
-        &column(|j| &j.id),
-        &column(|j| &j.tenant),
-        &column(|j| &j.user),
-        &column(|j| &j.tool),
-        &column(|j| &j.pool),
-        &args,
-        &number(|j| i64::from(j.max_attempts)),
-        &number(|j| j.timeout_ms),
-        &number(|j| j.now),
-        &optional(|j| j.idempotency_key.as_deref()),
-        &column(|j| &j.run_id),
-        &column(|j| &j.call_id),
-        &optional(|j| j.callback_url.as_deref()),
+        &column(|i| &i.job.id),
+        &column(|i| &i.job.tenant),
+        &column(|i| &i.job.user),
+        &column(|i| &i.job.tool),
+        &column(|i| &i.job.pool),
+        &column(|i| &i.args),
+        &number(|i| i64::from(i.job.max_attempts)),
+        &number(|i| i.job.timeout_ms),
+        &number(|i| i.job.now),
+        &optional(|i| i.job.idempotency_key.as_deref()),
+        &column(|i| &i.job.run_id),
+        &column(|i| &i.job.call_id),
+        &optional(|i| i.job.callback_url.as_deref()),
+        &optional(|i| i.lineage.as_deref()),
+        &optional(|i| i.scopes.as_deref()),
     ];
     let stmt = c.prepare_cached(sql::INSERT_MANY).await?;
     let mut created: HashMap<String, Result<JobRecord, StoreError>> = HashMap::new();
@@ -878,10 +921,10 @@ async fn insert_many(pool: &Pool, place: &str, jobs: Vec<NewJob>) -> Answers<Ins
         created.insert(id, job_from_row(&row));
     }
     let mut answers = Vec::with_capacity(jobs.len());
-    for job in &jobs {
-        answers.push(match created.remove(&job.id) {
+    for insert in &jobs {
+        answers.push(match created.remove(&insert.job.id) {
             Some(record) => record.map(Inserted::Created),
-            None => insert_job(&c, job).await,
+            None => insert_job(&c, insert).await,
         });
     }
     Ok(answers)
@@ -1065,6 +1108,7 @@ struct AuditColumns {
     status: Vec<&'static str>,
     error_code: Vec<Option<&'static str>>,
     duration_us: Vec<i64>,
+    parent_run_id: Vec<Option<String>>,
 }
 
 impl AuditColumns {
@@ -1081,6 +1125,7 @@ impl AuditColumns {
             cols.status.push(r.status);
             cols.error_code.push(r.error_code.map(ErrorCode::as_str));
             cols.duration_us.push(to_i64(r.duration_us));
+            cols.parent_run_id.push(r.parent_run_id.clone());
         }
         Ok(cols)
     }
@@ -1099,6 +1144,7 @@ async fn append_audit(c: &ClientWrapper, records: &[AuditRecord]) -> Result<(), 
         &cols.status,
         &cols.error_code,
         &cols.duration_us,
+        &cols.parent_run_id,
     ];
     execute(c, sql::INSERT_AUDIT, params).await?;
     Ok(())
@@ -1157,7 +1203,7 @@ impl Store for PgStore {
     }
 
     async fn insert_job(&self, job: NewJob) -> Result<Inserted, StoreError> {
-        self.groups.insert.run(job).await
+        self.groups.insert.run(Insert::of(job)?).await
     }
 
     async fn job(&self, tenant: &str, id: &str) -> Result<Option<JobRecord>, StoreError> {
@@ -1217,6 +1263,19 @@ impl Store for PgStore {
         let progress = encode(progress)?;
         let c = self.client().await?;
         Ok(execute(&c, sql::PROGRESS, &[&id, &worker, &progress, &now]).await? > 0)
+    }
+
+    async fn save_checkpoint(
+        &self,
+        id: &str,
+        attempt: u32,
+        checkpoint: &Value,
+        now: i64,
+    ) -> Result<bool, StoreError> {
+        let checkpoint = encode(checkpoint)?;
+        let attempt = i64::from(attempt);
+        let c = self.client().await?;
+        Ok(execute(&c, sql::CHECKPOINT, &[&id, &attempt, &checkpoint, &now]).await? > 0)
     }
 
     async fn succeed(

@@ -52,9 +52,10 @@ const PRUNE_BATCH: i64 = 100;
 mod sql {
     pub const INSERT_JOB: &str = "
         INSERT INTO jobs (id, tenant, user, tool, pool, args, state, attempts, max_attempts,
-            timeout_ms, run_at, idempotency_key, run_id, call_id, callback_url, created_at, updated_at)
+            timeout_ms, run_at, idempotency_key, run_id, call_id, callback_url, lineage, scopes,
+            created_at, updated_at)
         VALUES (:id, :tenant, :user, :tool, :pool, :args, 'queued', 0, :max_attempts,
-            :timeout_ms, :now, :key, :run_id, :call_id, :callback_url, :now, :now)
+            :timeout_ms, :now, :key, :run_id, :call_id, :callback_url, :lineage, :scopes, :now, :now)
         ON CONFLICT DO NOTHING
         RETURNING *";
 
@@ -79,6 +80,13 @@ mod sql {
     pub const PROGRESS: &str = "
         UPDATE jobs SET progress = ?3, updated_at = ?4
         WHERE id = ?1 AND state = 'running' AND lease_owner = ?2";
+
+    /// running (this attempt) -> running, checkpoint saved. By attempt, not
+    /// lease owner: a worker that lost the job to a newer claim, even its
+    /// own, no longer matches.
+    pub const CHECKPOINT: &str = "
+        UPDATE jobs SET checkpoint = ?3, updated_at = ?4
+        WHERE id = ?1 AND state = 'running' AND attempts = ?2";
 
     /// running (held) -> succeeded.
     pub const SUCCEED: &str = "
@@ -136,8 +144,8 @@ mod sql {
 
     pub const INSERT_AUDIT: &str = "
         INSERT INTO audit (at_ms, tenant, user, tool, run_id, call_id, args, status,
-            error_code, duration_us)
-        VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)";
+            error_code, duration_us, parent_run_id)
+        VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)";
 
     pub const PRUNE_COMMITS: &str = "
         DELETE FROM commits WHERE key IN (
@@ -425,6 +433,9 @@ fn job_from_row(row: &Row<'_>) -> Result<JobRecord, StoreError> {
         run_id: f.get("run_id")?,
         call_id: f.get("call_id")?,
         callback_url: f.get("callback_url")?,
+        lineage: f.json_opt("lineage")?,
+        scopes: f.json_opt("scopes")?.unwrap_or_default(),
+        checkpoint: f.json_opt("checkpoint")?,
         created_at: f.get("created_at")?,
         updated_at: f.get("updated_at")?,
         id: f.id,
@@ -473,6 +484,7 @@ fn audit_from_row(row: &Row<'_>) -> Result<AuditRecord, StoreError> {
         user: f.get("user")?,
         run_id: f.get("run_id")?,
         call_id: f.get("call_id")?,
+        parent_run_id: f.get("parent_run_id")?,
         args: f.json("args")?,
         status,
         error_code,
@@ -519,12 +531,20 @@ fn to_i64(n: u64) -> i64 {
 
 // Jobs.
 
-fn insert_job(c: &Connection, job: &NewJob, args: &str) -> Result<Inserted, StoreError> {
+fn insert_job(
+    c: &Connection,
+    job: &NewJob,
+    args: &str,
+    lineage: Option<&str>,
+    scopes: Option<&str>,
+) -> Result<Inserted, StoreError> {
     let params = named_params! {
         ":id": job.id, ":tenant": job.tenant, ":user": job.user, ":tool": job.tool,
         ":pool": job.pool, ":args": args, ":max_attempts": job.max_attempts,
         ":timeout_ms": job.timeout_ms, ":now": job.now, ":key": job.idempotency_key,
         ":run_id": job.run_id, ":call_id": job.call_id, ":callback_url": job.callback_url,
+        ":lineage": lineage,
+        ":scopes": scopes,
     };
     if let Some(created) = query_one(c, sql::INSERT_JOB, params, job_from_row)? {
         return Ok(Inserted::Created(created));
@@ -701,6 +721,7 @@ fn append_audit(c: &mut Connection, records: &[AuditRecord]) -> Result<(), Store
                 r.status,
                 r.error_code.map(ErrorCode::as_str),
                 to_i64(r.duration_us),
+                r.parent_run_id,
             ])?;
         }
     }
@@ -769,7 +790,12 @@ impl Store for SqliteStore {
 
     async fn insert_job(&self, job: NewJob) -> Result<Inserted, StoreError> {
         let args = canonical_json(&job.args);
-        self.call(move |c| insert_job(c, &job, &args)).await
+        let lineage = job.lineage.as_ref().map(encode).transpose()?;
+        let scopes = (!job.scopes.is_empty())
+            .then(|| encode(&job.scopes))
+            .transpose()?;
+        self.call(move |c| insert_job(c, &job, &args, lineage.as_deref(), scopes.as_deref()))
+            .await
     }
 
     async fn job(&self, tenant: &str, id: &str) -> Result<Option<JobRecord>, StoreError> {
@@ -837,6 +863,22 @@ impl Store for SqliteStore {
         self.call(move |c| {
             Ok(c.prepare_cached(sql::PROGRESS)?
                 .execute(params![id, worker, progress, now])?
+                > 0)
+        })
+        .await
+    }
+
+    async fn save_checkpoint(
+        &self,
+        id: &str,
+        attempt: u32,
+        checkpoint: &Value,
+        now: i64,
+    ) -> Result<bool, StoreError> {
+        let (id, checkpoint) = (id.to_owned(), encode(checkpoint)?);
+        self.call(move |c| {
+            Ok(c.prepare_cached(sql::CHECKPOINT)?
+                .execute(params![id, attempt, checkpoint, now])?
                 > 0)
         })
         .await

@@ -7,7 +7,8 @@ use crate::JobRecord;
 impl JobRecord {
     /// The `get_job` envelope: `running` (with state, attempts and progress)
     /// until the job settles, then `ok` with the result or `error` with the
-    /// final error and state.
+    /// final error and state. The lineage and the checkpoint are the
+    /// fleet's own bookkeeping and never appear in it.
     pub fn envelope(&self, poll_after_s: u32) -> Envelope {
         match self.state {
             JobState::Succeeded => Envelope::ok(

@@ -136,6 +136,8 @@ fn job(tenant: &str) -> NewJob {
         run_id: new_id(),
         call_id: new_id(),
         callback_url: None,
+        lineage: None,
+        scopes: Vec::new(),
         max_attempts: 3,
         timeout_ms: 60_000,
         now: 1_700_000_000_000,
@@ -181,6 +183,55 @@ async fn a_newer_schema_is_refused() {
         Err(StoreError::Schema(message)) => assert!(message.contains("9999"), "{message}"),
         other => panic!("migrating a newer schema should be refused, got {other:?}"),
     }
+}
+
+mod embedded {
+    refinery::embed_migrations!("../../migrations/postgres");
+}
+
+/// A schema an older toolfleet migrated (version 1) is refused with
+/// directions until `toolfleet migrate` brings it up to date; its jobs then
+/// read back without lineage or checkpoint.
+#[tokio::test]
+async fn an_older_schema_is_refused_until_migrated() {
+    let schema = Schema::empty().await;
+    admin()
+        .await
+        .batch_execute(&format!(r#"CREATE SCHEMA "{}""#, schema.name))
+        .await
+        .expect("create the schema");
+    let mut config: tokio_postgres::Config = url().parse().expect("the test URL");
+    config.options(format!("-c search_path={}", schema.name));
+    let (mut client, connection) = config.connect(NoTls).await.expect("connect");
+    tokio::spawn(connection);
+    embedded::migrations::runner()
+        .set_target(refinery::Target::Version(1))
+        .run_async(&mut client)
+        .await
+        .expect("migrate to version 1");
+    let id = new_id();
+    client
+        .execute(
+            r#"INSERT INTO jobs (id, tenant, "user", tool, pool, args, state, max_attempts,
+                 timeout_ms, run_at, run_id, call_id, created_at, updated_at)
+             VALUES ($1, 'acme', 'alice', 'ocr', 'default', '{}', 'queued', 3, 60000,
+                 1700000000000, 'run-1', 'call-1', 1700000000000, 1700000000000)"#,
+            &[&id],
+        )
+        .await
+        .expect("a job of version 1");
+
+    let message = expect_schema_error(PgStore::connect_in_schema(&url(), &schema.name, 2).await);
+    assert!(message.contains("version 1"), "{message}");
+    assert!(message.contains("older"), "{message}");
+    assert!(message.contains("toolfleet migrate"), "{message}");
+
+    postgres::migrate_in_schema(&url(), &schema.name)
+        .await
+        .expect("migrate to the latest version");
+    let store = schema.store().await;
+    let job = store.job("acme", &id).await.expect("job").expect("kept");
+    assert_eq!((job.lineage, job.checkpoint), (None, None));
 }
 
 #[tokio::test]

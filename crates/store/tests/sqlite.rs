@@ -59,6 +59,8 @@ fn job(tenant: &str) -> NewJob {
         run_id: new_id(),
         call_id: new_id(),
         callback_url: None,
+        lineage: None,
+        scopes: Vec::new(),
         max_attempts: 3,
         timeout_ms: 60_000,
         now: 1_700_000_000_000,
@@ -112,6 +114,56 @@ async fn a_newer_schema_is_refused() {
         Err(other) => panic!("expected a schema error, got {other}"),
         Ok(_) => panic!("a database from a newer toolfleet was opened"),
     }
+    remove(&path);
+}
+
+mod embedded {
+    refinery::embed_migrations!("../../migrations/sqlite");
+}
+
+/// A file that an older toolfleet left at schema version 1 is brought up to
+/// date on open; its jobs read back without lineage or checkpoint, and take
+/// a checkpoint once claimed.
+#[tokio::test]
+async fn a_version_1_file_is_migrated_on_open() {
+    let path = temp_db();
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).expect("create the directory");
+    }
+    let mut conn = rusqlite::Connection::open(&path).expect("open directly");
+    embedded::migrations::runner()
+        .set_target(refinery::Target::Version(1))
+        .run(&mut conn)
+        .expect("migrate to version 1");
+    let id = new_id();
+    conn.execute(
+        "INSERT INTO jobs (id, tenant, user, tool, pool, args, state, max_attempts, timeout_ms,
+             run_at, run_id, call_id, created_at, updated_at)
+         VALUES (?1, 'acme', 'alice', 'ocr', 'default', '{}', 'queued', 3, 60000,
+             1700000000000, 'run-1', 'call-1', 1700000000000, 1700000000000)",
+        [&id],
+    )
+    .expect("a job of version 1");
+    drop(conn);
+
+    let store = SqliteStore::open(&path).await.expect("open and migrate");
+    let job = store.job("acme", &id).await.expect("job").expect("kept");
+    assert_eq!((job.lineage, job.checkpoint), (None, None));
+    let now = 1_700_000_000_000;
+    store
+        .claim(&id, "w1", now, 30_000)
+        .await
+        .expect("claim")
+        .expect("claimable");
+    assert!(
+        store
+            .save_checkpoint(&id, 1, &json!({"step": 1}), now + 1)
+            .await
+            .expect("save_checkpoint")
+    );
+    let job = store.job("acme", &id).await.expect("job").expect("kept");
+    assert_eq!(job.checkpoint, Some(json!({"step": 1})));
+    store.close().await.expect("close");
     remove(&path);
 }
 

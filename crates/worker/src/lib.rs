@@ -243,7 +243,8 @@ impl Worker {
                 false,
             )));
         };
-        let principal = Arc::new(Principal::new(&job.tenant, &job.user, Vec::<String>::new()));
+        // The caller's scopes: what the job calls is authorised as they would be.
+        let principal = Arc::new(Principal::new(&job.tenant, &job.user, job.scopes.clone()));
         let ctx = CallCtx {
             principal,
             run_id: job.run_id.clone(),
@@ -251,7 +252,9 @@ impl Worker {
             // The stable key downstream systems deduplicate retries on.
             idempotency_key: Some(job.id.clone()),
             callback_url: job.callback_url.clone(),
-            lineage: None,
+            // Where the call that made the job stands among agents, so an
+            // agent tool run here knows its depth and its budget.
+            lineage: job.lineage.clone(),
         };
         let cancelled = Arc::new(Notify::new());
         self.lock_running()

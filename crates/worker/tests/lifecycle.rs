@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 use toolfleet_broker::memory::{MemoryBroker, MemoryNotices};
 use toolfleet_broker::{Acker, Broker, BrokerError, Delivery, Notices};
+use toolfleet_core::tool::{Budget, Lineage};
 use toolfleet_core::{CallCtx, ErrorCode, JobState, Json, Runtime, ToolDecl, ToolError, new_id};
 use toolfleet_store::sqlite::SqliteStore;
 use toolfleet_store::{Inserted, JobRecord, Lease, NewJob, Store};
@@ -114,6 +115,8 @@ impl Rig {
                 run_id: "run-1".into(),
                 call_id: new_id(),
                 callback_url: None,
+                lineage: None,
+                scopes: Vec::new(),
                 max_attempts,
                 timeout_ms,
                 now: now_ms(),
@@ -687,6 +690,76 @@ async fn executors_get_the_job_id_as_idempotency_key_on_every_attempt() {
         .await;
     assert_eq!(job.attempts, 3);
     assert_eq!(*keys.lock().unwrap(), vec![Some(id.clone()); 3]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jobs_lineage_and_its_callers_scopes_reach_its_executor() {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let tool = ToolDecl::agent("research").run({
+        let seen = seen.clone();
+        move |ctx: CallCtx, _args: Value| {
+            let seen = seen.clone();
+            async move {
+                seen.lock().unwrap().push((
+                    ctx.run_id.clone(),
+                    ctx.lineage.clone(),
+                    ctx.principal.scopes.iter().cloned().collect::<Vec<_>>(),
+                ));
+                Ok::<_, ToolError>(json!({}))
+            }
+        }
+    });
+    let rig = Rig::new(vec![tool], worker_config(Duration::from_millis(400), 4)).await;
+    let lineage = Lineage {
+        parent_run_id: "run-of-the-caller".to_owned(),
+        depth: 2,
+        budget: Budget {
+            max_steps: 7,
+            max_tokens: 20_000,
+            max_wall_ms: 45_000,
+        },
+    };
+    let with = new_id();
+    let inserted = rig
+        .store
+        .insert_job(NewJob {
+            id: with.clone(),
+            tenant: TENANT.into(),
+            user: "alice".into(),
+            tool: "research".into(),
+            pool: POOL.into(),
+            args: json!({}),
+            idempotency_key: None,
+            run_id: "run-of-the-sub-agent".into(),
+            call_id: new_id(),
+            callback_url: None,
+            lineage: Some(lineage.clone()),
+            scopes: vec!["ledger:read".into()],
+            max_attempts: 1,
+            timeout_ms: 5_000,
+            now: now_ms(),
+        })
+        .await
+        .unwrap();
+    assert!(matches!(inserted, Inserted::Created(_)), "{inserted:?}");
+    let without = rig.insert("research", 1, 5_000).await;
+    for id in [&with, &without] {
+        assert_eq!(
+            rig.worker.run_job(id).await,
+            Handled::Ran(JobState::Succeeded)
+        );
+    }
+    assert_eq!(
+        *seen.lock().unwrap(),
+        vec![
+            (
+                "run-of-the-sub-agent".to_owned(),
+                Some(lineage),
+                vec!["ledger:read".to_owned()]
+            ),
+            ("run-1".to_owned(), None, Vec::new()),
+        ]
+    );
 }
 
 // 7. Shutdown.

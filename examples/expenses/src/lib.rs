@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
-use toolfleet_core::config::{ConfigError, load_builtin_tools};
+use toolfleet_core::config::{ConfigError, ExecutorSpec, bind_builtin, parse_tools};
 use toolfleet_core::{CallCtx, Executor, Json, ToolDecl, ToolError, executor_fn};
 
 /// The pack's declarations, as `toolfleet serve` loads them.
@@ -432,17 +432,22 @@ pub fn builtins(book: Arc<ExpenseBook>) -> BTreeMap<String, Arc<dyn Executor>> {
     map
 }
 
-/// The pack's declarations with their executors bound to `book`.
+/// The pack's declarations with their executors bound to `book`, for a
+/// runtime in this process. The agent tool (`reconcile_month`) is left out:
+/// its loop needs a model, the store and the workers that `toolfleet serve`
+/// brings, and it is bound there.
 pub fn tools(book: Arc<ExpenseBook>) -> Result<Vec<ToolDecl>, ConfigError> {
-    load_builtin_tools(
-        TOOLS_TOML,
-        &|path| {
-            Err(format!(
-                "the expense pack has its schemas inline, not in {path}"
-            ))
-        },
-        &builtins(book),
-    )
+    let builtins = builtins(book);
+    let inline = |path: &str| {
+        Err(format!(
+            "the expense pack has its schemas inline, not in {path}"
+        ))
+    };
+    parse_tools(TOOLS_TOML)?
+        .into_iter()
+        .filter(|tool| !matches!(tool.executor, Some(ExecutorSpec::Agent(_))))
+        .map(|tool| bind_builtin(tool, &inline, &builtins))
+        .collect()
 }
 
 #[cfg(test)]

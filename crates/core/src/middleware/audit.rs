@@ -23,6 +23,10 @@ pub struct AuditRecord {
     pub user: String,
     pub run_id: String,
     pub call_id: String,
+    /// Set when a sub-agent made the call: the run id of the agent it
+    /// serves (its lineage's `parent_run_id`), beside its own `run_id`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parent_run_id: Option<String>,
     /// Arguments with redacted fields masked.
     pub args: Value,
     /// The envelope's status: ok, error, running or suspended.
@@ -113,6 +117,7 @@ impl Layer for Audit {
                 user: ctx.principal.user.clone(),
                 run_id: ctx.run_id.clone(),
                 call_id: ctx.call_id.clone(),
+                parent_run_id: ctx.lineage.as_ref().map(|l| l.parent_run_id.clone()),
                 args,
                 status: envelope.status(),
                 error_code: envelope.error_code(),
