@@ -305,3 +305,54 @@ fn agent_declarations_that_cannot_work_are_refused_at_start() {
         "needs shape = \"agent\"",
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_calling_an_agent_spends_from_its_own_budget() {
+    let model = ScriptedModel::start().await;
+    model.script(
+        "parent",
+        vec![
+            Scripted::Calls {
+                calls: vec![("child_agent".into(), json!({"task": "Sum the receipts."}))],
+                usage: usage(),
+            },
+            Scripted::Answer {
+                text: "The child summed them.".into(),
+                usage: usage(),
+            },
+        ],
+    );
+    model.script(
+        "child",
+        vec![Scripted::Answer {
+            text: "61.87".into(),
+            usage: Usage {
+                input_tokens: 1000,
+                output_tokens: 100,
+            },
+        }],
+    );
+    let dir = TempDir::new("agent-nested");
+    let extra = format!(
+        "{}{}",
+        agent("parent_agent", "openai", &model.base_url(), "parent", &["child_agent"]),
+        agent("child_agent", "anthropic", &model.base_url(), "child", &["find_expenses"])
+            .replace("max_steps = 6", "max_steps = 20"),
+    );
+    let server = Server::start(&dir.0, &config_with(&dir.0, "", &extra));
+    let alice = server.client(TOKEN);
+    let job = start_agent(&alice, "parent_agent").await;
+    let done = settle(&alice, &job).await;
+    let out = &done["result"];
+    assert_eq!(out["status"], "answered", "{done}");
+    // The child's tokens count against the parent: 2 x 60 of its own, 1,100 of the child's.
+    assert_eq!(out["usage"]["total_tokens"], 1220, "{out}");
+    let child = &out["evidence"][0];
+    assert_eq!(child["tool"], "child_agent", "{out}");
+    // The child ran within what the parent had left: 5 of the parent's 6
+    // steps, not the 20 it declares.
+    let jobs = alice.get("/v1/jobs?tool=child_agent").await;
+    let child_job = jobs["jobs"][0]["job_id"].as_str().unwrap().to_owned();
+    let child_done = alice.get(&format!("/v1/jobs/{child_job}")).await;
+    assert_eq!(child_done["result"]["usage"]["budget"]["max_steps"], 5, "{child_done}");
+}
