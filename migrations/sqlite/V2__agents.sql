@@ -26,3 +26,12 @@ ALTER TABLE jobs ADD COLUMN checkpoint TEXT;
 -- The run id of the agent whose step this call was, beside the call's own
 -- run_id (the sub-agent's); NULL for a call no agent made.
 ALTER TABLE audit ADD COLUMN parent_run_id TEXT;
+
+-- The ticket a parked job waits for: an agent whose tool asked a person
+-- gives its worker back ("retrying", never due, no lease) until the ticket
+-- is answered. NULL for every job not parked.
+ALTER TABLE jobs ADD COLUMN waiting_on TEXT;
+
+-- wake: "waiting_on = ?" when a ticket is answered. Partial: only parked
+-- jobs are in it, so it stays as small as the number of open questions.
+CREATE INDEX jobs_waiting ON jobs (waiting_on) WHERE waiting_on IS NOT NULL;

@@ -167,6 +167,9 @@ struct State {
     started_at: i64,
     /// Time spent waiting on people, not counted as wall time.
     suspended_ms: u64,
+    /// When the job was parked on a ticket, while it is.
+    #[serde(default)]
+    parked_at: Option<i64>,
     steps: u32,
     usage: Usage,
     /// Tokens used by agents this one called.
@@ -184,6 +187,7 @@ impl State {
             run_id: new_id(),
             started_at: now_ms(),
             suspended_ms: 0,
+            parked_at: None,
             steps: 0,
             usage: Usage::default(),
             child_tokens: 0,
@@ -249,6 +253,8 @@ enum End {
     Answered(String),
     Exceeded(Exceeded),
     Failed(String),
+    /// Parked on a ticket: the job waits, its worker free, until answered.
+    Parked(String),
 }
 
 /// One run of one agent job.
@@ -294,6 +300,10 @@ impl Run {
         let end = self
             .steps(&runtime, &ctx, depth, &budget, &slot, &mut state)
             .await;
+        if let End::Parked(ticket) = end {
+            // Saved and parked already; the answer wakes the job.
+            return Err(ToolError::parked(format!("waiting for ticket {ticket}")));
+        }
         self.save(&slot, &state).await;
         Ok(Json::from(outcome(&end, &state, &budget)))
     }
@@ -463,7 +473,7 @@ impl Run {
                 self.await_job(runtime, &call_ctx, &id, budget, state)
                     .await?
             }
-            Some(Waiting::Ticket { id }) => self.await_ticket(&call_ctx, &id, state).await?,
+            Some(Waiting::Ticket { id }) => self.await_ticket(&call_ctx, &id, slot, state).await?,
             None => {
                 let first = runtime
                     .invoke(&call.name, call.args.clone(), &call_ctx)
@@ -478,7 +488,7 @@ impl Run {
                     Envelope::Suspended { ticket, .. } => {
                         state.waiting = Some(Waiting::Ticket { id: ticket.clone() });
                         self.save(slot, state).await;
-                        self.await_ticket(&call_ctx, &ticket, state).await?
+                        self.await_ticket(&call_ctx, &ticket, slot, state).await?
                     }
                     other => other,
                 }
@@ -568,13 +578,33 @@ impl Run {
         }
     }
 
-    /// Waits for a person to answer a ticket; the wait is not wall time.
+    /// The answer to a ticket: at once if it has one; else, for a job, the
+    /// job is parked until it does (`Err(End::Parked)`), and outside the
+    /// fleet the call waits. The wait is not wall time.
     async fn await_ticket(
         &self,
         ctx: &CallCtx,
         ticket: &str,
+        slot: &Option<Slot>,
         state: &mut State,
     ) -> Result<Envelope, End> {
+        if let Some(parked_at) = state.parked_at.take() {
+            let waited = u64::try_from(now_ms().saturating_sub(parked_at)).unwrap_or(0);
+            state.suspended_ms = state.suspended_ms.saturating_add(waited);
+        }
+        if let Some(slot) = slot {
+            match self.env.store.ticket(ctx.tenant(), ticket).await {
+                Ok(Some(record)) => {
+                    if let Some(answer) = record.answer {
+                        return Ok(answered(ctx, answer));
+                    }
+                }
+                Ok(None) => return Ok(gone(ticket)),
+                // Park anyway: the answer wakes the job, whatever this read met.
+                Err(error) => tracing::warn!(ticket, %error, "reading a ticket failed"),
+            }
+            return Err(self.park(ctx, ticket, slot, state).await);
+        }
         let began = now_ms();
         let answer = loop {
             // Subscribe before reading, so an answer between the two is seen.
@@ -605,9 +635,42 @@ impl Run {
         let waited = u64::try_from(now_ms().saturating_sub(began)).unwrap_or(0);
         state.suspended_ms = state.suspended_ms.saturating_add(waited);
         Ok(match answer {
-            Ok(answer) => Envelope::ok(Json::from(json!({"answer": answer})), ctx.call_id.clone()),
-            Err(message) => Envelope::error(ToolError::failed(message, false)),
+            Ok(answer) => answered(ctx, answer),
+            Err(_) => gone(ticket),
         })
+    }
+
+    /// Saves the loop and parks its job on `ticket`. An answer that came
+    /// between the read and the park would have found nothing to wake, so
+    /// the ticket is read again after parking and the job woken if so.
+    async fn park(&self, ctx: &CallCtx, ticket: &str, slot: &Slot, state: &mut State) -> End {
+        state.parked_at = Some(now_ms());
+        self.save(
+            &Some(Slot {
+                job_id: slot.job_id.clone(),
+                attempt: slot.attempt,
+            }),
+            state,
+        )
+        .await;
+        let store = &self.env.store;
+        match store
+            .park(&slot.job_id, slot.attempt, ticket, now_ms())
+            .await
+        {
+            Ok(Some(_)) => {
+                let answered = matches!(
+                    store.ticket(ctx.tenant(), ticket).await,
+                    Ok(Some(record)) if record.answer.is_some()
+                );
+                if answered && let Err(error) = store.wake(ticket, now_ms()).await {
+                    tracing::warn!(ticket, %error, "waking a job parked on an answered ticket failed");
+                }
+            }
+            Ok(None) => tracing::warn!(job_id = %slot.job_id, "not parked: the job moved on"),
+            Err(error) => tracing::warn!(job_id = %slot.job_id, %error, "parking failed"),
+        }
+        End::Parked(ticket.to_owned())
     }
 
     /// What the model is told of a call, and the evidence it leaves.
@@ -650,6 +713,15 @@ impl Run {
     }
 }
 
+/// A person's answer, as the model is shown it.
+fn answered(ctx: &CallCtx, answer: Value) -> Envelope {
+    Envelope::ok(Json::from(json!({"answer": answer})), ctx.call_id.clone())
+}
+
+fn gone(ticket: &str) -> Envelope {
+    Envelope::error(ToolError::failed(format!("ticket {ticket} is gone"), false))
+}
+
 /// The tokens an agent tool's result reports it used.
 fn child_tokens(result: &Json) -> u64 {
     serde_json::from_str::<Value>(result.get())
@@ -673,6 +745,11 @@ fn outcome(end: &End, state: &State, budget: &Budget) -> Value {
         End::Answered(text) => ("answered", Value::String(text.clone()), json!({})),
         End::Exceeded(which) => ("budget_exceeded", Value::Null, json!({"exceeded": which})),
         End::Failed(why) => ("failed", Value::Null, json!({"error": why})),
+        End::Parked(ticket) => (
+            "failed",
+            Value::Null,
+            json!({"error": format!("parked on {ticket}")}),
+        ),
     };
     let mut out = json!({
         "status": status,

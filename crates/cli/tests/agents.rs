@@ -1,7 +1,7 @@
 //! Agent tools on a real `toolfleet serve`, their model the scripted server
 //! of this test process speaking the OpenAI and Anthropic wire formats: a
-//! job tool awaited, a human tool suspending the loop until a person
-//! answers, and a process killed mid-loop whose agent resumes from its
+//! job tool awaited, a human tool parking the agent's job (its worker
+//! free) until a person answers, and a process killed mid-loop whose agent resumes from its
 //! checkpoint without making its settled tool calls again.
 
 mod common;
@@ -134,15 +134,34 @@ async fn a_human_tool_suspends_the_agent_until_the_ticket_is_answered() {
             },
         ],
     );
-    let dir = TempDir::new("agent-human");
-    let extra = agent(
-        "asking_agent",
-        "anthropic",
-        &model.base_url(),
-        "claude-asks",
-        &["ask_user"],
+    model.script(
+        "quick",
+        vec![Scripted::Answer {
+            text: "Nothing to do.".into(),
+            usage: usage(),
+        }],
     );
-    let server = Server::start(&dir.0, &config_with(&dir.0, "", &extra));
+    let dir = TempDir::new("agent-human");
+    let extra = format!(
+        "{}{}",
+        agent(
+            "asking_agent",
+            "anthropic",
+            &model.base_url(),
+            "claude-asks",
+            &["ask_user"],
+        ),
+        agent(
+            "quick_agent",
+            "openai",
+            &model.base_url(),
+            "quick",
+            &["find_expenses"]
+        ),
+    );
+    // One worker slot per pool: a waiting agent that held its slot would
+    // keep every other agent from running.
+    let server = Server::start(&dir.0, &config_with(&dir.0, "concurrency = 1", &extra));
     let alice = server.client(TOKEN);
     let seen = events(&alice);
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -165,11 +184,20 @@ async fn a_human_tool_suspends_the_agent_until_the_ticket_is_answered() {
         ticket["result"]["question"], "Is line 7 travel or meals?",
         "{ticket}"
     );
-    let state = alice.get(&format!("/v1/jobs/{job}")).await;
-    assert_eq!(
-        state["status"], "running",
-        "suspended on the person: {state}"
-    );
+    // Parked: the job waits, its worker free for other work.
+    let parked = eventually(Duration::from_secs(10), || {
+        let alice = alice.clone();
+        let job = job.clone();
+        async move {
+            let state = alice.get(&format!("/v1/jobs/{job}")).await;
+            (state["state"] == "retrying").then_some(state)
+        }
+    })
+    .await;
+    assert_eq!(parked["status"], "running", "{parked}");
+    let other = start_agent(&alice, "quick_agent").await;
+    let other = settle(&alice, &other).await;
+    assert_eq!(other["result"]["answer"], "Nothing to do.", "{other}");
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(
         model.requests("claude-asks").len(),
@@ -335,9 +363,21 @@ async fn an_agent_calling_an_agent_spends_from_its_own_budget() {
     let dir = TempDir::new("agent-nested");
     let extra = format!(
         "{}{}",
-        agent("parent_agent", "openai", &model.base_url(), "parent", &["child_agent"]),
-        agent("child_agent", "anthropic", &model.base_url(), "child", &["find_expenses"])
-            .replace("max_steps = 6", "max_steps = 20"),
+        agent(
+            "parent_agent",
+            "openai",
+            &model.base_url(),
+            "parent",
+            &["child_agent"]
+        ),
+        agent(
+            "child_agent",
+            "anthropic",
+            &model.base_url(),
+            "child",
+            &["find_expenses"]
+        )
+        .replace("max_steps = 6", "max_steps = 20"),
     );
     let server = Server::start(&dir.0, &config_with(&dir.0, "", &extra));
     let alice = server.client(TOKEN);
@@ -354,5 +394,8 @@ async fn an_agent_calling_an_agent_spends_from_its_own_budget() {
     let jobs = alice.get("/v1/jobs?tool=child_agent").await;
     let child_job = jobs["jobs"][0]["job_id"].as_str().unwrap().to_owned();
     let child_done = alice.get(&format!("/v1/jobs/{child_job}")).await;
-    assert_eq!(child_done["result"]["usage"]["budget"]["max_steps"], 5, "{child_done}");
+    assert_eq!(
+        child_done["result"]["usage"]["budget"]["max_steps"], 5,
+        "{child_done}"
+    );
 }

@@ -192,6 +192,24 @@ impl ToolError {
         ToolError::new(ErrorCode::ToolFailed, message).retryable(retryable)
     }
 
+    /// The attempt gave its job back to wait (an agent parked on a
+    /// person's answer, see `Store::park`): not a failure, and nothing for
+    /// a worker to settle. Never reaches a client.
+    pub fn parked(message: impl Into<String>) -> Self {
+        ToolError::failed(message, false).with_details(serde_json::json!({"parked": true}))
+    }
+
+    /// True for [`ToolError::parked`].
+    pub fn is_parked(&self) -> bool {
+        self.code == ErrorCode::ToolFailed
+            && self
+                .details
+                .as_ref()
+                .and_then(|d| d.get("parked"))
+                .and_then(Value::as_bool)
+                .unwrap_or(false)
+    }
+
     pub fn invalid_arguments(message: impl Into<String>) -> Self {
         ToolError::new(ErrorCode::InvalidArguments, message)
     }

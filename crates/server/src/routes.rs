@@ -443,6 +443,7 @@ async fn answer_ticket(
     {
         Ok(Some(Answered::Now(ticket))) => {
             let _ = state.notices.publish(&ticket_event(&ticket)).await;
+            wake_parked(&state, &ticket.id).await;
             reply(&Envelope::ok(
                 Json::from(ticket_view(&ticket)),
                 ticket.call_id.clone(),
@@ -457,6 +458,21 @@ async fn answer_ticket(
         )),
         Ok(None) => reply(&ticket_missing(&id)),
         Err(error) => reply(&Envelope::error(store_error(error))),
+    }
+}
+
+/// Jobs parked on an answered ticket (agents waiting for this answer) are
+/// due again: publish them now. The sweeper publishes any this misses.
+async fn wake_parked(state: &AppState, ticket: &str) {
+    match state.store.wake(ticket, now_ms()).await {
+        Ok(jobs) => {
+            for job in jobs {
+                if let Err(error) = state.broker.publish(&job.pool, &job.id).await {
+                    tracing::warn!(job_id = %job.id, %error, "publishing a woken job failed; left to the sweeper");
+                }
+            }
+        }
+        Err(error) => tracing::warn!(ticket, %error, "waking the jobs parked on a ticket failed"),
     }
 }
 

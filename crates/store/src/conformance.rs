@@ -75,6 +75,8 @@ macro_rules! store_conformance {
             concurrent_claims_of_one_job_give_it_to_one_worker,
             concurrent_inserts_with_one_key_make_one_job,
             many_jobs_at_once_each_get_their_own_answer,
+            a_parked_job_waits_for_its_ticket,
+            a_parked_job_can_be_cancelled_and_stays_so,
             lineage_travels_with_the_job,
             many_jobs_at_once_keep_their_own_lineage,
             a_checkpoint_is_saved_for_the_current_attempt_only,
@@ -1517,4 +1519,84 @@ pub async fn audit_keeps_the_parent_run_id(store: &dyn Store) {
         store.audit(&t, 10).await.expect("audit"),
         vec![plain, failed, step]
     );
+}
+
+/// A parked job gives its worker back until its ticket is answered: not
+/// claimable however late, unleased, its attempt given back; woken, it is
+/// due again with its checkpoint.
+pub async fn a_parked_job_waits_for_its_ticket(store: &dyn Store) {
+    let job = running(store, &tenant(), "w1").await;
+    let saved = json!({"step": 3});
+    assert!(
+        store
+            .save_checkpoint(&job.id, 1, &saved, BASE + 1)
+            .await
+            .expect("save_checkpoint")
+    );
+    let ticket = format!("t_{}", new_id());
+    let stale = store.park(&job.id, 2, &ticket, BASE + 2).await;
+    assert_eq!(stale.expect("park"), None, "another attempt cannot park it");
+    let parked = store
+        .park(&job.id, 1, &ticket, BASE + 2)
+        .await
+        .expect("park")
+        .expect("the running attempt parks it");
+    assert_eq!(
+        (parked.state, parked.attempts, parked.lease_owner.as_deref()),
+        (JobState::Retrying, 0, None)
+    );
+    assert_eq!(
+        claim(store, &job.id, "w2", LATER).await,
+        None,
+        "never due while parked"
+    );
+    let other = store.wake(&format!("t_{}", new_id()), BASE + 3).await;
+    assert!(
+        other.expect("wake").is_empty(),
+        "another ticket wakes nothing"
+    );
+    let woken = store.wake(&ticket, BASE + 4).await.expect("wake");
+    assert_eq!(woken.len(), 1);
+    assert_eq!(
+        (woken[0].id.as_str(), woken[0].run_at),
+        (job.id.as_str(), BASE + 4)
+    );
+    assert!(
+        store
+            .wake(&ticket, BASE + 5)
+            .await
+            .expect("wake")
+            .is_empty()
+    );
+    let again = claim(store, &job.id, "w2", BASE + 5)
+        .await
+        .expect("due once woken");
+    assert_eq!(again.attempts, 1, "waiting for a person cost no attempt");
+    assert_eq!(again.checkpoint, Some(saved));
+}
+
+/// Cancelling a parked job settles it; its ticket's answer does not revive it.
+pub async fn a_parked_job_can_be_cancelled_and_stays_so(store: &dyn Store) {
+    let t = tenant();
+    let job = running(store, &t, "w1").await;
+    let ticket = format!("t_{}", new_id());
+    store
+        .park(&job.id, 1, &ticket, BASE + 1)
+        .await
+        .expect("park")
+        .expect("parked");
+    let cancelled = store
+        .cancel(&t, &job.id, BASE + 2)
+        .await
+        .expect("cancel")
+        .expect("the job");
+    assert_eq!(cancelled.state, JobState::Cancelled);
+    assert!(
+        store
+            .wake(&ticket, BASE + 3)
+            .await
+            .expect("wake")
+            .is_empty()
+    );
+    assert_eq!(reread(store, &job).await.state, JobState::Cancelled);
 }

@@ -269,6 +269,20 @@ pub trait Store: Send + Sync + 'static {
         checkpoint: &Value,
         now: i64,
     ) -> Result<bool, StoreError>;
+    /// running (this attempt) -> parked on `ticket`: shown as `retrying`,
+    /// never due and unleased until [`Store::wake`], and the attempt given
+    /// back (waiting for a person is not a failed attempt). For an agent
+    /// whose tool asked a person: its worker is free meanwhile. The parked
+    /// job, or `None` when this attempt no longer holds it.
+    async fn park(
+        &self,
+        id: &str,
+        attempt: u32,
+        ticket: &str,
+        now: i64,
+    ) -> Result<Option<JobRecord>, StoreError>;
+    /// Jobs parked on `ticket` -> due at `now`. The jobs woken, to publish.
+    async fn wake(&self, ticket: &str, now: i64) -> Result<Vec<JobRecord>, StoreError>;
     /// running (held by `worker`) -> succeeded. The settled job, or `None`
     /// when the worker no longer held it.
     async fn succeed(

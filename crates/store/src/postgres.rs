@@ -160,6 +160,27 @@ mod sql {
     /// running (this attempt) -> running, checkpoint saved. By attempt, not
     /// lease owner: a worker that lost the job to a newer claim, even its
     /// own, no longer matches.
+    /// running (this attempt) -> retrying, parked on a ticket: never due,
+    /// unleased, the attempt given back.
+    pub const PARK: &str = concat!(
+        "
+        UPDATE jobs SET state = 'retrying', run_at = 9223372036854775807,
+            attempts = attempts - 1, lease_owner = NULL, lease_until = NULL,
+            waiting_on = $3, updated_at = $4
+        WHERE id = $1 AND state = 'running' AND attempts = $2
+        RETURNING ",
+        job_columns!()
+    );
+
+    /// Parked on the ticket -> due now.
+    pub const WAKE: &str = concat!(
+        "
+        UPDATE jobs SET run_at = $2, waiting_on = NULL, updated_at = $2
+        WHERE waiting_on = $1 AND state = 'retrying'
+        RETURNING ",
+        job_columns!()
+    );
+
     pub const CHECKPOINT: &str = "
         UPDATE jobs SET checkpoint = $3, updated_at = $4
         WHERE id = $1 AND state = 'running' AND attempts = $2";
@@ -1276,6 +1297,23 @@ impl Store for PgStore {
         let attempt = i64::from(attempt);
         let c = self.client().await?;
         Ok(execute(&c, sql::CHECKPOINT, &[&id, &attempt, &checkpoint, &now]).await? > 0)
+    }
+
+    async fn park(
+        &self,
+        id: &str,
+        attempt: u32,
+        ticket: &str,
+        now: i64,
+    ) -> Result<Option<JobRecord>, StoreError> {
+        let attempt = i64::from(attempt);
+        let c = self.client().await?;
+        query_one(&c, sql::PARK, &[&id, &attempt, &ticket, &now], job_from_row).await
+    }
+
+    async fn wake(&self, ticket: &str, now: i64) -> Result<Vec<JobRecord>, StoreError> {
+        let c = self.client().await?;
+        query_all(&c, sql::WAKE, &[&ticket, &now], job_from_row).await
     }
 
     async fn succeed(

@@ -84,6 +84,21 @@ mod sql {
     /// running (this attempt) -> running, checkpoint saved. By attempt, not
     /// lease owner: a worker that lost the job to a newer claim, even its
     /// own, no longer matches.
+    /// running (this attempt) -> retrying, parked on a ticket: never due,
+    /// unleased, the attempt given back.
+    pub const PARK: &str = "
+        UPDATE jobs SET state = 'retrying', run_at = 9223372036854775807,
+            attempts = attempts - 1, lease_owner = NULL, lease_until = NULL,
+            waiting_on = ?3, updated_at = ?4
+        WHERE id = ?1 AND state = 'running' AND attempts = ?2
+        RETURNING *";
+
+    /// Parked on the ticket -> due now.
+    pub const WAKE: &str = "
+        UPDATE jobs SET run_at = ?2, waiting_on = NULL, updated_at = ?2
+        WHERE waiting_on = ?1 AND state = 'retrying'
+        RETURNING *";
+
     pub const CHECKPOINT: &str = "
         UPDATE jobs SET checkpoint = ?3, updated_at = ?4
         WHERE id = ?1 AND state = 'running' AND attempts = ?2";
@@ -882,6 +897,31 @@ impl Store for SqliteStore {
                 > 0)
         })
         .await
+    }
+
+    async fn park(
+        &self,
+        id: &str,
+        attempt: u32,
+        ticket: &str,
+        now: i64,
+    ) -> Result<Option<JobRecord>, StoreError> {
+        let (id, ticket) = (id.to_owned(), ticket.to_owned());
+        self.call(move |c| {
+            query_one(
+                c,
+                sql::PARK,
+                params![id, attempt, ticket, now],
+                job_from_row,
+            )
+        })
+        .await
+    }
+
+    async fn wake(&self, ticket: &str, now: i64) -> Result<Vec<JobRecord>, StoreError> {
+        let ticket = ticket.to_owned();
+        self.call(move |c| query_all(c, sql::WAKE, params![ticket, now], job_from_row))
+            .await
     }
 
     async fn succeed(

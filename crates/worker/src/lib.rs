@@ -298,6 +298,18 @@ impl Worker {
         let now = now_ms();
         let worker = &self.config.id;
         let settled = match outcome {
+            Outcome::Done(Err(error)) if error.is_parked() => {
+                // The executor parked its job (it waits for a person): the
+                // store says how it stands; there is nothing to settle.
+                tracing::info!(job_id = %job.id, "job parked: {}", error.message);
+                return match self.store.job_by_id(&job.id).await {
+                    Ok(Some(job)) => {
+                        self.announce(&job).await;
+                        Handled::Ran(job.state)
+                    }
+                    _ => Handled::Interrupted,
+                };
+            }
             Outcome::Done(Ok(result)) => self.store.succeed(&job.id, worker, &result, now).await,
             Outcome::Done(Err(error)) => {
                 let retry = (error.retryable && job.attempts < job.max_attempts)
