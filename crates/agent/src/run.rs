@@ -270,6 +270,16 @@ struct Slot {
     attempt: u32,
 }
 
+/// What one run works within: the runtime its calls go through, the call
+/// that started it, its depth among agents, its budget, and its checkpoint.
+struct Frame {
+    runtime: Arc<Runtime>,
+    ctx: CallCtx,
+    depth: u32,
+    budget: Budget,
+    slot: Option<Slot>,
+}
+
 impl Run {
     async fn run(self, ctx: CallCtx, args: Value) -> Result<Json, ToolError> {
         let task = match args.get("task").and_then(Value::as_str) {
@@ -297,15 +307,20 @@ impl Run {
             None => State::fresh(&task),
         };
         self.save(&slot, &state).await;
-        let end = self
-            .steps(&runtime, &ctx, depth, &budget, &slot, &mut state)
-            .await;
+        let frame = Frame {
+            runtime,
+            ctx,
+            depth,
+            budget,
+            slot,
+        };
+        let end = self.steps(&frame, &mut state).await;
         if let End::Parked(ticket) = end {
             // Saved and parked already; the answer wakes the job.
             return Err(ToolError::parked(format!("waiting for ticket {ticket}")));
         }
-        self.save(&slot, &state).await;
-        Ok(Json::from(outcome(&end, &state, &budget)))
+        self.save(&frame.slot, &state).await;
+        Ok(Json::from(outcome(&end, &state, &frame.budget)))
     }
 
     /// The job this run belongs to and its checkpoint, if it has one. A
@@ -354,16 +369,9 @@ impl Run {
         }
     }
 
-    async fn steps(
-        &self,
-        runtime: &Arc<Runtime>,
-        ctx: &CallCtx,
-        depth: u32,
-        budget: &Budget,
-        slot: &Option<Slot>,
-        state: &mut State,
-    ) -> End {
-        let tools = self.offered(runtime);
+    async fn steps(&self, f: &Frame, state: &mut State) -> End {
+        let (budget, slot) = (&f.budget, &f.slot);
+        let tools = self.offered(&f.runtime);
         loop {
             if let Some(calls) = state.open_calls() {
                 // A reply whose calls the model can never see the results of
@@ -372,9 +380,7 @@ impl Run {
                     return End::Exceeded(exceeded);
                 }
                 for (n, call) in calls.iter().enumerate().skip(state.pending.len()) {
-                    let made = self
-                        .call_tool(runtime, ctx, depth, budget, slot, state, n, call)
-                        .await;
+                    let made = self.call_tool(f, state, n, call).await;
                     let result = match made {
                         Ok(result) => result,
                         Err(end) => return end,
@@ -432,18 +438,14 @@ impl Run {
     }
 
     /// Makes one tool call and awaits what it started; `Err` ends the loop.
-    #[allow(clippy::too_many_arguments)]
     async fn call_tool(
         &self,
-        runtime: &Arc<Runtime>,
-        ctx: &CallCtx,
-        depth: u32,
-        budget: &Budget,
-        slot: &Option<Slot>,
+        f: &Frame,
         state: &mut State,
         n: usize,
         call: &ToolCall,
     ) -> Result<ToolResult, End> {
+        let (runtime, slot) = (&f.runtime, &f.slot);
         let refuse = |message: String| ToolResult {
             call_id: call.id.clone(),
             name: call.name.clone(),
@@ -460,19 +462,16 @@ impl Run {
         let Some(tool) = runtime.registry().get(&call.name).cloned() else {
             return Ok(refuse(format!("`{}` is not registered", call.name)));
         };
-        if tool.shape() == Shape::Agent && depth + 1 > self.env.max_depth {
+        if tool.shape() == Shape::Agent && f.depth + 1 > self.env.max_depth {
             return Ok(refuse(format!(
                 "`{}` is an agent, and agents nest at most {} deep: do this part yourself",
                 call.name, self.env.max_depth
             )));
         }
-        let call_ctx = self.call_ctx(ctx, depth, budget, slot, state, n, tool.shape());
+        let call_ctx = self.call_ctx(f, state, n, tool.shape());
         let envelope = match state.waiting.clone() {
             // Resumed while awaiting what this call started: await it again.
-            Some(Waiting::Job { id }) => {
-                self.await_job(runtime, &call_ctx, &id, budget, state)
-                    .await?
-            }
+            Some(Waiting::Job { id }) => self.await_job(f, &call_ctx, &id, state).await?,
             Some(Waiting::Ticket { id }) => self.await_ticket(&call_ctx, &id, slot, state).await?,
             None => {
                 let first = runtime
@@ -482,8 +481,7 @@ impl Run {
                     Envelope::Running { job_id, .. } => {
                         state.waiting = Some(Waiting::Job { id: job_id.clone() });
                         self.save(slot, state).await;
-                        self.await_job(runtime, &call_ctx, &job_id, budget, state)
-                            .await?
+                        self.await_job(f, &call_ctx, &job_id, state).await?
                     }
                     Envelope::Suspended { ticket, .. } => {
                         state.waiting = Some(Waiting::Ticket { id: ticket.clone() });
@@ -499,17 +497,8 @@ impl Run {
 
     /// The context of a call the agent makes: its own run, the scopes it
     /// was given that its caller also has, and its lineage.
-    #[allow(clippy::too_many_arguments)]
-    fn call_ctx(
-        &self,
-        ctx: &CallCtx,
-        depth: u32,
-        budget: &Budget,
-        slot: &Option<Slot>,
-        state: &State,
-        n: usize,
-        shape: Shape,
-    ) -> CallCtx {
+    fn call_ctx(&self, f: &Frame, state: &State, n: usize, shape: Shape) -> CallCtx {
+        let ctx = &f.ctx;
         let given: BTreeSet<&String> = self.spec.scopes.iter().collect();
         let scopes: Vec<String> = ctx
             .principal
@@ -524,7 +513,7 @@ impl Run {
             scopes,
         ));
         // A job started again after a restart is the same job.
-        let idempotency_key = match (slot, shape) {
+        let idempotency_key = match (&f.slot, shape) {
             (Some(slot), Shape::Job | Shape::Agent) => {
                 Some(format!("{}:{}:{n}", slot.job_id, state.steps))
             }
@@ -538,8 +527,8 @@ impl Run {
             callback_url: None,
             lineage: Some(Lineage {
                 parent_run_id: ctx.run_id.clone(),
-                depth,
-                budget: state.remaining(budget),
+                depth: f.depth,
+                budget: state.remaining(&f.budget),
             }),
         }
     }
@@ -547,20 +536,19 @@ impl Run {
     /// Long-polls a job until it settles; `Err` when the wall time runs out.
     async fn await_job(
         &self,
-        runtime: &Arc<Runtime>,
+        f: &Frame,
         ctx: &CallCtx,
         job_id: &str,
-        budget: &Budget,
         state: &State,
     ) -> Result<Envelope, End> {
         loop {
-            let left = state.remaining(budget).max_wall_ms;
+            let left = state.remaining(&f.budget).max_wall_ms;
             if left == 0 {
                 return Err(End::Exceeded(Exceeded::WallTime));
             }
             let wait_s = Duration::from_millis(left).min(POLL).as_secs().max(1);
             let args = json!({"job_id": job_id, "wait_s": wait_s});
-            let poll = runtime.invoke("get_job", args, ctx).await;
+            let poll = f.runtime.invoke("get_job", args, ctx).await;
             let job = match poll {
                 Envelope::Ok { result, .. } => serde_json::from_str::<Envelope>(result.get()).ok(),
                 other => return Ok(other),
