@@ -37,6 +37,32 @@ pub struct WebhookConfig {
     pub secret: Option<String>,
 }
 
+/// `[mcp]`: how `/mcp` and `toolfleet mcp` behave.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpConfig {
+    /// Browser origins (`https://app.example.com`) that may call `/mcp`
+    /// beside the server's own host.
+    #[serde(default)]
+    pub allowed_origins: Vec<String>,
+    /// Tools per `tools/list` page.
+    #[serde(default = "default_mcp_page_size")]
+    pub page_size: usize,
+}
+
+fn default_mcp_page_size() -> usize {
+    toolfleet_mcp::DEFAULT_PAGE_SIZE
+}
+
+impl Default for McpConfig {
+    fn default() -> Self {
+        McpConfig {
+            allowed_origins: Vec::new(),
+            page_size: default_mcp_page_size(),
+        }
+    }
+}
+
 /// How settled work is announced to every process of a fleet: the `notices`
 /// key, or `TOOLFLEET_NOTICES`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -103,6 +129,8 @@ pub struct Config {
     pub auth: AuthConfig,
     #[serde(default)]
     pub webhooks: WebhookConfig,
+    #[serde(default)]
+    pub mcp: McpConfig,
     /// Parsed separately, with their file's directory for schema files.
     #[serde(default, rename = "tools")]
     _tools: Vec<toml::Value>,

@@ -64,6 +64,9 @@ enum Command {
     },
     /// Run no-op jobs through the HTTP path and print throughput and latency.
     Bench(bench::BenchArgs),
+    /// Serve MCP over stdin and stdout, as the principal of TOOLFLEET_TOKEN,
+    /// with this process's own runtime and workers on the configured backends.
+    Mcp,
 }
 
 /// Separate dispatchers and workers share work only through PostgreSQL and RabbitMQ.
@@ -103,6 +106,7 @@ fn main() -> ExitCode {
                     dispatcher: true,
                     pools: None,
                     no_workers: true,
+                    http: true,
                 };
                 serve::run(config, roles).await
             }
@@ -119,6 +123,7 @@ fn main() -> ExitCode {
                         dispatcher: false,
                         pools,
                         no_workers: false,
+                        http: false,
                     },
                 )
                 .await
@@ -132,6 +137,7 @@ fn main() -> ExitCode {
                 server,
             } => client::call(&config, &server, &tool, &args, wait).await,
             Command::Bench(args) => bench::bench(config, args).await,
+            Command::Mcp => serve::mcp_stdio(config).await,
         }
     });
     match outcome {

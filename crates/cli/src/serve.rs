@@ -18,8 +18,8 @@ use toolfleet_core::{
 };
 use toolfleet_executors::{Binder, http_client};
 use toolfleet_server::{
-    AppState, Auth, Dispatcher, Limits, Metrics, StoreAuditSink, StoreCommitLog, status_tools,
-    token_sha256,
+    AppState, Auth, Dispatcher, Limits, McpSettings, Metrics, StoreAuditSink, StoreCommitLog,
+    status_tools, token_sha256,
 };
 use toolfleet_store::Store;
 use toolfleet_store::postgres::PgStore;
@@ -250,6 +250,8 @@ pub struct Roles {
     pub pools: Option<Vec<String>>,
     /// Run no workers at all.
     pub no_workers: bool,
+    /// With `dispatcher`: listen for HTTP (`toolfleet mcp` speaks on stdio instead).
+    pub http: bool,
 }
 
 impl Roles {
@@ -259,6 +261,7 @@ impl Roles {
             dispatcher: true,
             pools: None,
             no_workers: false,
+            http: true,
         }
     }
 }
@@ -278,6 +281,10 @@ pub async fn run(config: Config, roles: Roles) -> Result<(), String> {
 pub struct Served {
     /// Where the HTTP API listens, for processes that serve it.
     pub address: Option<std::net::SocketAddr>,
+    /// The runtime every call goes through.
+    pub runtime: Arc<Runtime>,
+    /// The known tokens, for processes that dispatch.
+    pub auth: Option<Arc<Auth>>,
     stop: watch::Sender<bool>,
     done: tokio::task::JoinHandle<Result<(), String>>,
 }
@@ -448,6 +455,8 @@ pub async fn start(config: Config, extra: Vec<ToolDecl>, roles: Roles) -> Result
     }
     let mut address = None;
     let mut server = None;
+    let mut known = None;
+    let served_runtime = runtime.clone();
     if roles.dispatcher {
         // Expired leases and lost retries are found within a lease, at most 10 s.
         let period = lease.min(Duration::from_secs(10));
@@ -468,38 +477,45 @@ pub async fn start(config: Config, extra: Vec<ToolDecl>, roles: Roles) -> Result
             webhook_key.into_bytes(),
             stopped.clone(),
         ));
-        let auth = authentication(&config, &runtime)?;
+        let auth = Arc::new(authentication(&config, &runtime)?);
+        known = Some(auth.clone());
         let state = AppState {
             runtime,
             store,
             broker,
             notices,
-            auth: Arc::new(auth),
+            auth,
             webhook_allow: Arc::new(config.webhooks.allow.clone()),
             limits: Limits {
                 max_body: config.max_body_bytes,
                 ..Limits::default()
             },
             metrics: Arc::new(Metrics::default()),
+            mcp: McpSettings {
+                allowed_origins: Arc::new(config.mcp.allowed_origins.clone()),
+                page_size: config.mcp.page_size,
+            },
             stopping: stopped.clone(),
         };
-        let listener = tokio::net::TcpListener::bind(&config.listen)
-            .await
-            .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
-        let bound = listener.local_addr().map_err(|e| e.to_string())?;
-        eprintln!(
-            "toolfleet serving on http://{bound} (data in {})",
-            config.data_dir.display()
-        );
-        address = Some(bound);
-        let mut shutdown = stopped.clone();
-        server = Some(
-            axum::serve(listener, toolfleet_server::router(state)).with_graceful_shutdown(
-                async move {
-                    let _ = shutdown.changed().await;
-                },
-            ),
-        );
+        if roles.http {
+            let listener = tokio::net::TcpListener::bind(&config.listen)
+                .await
+                .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
+            let bound = listener.local_addr().map_err(|e| e.to_string())?;
+            eprintln!(
+                "toolfleet serving on http://{bound} (data in {})",
+                config.data_dir.display()
+            );
+            address = Some(bound);
+            let mut shutdown = stopped.clone();
+            server = Some(
+                axum::serve(listener, toolfleet_server::router(state)).with_graceful_shutdown(
+                    async move {
+                        let _ = shutdown.changed().await;
+                    },
+                ),
+            );
+        }
     } else {
         eprintln!("toolfleet worker running ({} pools)", workers.len());
     }
@@ -514,6 +530,8 @@ pub async fn start(config: Config, extra: Vec<ToolDecl>, roles: Roles) -> Result
     });
     Ok(Served {
         address,
+        runtime: served_runtime,
+        auth: known,
         stop,
         done,
     })
@@ -533,4 +551,48 @@ async fn wait_for_signal() {
         }
     }
     let _ = tokio::signal::ctrl_c().await;
+}
+
+/// `toolfleet mcp`: MCP over stdio as the principal of `TOOLFLEET_TOKEN`
+/// (a configured token, or the development token when none is configured),
+/// with this process's own runtime, workers and sweeper on the configured
+/// backends. Refuses to start without a known token. Logs go to stderr:
+/// stdout carries only the protocol.
+pub async fn mcp_stdio(config: Config) -> Result<(), String> {
+    let token = std::env::var("TOOLFLEET_TOKEN")
+        .ok()
+        .filter(|t| !t.trim().is_empty())
+        .ok_or_else(|| {
+            "toolfleet mcp needs TOOLFLEET_TOKEN: a token of [[auth.tokens]], or the development token `toolfleet serve` prints".to_owned()
+        })?;
+    let options = toolfleet_mcp::Options {
+        page_size: config.mcp.page_size,
+        max_body: config.max_body_bytes,
+        on_call: None,
+    };
+    let roles = Roles {
+        dispatcher: true,
+        pools: None,
+        no_workers: false,
+        http: false,
+    };
+    let served = start(config, Vec::new(), roles).await?;
+    let bearer = format!("Bearer {}", token.trim());
+    let principal = match served.auth.as_ref().map(|a| a.principal(Some(&bearer))) {
+        Some(Ok(principal)) => principal,
+        Some(Err(error)) => {
+            let _ = served.stop().await;
+            return Err(format!("TOOLFLEET_TOKEN: {}", error.message));
+        }
+        None => {
+            let _ = served.stop().await;
+            return Err("no tokens are known to this process".to_owned());
+        }
+    };
+    let outcome = tokio::select! {
+        outcome = toolfleet_mcp::serve_stdio(served.runtime.clone(), principal, options) => outcome,
+        _ = wait_for_signal() => Ok(()),
+    };
+    let stopped = served.stop().await;
+    outcome.and(stopped)
 }

@@ -9,6 +9,7 @@
 
 pub mod auth;
 pub mod dispatch;
+mod mcp;
 mod metrics;
 mod routes;
 mod status;
@@ -44,6 +45,25 @@ impl Default for Limits {
     }
 }
 
+/// How `/mcp` behaves.
+#[derive(Debug, Clone)]
+pub struct McpSettings {
+    /// Browser origins (`scheme://host[:port]`, or `null`) allowed beside the
+    /// server's own host; any other `Origin` is refused with 403.
+    pub allowed_origins: Arc<Vec<String>>,
+    /// Tools per `tools/list` page.
+    pub page_size: usize,
+}
+
+impl Default for McpSettings {
+    fn default() -> Self {
+        McpSettings {
+            allowed_origins: Arc::new(Vec::new()),
+            page_size: toolfleet_mcp::DEFAULT_PAGE_SIZE,
+        }
+    }
+}
+
 /// Everything a request handler reaches.
 #[derive(Clone)]
 pub struct AppState {
@@ -56,6 +76,8 @@ pub struct AppState {
     pub webhook_allow: Arc<Vec<String>>,
     pub limits: Limits,
     pub metrics: Arc<Metrics>,
+    /// How `/mcp` behaves.
+    pub mcp: McpSettings,
     /// Turns true when the server stops; long-lived answers end then.
     pub stopping: tokio::sync::watch::Receiver<bool>,
 }

@@ -27,6 +27,7 @@ use crate::status::{cancel_job, get_job};
 /// The router of every route.
 pub fn router(state: AppState) -> Router {
     Router::new()
+        .merge(crate::mcp::routes(&state))
         .route("/v1/tools", get(tools))
         .route("/v1/calls", post(call))
         .route("/v1/jobs", get(list_jobs))

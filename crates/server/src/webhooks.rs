@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
-use hmac::{Hmac, Mac};
+use hmac::{Hmac, KeyInit, Mac};
 use serde_json::{Value, json};
 use sha2::Sha256;
 use tokio::sync::watch;
@@ -28,7 +28,7 @@ const CLAIM_MS: i64 = 30 * 60 * 1000;
 /// The signature header value of `body` at `t`.
 pub fn signature(key: &[u8], t: u64, body: &str) -> String {
     // HMAC takes keys of any length.
-    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(key).expect("any key length");
+    let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(key).expect("any key length");
     mac.update(format!("{t}.{body}").as_bytes());
     format!("t={t},v1={}", hex::encode(mac.finalize().into_bytes()))
 }

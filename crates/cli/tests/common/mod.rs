@@ -343,14 +343,14 @@ pub async fn hook_receiver(
 
 /// Checks a `Toolfleet-Signature` against the test configuration's key.
 pub fn signed(signature: &str, body: &str) -> bool {
-    use hmac::{Hmac, Mac};
+    use hmac::{Hmac, KeyInit, Mac};
     let Some((t, v1)) = signature.split_once(",v1=") else {
         return false;
     };
     let Some(t) = t.strip_prefix("t=") else {
         return false;
     };
-    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(b"test-webhook-key").unwrap();
+    let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(b"test-webhook-key").unwrap();
     mac.update(format!("{t}.{body}").as_bytes());
     hex::encode(mac.finalize().into_bytes()) == v1
 }

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures_util::future::BoxFuture;
-use hmac::{Hmac, Mac};
+use hmac::{Hmac, KeyInit, Mac};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use tokio::sync::Notify;
@@ -73,7 +73,7 @@ impl ConfirmSigner {
 
     fn mac(&self, digest: &str, exp: u64, nonce: &str) -> String {
         // HMAC takes keys of any length.
-        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&self.key).expect("any key length");
+        let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(&self.key).expect("any key length");
         mac.update(format!("{TOKEN_PREFIX}.{exp}.{nonce}.{digest}").as_bytes());
         hex::encode(mac.finalize().into_bytes())
     }

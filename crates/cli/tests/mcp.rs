@@ -1,0 +1,133 @@
+//! MCP end to end with a real client, the official Python SDK (`mcp`, pinned
+//! and installed by `.ci/run`): over Streamable HTTP against `toolfleet serve`
+//! (bearer token, 401 and its challenge without one, a foreign Origin refused,
+//! each revision's handshake) and over stdio against `toolfleet mcp`, in the
+//! SDK's `auto` mode (server/discover, 2026-07-28) and `legacy` mode (the
+//! initialize handshake). tests/mcp/client.py lists every page of tools,
+//! checks find_expenses' annotations, calls it, gets `isError` for bad
+//! arguments, and runs start_receipt_ocr to its end through get_job.
+//!
+//! Without python3 or the package the test is skipped, except under CI
+//! (`CI` set), where it fails.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use common::{Server, TOKEN, TempDir, config_with};
+use serde_json::Value;
+
+/// Whether the client can run here; under CI it must.
+fn python_ready() -> bool {
+    let ready = Command::new("python3")
+        .args(["-c", "import mcp, httpx2"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ready {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "python3 with the `mcp` package is required under CI (.ci/run installs it)"
+        );
+        eprintln!("skipped: python3 with the `mcp` package is not installed");
+    }
+    ready
+}
+
+fn client_script() -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/mcp/client.py")
+        .display()
+        .to_string()
+}
+
+/// Runs the client with `args`; its last line is what it saw.
+fn run_client(args: &[&str]) -> Value {
+    let output = Command::new("python3")
+        .arg(client_script())
+        .args(args)
+        .output()
+        .expect("python3 runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "the MCP client failed ({args:?}):\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let last = stdout.lines().last().unwrap_or_default();
+    serde_json::from_str(last).unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}"))
+}
+
+/// Three tools a page, so the client must follow `nextCursor`.
+fn mcp_config(dir: &Path) -> String {
+    config_with(dir, "", "\n[mcp]\npage_size = 3\n")
+}
+
+fn check_seen(seen: &Value, version: &str) {
+    assert_eq!(seen["protocol_version"], version, "{seen}");
+    assert!(seen["pages"].as_u64().unwrap_or(0) >= 2, "{seen}");
+    assert!(seen["lines"].as_u64().unwrap_or(0) > 0, "{seen}");
+    assert!(seen["job_result"]["receipts"].is_array(), "{seen}");
+}
+
+#[test]
+fn a_real_client_over_streamable_http() {
+    if !python_ready() {
+        return;
+    }
+    let dir = TempDir::new("mcp-http");
+    let server = Server::start(&dir.0, &mcp_config(&dir.0));
+    let url = format!("{}/mcp", server.base);
+    let modern = run_client(&["http", &url, TOKEN, "auto"]);
+    check_seen(&modern, "2026-07-28");
+    assert_eq!(modern["handshakes"]["2025-06-18"], "2025-06-18");
+    assert_eq!(modern["handshakes"]["2025-11-25"], "2025-11-25");
+    let legacy = run_client(&["http", &url, TOKEN, "legacy"]);
+    check_seen(&legacy, "2025-11-25");
+}
+
+#[test]
+fn a_real_client_over_stdio() {
+    if !python_ready() {
+        return;
+    }
+    let dir = TempDir::new("mcp-stdio");
+    let config = dir.0.join("toolfleet.toml");
+    std::fs::write(&config, mcp_config(&dir.0)).expect("config written");
+    let binary = env!("CARGO_BIN_EXE_toolfleet");
+    let config = config.display().to_string();
+    check_seen(
+        &run_client(&["stdio", binary, &config, TOKEN, "auto"]),
+        "2026-07-28",
+    );
+    check_seen(
+        &run_client(&["stdio", binary, &config, TOKEN, "legacy"]),
+        "2025-11-25",
+    );
+}
+
+#[test]
+fn stdio_refuses_to_start_without_a_known_token() {
+    let dir = TempDir::new("mcp-token");
+    let config = dir.0.join("toolfleet.toml");
+    std::fs::write(&config, mcp_config(&dir.0)).expect("config written");
+    for token in [None, Some(""), Some("tf_not_known")] {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_toolfleet"));
+        command
+            .arg("--config")
+            .arg(&config)
+            .arg("mcp")
+            .env_remove("TOOLFLEET_TOKEN")
+            .stdin(Stdio::null());
+        if let Some(token) = token {
+            command.env("TOOLFLEET_TOKEN", token);
+        }
+        let output = command.output().expect("toolfleet runs");
+        assert!(!output.status.success(), "{token:?} was accepted");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains("TOOLFLEET_TOKEN"), "{token:?}: {stderr}");
+        assert!(output.stdout.is_empty(), "stdout carries only the protocol");
+    }
+}

@@ -1,0 +1,222 @@
+//! `/mcp`: MCP over Streamable HTTP behind the same bearer tokens as the rest
+//! of the API, and its OAuth protected-resource metadata (RFC 9728). The
+//! protocol is toolfleet-mcp's; this module only checks who may speak it.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get};
+use serde_json::json;
+use toolfleet_core::{Envelope, ErrorCode, ToolError};
+use toolfleet_mcp::{HttpEndpoint, Options};
+
+use crate::AppState;
+
+/// Where the protected-resource metadata is served: the plain well-known
+/// path, and RFC 9728's form with the resource's path appended.
+pub const METADATA_PATH: &str = "/.well-known/oauth-protected-resource";
+
+/// The `/mcp` route and the metadata routes.
+pub fn routes(state: &AppState) -> Router<AppState> {
+    let metrics = state.metrics.clone();
+    let endpoint = Arc::new(HttpEndpoint::new(
+        state.runtime.clone(),
+        Options {
+            page_size: state.mcp.page_size,
+            max_body: state.limits.max_body,
+            on_call: Some(Arc::new(move |tool, envelope| metrics.call(tool, envelope))),
+        },
+    ));
+    Router::new()
+        .route(
+            "/mcp",
+            any(move |State(state): State<AppState>, request: Request| {
+                let endpoint = endpoint.clone();
+                async move { mcp(&endpoint, &state, request).await }
+            }),
+        )
+        .route(METADATA_PATH, get(metadata))
+        .route(&format!("{METADATA_PATH}/mcp"), get(metadata))
+}
+
+async fn mcp(endpoint: &HttpEndpoint, state: &AppState, request: Request<Body>) -> Response {
+    if let Err(message) = check_origin(request.headers(), &state.mcp.allowed_origins) {
+        return refuse(
+            StatusCode::FORBIDDEN,
+            ToolError::new(ErrorCode::Forbidden, message),
+            None,
+        );
+    }
+    let authorization = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    match state.auth.principal(authorization) {
+        Ok(principal) => endpoint.handle(request, principal).await,
+        Err(error) => {
+            let challenge = format!(
+                "Bearer resource_metadata=\"{}{METADATA_PATH}\"",
+                base_url(request.headers())
+            );
+            refuse(StatusCode::UNAUTHORIZED, error, Some(challenge))
+        }
+    }
+}
+
+fn refuse(status: StatusCode, error: ToolError, challenge: Option<String>) -> Response {
+    let mut response = (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        Envelope::error(error).to_json(),
+    )
+        .into_response();
+    if status == StatusCode::UNAUTHORIZED {
+        let value = challenge
+            .and_then(|c| HeaderValue::from_str(&c).ok())
+            .unwrap_or(HeaderValue::from_static("Bearer"));
+        response
+            .headers_mut()
+            .insert(header::WWW_AUTHENTICATE, value);
+    }
+    response
+}
+
+/// RFC 9728 protected-resource metadata of `/mcp`. Tokens are issued by
+/// configuration, not by an authorization server, so none is named.
+async fn metadata(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    let scopes: BTreeSet<&str> = state
+        .runtime
+        .registry()
+        .tools()
+        .flat_map(|t| t.required_scopes().iter().map(String::as_str))
+        .collect();
+    axum::Json(json!({
+        "resource": format!("{}/mcp", base_url(&headers)),
+        "resource_name": "toolfleet",
+        "bearer_methods_supported": ["header"],
+        "scopes_supported": scopes,
+    }))
+    .into_response()
+}
+
+/// This server as its client addressed it: `Host`, and https when a proxy
+/// in front says so.
+fn base_url(headers: &HeaderMap) -> String {
+    let host = headers
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .filter(|h| h.len() <= 255 && h.parse::<axum::http::uri::Authority>().is_ok())
+        .unwrap_or("localhost");
+    let https = headers
+        .get("x-forwarded-proto")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|p| p.eq_ignore_ascii_case("https"));
+    format!("{}://{host}", if https { "https" } else { "http" })
+}
+
+/// A request without `Origin` (every non-browser client) passes; one with an
+/// `Origin` must name this server's own host and port, or be allowed by
+/// configuration. Stops a web page from driving a local server (DNS rebinding).
+fn check_origin(headers: &HeaderMap, allowed: &[String]) -> Result<(), String> {
+    let Some(origin) = headers.get(header::ORIGIN) else {
+        return Ok(());
+    };
+    let origin = origin
+        .to_str()
+        .map_err(|_| "the Origin header is not text".to_owned())?;
+    if allowed
+        .iter()
+        .any(|a| a.trim_end_matches('/').eq_ignore_ascii_case(origin))
+    {
+        return Ok(());
+    }
+    let host = headers.get(header::HOST).and_then(|v| v.to_str().ok());
+    let own = origin
+        .parse::<Uri>()
+        .ok()
+        .filter(|u| matches!(u.scheme_str(), Some("http" | "https")))
+        .and_then(|u| u.authority().map(|a| a.as_str().to_ascii_lowercase()))
+        .is_some_and(|authority| host.is_some_and(|h| h.eq_ignore_ascii_case(&authority)));
+    if own {
+        Ok(())
+    } else {
+        Err(format!(
+            "Origin `{}` may not call /mcp on this server; add it to [mcp] allowed_origins",
+            toolfleet_core::registry::truncate(origin, 128)
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.insert(*name, HeaderValue::from_str(value).unwrap());
+        }
+        map
+    }
+
+    #[test]
+    fn origins_must_be_this_server_or_allowed() {
+        let allowed = vec!["https://app.example.com".to_owned()];
+        let host = ("host", "127.0.0.1:8080");
+        assert!(check_origin(&headers(&[host]), &allowed).is_ok());
+        assert!(
+            check_origin(
+                &headers(&[host, ("origin", "http://127.0.0.1:8080")]),
+                &allowed
+            )
+            .is_ok()
+        );
+        assert!(
+            check_origin(
+                &headers(&[host, ("origin", "https://app.example.com")]),
+                &allowed
+            )
+            .is_ok()
+        );
+        for bad in [
+            "http://evil.example",
+            "http://127.0.0.1:9999",
+            "http://127.0.0.1",
+            "null",
+            "file://127.0.0.1:8080",
+            "not a url",
+        ] {
+            assert!(
+                check_origin(&headers(&[host, ("origin", bad)]), &allowed).is_err(),
+                "{bad}"
+            );
+        }
+        // No Host to compare with: only the allow-list admits an Origin.
+        assert!(check_origin(&headers(&[("origin", "http://127.0.0.1:8080")]), &[]).is_err());
+    }
+
+    #[test]
+    fn the_base_url_is_the_host_addressed() {
+        assert_eq!(
+            base_url(&headers(&[("host", "example.com:8080")])),
+            "http://example.com:8080"
+        );
+        assert_eq!(
+            base_url(&headers(&[
+                ("host", "example.com"),
+                ("x-forwarded-proto", "https")
+            ])),
+            "https://example.com"
+        );
+        assert_eq!(
+            base_url(&headers(&[("host", "bad host\"")])),
+            "http://localhost"
+        );
+        assert_eq!(base_url(&HeaderMap::new()), "http://localhost");
+    }
+}
