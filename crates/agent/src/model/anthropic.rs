@@ -7,64 +7,33 @@
 //! shape: anything missing or of the wrong type is
 //! [`ModelError::Malformed`], never a panic.
 
-use std::time::Duration;
-
-use async_trait::async_trait;
-use reqwest::Client;
 use serde_json::{Map, Value, json};
 
-use super::http::{Endpoint, KeyHeader};
-use super::{ApiKey, Model, ModelError, ModelReply, ModelRequest, ToolCall, ToolSpec, Turn, Usage};
+use super::http::KeyHeader;
+use super::wire::{Wire, WireModel};
+use super::{ModelError, ModelReply, ModelRequest, ToolCall, ToolSpec, Turn, Usage};
 
 /// The `anthropic-version` header every request carries.
 pub const ANTHROPIC_VERSION: &str = "2023-06-01";
 
+/// The wire format of this module, for [`WireModel`].
+pub struct Anthropic;
+
 /// A client of a Messages endpoint.
-#[derive(Debug, Clone)]
-pub struct AnthropicModel {
-    endpoint: Endpoint,
-    model: String,
-}
+pub type AnthropicModel = WireModel<Anthropic>;
 
-impl AnthropicModel {
-    /// A client of `model` at `base_url` (e.g. `https://api.anthropic.com/v1`),
-    /// sending `key` in `x-api-key` when there is one, with `timeout` on
-    /// every attempt.
-    pub fn new(
-        client: Client,
-        base_url: &str,
-        model: &str,
-        key: Option<ApiKey>,
-        timeout: Duration,
-    ) -> Result<Self, String> {
-        let endpoint = Endpoint::new(
-            client,
-            base_url,
-            "/messages",
-            key,
-            KeyHeader::XApiKey,
-            &[("anthropic-version", ANTHROPIC_VERSION)],
-            timeout,
-        )?;
-        Ok(AnthropicModel {
-            endpoint,
-            model: model.to_owned(),
-        })
+impl Wire for Anthropic {
+    const PATH: &'static str = "/messages";
+    const KEY: KeyHeader = KeyHeader::XApiKey;
+    const HEADERS: &'static [(&'static str, &'static str)] =
+        &[("anthropic-version", ANTHROPIC_VERSION)];
+
+    fn body(model: &str, request: &ModelRequest<'_>) -> Value {
+        body(model, request)
     }
 
-    /// At most `retries` retries after the first attempt, the first after
-    /// about `min_delay` (a server's `Retry-After` wins).
-    pub fn with_retries(mut self, retries: usize, min_delay: Duration) -> Self {
-        self.endpoint = self.endpoint.with_retries(retries, min_delay);
-        self
-    }
-}
-
-#[async_trait]
-impl Model for AnthropicModel {
-    async fn complete(&self, request: &ModelRequest<'_>) -> Result<ModelReply, ModelError> {
-        let answer = self.endpoint.post(&body(&self.model, request)).await?;
-        reply(&answer)
+    fn reply(answer: &Value) -> Result<ModelReply, ModelError> {
+        reply(answer)
     }
 }
 

@@ -38,7 +38,7 @@ pub const DEFAULT_MIN_DELAY: Duration = Duration::from_millis(500);
 
 /// How the API key travels.
 #[derive(Debug, Clone, Copy)]
-pub(crate) enum KeyHeader {
+pub enum KeyHeader {
     /// `Authorization: Bearer <key>` (OpenAI).
     Bearer,
     /// `x-api-key: <key>` (Anthropic).

@@ -10,6 +10,7 @@
 mod anthropic;
 mod http;
 mod openai;
+mod wire;
 
 use std::fmt;
 use std::sync::Arc;
@@ -20,9 +21,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use toolfleet_core::config::{AgentSpec, ModelProvider};
 
+pub use anthropic::Anthropic;
 pub use anthropic::{ANTHROPIC_VERSION, AnthropicModel};
-pub use http::{DEFAULT_MIN_DELAY, DEFAULT_RETRIES, MAX_REPLY_BYTES, MAX_RETRY_AFTER};
-pub use openai::OpenAiModel;
+pub use http::{DEFAULT_MIN_DELAY, DEFAULT_RETRIES, KeyHeader, MAX_REPLY_BYTES, MAX_RETRY_AFTER};
+pub use openai::{OpenAi, OpenAiModel};
+pub use wire::{Wire, WireModel};
 
 /// A tool as the model is offered it.
 #[derive(Debug, Clone, PartialEq)]

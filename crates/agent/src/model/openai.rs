@@ -6,64 +6,29 @@
 //! [`ModelReply`]. It must not trust the answer's shape: anything missing or
 //! of the wrong type is [`ModelError::Malformed`], never a panic.
 
-use std::time::Duration;
-
-use async_trait::async_trait;
-use reqwest::Client;
 use serde_json::{Map, Value, json};
 
-use super::http::{Endpoint, KeyHeader};
-use super::{
-    ApiKey, Model, ModelError, ModelReply, ModelRequest, ToolCall, ToolResult, ToolSpec, Turn,
-    Usage,
-};
+use super::http::KeyHeader;
+use super::wire::{Wire, WireModel};
+use super::{ModelError, ModelReply, ModelRequest, ToolCall, ToolResult, ToolSpec, Turn, Usage};
+
+/// The wire format of this module, for [`WireModel`].
+pub struct OpenAi;
 
 /// A client of a Chat Completions endpoint.
-#[derive(Debug, Clone)]
-pub struct OpenAiModel {
-    endpoint: Endpoint,
-    model: String,
-}
+pub type OpenAiModel = WireModel<OpenAi>;
 
-impl OpenAiModel {
-    /// A client of `model` at `base_url` (e.g. `https://api.openai.com/v1`
-    /// or `http://localhost:11434/v1`), sending `key` as a bearer token when
-    /// there is one, with `timeout` on every attempt.
-    pub fn new(
-        client: Client,
-        base_url: &str,
-        model: &str,
-        key: Option<ApiKey>,
-        timeout: Duration,
-    ) -> Result<Self, String> {
-        let endpoint = Endpoint::new(
-            client,
-            base_url,
-            "/chat/completions",
-            key,
-            KeyHeader::Bearer,
-            &[],
-            timeout,
-        )?;
-        Ok(OpenAiModel {
-            endpoint,
-            model: model.to_owned(),
-        })
+impl Wire for OpenAi {
+    const PATH: &'static str = "/chat/completions";
+    const KEY: KeyHeader = KeyHeader::Bearer;
+    const HEADERS: &'static [(&'static str, &'static str)] = &[];
+
+    fn body(model: &str, request: &ModelRequest<'_>) -> Value {
+        body(model, request)
     }
 
-    /// At most `retries` retries after the first attempt, the first after
-    /// about `min_delay` (a server's `Retry-After` wins).
-    pub fn with_retries(mut self, retries: usize, min_delay: Duration) -> Self {
-        self.endpoint = self.endpoint.with_retries(retries, min_delay);
-        self
-    }
-}
-
-#[async_trait]
-impl Model for OpenAiModel {
-    async fn complete(&self, request: &ModelRequest<'_>) -> Result<ModelReply, ModelError> {
-        let answer = self.endpoint.post(&body(&self.model, request)).await?;
-        reply(&answer)
+    fn reply(answer: &Value) -> Result<ModelReply, ModelError> {
+        reply(answer)
     }
 }
 
