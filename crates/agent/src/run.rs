@@ -306,6 +306,11 @@ impl Run {
             Some(state) => state,
             None => State::fresh(&task),
         };
+        // Woken after waiting for a person: that wait is not wall time.
+        if let Some(parked_at) = state.parked_at.take() {
+            let waited = u64::try_from(now_ms().saturating_sub(parked_at)).unwrap_or(0);
+            state.suspended_ms = state.suspended_ms.saturating_add(waited);
+        }
         self.save(&slot, &state).await;
         let frame = Frame {
             runtime,
@@ -576,10 +581,6 @@ impl Run {
         slot: &Option<Slot>,
         state: &mut State,
     ) -> Result<Envelope, End> {
-        if let Some(parked_at) = state.parked_at.take() {
-            let waited = u64::try_from(now_ms().saturating_sub(parked_at)).unwrap_or(0);
-            state.suspended_ms = state.suspended_ms.saturating_add(waited);
-        }
         if let Some(slot) = slot {
             match self.env.store.ticket(ctx.tenant(), ticket).await {
                 Ok(Some(record)) => {

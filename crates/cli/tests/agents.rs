@@ -144,13 +144,16 @@ async fn a_human_tool_suspends_the_agent_until_the_ticket_is_answered() {
     let dir = TempDir::new("agent-human");
     let extra = format!(
         "{}{}",
+        // Two seconds of wall time, and the person takes longer: time spent
+        // waiting for them is not the agent's.
         agent(
             "asking_agent",
             "anthropic",
             &model.base_url(),
             "claude-asks",
             &["ask_user"],
-        ),
+        )
+        .replace("max_wall_s = 60", "max_wall_s = 2"),
         agent(
             "quick_agent",
             "openai",
@@ -198,7 +201,7 @@ async fn a_human_tool_suspends_the_agent_until_the_ticket_is_answered() {
     let other = start_agent(&alice, "quick_agent").await;
     let other = settle(&alice, &other).await;
     assert_eq!(other["result"]["answer"], "Nothing to do.", "{other}");
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
     assert_eq!(
         model.requests("claude-asks").len(),
         1,
