@@ -285,6 +285,8 @@ pub struct Served {
     pub runtime: Arc<Runtime>,
     /// The known tokens, for processes that dispatch.
     pub auth: Option<Arc<Auth>>,
+    /// Jobs and tickets for MCP tasks and elicitation, for processes that dispatch.
+    pub mcp_jobs: Option<Arc<dyn toolfleet_mcp::Jobs>>,
     stop: watch::Sender<bool>,
     done: tokio::task::JoinHandle<Result<(), String>>,
 }
@@ -456,6 +458,7 @@ pub async fn start(config: Config, extra: Vec<ToolDecl>, roles: Roles) -> Result
     let mut address = None;
     let mut server = None;
     let mut known = None;
+    let mut mcp_jobs: Option<Arc<dyn toolfleet_mcp::Jobs>> = None;
     let served_runtime = runtime.clone();
     if roles.dispatcher {
         // Expired leases and lost retries are found within a lease, at most 10 s.
@@ -497,6 +500,7 @@ pub async fn start(config: Config, extra: Vec<ToolDecl>, roles: Roles) -> Result
             },
             stopping: stopped.clone(),
         };
+        mcp_jobs = Some(Arc::new(toolfleet_server::McpJobs::of(&state)));
         if roles.http {
             let listener = tokio::net::TcpListener::bind(&config.listen)
                 .await
@@ -532,6 +536,7 @@ pub async fn start(config: Config, extra: Vec<ToolDecl>, roles: Roles) -> Result
         address,
         runtime: served_runtime,
         auth: known,
+        mcp_jobs,
         stop,
         done,
     })
@@ -565,10 +570,10 @@ pub async fn mcp_stdio(config: Config) -> Result<(), String> {
         .ok_or_else(|| {
             "toolfleet mcp needs TOOLFLEET_TOKEN: a token of [[auth.tokens]], or the development token `toolfleet serve` prints".to_owned()
         })?;
-    let options = toolfleet_mcp::Options {
+    let mut options = toolfleet_mcp::Options {
         page_size: config.mcp.page_size,
         max_body: config.max_body_bytes,
-        on_call: None,
+        ..toolfleet_mcp::Options::default()
     };
     let roles = Roles {
         dispatcher: true,
@@ -577,6 +582,7 @@ pub async fn mcp_stdio(config: Config) -> Result<(), String> {
         http: false,
     };
     let served = start(config, Vec::new(), roles).await?;
+    options.jobs = served.mcp_jobs.clone();
     let bearer = format!("Bearer {}", token.trim());
     let principal = match served.auth.as_ref().map(|a| a.principal(Some(&bearer))) {
         Some(Ok(principal)) => principal,

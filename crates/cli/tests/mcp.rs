@@ -15,7 +15,7 @@ mod common;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use common::{Server, TOKEN, TempDir, config_with};
+use common::{OTHER_TOKEN, Server, TOKEN, TempDir, config_with};
 use serde_json::Value;
 
 /// Whether the client can run here; under CI it must.
@@ -72,6 +72,25 @@ fn check_seen(seen: &Value, version: &str) {
     assert!(seen["job_result"]["receipts"].is_array(), "{seen}");
 }
 
+/// The rich client of 2026-07-28: a job ran as a task to its result, a
+/// second was cancelled, and ask_user's question was answered "travel".
+fn check_tasks_and_elicitation(seen: &Value) {
+    let rich = &seen["rich"];
+    assert!(rich["task_result"]["receipts"].is_array(), "{seen}");
+    assert!(
+        rich["task_id"].as_str().is_some_and(|id| id.len() == 36),
+        "{seen}"
+    );
+    assert!(
+        matches!(
+            rich["cancelled_status"].as_str(),
+            Some("cancelled" | "completed")
+        ),
+        "{seen}"
+    );
+    assert!(rich["elicited"].to_string().contains("travel"), "{seen}");
+}
+
 #[test]
 fn a_real_client_over_streamable_http() {
     if !python_ready() {
@@ -80,12 +99,16 @@ fn a_real_client_over_streamable_http() {
     let dir = TempDir::new("mcp-http");
     let server = Server::start(&dir.0, &mcp_config(&dir.0));
     let url = format!("{}/mcp", server.base);
-    let modern = run_client(&["http", &url, TOKEN, "auto"]);
+    let modern = run_client(&["http", &url, TOKEN, "auto", OTHER_TOKEN]);
     check_seen(&modern, "2026-07-28");
     assert_eq!(modern["handshakes"]["2025-06-18"], "2025-06-18");
     assert_eq!(modern["handshakes"]["2025-11-25"], "2025-11-25");
+    check_tasks_and_elicitation(&modern);
+    assert_eq!(modern["foreign_refused"], true, "{modern}");
     let legacy = run_client(&["http", &url, TOKEN, "legacy"]);
     check_seen(&legacy, "2025-11-25");
+    // Stateless HTTP before 2026-07-28 has no way to ask: the fallback.
+    assert!(legacy["rich"]["elicited"].is_null(), "{legacy}");
 }
 
 #[test]
@@ -98,13 +121,20 @@ fn a_real_client_over_stdio() {
     std::fs::write(&config, mcp_config(&dir.0)).expect("config written");
     let binary = env!("CARGO_BIN_EXE_toolfleet");
     let config = config.display().to_string();
-    check_seen(
-        &run_client(&["stdio", binary, &config, TOKEN, "auto"]),
-        "2026-07-28",
+    let modern = run_client(&["stdio", binary, &config, TOKEN, "auto"]);
+    check_seen(&modern, "2026-07-28");
+    check_tasks_and_elicitation(&modern);
+    let legacy = run_client(&["stdio", binary, &config, TOKEN, "legacy"]);
+    check_seen(&legacy, "2025-11-25");
+    // Over stdio the session asks with elicitation/create, and a job call
+    // that asked for progress is followed to its end.
+    assert!(
+        legacy["rich"]["elicited"].to_string().contains("travel"),
+        "{legacy}"
     );
-    check_seen(
-        &run_client(&["stdio", binary, &config, TOKEN, "legacy"]),
-        "2025-11-25",
+    assert!(
+        legacy["rich"]["progress"].as_u64().unwrap_or(0) >= 1,
+        "{legacy}"
     );
 }
 

@@ -35,10 +35,15 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::http::Request;
 use axum::response::{IntoResponse, Response};
+use std::time::Duration;
+
 use rmcp::model::{
-    CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, ErrorCode, Implementation,
-    ListToolsResult, PaginatedRequestParams, ProtocolVersion, ResultType, ServerCapabilities,
-    ServerConfig, Tool as McpTool,
+    CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams,
+    CreateTaskResult, ElicitRequestParams, ElicitResult, ElicitationAction, ErrorCode,
+    GetTaskParams, GetTaskResult, Implementation, InputRequest, InputRequests, InputRequiredResult,
+    ListToolsResult, PaginatedRequestParams, ProgressNotificationParam, ProgressToken,
+    ProtocolVersion, ResultType, ServerCapabilities, ServerConfig, Tool as McpTool,
+    UpdateTaskParams,
 };
 use rmcp::service::RequestContext;
 use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
@@ -46,7 +51,10 @@ use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt};
 use serde_json::{Map, Value, json};
 use toolfleet_core::adapters::{Format, ProviderCall, parse_call, render_result, tool_specs};
-use toolfleet_core::{CallCtx, Envelope, Principal, Runtime, Tool};
+use toolfleet_core::{CallCtx, Envelope, Principal, Runtime, Shape, Tool, ToolError};
+
+pub mod jobs;
+pub use jobs::{BoxFuture, JobView, Jobs};
 
 /// The protocol revisions this server speaks, oldest first.
 pub const PROTOCOL_VERSIONS: [&str; 3] = ["2025-06-18", "2025-11-25", "2026-07-28"];
@@ -76,6 +84,13 @@ pub struct Options {
     /// Largest request body over HTTP, in bytes.
     pub max_body: usize,
     pub on_call: Option<CallHook>,
+    /// The fleet's jobs and tickets: with them, job and agent calls become
+    /// tasks for clients of the tasks extension, and human tools ask clients
+    /// that can elicit. Without them, only the envelopes.
+    pub jobs: Option<Arc<dyn Jobs>>,
+    /// The longest a call waits on a job for a client that asked for
+    /// progress, and the longest a task's progress is followed.
+    pub max_wait: Duration,
 }
 
 impl Default for Options {
@@ -84,9 +99,16 @@ impl Default for Options {
             page_size: DEFAULT_PAGE_SIZE,
             max_body: 1024 * 1024,
             on_call: None,
+            jobs: None,
+            max_wait: Duration::from_secs(30),
         }
     }
 }
+
+/// The key of the one input request a human tool's elicitation makes.
+const ANSWER_KEY: &str = "answer";
+/// `requestState` of an elicitation retry names the ticket after this.
+const TICKET_STATE: &str = "ticket:";
 
 /// The principal an HTTP request was authenticated as, put in the request's
 /// extensions by whoever checked its credentials.
@@ -172,6 +194,12 @@ impl ToolServer {
     /// Answers one `tools/call` (its `params`) as a `CallToolResult`: the
     /// same path as `POST /v1/calls`, rendered by the MCP adapter.
     pub async fn call(&self, principal: Arc<Principal>, params: &Value) -> Value {
+        let (call, envelope) = self.invoke(principal, params).await;
+        render_result(Format::Mcp, &call, &envelope)
+    }
+
+    /// Runs one `tools/call` (its `params`): the call as read and its envelope.
+    async fn invoke(&self, principal: Arc<Principal>, params: &Value) -> (ProviderCall, Envelope) {
         let raw = serde_json::to_vec(params).unwrap_or_default();
         let registry = self.runtime.registry();
         let (call, envelope) = match parse_call(Format::Mcp, registry, &raw) {
@@ -204,7 +232,165 @@ impl ToolServer {
             };
             hook(label, &envelope);
         }
-        render_result(Format::Mcp, &call, &envelope)
+        (call, envelope)
+    }
+
+    /// Whether messages to the client can go out while a request runs: over
+    /// stdio, yes; stateless HTTP answers one JSON body and nothing else.
+    fn streams(&self) -> bool {
+        self.principal.is_some()
+    }
+
+    /// The poll hint of a job's tool.
+    fn poll_after(&self, tool: &str) -> u32 {
+        self.runtime
+            .registry()
+            .get(tool)
+            .and_then(|t| t.declaration().poll_after_s)
+            .unwrap_or(5)
+    }
+
+    /// A job's task; a completed one carries the tool result `tools/call`
+    /// would have answered.
+    fn task(&self, job: &JobView) -> rmcp::model::DetailedTask {
+        let result = match job.state {
+            toolfleet_core::JobState::Succeeded => {
+                match self.render_for(&job.tool, &job.envelope) {
+                    Value::Object(map) => Some(map),
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
+        jobs::task_of(job, self.poll_after(&job.tool), result)
+    }
+
+    /// `envelope` as the result of a call to `tool`.
+    fn render_for(&self, tool: &str, envelope: &Envelope) -> Value {
+        let call = ProviderCall {
+            id: None,
+            name: tool.to_owned(),
+            wire_name: tool.to_owned(),
+            tool: self.runtime.registry().get(tool).cloned(),
+            args: Ok(Value::Object(Map::new())),
+        };
+        render_result(Format::Mcp, &call, envelope)
+    }
+
+    /// Waits for a job on behalf of a client that asked for progress,
+    /// telling it of every change, up to [`Options::max_wait`]; answers the
+    /// job's envelope as it then stands (still `running` if it has not settled).
+    async fn follow(
+        &self,
+        jobs: &dyn Jobs,
+        tenant: &str,
+        job_id: &str,
+        token: &ProgressToken,
+        peer: &rmcp::Peer<RoleServer>,
+    ) -> Option<Envelope> {
+        let deadline = tokio::time::Instant::now() + self.options.max_wait;
+        let mut since = 0;
+        let mut step = 0.0;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            // Bounded rounds: a missed event costs a round, not the wait.
+            let round = left.min(Duration::from_secs(2));
+            let job = match jobs.wait(tenant, job_id, since, round).await {
+                Ok(Some(job)) => job,
+                _ => return None,
+            };
+            if job.updated_at != since {
+                since = job.updated_at;
+                step += 1.0;
+                let mut note = ProgressNotificationParam::new(token.clone(), step);
+                note.message = Some(jobs::status_message(&job));
+                if job.state.is_settled() {
+                    note.total = Some(step);
+                }
+                if peer.notify_progress(note).await.is_err() {
+                    return Some(job.envelope);
+                }
+            }
+            if job.state.is_settled() || left.is_zero() {
+                return Some(job.envelope);
+            }
+        }
+    }
+
+    /// Asks the client the ticket's question (form elicitation); answers
+    /// the tool result: the answered ticket, or an error saying the person
+    /// declined (the ticket left open).
+    async fn elicit(
+        &self,
+        jobs: &dyn Jobs,
+        tenant: &str,
+        call: &ProviderCall,
+        (ticket, question, options): (&str, &str, &[String]),
+        peer: &rmcp::Peer<RoleServer>,
+    ) -> Value {
+        let params = match elicit_params(question, options) {
+            Ok(params) => params,
+            Err(error) => return render_result(Format::Mcp, call, &Envelope::error(error)),
+        };
+        let envelope = match peer.create_elicitation(params).await {
+            Ok(answer) => answered(jobs, tenant, ticket, answer).await,
+            Err(error) => {
+                tracing::warn!(%error, ticket, "mcp: elicitation failed; the ticket stays open");
+                Envelope::error(
+                    ToolError::new(
+                        toolfleet_core::ErrorCode::Unavailable,
+                        format!("the question could not be asked ({error}); ticket `{ticket}` stays open for a person to answer"),
+                    )
+                    .with_details(json!({"ticket": ticket})),
+                )
+            }
+        };
+        render_result(Format::Mcp, call, &envelope)
+    }
+}
+
+/// A form elicitation of `question`: one `answer` field, the options as an enum.
+fn elicit_params(question: &str, options: &[String]) -> Result<ElicitRequestParams, ToolError> {
+    let mut field = json!({"type": "string", "title": "Answer", "description": question});
+    if !options.is_empty() {
+        field["enum"] = json!(options);
+    }
+    let params = json!({
+        "mode": "form",
+        "message": question,
+        "requestedSchema": {
+            "type": "object",
+            "properties": {ANSWER_KEY: field},
+            "required": [ANSWER_KEY]
+        }
+    });
+    serde_json::from_value(params).map_err(|e| {
+        ToolError::new(
+            toolfleet_core::ErrorCode::ToolFailed,
+            format!("the question could not be put as a form: {e}"),
+        )
+    })
+}
+
+/// Writes an elicitation's answer to the ticket; a decline leaves it open.
+async fn answered(jobs: &dyn Jobs, tenant: &str, ticket: &str, answer: ElicitResult) -> Envelope {
+    match answer.action {
+        ElicitationAction::Accept => {
+            let value = answer
+                .content
+                .as_ref()
+                .and_then(|c| c.get(ANSWER_KEY))
+                .cloned()
+                .unwrap_or(Value::Null);
+            jobs.answer(tenant, ticket, value).await
+        }
+        _ => Envelope::error(
+            ToolError::new(
+                toolfleet_core::ErrorCode::Cancelled,
+                format!("the person declined to answer; ticket `{ticket}` stays open"),
+            )
+            .with_details(json!({"ticket": ticket})),
+        ),
     }
 }
 
@@ -217,7 +403,15 @@ impl ServerHandler for ToolServer {
     fn get_info(&self) -> ServerConfig {
         let mut info = Implementation::new("toolfleet", env!("CARGO_PKG_VERSION"));
         info.title = Some("toolfleet".into());
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+        let capabilities = if self.options.jobs.is_some() {
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_tasks()
+                .build()
+        } else {
+            ServerCapabilities::builder().enable_tools().build()
+        };
+        ServerConfig::new(capabilities)
             .with_server_info(info)
             .with_instructions(
                 "Every tool answers a JSON envelope whose `status` is ok, error, running or suspended. \
@@ -260,17 +454,212 @@ impl ServerHandler for ToolServer {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         let principal = self.principal(&context)?;
+        let tool = self.runtime.registry().get(&request.name).cloned();
+        let shape = tool.as_ref().map(|t| t.shape());
+        let capabilities = context.client_capabilities();
+        let jobs = self.options.jobs.clone();
+        // A retry carrying a person's answer to the question this call asked.
+        if let (Some(jobs), Some(Shape::Human), Some(responses), Some(state)) = (
+            &jobs,
+            shape,
+            &request.input_responses,
+            request.request_state.as_deref(),
+        ) && let Some(ticket) = state.strip_prefix(TICKET_STATE)
+        {
+            let call = ProviderCall {
+                id: None,
+                name: request.name.to_string(),
+                wire_name: request.name.to_string(),
+                tool: tool.clone(),
+                args: Ok(Value::Object(Map::new())),
+            };
+            let envelope = match responses
+                .get(ANSWER_KEY)
+                .and_then(|r| serde_json::from_value::<ElicitResult>(r.clone()).ok())
+            {
+                Some(answer) => answered(jobs.as_ref(), &principal.tenant, ticket, answer).await,
+                None => Envelope::error(ToolError::invalid_arguments(format!(
+                    "inputResponses must carry `{ANSWER_KEY}`, the answer to the question asked"
+                ))),
+            };
+            return complete(render_result(Format::Mcp, &call, &envelope));
+        }
         let params = json!({
             "name": request.name,
             "arguments": request.arguments.map(Value::Object),
         });
-        let result = self.call(principal, &params).await;
-        let mut result: CallToolResult =
-            serde_json::from_value(result).map_err(|e| internal("rendering a tool result", e))?;
-        // 2026-07-28 requires it; rmcp drops it for older peers.
-        result.result_type = Some(ResultType::COMPLETE);
-        Ok(CallToolResponse::Complete(result))
+        let (call, envelope) = self.invoke(principal.clone(), &params).await;
+        let token = context.meta.get_progress_token();
+        match (&jobs, &envelope) {
+            (Some(jobs), Envelope::Running { job_id, .. })
+                if shape.is_some_and(Shape::is_enqueued)
+                    && capabilities.as_ref().is_some_and(|c| c.supports_tasks()) =>
+            {
+                let job = match jobs.job(&principal.tenant, job_id).await {
+                    Ok(Some(job)) => job,
+                    Ok(None) => return Err(jobs::no_task(job_id)),
+                    Err(error) => return Err(internal("reading a new job", error.message)),
+                };
+                if let Some(token) = token
+                    && self.streams()
+                {
+                    // Progress while the client polls the task.
+                    let (server, jobs, peer) = (self.clone(), jobs.clone(), context.peer.clone());
+                    let (tenant, id) = (principal.tenant.clone(), job.id.clone());
+                    tokio::spawn(async move {
+                        server
+                            .follow(jobs.as_ref(), &tenant, &id, &token, &peer)
+                            .await;
+                    });
+                }
+                let task = self.task(&job).task;
+                Ok(CallToolResponse::Task(CreateTaskResult::new(task)))
+            }
+            (Some(jobs), Envelope::Running { job_id, .. }) if token.is_some() && self.streams() => {
+                let token = token.unwrap_or(ProgressToken(rmcp::model::NumberOrString::Number(0)));
+                let envelope = self
+                    .follow(
+                        jobs.as_ref(),
+                        &principal.tenant,
+                        job_id,
+                        &token,
+                        &context.peer,
+                    )
+                    .await
+                    .unwrap_or(envelope.clone());
+                complete(render_result(Format::Mcp, &call, &envelope))
+            }
+            (
+                Some(jobs),
+                Envelope::Suspended {
+                    ticket,
+                    question,
+                    options,
+                },
+            ) if capabilities
+                .as_ref()
+                .is_some_and(|c| c.elicitation.is_some()) =>
+            {
+                let modern = context
+                    .protocol_version()
+                    .is_some_and(|v| v.as_str() >= ProtocolVersion::V_2026_07_28.as_str());
+                if modern {
+                    // 2026-07-28: ask in the result; the client retries the
+                    // call with the answer, to any dispatcher.
+                    let params = match elicit_params(question, options) {
+                        Ok(params) => params,
+                        Err(error) => {
+                            return complete(render_result(
+                                Format::Mcp,
+                                &call,
+                                &Envelope::error(error),
+                            ));
+                        }
+                    };
+                    let request: InputRequest = serde_json::from_value(json!({
+                        "method": "elicitation/create",
+                        "params": params,
+                    }))
+                    .map_err(|e| internal("rendering an elicitation", e))?;
+                    let mut requests = InputRequests::new();
+                    requests.insert(ANSWER_KEY.to_owned(), request);
+                    return Ok(CallToolResponse::InputRequired(InputRequiredResult::new(
+                        Some(requests),
+                        Some(format!("{TICKET_STATE}{ticket}")),
+                    )));
+                }
+                if !self.streams() {
+                    // Stateless HTTP cannot carry a request to the client.
+                    return complete(render_result(Format::Mcp, &call, &envelope));
+                }
+                let result = self
+                    .elicit(
+                        jobs.as_ref(),
+                        &principal.tenant,
+                        &call,
+                        (ticket, question, options),
+                        &context.peer,
+                    )
+                    .await;
+                complete(result)
+            }
+            _ => complete(render_result(Format::Mcp, &call, &envelope)),
+        }
     }
+
+    async fn get_task(
+        &self,
+        request: GetTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, ErrorData> {
+        let principal = self.principal(&context)?;
+        let job = self.job(&principal.tenant, &request.task_id).await?;
+        Ok(GetTaskResult::new(self.task(&job)))
+    }
+
+    async fn update_task(
+        &self,
+        request: UpdateTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        let principal = self.principal(&context)?;
+        self.job(&principal.tenant, &request.task_id).await?;
+        Err(ErrorData::invalid_params(
+            "this task asks for no input; its questions are tickets a person answers",
+            None,
+        ))
+    }
+
+    async fn cancel_task(
+        &self,
+        request: CancelTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        let principal = self.principal(&context)?;
+        let jobs = self.jobs()?;
+        if !jobs::plausible(&request.task_id) {
+            return Err(jobs::no_task(&request.task_id));
+        }
+        match jobs.cancel(&principal.tenant, &request.task_id).await {
+            Ok(Some(_)) => Ok(()),
+            Ok(None) => Err(jobs::no_task(&request.task_id)),
+            Err(error) => Err(internal("cancelling a job", error.message)),
+        }
+    }
+}
+
+impl ToolServer {
+    fn jobs(&self) -> Result<&Arc<dyn Jobs>, ErrorData> {
+        self.options.jobs.as_ref().ok_or_else(|| {
+            ErrorData::new(
+                ErrorCode::METHOD_NOT_FOUND,
+                "tasks are not served here",
+                None,
+            )
+        })
+    }
+
+    /// The tenant's job named by a task id.
+    async fn job(&self, tenant: &str, id: &str) -> Result<JobView, ErrorData> {
+        let jobs = self.jobs()?;
+        if !jobs::plausible(id) {
+            return Err(jobs::no_task(id));
+        }
+        match jobs.job(tenant, id).await {
+            Ok(Some(job)) => Ok(job),
+            Ok(None) => Err(jobs::no_task(id)),
+            Err(error) => Err(internal("reading a job", error.message)),
+        }
+    }
+}
+
+/// A rendered tool result as rmcp's.
+fn complete(result: Value) -> Result<CallToolResponse, ErrorData> {
+    let mut result: CallToolResult =
+        serde_json::from_value(result).map_err(|e| internal("rendering a tool result", e))?;
+    // 2026-07-28 requires it; rmcp drops it for older peers.
+    result.result_type = Some(ResultType::COMPLETE);
+    Ok(CallToolResponse::Complete(result))
 }
 
 /// `/mcp`: MCP over Streamable HTTP for requests whose caller is already

@@ -209,3 +209,169 @@ fn speaks_the_three_revisions() {
     let names: Vec<&str> = versions.iter().map(|v| v.as_str()).collect();
     assert_eq!(names, super::PROTOCOL_VERSIONS);
 }
+
+mod tasks {
+    use std::time::Duration;
+
+    use rmcp::model::TaskStatus;
+    use serde_json::{Value, json};
+    use toolfleet_core::{Envelope, JobState, ToolError};
+
+    use crate::jobs::{BoxFuture, JobView, Jobs, iso8601, plausible, task_of, task_status};
+
+    const ID: &str = "01a00000-0000-7000-8000-000000000001";
+
+    fn job(state: JobState, envelope: Envelope) -> JobView {
+        JobView {
+            id: ID.into(),
+            tool: "ocr".into(),
+            state,
+            envelope,
+            progress: Some(json!({"done": 1})),
+            created_at: 1_764_066_600_000,
+            updated_at: 1_764_066_601_234,
+        }
+    }
+
+    #[test]
+    fn job_states_map_to_task_statuses() {
+        for (state, status) in [
+            (JobState::Queued, TaskStatus::Working),
+            (JobState::Running, TaskStatus::Working),
+            (JobState::Retrying, TaskStatus::Working),
+            (JobState::Succeeded, TaskStatus::Completed),
+            (JobState::Failed, TaskStatus::Failed),
+            (JobState::Cancelled, TaskStatus::Cancelled),
+        ] {
+            assert_eq!(task_status(state), status, "{state}");
+        }
+    }
+
+    #[test]
+    fn tasks_carry_the_poll_hint_times_and_result() {
+        let running = Envelope::running(ID, 20);
+        let task = task_of(&job(JobState::Running, running), 20, None);
+        let wire = serde_json::to_value(&task).unwrap();
+        assert_eq!(wire["taskId"], ID);
+        assert_eq!(wire["status"], "working");
+        assert_eq!(wire["pollIntervalMs"], 20_000);
+        assert_eq!(wire["createdAt"], "2025-11-25T10:30:00.000Z");
+        assert_eq!(wire["lastUpdatedAt"], "2025-11-25T10:30:01.234Z");
+        assert!(wire["statusMessage"].as_str().unwrap().contains("running"));
+
+        let result = json!({"content": [], "isError": false});
+        let done = task_of(
+            &job(JobState::Succeeded, Envelope::ok(json!({}).into(), "c")),
+            20,
+            result.as_object().cloned(),
+        );
+        assert_eq!(serde_json::to_value(&done).unwrap()["result"], result);
+
+        let failed = task_of(
+            &job(
+                JobState::Failed,
+                Envelope::error(ToolError::not_found("gone")),
+            ),
+            20,
+            None,
+        );
+        let wire = serde_json::to_value(&failed).unwrap();
+        assert_eq!(wire["status"], "failed");
+        assert_eq!(wire["error"]["message"], "gone");
+        assert_eq!(iso8601(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(iso8601(951_782_400_000), "2000-02-29T00:00:00.000Z");
+        assert!(plausible(ID) && !plausible("nope") && !plausible(&"a".repeat(37)));
+    }
+
+    /// One tenant's jobs, in memory.
+    struct OneJob;
+
+    impl Jobs for OneJob {
+        fn job<'a>(
+            &'a self,
+            tenant: &'a str,
+            id: &'a str,
+        ) -> BoxFuture<'a, Result<Option<JobView>, ToolError>> {
+            Box::pin(async move {
+                Ok((tenant == "acme" && id == ID)
+                    .then(|| job(JobState::Queued, Envelope::running(ID, 5))))
+            })
+        }
+        fn wait<'a>(
+            &'a self,
+            tenant: &'a str,
+            id: &'a str,
+            _since: i64,
+            _wait: Duration,
+        ) -> BoxFuture<'a, Result<Option<JobView>, ToolError>> {
+            self.job(tenant, id)
+        }
+        fn cancel<'a>(
+            &'a self,
+            tenant: &'a str,
+            id: &'a str,
+        ) -> BoxFuture<'a, Result<Option<JobView>, ToolError>> {
+            self.job(tenant, id)
+        }
+        fn answer<'a>(
+            &'a self,
+            _tenant: &'a str,
+            _ticket: &'a str,
+            answer: Value,
+        ) -> BoxFuture<'a, Envelope> {
+            Box::pin(async move { Envelope::ok(answer.into(), "c") })
+        }
+    }
+
+    #[tokio::test]
+    async fn tasks_are_found_only_within_the_tenant() {
+        let server = crate::ToolServer::new(
+            super::runtime(),
+            None,
+            crate::Options {
+                jobs: Some(std::sync::Arc::new(OneJob)),
+                ..crate::Options::default()
+            },
+        );
+        assert!(server.job("acme", ID).await.is_ok());
+        for (tenant, id) in [("globex", ID), ("acme", "not-a-uuid")] {
+            let error = server.job(tenant, id).await.unwrap_err();
+            assert!(error.message.contains("no task"), "{tenant} {id}");
+        }
+        use rmcp::ServerHandler;
+        assert!(server.get_info().capabilities.supports_tasks());
+        assert!(
+            !super::server(1).get_info().capabilities.supports_tasks(),
+            "no tasks without jobs"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_accepted_elicitation_answers_the_ticket_and_a_decline_does_not() {
+        let accept: rmcp::model::ElicitResult =
+            serde_json::from_value(json!({"action": "accept", "content": {"answer": "travel"}}))
+                .unwrap();
+        let answered = crate::answered(&OneJob, "acme", "t1", accept).await;
+        assert_eq!(answered.status(), "ok");
+        let decline: rmcp::model::ElicitResult =
+            serde_json::from_value(json!({"action": "decline"})).unwrap();
+        let declined = crate::answered(&OneJob, "acme", "t1", decline).await;
+        let Envelope::Error { error, .. } = declined else {
+            panic!("a decline answered the ticket");
+        };
+        assert!(error.message.contains("declined") && error.message.contains("t1"));
+    }
+
+    #[test]
+    fn the_question_is_a_form_with_the_options_as_an_enum() {
+        let params =
+            crate::elicit_params("Which?", &["travel".to_owned(), "meals".to_owned()]).unwrap();
+        let wire = serde_json::to_value(&params).unwrap();
+        assert_eq!(wire["mode"], "form");
+        assert_eq!(wire["message"], "Which?");
+        assert_eq!(
+            wire["requestedSchema"]["properties"]["answer"]["enum"],
+            json!(["travel", "meals"])
+        );
+    }
+}

@@ -23,6 +23,7 @@ use toolfleet_store::Store;
 
 pub use auth::{Auth, token_sha256};
 pub use dispatch::{Dispatcher, StoreAuditSink, StoreCommitLog};
+pub use mcp::McpJobs;
 pub use metrics::Metrics;
 pub use routes::router;
 pub use status::status_tools;

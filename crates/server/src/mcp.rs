@@ -12,10 +12,128 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get};
 use serde_json::json;
+use std::time::Duration;
+
+use serde_json::Value;
+use toolfleet_broker::{Broker, Notices};
 use toolfleet_core::{Envelope, ErrorCode, ToolError};
-use toolfleet_mcp::{HttpEndpoint, Options};
+use toolfleet_mcp::{BoxFuture, HttpEndpoint, JobView, Jobs, Options};
+use toolfleet_store::{JobRecord, Store};
 
 use crate::AppState;
+use crate::status::{POLL_AFTER_S, cancel_record, wait_change};
+
+/// MCP tasks and elicitation over the fleet's store: a task is its job, so
+/// every dispatcher answers for every task, always within the caller's tenant.
+#[derive(Clone)]
+pub struct McpJobs {
+    store: Arc<dyn Store>,
+    broker: Arc<dyn Broker>,
+    notices: Arc<dyn Notices>,
+}
+
+impl McpJobs {
+    pub fn new(store: Arc<dyn Store>, broker: Arc<dyn Broker>, notices: Arc<dyn Notices>) -> Self {
+        McpJobs {
+            store,
+            broker,
+            notices,
+        }
+    }
+
+    /// Those of `state`.
+    pub fn of(state: &AppState) -> Self {
+        McpJobs::new(
+            state.store.clone(),
+            state.broker.clone(),
+            state.notices.clone(),
+        )
+    }
+}
+
+fn view(job: JobRecord) -> JobView {
+    JobView {
+        envelope: job.envelope(POLL_AFTER_S),
+        id: job.id,
+        tool: job.tool,
+        state: job.state,
+        progress: job.progress,
+        created_at: job.created_at,
+        updated_at: job.updated_at,
+    }
+}
+
+impl Jobs for McpJobs {
+    fn job<'a>(
+        &'a self,
+        tenant: &'a str,
+        id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<JobView>, ToolError>> {
+        Box::pin(async move {
+            let job = wait_change(
+                self.store.as_ref(),
+                self.notices.as_ref(),
+                tenant,
+                id,
+                i64::MIN,
+                Duration::ZERO,
+            )
+            .await?;
+            Ok(job.map(view))
+        })
+    }
+
+    fn wait<'a>(
+        &'a self,
+        tenant: &'a str,
+        id: &'a str,
+        since: i64,
+        wait: Duration,
+    ) -> BoxFuture<'a, Result<Option<JobView>, ToolError>> {
+        Box::pin(async move {
+            let job = wait_change(
+                self.store.as_ref(),
+                self.notices.as_ref(),
+                tenant,
+                id,
+                since,
+                wait,
+            )
+            .await?;
+            Ok(job.map(view))
+        })
+    }
+
+    fn cancel<'a>(
+        &'a self,
+        tenant: &'a str,
+        id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<JobView>, ToolError>> {
+        Box::pin(async move {
+            let job = cancel_record(self.store.as_ref(), self.notices.as_ref(), tenant, id).await?;
+            Ok(job.map(view))
+        })
+    }
+
+    fn answer<'a>(
+        &'a self,
+        tenant: &'a str,
+        ticket: &'a str,
+        answer: Value,
+    ) -> BoxFuture<'a, Envelope> {
+        Box::pin(async move {
+            crate::routes::answer_ticket_as(
+                self.store.as_ref(),
+                self.broker.as_ref(),
+                self.notices.as_ref(),
+                tenant,
+                ticket,
+                &answer,
+            )
+            .await
+        })
+    }
+}
 
 /// Where the protected-resource metadata is served: the plain well-known
 /// path, and RFC 9728's form with the resource's path appended.
@@ -30,6 +148,8 @@ pub fn routes(state: &AppState) -> Router<AppState> {
             page_size: state.mcp.page_size,
             max_body: state.limits.max_body,
             on_call: Some(Arc::new(move |tool, envelope| metrics.call(tool, envelope))),
+            jobs: Some(Arc::new(McpJobs::of(state))),
+            ..Options::default()
         },
     ));
     Router::new()

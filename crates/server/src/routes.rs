@@ -16,9 +16,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::Deserialize;
 use serde_json::{Value, json};
+use toolfleet_broker::{Broker, Notices};
 use toolfleet_core::adapters::{Format, tool_specs};
 use toolfleet_core::{CallCtx, Envelope, ErrorCode, JobState, Json, Principal, ToolError};
-use toolfleet_store::{Answered, JobFilter};
+use toolfleet_store::{Answered, JobFilter, Store};
 
 use crate::AppState;
 use crate::dispatch::{now_ms, store_error, ticket_event, ticket_view};
@@ -421,54 +422,71 @@ async fn answer_ticket(
         Ok(r) => r,
         Err(refusal) => return refusal.into_response(),
     };
-    let ticket = match state.store.ticket(&principal.tenant, &id).await {
+    reply(
+        &answer_ticket_as(
+            state.store.as_ref(),
+            state.broker.as_ref(),
+            state.notices.as_ref(),
+            &principal.tenant,
+            &id,
+            &request.answer,
+        )
+        .await,
+    )
+}
+
+/// Answers the tenant's ticket `id` with `answer` (one of its options, when
+/// it has them), tells subscribers, and wakes the jobs parked on it: the
+/// answered ticket, or why not. `POST /v1/tickets/{id}/answer` and MCP
+/// elicitation both answer through here.
+pub async fn answer_ticket_as(
+    store: &dyn Store,
+    broker: &dyn Broker,
+    notices: &dyn Notices,
+    tenant: &str,
+    id: &str,
+    answer: &Value,
+) -> Envelope {
+    let ticket = match store.ticket(tenant, id).await {
         Ok(Some(ticket)) => ticket,
-        Ok(None) => return reply(&ticket_missing(&id)),
-        Err(error) => return reply(&Envelope::error(store_error(error))),
+        Ok(None) => return ticket_missing(id),
+        Err(error) => return Envelope::error(store_error(error)),
     };
     if !ticket.options.is_empty()
-        && !request
-            .answer
+        && !answer
             .as_str()
             .is_some_and(|a| ticket.options.iter().any(|o| o == a))
     {
-        return reply(&Envelope::error(ToolError::invalid_arguments(format!(
+        return Envelope::error(ToolError::invalid_arguments(format!(
             "answer must be one of the ticket's options: {}",
             ticket.options.join(", ")
-        ))));
+        )));
     }
-    match state
-        .store
-        .answer_ticket(&principal.tenant, &id, &request.answer, now_ms())
-        .await
-    {
+    match store.answer_ticket(tenant, id, answer, now_ms()).await {
         Ok(Some(Answered::Now(ticket))) => {
-            let _ = state.notices.publish(&ticket_event(&ticket)).await;
-            wake_parked(&state, &ticket.id).await;
-            reply(&Envelope::ok(
-                Json::from(ticket_view(&ticket)),
-                ticket.call_id.clone(),
-            ))
+            let _ = notices.publish(&ticket_event(&ticket)).await;
+            wake_parked(store, broker, &ticket.id).await;
+            Envelope::ok(Json::from(ticket_view(&ticket)), ticket.call_id.clone())
         }
-        Ok(Some(Answered::Already(ticket))) => reply(&Envelope::error(
+        Ok(Some(Answered::Already(ticket))) => Envelope::error(
             ToolError::new(
                 ErrorCode::Conflict,
                 "this ticket was answered already; its first answer stands",
             )
             .with_details(ticket_view(&ticket)),
-        )),
-        Ok(None) => reply(&ticket_missing(&id)),
-        Err(error) => reply(&Envelope::error(store_error(error))),
+        ),
+        Ok(None) => ticket_missing(id),
+        Err(error) => Envelope::error(store_error(error)),
     }
 }
 
 /// Jobs parked on an answered ticket (agents waiting for this answer) are
 /// due again: publish them now. The sweeper publishes any this misses.
-async fn wake_parked(state: &AppState, ticket: &str) {
-    match state.store.wake(ticket, now_ms()).await {
+async fn wake_parked(store: &dyn Store, broker: &dyn Broker, ticket: &str) {
+    match store.wake(ticket, now_ms()).await {
         Ok(jobs) => {
             for job in jobs {
-                if let Err(error) = state.broker.publish(&job.pool, &job.id).await {
+                if let Err(error) = broker.publish(&job.pool, &job.id).await {
                     tracing::warn!(job_id = %job.id, %error, "publishing a woken job failed; left to the sweeper");
                 }
             }

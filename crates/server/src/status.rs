@@ -24,8 +24,8 @@ fn missing(id: &str) -> ToolError {
 }
 
 /// A job id is a UUID; anything else cannot name a job.
-fn plausible(id: &str) -> bool {
-    id.len() == 36 && id.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-')
+pub(crate) fn plausible(id: &str) -> bool {
+    toolfleet_mcp::jobs::plausible(id)
 }
 
 /// Reads a job, waiting up to `wait` for it to settle.
@@ -83,18 +83,74 @@ pub async fn cancel_job(
     tenant: &str,
     id: &str,
 ) -> Envelope {
+    match cancel_record(store, notices, tenant, id).await {
+        Ok(Some(job)) => job.envelope(POLL_AFTER_S),
+        Ok(None) => Envelope::error(missing(id)),
+        Err(error) => Envelope::error(error),
+    }
+}
+
+/// Cancels a queued or running job and tells subscribers; the job as it
+/// now stands, `None` when the tenant has no such job.
+pub async fn cancel_record(
+    store: &dyn Store,
+    notices: &dyn Notices,
+    tenant: &str,
+    id: &str,
+) -> Result<Option<JobRecord>, ToolError> {
     if !plausible(id) {
-        return Envelope::error(missing(id));
+        return Ok(None);
     }
     match store.cancel(tenant, id, now_ms()).await {
         Ok(Some(job)) => {
             let event = crate::dispatch::job_event(&job);
             let _ = notices.publish(&event).await;
-            job.envelope(POLL_AFTER_S)
+            Ok(Some(job))
         }
-        Ok(None) => Envelope::error(missing(id)),
-        Err(error) => Envelope::error(store_error(error)),
+        Ok(None) => Ok(None),
+        Err(error) => Err(store_error(error)),
     }
+}
+
+/// Waits up to `wait` for any news of the tenant's job after `since` (its
+/// `updated_at`), or for it to settle; the job as it then stands.
+pub async fn wait_change(
+    store: &dyn Store,
+    notices: &dyn Notices,
+    tenant: &str,
+    id: &str,
+    since: i64,
+    wait: Duration,
+) -> Result<Option<JobRecord>, ToolError> {
+    if !plausible(id) {
+        return Ok(None);
+    }
+    // Subscribe before reading, so a change between the two is not missed.
+    let mut events = if wait.is_zero() {
+        None
+    } else {
+        notices.subscribe().await.ok()
+    };
+    let current = store.job(tenant, id).await.map_err(store_error)?;
+    let Some(job) = current else {
+        return Ok(None);
+    };
+    if job.updated_at != since || job.state.is_settled() {
+        return Ok(Some(job));
+    }
+    let Some(events) = events.as_mut() else {
+        return Ok(Some(job));
+    };
+    let _ = tokio::time::timeout(wait, async {
+        while let Some(event) = events.next().await {
+            if event.kind == "job" && event.id == id && event.tenant == tenant {
+                return;
+            }
+        }
+        std::future::pending::<()>().await
+    })
+    .await;
+    store.job(tenant, id).await.map_err(store_error)
 }
 
 #[derive(Deserialize)]

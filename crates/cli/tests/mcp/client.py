@@ -2,8 +2,13 @@
 """A real MCP client (the official Python SDK, `mcp`) against toolfleet, for
 crates/cli/tests/mcp.rs.
 
-    client.py http  URL TOKEN MODE
+    client.py http  URL TOKEN MODE [OTHER_TOKEN]
     client.py stdio BINARY CONFIG TOKEN MODE
+
+Each connection is made twice: a plain client (no capabilities: the running
+and suspended envelopes) and a rich one (the tasks extension and an
+elicitation callback that answers "travel"). OTHER_TOKEN, another tenant's,
+must not see or cancel the rich client's task.
 
 MODE is the SDK's connect mode: `auto` (server/discover, 2026-07-28) or
 `legacy` (the initialize handshake). Each check that fails raises; on success
@@ -16,8 +21,86 @@ import sys
 import urllib.error
 import urllib.request
 
+from typing import Any, Literal
+
 import httpx2
-from mcp import Client, StdioServerParameters
+import mcp_types
+from mcp import Client, StdioServerParameters, types
+from mcp.client.extension import ClientExtension, ResultClaim
+from mcp.shared.exceptions import MCPError
+
+TASKS = "io.modelcontextprotocol/tasks"
+
+
+class TaskParams(types.RequestParams):
+    task_id: str
+
+
+class TaskHandle(mcp_types.Result):
+    """`tools/call` answered a task (the tasks extension, resultType "task")."""
+
+    result_type: Literal["task"]
+    task_id: str
+    status: str
+    poll_interval_ms: int | None = None
+
+
+class TaskState(mcp_types.Result):
+    """A `tasks/get` answer."""
+
+    model_config = {"extra": "allow"}
+    task_id: str
+    status: str
+    poll_interval_ms: int | None = None
+    result: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+
+
+class TaskRequest(types.Request):
+    # 2026-07-28 over HTTP: the task id travels in the Mcp-Name header too.
+    name_param = "taskId"
+
+
+async def task_request(session, method, task_id, model):
+    return await session.send_request(TaskRequest(method=method, params=TaskParams(task_id=task_id)), model)
+
+
+class Tasks(ClientExtension):
+    """The tasks extension: a claimed task is polled with tasks/get until it
+    settles; a completed one's result is the tool result."""
+
+    identifier = TASKS
+
+    def __init__(self):
+        self.seen = []
+
+    def claims(self):
+        return [ResultClaim(result_type="task", model=TaskHandle, resolve=self.resolve)]
+
+    async def resolve(self, handle, ctx):
+        check(handle.status == "working", f"a new task is not working: {handle}")
+        check(handle.poll_interval_ms and handle.poll_interval_ms >= 1000, f"pollIntervalMs: {handle}")
+        self.seen.append(handle.task_id)
+        for _ in range(240):
+            state = await task_request(ctx.session, "tasks/get", handle.task_id, TaskState)
+            check(state.task_id == handle.task_id, f"another task answered: {state}")
+            if state.status == "completed":
+                check(state.result is not None, f"a completed task without its result: {state}")
+                return types.CallToolResult.model_validate(state.result, by_name=False)
+            check(state.status == "working", f"the task settled badly: {state}")
+            await asyncio.sleep(0.25)
+        raise AssertionError(f"task {handle.task_id} did not settle")
+
+
+async def answer_travel(_context, params):
+    schema = params.requested_schema
+    answer = schema["properties"]["answer"]
+    check(answer.get("enum") == ["travel", "meals"], f"the options are not the enum: {schema}")
+    ANSWERED.append(params.message)
+    return types.ElicitResult(action="accept", content={"answer": "travel"})
+
+
+ANSWERED = []
 
 
 def check(condition, what):
@@ -89,10 +172,78 @@ async def exercise(client):
         await asyncio.sleep(0.25)
     else:
         raise AssertionError(f"job {job_id} did not settle")
+
+    # A human tool: the suspended envelope with its ticket.
+    asked = await client.call_tool("ask_user", {"question": "Which category?", "options": ["travel", "meals"]})
+    suspended = asked.structured_content
+    check(suspended and suspended.get("status") == "suspended" and suspended.get("ticket"), f"not suspended: {asked}")
     return seen
 
 
-async def over_http(url, token, mode):
+async def exercise_rich(client, tasks, streams):
+    """With the tasks extension and elicitation: a job runs as a task to
+    its result, a second is cancelled, ask_user asks the client."""
+    seen = {}
+    modern = client.protocol_version >= "2026-07-28"
+    found = await client.call_tool("find_expenses", {"month": "2026-09"})
+    receipts = [l["receipt_id"] for l in found.structured_content["lines"] if l.get("receipt_id")][:2]
+    if modern:
+        done = await client.call_tool("start_receipt_ocr", {"receipt_ids": receipts})
+        check(tasks.seen, "the job did not become a task")
+        check(not done.is_error, f"the task's result is an error: {done}")
+        check(done.structured_content and "receipts" in done.structured_content, f"the task's result: {done}")
+        seen["task_result"] = done.structured_content
+        seen["task_id"] = tasks.seen[-1]
+        # A second task, cancelled.
+        handle = await client.session.call_tool("start_receipt_ocr", {"receipt_ids": receipts[:1]}, allow_claimed=True)
+        check(isinstance(handle, TaskHandle), f"not a task: {handle}")
+        await task_request(client.session, "tasks/cancel", handle.task_id, mcp_types.Result)
+        state = await task_request(client.session, "tasks/get", handle.task_id, TaskState)
+        # A job already done stays done; one still queued or running is cancelled.
+        check(state.status in ("cancelled", "completed"), f"after tasks/cancel: {state}")
+        seen["cancelled_status"] = state.status
+        # An unknown task is an error.
+        try:
+            await task_request(client.session, "tasks/get", "01a00000-0000-7000-8000-000000000000", TaskState)
+            raise AssertionError("an unknown task was found")
+        except MCPError:
+            pass
+    else:
+        # No tasks before 2026-07-28 here: the running envelope.
+        started = await client.call_tool("start_receipt_ocr", {"receipt_ids": receipts})
+        check(started.structured_content.get("status") == "running", f"not running: {started}")
+    if streams and not modern:
+        # Progress: a job call with a progress token is waited on, with news.
+        progress = []
+
+        async def on_progress(value, total, message):
+            progress.append((value, total, message))
+
+        followed = await client.call_tool("start_receipt_ocr", {"receipt_ids": receipts}, progress_callback=on_progress)
+        check(not followed.is_error, f"the followed job: {followed}")
+        check(followed.structured_content and "receipts" in followed.structured_content, f"not settled: {followed}")
+        check(progress, "no progress was notified")
+        seen["progress"] = len(progress)
+    # ask_user: the question goes to the client where it can be asked.
+    before = len(ANSWERED)
+    asked = await client.call_tool("ask_user", {"question": "Which category?", "options": ["travel", "meals"]})
+    if modern or streams:
+        check(len(ANSWERED) == before + 1, f"the question was not asked: {asked}")
+        check(not asked.is_error, f"the answered ask_user is an error: {asked}")
+        check("travel" in json.dumps(asked.structured_content), f"the answer is not in the result: {asked}")
+        seen["elicited"] = asked.structured_content
+    else:
+        # Stateless HTTP before 2026-07-28 cannot ask: the suspended envelope.
+        check(asked.structured_content.get("status") == "suspended", f"not suspended: {asked}")
+        seen["elicited"] = None
+    return seen
+
+
+def rich(target, mode, tasks):
+    return Client(target, mode=mode, extensions=[tasks], elicitation_callback=answer_travel)
+
+
+async def over_http(url, token, mode, other=None):
     # Without a token: 401, a Bearer challenge naming the resource metadata.
     request = urllib.request.Request(
         url,
@@ -166,6 +317,22 @@ async def over_http(url, token, mode):
     async with http:
         async with Client(streamable_http_client(url, http_client=http), mode=mode) as client:
             seen = await exercise(client)
+        tasks = Tasks()
+        async with rich(streamable_http_client(url, http_client=http), mode, tasks) as client:
+            seen["rich"] = await exercise_rich(client, tasks, streams=False)
+    task_id = seen["rich"].get("task_id")
+    if other and task_id:
+        # Another tenant's task is not found, to read or to cancel.
+        theirs = httpx2.AsyncClient(headers={"Authorization": f"Bearer {other}"}, timeout=30)
+        async with theirs:
+            async with rich(streamable_http_client(url, http_client=theirs), mode, Tasks()) as client:
+                for method in ["tasks/get", "tasks/cancel"]:
+                    try:
+                        await task_request(client.session, method, task_id, TaskState if method == "tasks/get" else mcp_types.Result)
+                        raise AssertionError(f"another tenant's {method} was answered")
+                    except MCPError as refused:
+                        check("no task" in refused.error.message, f"{method}: {refused.error}")
+        seen["foreign_refused"] = True
     seen["handshakes"] = versions
     return seen
 
@@ -177,12 +344,18 @@ async def over_stdio(binary, config, token, mode):
         env={"TOOLFLEET_TOKEN": token, "TOOLFLEET_LOG": "warn"},
     )
     async with Client(params, mode=mode) as client:
-        return await exercise(client)
+        seen = await exercise(client)
+    tasks = Tasks()
+    async with rich(params, mode, tasks) as client:
+        seen["rich"] = await exercise_rich(client, tasks, streams=True)
+    return seen
 
 
 def main(argv):
     if len(argv) >= 4 and argv[1] == "http":
-        seen = asyncio.run(over_http(argv[2], argv[3], argv[4] if len(argv) > 4 else "auto"))
+        seen = asyncio.run(
+            over_http(argv[2], argv[3], argv[4] if len(argv) > 4 else "auto", argv[5] if len(argv) > 5 else None)
+        )
     elif len(argv) >= 5 and argv[1] == "stdio":
         seen = asyncio.run(over_stdio(argv[2], argv[3], argv[4], argv[5] if len(argv) > 5 else "auto"))
     else:

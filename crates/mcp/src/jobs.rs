@@ -1,0 +1,175 @@
+//! What MCP tasks, progress and elicitation need from the fleet: jobs read,
+//! awaited and cancelled in the store (the one truth: a task id is a job id,
+//! so any dispatcher answers for a task another made), and tickets answered.
+//! The server implements [`Jobs`]; this crate only maps jobs to tasks.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use rmcp::model::{DetailedTask, Task, TaskPayload, TaskStatus};
+use serde_json::{Map, Value, json};
+use toolfleet_core::{Envelope, JobState, ToolError};
+
+/// A boxed future, as the fleet's traits use.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// One job as a task needs it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct JobView {
+    pub id: String,
+    pub tool: String,
+    pub state: JobState,
+    /// What `get_job` answers for it now.
+    pub envelope: Envelope,
+    pub progress: Option<Value>,
+    /// Milliseconds since the epoch.
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+/// Jobs and tickets, always within one tenant: another tenant's job or
+/// ticket reads as a missing one (`Ok(None)`).
+pub trait Jobs: Send + Sync + 'static {
+    /// The tenant's job `id`.
+    fn job<'a>(
+        &'a self,
+        tenant: &'a str,
+        id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<JobView>, ToolError>>;
+    /// Waits up to `wait` for the job to change after `since` (its
+    /// `updated_at`) or to settle, then answers it as it stands.
+    fn wait<'a>(
+        &'a self,
+        tenant: &'a str,
+        id: &'a str,
+        since: i64,
+        wait: Duration,
+    ) -> BoxFuture<'a, Result<Option<JobView>, ToolError>>;
+    /// Cancels a queued or running job; answers it as it now stands.
+    fn cancel<'a>(
+        &'a self,
+        tenant: &'a str,
+        id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<JobView>, ToolError>>;
+    /// Answers the tenant's ticket as `POST /v1/tickets/{id}/answer` does:
+    /// the answered ticket, or the error that route would answer.
+    fn answer<'a>(
+        &'a self,
+        tenant: &'a str,
+        ticket: &'a str,
+        answer: Value,
+    ) -> BoxFuture<'a, Envelope>;
+}
+
+/// The task status of a job state.
+pub fn task_status(state: JobState) -> TaskStatus {
+    match state {
+        JobState::Queued | JobState::Running | JobState::Retrying => TaskStatus::Working,
+        JobState::Succeeded => TaskStatus::Completed,
+        JobState::Failed => TaskStatus::Failed,
+        JobState::Cancelled => TaskStatus::Cancelled,
+    }
+}
+
+/// The task of a job: `result` is the tool result a completed one answers
+/// (as `tools/call` would have), `poll_after_s` the tool's poll hint.
+pub fn task_of(
+    job: &JobView,
+    poll_after_s: u32,
+    result: Option<Map<String, Value>>,
+) -> DetailedTask {
+    let mut task = Task::new(
+        job.id.clone(),
+        task_status(job.state),
+        iso8601(job.created_at),
+        iso8601(job.updated_at),
+    )
+    .with_poll_interval_ms(u64::from(poll_after_s.max(1)) * 1000)
+    .with_status_message(status_message(job));
+    task.ttl_ms = None;
+    let payload = match job.state {
+        JobState::Queued | JobState::Running | JobState::Retrying => TaskPayload::Working,
+        JobState::Succeeded => TaskPayload::Completed {
+            result: result.unwrap_or_default(),
+        },
+        JobState::Cancelled => TaskPayload::Cancelled,
+        JobState::Failed => {
+            let (message, data) = match &job.envelope {
+                Envelope::Error { error, .. } => (
+                    error.message.clone(),
+                    serde_json::to_value(&job.envelope).unwrap_or_default(),
+                ),
+                other => (
+                    "the job failed".to_owned(),
+                    serde_json::to_value(other).unwrap_or_default(),
+                ),
+            };
+            let error = json!({"code": -32603, "message": message, "data": data});
+            TaskPayload::Failed {
+                error: match error {
+                    Value::Object(map) => map,
+                    _ => Map::new(),
+                },
+            }
+        }
+    };
+    DetailedTask::new(task, payload)
+}
+
+/// The job's state, its attempts and progress, for people.
+pub fn status_message(job: &JobView) -> String {
+    let mut message = format!("{} `{}`", job.state, job.tool);
+    if let Envelope::Running {
+        attempts: Some(attempts),
+        ..
+    } = &job.envelope
+        && *attempts > 1
+    {
+        message.push_str(&format!(", attempt {attempts}"));
+    }
+    if let Some(progress) = &job.progress {
+        message.push_str(&format!(", progress {progress}"));
+    }
+    message
+}
+
+/// Milliseconds since the epoch as ISO 8601 UTC.
+pub fn iso8601(ms: i64) -> String {
+    let secs = ms.div_euclid(1000);
+    let millis = ms.rem_euclid(1000);
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    // Civil from days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{millis:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// A job id is a UUID; anything else cannot name a job (or a task).
+pub fn plausible(id: &str) -> bool {
+    id.len() == 36 && id.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-')
+}
+
+/// The `tasks/*` error for an id this caller has no job for.
+pub fn no_task(id: &str) -> rmcp::ErrorData {
+    rmcp::ErrorData::invalid_params(
+        format!(
+            "no task `{}` for this caller",
+            toolfleet_core::registry::truncate(id, 64)
+        ),
+        None,
+    )
+}
