@@ -240,8 +240,11 @@ fn base_url(headers: &HeaderMap) -> String {
 }
 
 /// A request without `Origin` (every non-browser client) passes; one with an
-/// `Origin` must name this server's own host and port, or be allowed by
-/// configuration. Stops a web page from driving a local server (DNS rebinding).
+/// `Origin` must be allowed by configuration, or name this server's own host
+/// and port when that host is a loopback name (`localhost`, `127.0.0.1`,
+/// `[::1]`). A page whose name was rebound to this server sends its own name
+/// as both Host and Origin, so matching the two is not enough: only loopback
+/// names, which DNS cannot hand to a stranger, pass without configuration.
 fn check_origin(headers: &HeaderMap, allowed: &[String]) -> Result<(), String> {
     let Some(origin) = headers.get(header::ORIGIN) else {
         return Ok(());
@@ -261,7 +264,9 @@ fn check_origin(headers: &HeaderMap, allowed: &[String]) -> Result<(), String> {
         .ok()
         .filter(|u| matches!(u.scheme_str(), Some("http" | "https")))
         .and_then(|u| u.authority().map(|a| a.as_str().to_ascii_lowercase()))
-        .is_some_and(|authority| host.is_some_and(|h| h.eq_ignore_ascii_case(&authority)));
+        .is_some_and(|authority| {
+            host.is_some_and(|h| h.eq_ignore_ascii_case(&authority)) && is_loopback(&authority)
+        });
     if own {
         Ok(())
     } else {
@@ -270,6 +275,18 @@ fn check_origin(headers: &HeaderMap, allowed: &[String]) -> Result<(), String> {
             toolfleet_core::registry::truncate(origin, 128)
         ))
     }
+}
+
+/// True for `localhost`, `127.x.y.z` and `[::1]`, with or without a port.
+fn is_loopback(authority: &str) -> bool {
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or_default(),
+        None => authority.split(':').next().unwrap_or_default(),
+    };
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 #[cfg(test)]
@@ -318,6 +335,19 @@ mod tests {
         }
         // No Host to compare with: only the allow-list admits an Origin.
         assert!(check_origin(&headers(&[("origin", "http://127.0.0.1:8080")]), &[]).is_err());
+        // A rebound name: Host and Origin agree, and neither is loopback.
+        let rebound = [
+            ("host", "evil.example.com:8080"),
+            ("origin", "http://evil.example.com:8080"),
+        ];
+        assert!(check_origin(&headers(&rebound), &allowed).is_err());
+        for local in ["localhost:8080", "[::1]:8080", "127.0.0.1"] {
+            let origin = format!("http://{local}");
+            assert!(
+                check_origin(&headers(&[("host", local), ("origin", &origin)]), &[]).is_ok(),
+                "{local}"
+            );
+        }
     }
 
     #[test]
