@@ -429,10 +429,13 @@ impl Drop for SharedCleanup {
                     return;
                 };
                 // close_and_delete removes what this handle declared:
-                // declare the pool's queues and the events exchange first.
-                if let Ok(consumer) = toolfleet_broker::Broker::consume(&broker, "default", 1).await
-                {
-                    drop(consumer);
+                // declare the pools' queues (the expense pack's jobs and its
+                // agent) and the events exchange first.
+                for pool in ["default", "agents"] {
+                    if let Ok(consumer) = toolfleet_broker::Broker::consume(&broker, pool, 1).await
+                    {
+                        drop(consumer);
+                    }
                 }
                 let notices = broker.notices();
                 if let Ok(sub) = toolfleet_broker::Notices::subscribe(&notices).await {
