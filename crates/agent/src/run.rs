@@ -535,6 +535,7 @@ impl Run {
                 depth: f.depth,
                 budget: state.remaining(&f.budget),
             }),
+            events: None,
         }
     }
 

@@ -60,6 +60,6 @@ pub use shapes::command::{CommitLog, MemoryCommitLog};
 pub use shapes::fleet::{Fleet, JobRequest, MemoryFleet, TicketRequest};
 pub use shapes::handle::{HandleStore, MemoryHandleStore};
 pub use tool::{
-    Budget, CallCtx, Executor, Hints, Lineage, MiddlewareSpec, Principal, ResolvedHints, Shape,
-    ToolDecl, executor_fn, executor_value, new_id,
+    Budget, CallCtx, CallEvent, CallEvents, Executor, Hints, Lineage, LogLevel, MiddlewareSpec,
+    Principal, ResolvedHints, Shape, ToolDecl, executor_fn, executor_value, new_id,
 };

@@ -140,6 +140,58 @@ pub struct CallCtx {
     /// Set when a sub-agent's loop makes the call: whose run it serves, how
     /// deep it is, and what is left of the calling agent's budget.
     pub lineage: Option<Lineage>,
+    /// Where the call reports progress and log messages while it runs, when
+    /// its caller listens (an MCP client); `None`: nobody does, and a tool's
+    /// reports are dropped.
+    pub events: Option<CallEvents>,
+}
+
+/// Something a running call tells its caller before its result.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CallEvent {
+    /// How far the call has got: `progress` of `total` (when known).
+    Progress {
+        progress: f64,
+        total: Option<f64>,
+        message: Option<String>,
+    },
+    /// A log message at a syslog severity.
+    Log { level: LogLevel, message: String },
+}
+
+/// The syslog severities of a [`CallEvent::Log`], least severe first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LogLevel {
+    Debug,
+    Info,
+    Notice,
+    Warning,
+    Error,
+    Critical,
+    Alert,
+    Emergency,
+}
+
+/// The listener of a call's [`CallEvent`]s. Reporting never blocks the
+/// tool: a listener queues what it cannot forward at once.
+#[derive(Clone)]
+pub struct CallEvents(Arc<dyn Fn(CallEvent) + Send + Sync>);
+
+impl CallEvents {
+    pub fn new(listener: impl Fn(CallEvent) + Send + Sync + 'static) -> Self {
+        CallEvents(Arc::new(listener))
+    }
+
+    pub fn report(&self, event: CallEvent) {
+        (self.0)(event)
+    }
+}
+
+impl fmt::Debug for CallEvents {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("CallEvents(..)")
+    }
 }
 
 /// Where a call made by a sub-agent stands in the tree of agents. Travels
@@ -191,6 +243,14 @@ impl CallCtx {
             idempotency_key: None,
             callback_url: None,
             lineage: None,
+            events: None,
+        }
+    }
+
+    /// Reports `event` to whoever listens to this call, if anyone does.
+    pub fn report(&self, event: CallEvent) {
+        if let Some(events) = &self.events {
+            events.report(event);
         }
     }
 

@@ -7,6 +7,14 @@
 //! group is killed when the attempt times out, prints too much or is
 //! abandoned, so no process of a call outlives it. It must never wait past
 //! its timeout nor hold more than `max_output_bytes` of output.
+//!
+//! While it runs, a program may report to a caller that listens (an MCP
+//! client) with lines on standard error that start with [`EVENT_PREFIX`]
+//! and carry one JSON object: `{"progress": 50, "total": 100, "message":
+//! "..."}` (total and message optional) or `{"log": "info", "message":
+//! "..."}` (a syslog level). Such lines are reports, not error text: they
+//! are left out of the excerpt a failure quotes. Anything else after the
+//! prefix, or a line longer than [`MAX_EVENT_LINE`], is ordinary text.
 
 use std::io;
 use std::process::{ExitStatus, Stdio};
@@ -16,12 +24,17 @@ use futures_util::future::{BoxFuture, try_join3};
 use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, ChildStdin, Command};
-use toolfleet_core::{CallCtx, ErrorCode, Executor, Json, ToolError};
+use toolfleet_core::{CallCtx, CallEvent, ErrorCode, Executor, Json, LogLevel, ToolError};
 
 use crate::{DEFAULT_MAX_RESULT_BYTES, EXCERPT_BYTES, idempotency_key, quoted};
 
 /// The exit status (sysexits.h) by which a program says "try again later".
 pub const EX_TEMPFAIL: i32 = 75;
+
+/// What starts a line of standard error that reports progress or a log message.
+pub const EVENT_PREFIX: &str = "toolfleet-event: ";
+/// The longest report line read as one, in bytes.
+pub const MAX_EVENT_LINE: usize = 4096;
 
 /// Runs a program with a call's arguments on standard input.
 #[derive(Debug, Clone)]
@@ -81,10 +94,11 @@ impl ExecExecutor {
             ToolError::failed(format!("the arguments could not be encoded: {e}"), false)
         })?;
         let mut child = self.spawn(&ctx)?;
+        let ctx = &ctx;
         // Declared after `child`, so dropped first: on every early return,
         // and when the caller abandons the call, the group dies.
         let group = GroupKiller::of(&child);
-        let finished = tokio::time::timeout(self.timeout, self.converse(&mut child, input))
+        let finished = tokio::time::timeout(self.timeout, self.converse(&mut child, input, ctx))
             .await
             .map_err(|_| self.timed_out())??;
         group.disarm();
@@ -110,7 +124,12 @@ impl ExecExecutor {
 
     /// Feeds standard input while reading both outputs, all at once: a
     /// program that writes before it has read everything must not block.
-    async fn converse(&self, child: &mut Child, input: Vec<u8>) -> Result<Finished, ToolError> {
+    async fn converse(
+        &self,
+        child: &mut Child,
+        input: Vec<u8>,
+        ctx: &CallCtx,
+    ) -> Result<Finished, ToolError> {
         let (stdin, stdout, stderr) =
             (child.stdin.take(), child.stdout.take(), child.stderr.take());
         let write = feed(stdin, input);
@@ -122,7 +141,7 @@ impl ExecExecutor {
                 Err(self.too_large())
             }
         };
-        let stderr = async { Ok(read_excerpt(stderr).await) };
+        let stderr = async { Ok(read_stderr(stderr, ctx).await) };
         let ((), stdout, stderr) = try_join3(write, stdout, stderr).await?;
         let status = child.wait().await.map_err(|e| {
             ToolError::failed(
@@ -248,19 +267,91 @@ async fn read_bounded<R: AsyncRead + Unpin>(stream: Option<R>, limit: usize) -> 
     (bytes, complete)
 }
 
-/// The start of standard error, then the rest drained unread so that a
+/// The start of standard error, report lines taken out and passed to the
+/// call's listener, then the rest drained (reports still read) so that a
 /// chatty program never blocks on a full pipe.
-async fn read_excerpt<R: AsyncRead + Unpin>(stream: Option<R>) -> Vec<u8> {
+async fn read_stderr<R: AsyncRead + Unpin>(stream: Option<R>, ctx: &CallCtx) -> Vec<u8> {
     let Some(mut stream) = stream else {
         return Vec::new();
     };
-    let mut bytes = Vec::new();
-    let _ = (&mut stream)
-        .take(EXCERPT_BYTES as u64)
-        .read_to_end(&mut bytes)
-        .await;
-    let _ = tokio::io::copy(&mut stream, &mut tokio::io::sink()).await;
-    bytes
+    let mut excerpt = Vec::new();
+    // The line being read; `long` once it has outgrown a report.
+    let mut line = Vec::new();
+    let mut long = false;
+    let mut chunk = [0u8; 4096];
+    let keep = |text: &[u8], excerpt: &mut Vec<u8>| {
+        let room = EXCERPT_BYTES.saturating_sub(excerpt.len());
+        excerpt.extend_from_slice(&text[..text.len().min(room)]);
+    };
+    loop {
+        let n = match stream.read(&mut chunk).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        for piece in chunk[..n].split_inclusive(|b| *b == b'\n') {
+            if long {
+                keep(piece, &mut excerpt);
+            } else {
+                line.extend_from_slice(piece);
+                if line.len() > MAX_EVENT_LINE {
+                    keep(&line, &mut excerpt);
+                    line.clear();
+                    long = true;
+                }
+            }
+            if piece.ends_with(b"\n") {
+                if !long && !report(&line, ctx) {
+                    keep(&line, &mut excerpt);
+                }
+                line.clear();
+                long = false;
+            }
+        }
+    }
+    if !long && !report(&line, ctx) {
+        keep(&line, &mut excerpt);
+    }
+    excerpt
+}
+
+/// Passes a report line to the call's listener; false when `line` is not one.
+fn report(line: &[u8], ctx: &CallCtx) -> bool {
+    let Some(event) = parse_event(line) else {
+        return false;
+    };
+    ctx.report(event);
+    true
+}
+
+/// The event a line of standard error reports, if it is a report.
+pub fn parse_event(line: &[u8]) -> Option<CallEvent> {
+    let text = std::str::from_utf8(line).ok()?;
+    let json = text.strip_prefix(EVENT_PREFIX)?.trim_end();
+    let Value::Object(object) = serde_json::from_str::<Value>(json).ok()? else {
+        return None;
+    };
+    let message = match object.get("message") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(message)) => Some(message.clone()),
+        Some(_) => return None,
+    };
+    if let Some(level) = object.get("log") {
+        let level: LogLevel = serde_json::from_value(level.clone()).ok()?;
+        return Some(CallEvent::Log {
+            level,
+            message: message.unwrap_or_default(),
+        });
+    }
+    let progress = object.get("progress")?.as_f64()?;
+    let total = match object.get("total") {
+        None | Some(Value::Null) => None,
+        Some(total) => Some(total.as_f64()?),
+    };
+    Some(CallEvent::Progress {
+        progress,
+        total,
+        message,
+    })
 }
 
 #[cfg(unix)]

@@ -17,7 +17,7 @@ mod exec;
 mod http;
 
 pub use binder::{AgentFactory, Binder, DEFAULT_TIMEOUT};
-pub use exec::{EX_TEMPFAIL, ExecExecutor};
+pub use exec::{EVENT_PREFIX, EX_TEMPFAIL, ExecExecutor, MAX_EVENT_LINE, parse_event};
 pub use http::{HttpExecutor, http_client};
 
 use toolfleet_core::CallCtx;

@@ -4,8 +4,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use toolfleet_core::{CallCtx, ErrorCode, Executor, Principal, ToolError};
-use toolfleet_executors::ExecExecutor;
+use toolfleet_core::{
+    CallCtx, CallEvent, CallEvents, ErrorCode, Executor, LogLevel, Principal, ToolError,
+};
+use toolfleet_executors::{ExecExecutor, MAX_EVENT_LINE, parse_event};
 
 fn ctx() -> CallCtx {
     CallCtx::new(Arc::new(Principal::new("acme", "alice", ["x"])))
@@ -200,4 +202,88 @@ async fn a_missing_program_is_named() {
 fn an_empty_program_is_refused() {
     let err = ExecExecutor::new("  ", vec![]).unwrap_err();
     assert!(err.contains("empty"), "{err}");
+}
+
+#[tokio::test]
+async fn report_lines_reach_the_listener_and_stay_out_of_the_excerpt() {
+    let heard = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut ctx = ctx();
+    ctx.events = Some(CallEvents::new({
+        let heard = heard.clone();
+        move |event| heard.lock().unwrap().push(event)
+    }));
+    let script = r#"
+echo 'toolfleet-event: {"progress": 1, "total": 2, "message": "half"}' >&2
+echo 'toolfleet-event: {"log": "warning", "message": "slow"}' >&2
+echo 'toolfleet-event: not json' >&2
+echo 'toolfleet-event: {"log": "loud"}' >&2
+echo 'real trouble' >&2
+exit 3"#;
+    let err = sh(script).execute(ctx, json!({})).await.unwrap_err();
+    assert_eq!(
+        *heard.lock().unwrap(),
+        vec![
+            CallEvent::Progress {
+                progress: 1.0,
+                total: Some(2.0),
+                message: Some("half".into())
+            },
+            CallEvent::Log {
+                level: LogLevel::Warning,
+                message: "slow".into()
+            },
+        ]
+    );
+    // What is not a report is error text, as before.
+    assert!(err.message.contains("real trouble"), "{}", err.message);
+    assert!(err.message.contains("not json"), "{}", err.message);
+    assert!(!err.message.contains("half"), "{}", err.message);
+}
+
+#[tokio::test]
+async fn reports_without_a_listener_are_dropped() {
+    let script = r#"echo 'toolfleet-event: {"progress": 1}' >&2; echo '{"ok": true}'"#;
+    assert_eq!(
+        call(&sh(script), json!({})).await.unwrap(),
+        json!({"ok": true})
+    );
+}
+
+#[test]
+fn only_well_formed_short_lines_are_reports() {
+    assert_eq!(
+        parse_event(b"toolfleet-event: {\"progress\": 3}\n"),
+        Some(CallEvent::Progress {
+            progress: 3.0,
+            total: None,
+            message: None
+        })
+    );
+    for bad in [
+        &b"toolfleet-event: {\"progress\": \"3\"}"[..],
+        b"toolfleet-event: {\"total\": 3}",
+        b"toolfleet-event: {\"log\": \"info\", \"message\": 3}",
+        b"toolfleet-event: [1]",
+        b"progress: {\"progress\": 3}",
+        b" toolfleet-event: {\"progress\": 3}",
+    ] {
+        assert_eq!(parse_event(bad), None, "{}", String::from_utf8_lossy(bad));
+    }
+}
+
+#[tokio::test]
+async fn an_overlong_report_line_is_error_text() {
+    let heard = Arc::new(std::sync::Mutex::new(0));
+    let mut ctx = ctx();
+    ctx.events = Some(CallEvents::new({
+        let heard = heard.clone();
+        move |_| *heard.lock().unwrap() += 1
+    }));
+    let padding = "x".repeat(MAX_EVENT_LINE);
+    let script = format!(
+        r#"echo 'toolfleet-event: {{"progress": 1, "message": "{padding}"}}' >&2; echo 'toolfleet-event: {{"progress": 2}}' >&2; exit 3"#
+    );
+    let err = sh(&script).execute(ctx, json!({})).await.unwrap_err();
+    assert_eq!(*heard.lock().unwrap(), 1, "only the short line is a report");
+    assert!(err.message.contains("xxxx"), "{}", err.message);
 }

@@ -51,7 +51,9 @@ use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt};
 use serde_json::{Map, Value, json};
 use toolfleet_core::adapters::{Format, ProviderCall, parse_call, render_result, tool_specs};
-use toolfleet_core::{CallCtx, Envelope, Principal, Runtime, Shape, Tool, ToolError};
+use toolfleet_core::{
+    CallCtx, CallEvent, CallEvents, Envelope, LogLevel, Principal, Runtime, Shape, Tool, ToolError,
+};
 
 pub mod jobs;
 pub use jobs::{BoxFuture, JobView, Jobs};
@@ -122,6 +124,10 @@ pub struct ToolServer {
     /// The principal of every request (stdio); `None`: each HTTP request's own.
     principal: Option<Arc<Principal>>,
     options: Options,
+    /// The least severe log message a client asked for with
+    /// `logging/setLevel`: kept for the stdio session; over stateless HTTP
+    /// each request gets its own, so it holds for that request only.
+    log_level: Arc<std::sync::Mutex<Option<LogLevel>>>,
 }
 
 impl ToolServer {
@@ -134,7 +140,40 @@ impl ToolServer {
                 page_size,
                 ..options
             },
+            log_level: Arc::default(),
         }
+    }
+
+    /// This server for one stateless HTTP request: nothing a request sets
+    /// (its log level) reaches another.
+    fn for_request(&self) -> Self {
+        ToolServer {
+            log_level: Arc::default(),
+            ..self.clone()
+        }
+    }
+
+    /// The least severe log message to send for a request: its own
+    /// `_meta` level (2026-07-28), else the session's; a 2026-07-28 request
+    /// that names none gets none, an older one every level.
+    fn min_log_level(&self, context: &RequestContext<RoleServer>) -> Option<LogLevel> {
+        #[allow(deprecated)]
+        let asked = context
+            .meta
+            .log_level()
+            .and_then(|level| serde_json::to_value(level).ok())
+            .and_then(|level| serde_json::from_value::<LogLevel>(level).ok());
+        if asked.is_some() {
+            return asked;
+        }
+        let modern = context
+            .protocol_version()
+            .is_some_and(|v| v.as_str() >= ProtocolVersion::V_2026_07_28.as_str());
+        if modern {
+            return None;
+        }
+        let set = *self.log_level.lock().unwrap_or_else(|e| e.into_inner());
+        Some(set.unwrap_or(LogLevel::Debug))
     }
 
     fn principal(&self, context: &RequestContext<RoleServer>) -> Result<Arc<Principal>, ErrorData> {
@@ -194,19 +233,26 @@ impl ToolServer {
     /// Answers one `tools/call` (its `params`) as a `CallToolResult`: the
     /// same path as `POST /v1/calls`, rendered by the MCP adapter.
     pub async fn call(&self, principal: Arc<Principal>, params: &Value) -> Value {
-        let (call, envelope) = self.invoke(principal, params).await;
+        let (call, envelope) = self.invoke(principal, params, None).await;
         render_result(Format::Mcp, &call, &envelope)
     }
 
     /// Runs one `tools/call` (its `params`): the call as read and its envelope.
-    async fn invoke(&self, principal: Arc<Principal>, params: &Value) -> (ProviderCall, Envelope) {
+    /// `events`, when given, hears the tool's progress and log reports.
+    async fn invoke(
+        &self,
+        principal: Arc<Principal>,
+        params: &Value,
+        events: Option<CallEvents>,
+    ) -> (ProviderCall, Envelope) {
         let raw = serde_json::to_vec(params).unwrap_or_default();
         let registry = self.runtime.registry();
         let (call, envelope) = match parse_call(Format::Mcp, registry, &raw) {
             Ok(call) => {
                 let envelope = match &call.args {
                     Ok(args) => {
-                        let ctx = CallCtx::new(principal);
+                        let mut ctx = CallCtx::new(principal);
+                        ctx.events = events;
                         self.runtime.invoke(&call.name, args.clone(), &ctx).await
                     }
                     Err(error) => Envelope::error(error.clone()),
@@ -235,8 +281,78 @@ impl ToolServer {
         (call, envelope)
     }
 
-    /// Whether messages to the client can go out while a request runs: over
-    /// stdio, yes; stateless HTTP answers one JSON body and nothing else.
+    /// [`Self::invoke`], the tool's reports sent to the client as they come
+    /// and all before the result: progress when the request carries a
+    /// progress token, log messages at the level asked. Over HTTP the first
+    /// report turns the answer into an event stream (rmcp does so when a
+    /// notification precedes the response).
+    #[allow(deprecated)]
+    async fn invoke_reporting(
+        &self,
+        principal: Arc<Principal>,
+        params: &Value,
+        context: &RequestContext<RoleServer>,
+        token: Option<ProgressToken>,
+    ) -> (ProviderCall, Envelope) {
+        let min_level = self.min_log_level(context);
+        if token.is_none() && min_level.is_none() {
+            return self.invoke(principal, params, None).await;
+        }
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let events = CallEvents::new(move |event| {
+            let _ = tx.send(event);
+        });
+        let tool = params
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        let send = |event: CallEvent| {
+            let (peer, token, tool) = (&context.peer, &token, &tool);
+            async move {
+                match event {
+                    CallEvent::Progress {
+                        progress,
+                        total,
+                        message,
+                    } => {
+                        if let Some(token) = token {
+                            let mut note = ProgressNotificationParam::new(token.clone(), progress);
+                            note.total = total;
+                            note.message = message;
+                            let _ = peer.notify_progress(note).await;
+                        }
+                    }
+                    CallEvent::Log { level, message } => {
+                        if min_level.is_some_and(|min| level >= min)
+                            && let Some(note) = log_message(level, tool, message)
+                        {
+                            let _ = peer.notify_logging_message(note).await;
+                        }
+                    }
+                }
+            }
+        };
+        let invoke = self.invoke(principal, params, Some(events));
+        tokio::pin!(invoke);
+        loop {
+            tokio::select! {
+                biased;
+                Some(event) = rx.recv() => send(event).await,
+                out = &mut invoke => {
+                    while let Ok(event) = rx.try_recv() {
+                        send(event).await;
+                    }
+                    return out;
+                }
+            }
+        }
+    }
+
+    /// Whether the server may ask the client (elicitation) or follow a job
+    /// for it while a request runs: over stdio, yes; stateless HTTP has no
+    /// session to carry the client's answer, and its jobs are polled. (A
+    /// tool's own reports during a call go out over both.)
     fn streams(&self) -> bool {
         self.principal.is_some()
     }
@@ -372,6 +488,19 @@ fn elicit_params(question: &str, options: &[String]) -> Result<ElicitRequestPara
     })
 }
 
+/// A tool's log message as MCP's, its logger the tool.
+#[allow(deprecated)]
+fn log_message(
+    level: LogLevel,
+    tool: &str,
+    message: String,
+) -> Option<rmcp::model::LoggingMessageNotificationParam> {
+    let level = serde_json::to_value(level)
+        .and_then(serde_json::from_value::<rmcp::model::LoggingLevel>)
+        .ok()?;
+    Some(rmcp::model::LoggingMessageNotificationParam::new(level, json!(message)).with_logger(tool))
+}
+
 /// Writes an elicitation's answer to the ticket; a decline leaves it open.
 async fn answered(jobs: &dyn Jobs, tenant: &str, ticket: &str, answer: ElicitResult) -> Envelope {
     match answer.action {
@@ -400,16 +529,23 @@ fn internal(what: &str, error: impl std::fmt::Display) -> ErrorData {
 }
 
 impl ServerHandler for ToolServer {
+    // `logging` is deprecated by SEP-2577 but still part of the revisions
+    // we speak; rmcp keeps it functional.
+    #[allow(deprecated)]
     fn get_info(&self) -> ServerConfig {
         let mut info = Implementation::new("toolfleet", env!("CARGO_PKG_VERSION"));
         info.title = Some("toolfleet".into());
         let capabilities = if self.options.jobs.is_some() {
             ServerCapabilities::builder()
                 .enable_tools()
+                .enable_logging()
                 .enable_tasks()
                 .build()
         } else {
-            ServerCapabilities::builder().enable_tools().build()
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_logging()
+                .build()
         };
         ServerConfig::new(capabilities)
             .with_server_info(info)
@@ -488,8 +624,10 @@ impl ServerHandler for ToolServer {
             "name": request.name,
             "arguments": request.arguments.map(Value::Object),
         });
-        let (call, envelope) = self.invoke(principal.clone(), &params).await;
         let token = context.meta.get_progress_token();
+        let (call, envelope) = self
+            .invoke_reporting(principal.clone(), &params, &context, token.clone())
+            .await;
         match (&jobs, &envelope) {
             (Some(jobs), Envelope::Running { job_id, .. })
                 if shape.is_some_and(Shape::is_enqueued)
@@ -587,6 +725,25 @@ impl ServerHandler for ToolServer {
         }
     }
 
+    /// The least severe of the log messages tools report during a call that
+    /// the client wants. Over stdio it holds for the session; stateless HTTP
+    /// keeps nothing between requests, so there it holds for this request
+    /// alone, and a call's messages come at every level (2025 revisions) or
+    /// at the call's own `_meta` level (2026-07-28).
+    #[allow(deprecated)]
+    async fn set_level(
+        &self,
+        request: rmcp::model::SetLevelRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        self.principal(&context)?;
+        let level = serde_json::to_value(request.level)
+            .and_then(serde_json::from_value::<LogLevel>)
+            .map_err(|e| ErrorData::invalid_params(format!("unknown log level: {e}"), None))?;
+        *self.log_level.lock().unwrap_or_else(|e| e.into_inner()) = Some(level);
+        Ok(())
+    }
+
     async fn get_task(
         &self,
         request: GetTaskParams,
@@ -664,7 +821,9 @@ fn complete(result: Value) -> Result<CallToolResponse, ErrorData> {
 
 /// `/mcp`: MCP over Streamable HTTP for requests whose caller is already
 /// authenticated. Stateless: no session outlives a request, so any number of
-/// dispatchers serve the same clients; answers are JSON, GET is 405.
+/// dispatchers serve the same clients. Answers are JSON, except for a call
+/// whose tool reports progress or log messages: an SSE stream carries them,
+/// then the result. GET is 405.
 #[derive(Clone)]
 pub struct HttpEndpoint {
     service: StreamableHttpService<ToolServer, NeverSessionManager>,
@@ -684,7 +843,7 @@ impl HttpEndpoint {
             .disable_allowed_hosts()
             .disable_allowed_origins();
         let service = StreamableHttpService::new(
-            move || Ok(server.clone()),
+            move || Ok(server.for_request()),
             Arc::new(NeverSessionManager::default()),
             config,
         );

@@ -375,3 +375,17 @@ mod tasks {
         );
     }
 }
+
+#[test]
+fn every_log_level_is_an_mcp_level() {
+    use toolfleet_core::LogLevel::*;
+    for level in [
+        Debug, Info, Notice, Warning, Error, Critical, Alert, Emergency,
+    ] {
+        let note = super::log_message(level, "t", "m".into()).expect("an MCP level");
+        assert_eq!(
+            serde_json::to_value(&note).unwrap()["level"],
+            serde_json::to_value(level).unwrap()
+        );
+    }
+}

@@ -255,6 +255,8 @@ impl Worker {
             // Where the call that made the job stands among agents, so an
             // agent tool run here knows its depth and its budget.
             lineage: job.lineage.clone(),
+            // A job's caller is not listening while a worker runs it.
+            events: None,
         };
         let cancelled = Arc::new(Notify::new());
         self.lock_running()
