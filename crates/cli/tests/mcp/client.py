@@ -78,7 +78,8 @@ class Tasks(ClientExtension):
         return [ResultClaim(result_type="task", model=TaskHandle, resolve=self.resolve)]
 
     async def resolve(self, handle, ctx):
-        check(handle.status == "working", f"a new task is not working: {handle}")
+        # A quick job may settle before its task is answered.
+        check(handle.status in ("working", "completed"), f"a new task is neither working nor done: {handle}")
         check(handle.poll_interval_ms and handle.poll_interval_ms >= 1000, f"pollIntervalMs: {handle}")
         self.seen.append(handle.task_id)
         for _ in range(240):
