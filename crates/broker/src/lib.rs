@@ -25,6 +25,7 @@ pub mod fanout;
 pub mod memory;
 pub mod postgres;
 pub mod rabbit;
+pub mod tee;
 
 /// Why a broker operation failed.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -12,6 +12,7 @@ use toolfleet_broker::fanout::{Fanout, FanoutOptions};
 use toolfleet_broker::memory::{MemoryBroker, MemoryNotices};
 use toolfleet_broker::postgres::PgNotices;
 use toolfleet_broker::rabbit::{RabbitBroker, RabbitOptions};
+use toolfleet_broker::tee::Tee;
 use toolfleet_broker::{Broker, Notices};
 use toolfleet_core::{
     CallCtx, Principal, Runtime, RuntimeConfig, Shape, ToolDecl, ToolError, executor_fn,
@@ -367,7 +368,15 @@ pub async fn open_backends(config: &Config, prefetch: u16) -> Result<Backends, S
             let notices = PgNotices::connect(url, &channel)
                 .await
                 .map_err(|e| format!("cannot listen for notices on PostgreSQL: {e}"))?;
-            Arc::new(Fanout::with_options(notices, fanout))
+            match &rabbit {
+                // The fleet listens on PostgreSQL; the exchange still carries
+                // every event for those who bind to it.
+                Some(broker) => Arc::new(Fanout::with_options(
+                    Tee::new(notices, broker.notices()),
+                    fanout,
+                )),
+                None => Arc::new(Fanout::with_options(notices, fanout)),
+            }
         }
         (NoticesBackend::Memory, _, _) => Arc::new(MemoryNotices::with_capacity(NOTICE_BUFFER)),
         // notices_backend refuses these before anything is opened.

@@ -242,8 +242,8 @@ async fn two_dispatchers_and_two_workers_share_one_fleet() {
 /// With `notices = "postgres"`: a job called through dispatcher A and run on
 /// the worker is long-polled through dispatcher B, whose poll answers the
 /// settled result as soon as it settles (not at the end of its wait), and
-/// B's SSE stream hears it. Every process LISTENs on the fleet's channel,
-/// and nobody declares RabbitMQ's events exchange.
+/// B's SSE stream hears it. Every process LISTENs on the fleet's channel;
+/// RabbitMQ's events exchange still carries the events for outside queues.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn notices_over_postgres_reach_another_dispatcher() {
     let (_dir, config_path, cleanup) = fleet_with("pg-notices", "notices = \"postgres\"");
@@ -268,6 +268,47 @@ async fn notices_over_postgres_reach_another_dispatcher() {
 
     let (alice_a, alice_b) = (a.client(TOKEN), b.client(TOKEN));
     let heard = events(&alice_b);
+    // An orchestrator's own queue on the events exchange.
+    let connection =
+        lapin::Connection::connect(&shared_amqp_url(), lapin::ConnectionProperties::default())
+            .await
+            .expect("RabbitMQ answers");
+    let channel = connection.create_channel().await.expect("a channel");
+    let exchange = format!("{prefix}.events");
+    let durable = lapin::options::ExchangeDeclareOptions {
+        durable: true,
+        ..Default::default()
+    };
+    channel
+        .exchange_declare(
+            exchange.as_str().into(),
+            lapin::ExchangeKind::Topic,
+            durable,
+            lapin::types::FieldTable::default(),
+        )
+        .await
+        .expect("the events exchange");
+    let exclusive = lapin::options::QueueDeclareOptions {
+        exclusive: true,
+        auto_delete: true,
+        ..Default::default()
+    };
+    let queue = channel
+        .queue_declare("".into(), exclusive, lapin::types::FieldTable::default())
+        .await
+        .expect("a queue")
+        .name()
+        .to_string();
+    channel
+        .queue_bind(
+            queue.as_str().into(),
+            exchange.as_str().into(),
+            "acme.slow_job.*".into(),
+            lapin::options::QueueBindOptions::default(),
+            lapin::types::FieldTable::default(),
+        )
+        .await
+        .expect("bound");
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     let accepted = alice_a.call("slow_job", json!({})).await;
@@ -296,24 +337,23 @@ async fn notices_over_postgres_reach_another_dispatcher() {
     })
     .await;
 
-    // The events went over PostgreSQL: RabbitMQ's events exchange was never
-    // declared for this fleet.
-    let connection =
-        lapin::Connection::connect(&shared_amqp_url(), lapin::ConnectionProperties::default())
-            .await
-            .expect("RabbitMQ answers");
-    let channel = connection.create_channel().await.expect("a channel");
-    let passive = lapin::options::ExchangeDeclareOptions {
-        passive: true,
-        ..Default::default()
-    };
-    let declared = channel
-        .exchange_declare(
-            format!("{prefix}.events").as_str().into(),
-            lapin::ExchangeKind::Topic,
-            passive,
-            lapin::types::FieldTable::default(),
-        )
-        .await;
-    assert!(declared.is_err(), "the events exchange exists");
+    // The fleet heard it over PostgreSQL, and RabbitMQ's events exchange
+    // still carried it to whoever binds there.
+    let outside = eventually(Duration::from_secs(10), || {
+        let channel = channel.clone();
+        let queue = queue.clone();
+        async move {
+            let got = channel
+                .basic_get(
+                    queue.as_str().into(),
+                    lapin::options::BasicGetOptions { no_ack: true },
+                )
+                .await
+                .ok()
+                .flatten()?;
+            Some(got.delivery.routing_key.to_string())
+        }
+    })
+    .await;
+    assert!(outside.starts_with("acme.slow_job."), "{outside}");
 }
