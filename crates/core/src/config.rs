@@ -179,6 +179,9 @@ pub struct ToolConfig {
     pub poll_after_s: Option<u32>,
     pub pool: Option<String>,
     pub max_attempts: Option<u32>,
+    /// The result is MCP content blocks (see [`ToolDecl::content_blocks`]).
+    #[serde(default)]
+    pub content_blocks: bool,
 }
 
 #[derive(Deserialize)]
@@ -272,6 +275,7 @@ impl ToolConfig {
             poll_after_s: self.poll_after_s,
             pool: self.pool,
             max_attempts: self.max_attempts,
+            content_blocks: self.content_blocks,
         })
     }
 }

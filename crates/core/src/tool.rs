@@ -378,6 +378,10 @@ pub struct ToolDecl {
     pub pool: Option<String>,
     /// Job and agent tools: how many times a retryable failure is tried.
     pub max_attempts: Option<u32>,
+    /// The result is MCP content: `{"content": [blocks]}` of text, image,
+    /// audio and resource blocks, which MCP clients get as such (other
+    /// providers get the JSON). For tools that answer pictures or files.
+    pub content_blocks: bool,
 }
 
 impl fmt::Debug for ToolDecl {
@@ -408,6 +412,7 @@ impl ToolDecl {
             poll_after_s: None,
             pool: None,
             max_attempts: None,
+            content_blocks: false,
         }
     }
 
@@ -492,6 +497,12 @@ impl ToolDecl {
         self.pool = Some(pool.into());
         self
     }
+    /// See [`ToolDecl::content_blocks`].
+    pub fn content_blocks(mut self) -> Self {
+        self.content_blocks = true;
+        self
+    }
+
     pub fn max_attempts(mut self, attempts: u32) -> Self {
         self.max_attempts = Some(attempts);
         self

@@ -680,3 +680,48 @@ fn ids_pass_through_to_the_results_that_need_them() {
     let call = adapters::parse_call(Format::Gemini, runtime.registry(), &bytes(&bare)).unwrap();
     assert_eq!(call.args.unwrap(), json!({"question": "?"}));
 }
+
+#[test]
+fn a_content_blocks_tool_answers_mcp_content_as_it_is_and_json_elsewhere() {
+    let mut runtime = Runtime::builder().build();
+    let picture = ToolDecl::query("picture")
+        .description("A picture.")
+        .content_blocks()
+        .run(|_: CallCtx, _: Value| async move { Ok::<_, ToolError>(json!({})) });
+    let plain = ToolDecl::query("plain")
+        .description("JSON.")
+        .run(|_: CallCtx, _: Value| async move { Ok::<_, ToolError>(json!({})) });
+    runtime.register_all(vec![picture, plain]).unwrap();
+    let blocks = json!({"content": [
+        {"type": "text", "text": "A red pixel:"},
+        {"type": "image", "data": "iVBORw0KGgo=", "mimeType": "image/png"},
+        {"type": "resource", "resource": {"uri": "test://r", "mimeType": "application/json", "text": "{}"}}
+    ]});
+    let ok = |value: &Value| Envelope::ok(toolfleet_core::Json::from(value.clone()), "c1");
+    let call = |name: &str| {
+        let raw = json!({"name": name, "arguments": {}});
+        adapters::parse_call(Format::Mcp, runtime.registry(), &bytes(&raw)).unwrap()
+    };
+
+    let answer = adapters::render_result(Format::Mcp, &call("picture"), &ok(&blocks));
+    assert_eq!(answer["content"], blocks["content"]);
+    assert!(answer.get("structuredContent").is_none(), "{answer}");
+    // Other providers read the same result as JSON text.
+    let openai = adapters::render_result(Format::OpenAi, &call("picture"), &ok(&blocks));
+    assert!(openai["content"].as_str().unwrap().contains("image/png"));
+    // An undeclared tool's result with the same shape is JSON, as always.
+    let answer = adapters::render_result(Format::Mcp, &call("plain"), &ok(&blocks));
+    assert_eq!(answer["content"][0]["type"], "text");
+    assert_eq!(answer["structuredContent"], blocks);
+    // A block MCP does not know (or one missing a field) sends the JSON instead.
+    for broken in [
+        json!({"content": [{"type": "video", "data": "x"}]}),
+        json!({"content": [{"type": "image", "data": "x"}]}),
+        json!({"content": []}),
+        json!({"lines": 3}),
+    ] {
+        let answer = adapters::render_result(Format::Mcp, &call("picture"), &ok(&broken));
+        assert_eq!(answer["content"][0]["type"], "text", "{broken}");
+        assert_eq!(answer["structuredContent"], broken);
+    }
+}

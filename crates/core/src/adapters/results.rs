@@ -77,9 +77,17 @@ fn mcp(call: &ProviderCall, envelope: &Envelope) -> Value {
         ),
     };
     let mut out = Map::new();
-    out.insert("content".into(), json!([{ "type": "text", "text": text }]));
-    if let Some(structured) = structured {
-        out.insert("structuredContent".into(), structured);
+    match blocks(call, envelope) {
+        // Pictures, sound and files as they are; no structured copy.
+        Some(blocks) => {
+            out.insert("content".into(), blocks);
+        }
+        None => {
+            out.insert("content".into(), json!([{ "type": "text", "text": text }]));
+            if let Some(structured) = structured {
+                out.insert("structuredContent".into(), structured);
+            }
+        }
     }
     out.insert("isError".into(), json!(envelope.error_ref().is_some()));
     // Tells an ok result from a job's `running` answer without guessing from its fields.
@@ -88,6 +96,35 @@ fn mcp(call: &ProviderCall, envelope: &Envelope) -> Value {
         json!({ "toolfleet/status": envelope.status() }),
     );
     Value::Object(out)
+}
+
+/// The content blocks of an `ok` result of a tool that declares
+/// `content_blocks`, when every block is one MCP knows and carries its
+/// required fields; otherwise `None`, and the result goes as JSON.
+fn blocks(call: &ProviderCall, envelope: &Envelope) -> Option<Value> {
+    let declared = call
+        .tool
+        .as_ref()
+        .is_some_and(|t| t.declaration().content_blocks);
+    let Envelope::Ok { result, .. } = envelope else {
+        return None;
+    };
+    if !declared {
+        return None;
+    }
+    let value = result.to_value();
+    let list = value.get("content")?.as_array()?;
+    let text = |b: &Value, key: &str| b.get(key).is_some_and(Value::is_string);
+    let known = |b: &Value| match b.get("type").and_then(Value::as_str) {
+        Some("text") => text(b, "text"),
+        Some("image" | "audio") => text(b, "data") && text(b, "mimeType"),
+        Some("resource") => b
+            .get("resource")
+            .is_some_and(|r| text(r, "uri") && (text(r, "text") || text(r, "blob"))),
+        Some("resource_link") => text(b, "uri") && text(b, "name"),
+        _ => false,
+    };
+    (!list.is_empty() && list.iter().all(known)).then(|| Value::Array(list.clone()))
 }
 
 fn envelope_value(envelope: &Envelope) -> Value {
