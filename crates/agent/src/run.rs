@@ -311,7 +311,7 @@ impl Run {
             let waited = u64::try_from(now_ms().saturating_sub(parked_at)).unwrap_or(0);
             state.suspended_ms = state.suspended_ms.saturating_add(waited);
         }
-        self.save(&slot, &state).await;
+        self.save(slot.as_ref(), &state).await;
         let frame = Frame {
             runtime,
             ctx,
@@ -324,7 +324,7 @@ impl Run {
             // Saved and parked already; the answer wakes the job.
             return Err(ToolError::parked(format!("waiting for ticket {ticket}")));
         }
-        self.save(&frame.slot, &state).await;
+        self.save(frame.slot.as_ref(), &state).await;
         Ok(Json::from(outcome(&end, &state, &frame.budget)))
     }
 
@@ -345,9 +345,15 @@ impl Run {
                 ));
             }
         };
-        let saved = job
-            .checkpoint
-            .and_then(|c| serde_json::from_value::<State>(c).ok());
+        let saved = match self.env.store.checkpoint(&job_id).await {
+            Ok(saved) => saved.and_then(|c| serde_json::from_value::<State>(c).ok()),
+            Err(error) => {
+                return Err(ToolError::failed(
+                    format!("cannot read the agent's checkpoint: {error}"),
+                    true,
+                ));
+            }
+        };
         let slot = Slot {
             job_id,
             attempt: job.attempts,
@@ -355,7 +361,7 @@ impl Run {
         Ok((Some(slot), saved))
     }
 
-    async fn save(&self, slot: &Option<Slot>, state: &State) {
+    async fn save(&self, slot: Option<&Slot>, state: &State) {
         let Some(slot) = slot else { return };
         let Ok(checkpoint) = serde_json::to_value(state) else {
             return;
@@ -392,11 +398,11 @@ impl Run {
                     };
                     state.pending.push(result);
                     state.waiting = None;
-                    self.save(slot, state).await;
+                    self.save(slot.as_ref(), state).await;
                 }
                 let results = std::mem::take(&mut state.pending);
                 state.turns.push(Turn::Tool { results });
-                self.save(slot, state).await;
+                self.save(slot.as_ref(), state).await;
             }
             if let Some(exceeded) = state.exceeded(budget) {
                 return End::Exceeded(exceeded);
@@ -421,7 +427,7 @@ impl Run {
                 text: reply.text,
                 calls: reply.calls,
             });
-            self.save(slot, state).await;
+            self.save(slot.as_ref(), state).await;
             if done {
                 return End::Answered(text.unwrap_or_default());
             }
@@ -485,12 +491,12 @@ impl Run {
                 match first {
                     Envelope::Running { job_id, .. } => {
                         state.waiting = Some(Waiting::Job { id: job_id.clone() });
-                        self.save(slot, state).await;
+                        self.save(slot.as_ref(), state).await;
                         self.await_job(f, &call_ctx, &job_id, state).await?
                     }
                     Envelope::Suspended { ticket, .. } => {
                         state.waiting = Some(Waiting::Ticket { id: ticket.clone() });
-                        self.save(slot, state).await;
+                        self.save(slot.as_ref(), state).await;
                         self.await_ticket(&call_ctx, &ticket, slot, state).await?
                     }
                     other => other,
@@ -635,14 +641,7 @@ impl Run {
     /// the ticket is read again after parking and the job woken if so.
     async fn park(&self, ctx: &CallCtx, ticket: &str, slot: &Slot, state: &mut State) -> End {
         state.parked_at = Some(now_ms());
-        self.save(
-            &Some(Slot {
-                job_id: slot.job_id.clone(),
-                attempt: slot.attempt,
-            }),
-            state,
-        )
-        .await;
+        self.save(Some(slot), state).await;
         let store = &self.env.store;
         match store
             .park(&slot.job_id, slot.attempt, ticket, now_ms())

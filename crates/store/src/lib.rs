@@ -102,10 +102,6 @@ pub struct JobRecord {
     /// The [`NewJob::scopes`] it was made with.
     #[serde(default)]
     pub scopes: Vec<String>,
-    /// An agent loop's last saved state (see [`Store::save_checkpoint`]);
-    /// kept across claims and retries. Never shown to clients.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub checkpoint: Option<Value>,
     pub created_at: i64,
     pub updated_at: i64,
 }
@@ -262,6 +258,11 @@ pub trait Store: Send + Sync + 'static {
     /// equals `attempt`, so a worker that lost the job to a newer claim
     /// cannot overwrite the new holder's checkpoint. True if written. The
     /// checkpoint stays on the job across later claims and retries.
+    /// The agent loop's last saved state of job `id` (see
+    /// [`Store::save_checkpoint`]), kept apart from [`JobRecord`] so that
+    /// reading and listing jobs never carries a conversation; `None` when
+    /// none was saved or the job is missing.
+    async fn checkpoint(&self, id: &str) -> Result<Option<Value>, StoreError>;
     async fn save_checkpoint(
         &self,
         id: &str,

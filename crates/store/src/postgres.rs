@@ -76,7 +76,7 @@ mod sql {
         () => {
             r#"id, tenant, "user", tool, pool, args, state, attempts, max_attempts,
             timeout_ms, run_at, lease_owner, lease_until, progress, result, error,
-            idempotency_key, run_id, call_id, callback_url, lineage, scopes, checkpoint,
+            idempotency_key, run_id, call_id, callback_url, lineage, scopes,
             created_at, updated_at"#
         };
     }
@@ -180,6 +180,8 @@ mod sql {
         RETURNING ",
         job_columns!()
     );
+
+    pub const READ_CHECKPOINT: &str = "SELECT checkpoint FROM jobs WHERE id = $1";
 
     pub const CHECKPOINT: &str = "
         UPDATE jobs SET checkpoint = $3, updated_at = $4
@@ -387,28 +389,32 @@ impl Groups {
     /// leave room for reads, heartbeats and the rest.
     fn spawn(pool: &Pool, place: &Arc<str>, pool_size: usize) -> Groups {
         let slots = GROUP_SLOTS.min(pool_size / 4).max(1);
-        let bind = |pool: &Pool, place: &Arc<str>| (pool.clone(), place.clone());
-        let (p, pl) = bind(pool, place);
-        let insert = Group::spawn("recording jobs", slots, MAX_GROUP, move |jobs| {
-            let (p, pl) = (p.clone(), pl.clone());
-            async move { insert_many(&p, &pl, jobs).await }
-        });
-        let (p, pl) = bind(pool, place);
-        let claim = Group::spawn("claiming jobs", slots, MAX_GROUP, move |claims| {
-            let (p, pl) = (p.clone(), pl.clone());
-            async move { claim_many(&p, &pl, claims).await }
-        });
-        let (p, pl) = bind(pool, place);
-        let succeed = Group::spawn("settling jobs", slots, MAX_GROUP, move |done| {
-            let (p, pl) = (p.clone(), pl.clone());
-            async move { succeed_many(&p, &pl, done).await }
-        });
         Groups {
-            insert,
-            claim,
-            succeed,
+            insert: grouped("recording jobs", slots, pool, place, insert_many),
+            claim: grouped("claiming jobs", slots, pool, place, claim_many),
+            succeed: grouped("settling jobs", slots, pool, place, succeed_many),
         }
     }
+}
+
+/// A group running its batches through `run` on connections of `pool`.
+fn grouped<R, O, F, Fut>(
+    what: &'static str,
+    slots: usize,
+    pool: &Pool,
+    place: &Arc<str>,
+    run: F,
+) -> Group<R, O>
+where
+    R: Send + 'static,
+    O: Send + 'static,
+    F: Fn(Pool, Arc<str>, Vec<R>) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Answers<O>> + Send + 'static,
+{
+    let (pool, place) = (pool.clone(), place.clone());
+    Group::spawn(what, slots, MAX_GROUP, move |batch| {
+        run(pool.clone(), place.clone(), batch)
+    })
 }
 
 impl PgStore {
@@ -762,7 +768,6 @@ fn job_from_row(row: &Row) -> Result<JobRecord, StoreError> {
         callback_url: f.get("callback_url")?,
         lineage: f.json_opt("lineage")?,
         scopes: f.json_opt("scopes")?.unwrap_or_default(),
-        checkpoint: f.json_opt("checkpoint")?,
         created_at: f.get("created_at")?,
         updated_at: f.get("updated_at")?,
     })
@@ -912,8 +917,8 @@ type Answers<T> = Result<Vec<Result<T, StoreError>>, StoreError>;
 /// Records a batch of jobs in one statement. A job it did not insert (its
 /// key or id taken) takes the one-job path, which finds the earlier job or
 /// says why not.
-async fn insert_many(pool: &Pool, place: &str, jobs: Vec<Insert>) -> Answers<Inserted> {
-    let c = pool.get().await.map_err(|e| pool_error(e, place))?;
+async fn insert_many(pool: Pool, place: Arc<str>, jobs: Vec<Insert>) -> Answers<Inserted> {
+    let c = pool.get().await.map_err(|e| pool_error(e, &place))?;
     let column = |f: fn(&Insert) -> &str| jobs.iter().map(f).collect::<Vec<&str>>();
     let optional =
         |f: fn(&Insert) -> Option<&str>| jobs.iter().map(f).collect::<Vec<Option<&str>>>();
@@ -970,8 +975,8 @@ fn by_ordinal(rows: &[Row], ord: &str, count: usize) -> Vec<Result<Option<JobRec
 }
 
 /// Claims a batch of jobs in one conditional statement.
-async fn claim_many(pool: &Pool, place: &str, claims: Vec<Claim>) -> Answers<Option<JobRecord>> {
-    let c = pool.get().await.map_err(|e| pool_error(e, place))?;
+async fn claim_many(pool: Pool, place: Arc<str>, claims: Vec<Claim>) -> Answers<Option<JobRecord>> {
+    let c = pool.get().await.map_err(|e| pool_error(e, &place))?;
     let ids: Vec<&str> = claims.iter().map(|c| c.id.as_str()).collect();
     let workers: Vec<&str> = claims.iter().map(|c| c.worker.as_str()).collect();
     let nows: Vec<i64> = claims.iter().map(|c| c.now).collect();
@@ -982,8 +987,12 @@ async fn claim_many(pool: &Pool, place: &str, claims: Vec<Claim>) -> Answers<Opt
 }
 
 /// Settles a batch of successes in one conditional statement.
-async fn succeed_many(pool: &Pool, place: &str, done: Vec<Success>) -> Answers<Option<JobRecord>> {
-    let c = pool.get().await.map_err(|e| pool_error(e, place))?;
+async fn succeed_many(
+    pool: Pool,
+    place: Arc<str>,
+    done: Vec<Success>,
+) -> Answers<Option<JobRecord>> {
+    let c = pool.get().await.map_err(|e| pool_error(e, &place))?;
     let ids: Vec<&str> = done.iter().map(|s| s.id.as_str()).collect();
     let workers: Vec<&str> = done.iter().map(|s| s.worker.as_str()).collect();
     let results: Vec<&str> = done.iter().map(|s| s.result.as_str()).collect();
@@ -1284,6 +1293,16 @@ impl Store for PgStore {
         let progress = encode(progress)?;
         let c = self.client().await?;
         Ok(execute(&c, sql::PROGRESS, &[&id, &worker, &progress, &now]).await? > 0)
+    }
+
+    async fn checkpoint(&self, id: &str) -> Result<Option<Value>, StoreError> {
+        let c = self.client().await?;
+        let read = |row: &Row| Fields::named(row, "job", id).json_opt("checkpoint");
+        let stmt = c.prepare_cached(sql::READ_CHECKPOINT).await?;
+        match c.query_opt(&stmt, &[&id]).await? {
+            Some(row) => read(&row),
+            None => Ok(None),
+        }
     }
 
     async fn save_checkpoint(

@@ -450,7 +450,6 @@ fn job_from_row(row: &Row<'_>) -> Result<JobRecord, StoreError> {
         callback_url: f.get("callback_url")?,
         lineage: f.json_opt("lineage")?,
         scopes: f.json_opt("scopes")?.unwrap_or_default(),
-        checkpoint: f.json_opt("checkpoint")?,
         created_at: f.get("created_at")?,
         updated_at: f.get("updated_at")?,
         id: f.id,
@@ -879,6 +878,19 @@ impl Store for SqliteStore {
             Ok(c.prepare_cached(sql::PROGRESS)?
                 .execute(params![id, worker, progress, now])?
                 > 0)
+        })
+        .await
+    }
+
+    async fn checkpoint(&self, id: &str) -> Result<Option<Value>, StoreError> {
+        let id = id.to_owned();
+        self.call(move |c| {
+            let mut stmt = c.prepare_cached("SELECT id, checkpoint FROM jobs WHERE id = ?1")?;
+            let mut rows = stmt.query([&id])?;
+            match rows.next()? {
+                Some(row) => Fields::new(row, "job", "id")?.json_opt("checkpoint"),
+                None => Ok(None),
+            }
         })
         .await
     }

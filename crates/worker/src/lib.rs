@@ -304,13 +304,7 @@ impl Worker {
                 // The executor parked its job (it waits for a person): the
                 // store says how it stands; there is nothing to settle.
                 tracing::info!(job_id = %job.id, "job parked: {}", error.message);
-                return match self.store.job_by_id(&job.id).await {
-                    Ok(Some(job)) => {
-                        self.announce(&job).await;
-                        Handled::Ran(job.state)
-                    }
-                    _ => Handled::Interrupted,
-                };
+                return self.as_it_stands(&job.id, true).await;
             }
             Outcome::Done(Ok(result)) => self.store.succeed(&job.id, worker, &result, now).await,
             Outcome::Done(Err(error)) => {
@@ -332,10 +326,7 @@ impl Worker {
             }
             Outcome::Cancelled => {
                 tracing::info!(job_id = %job.id, "job cancelled while running");
-                return match self.store.job_by_id(&job.id).await {
-                    Ok(Some(job)) => Handled::Ran(job.state),
-                    _ => Handled::Interrupted,
-                };
+                return self.as_it_stands(&job.id, false).await;
             }
             Outcome::LeaseLost => return Handled::Interrupted,
         };
@@ -351,6 +342,20 @@ impl Worker {
                 tracing::warn!(job_id = %job.id, %error, "could not settle");
                 Handled::Interrupted
             }
+        }
+    }
+
+    /// A job that something other than this worker settled or parked, as
+    /// the store now has it; announced when nobody else did.
+    async fn as_it_stands(&self, id: &str, announce: bool) -> Handled {
+        match self.store.job_by_id(id).await {
+            Ok(Some(job)) => {
+                if announce {
+                    self.announce(&job).await;
+                }
+                Handled::Ran(job.state)
+            }
+            _ => Handled::Interrupted,
         }
     }
 
