@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use serde_json::{Value, json};
-use toolfleet_broker::Notices;
+use toolfleet_broker::{Event, Notices};
 use toolfleet_core::{CallCtx, Envelope, ToolDecl, ToolError};
 use toolfleet_store::{JobRecord, Store};
 
@@ -36,44 +36,54 @@ pub async fn get_job(
     id: &str,
     wait: Duration,
 ) -> Envelope {
-    if !plausible(id) {
-        return Envelope::error(missing(id));
+    let settled = |job: &JobRecord| job.state.is_settled();
+    let settles = |event: &Event| event.is_settled_job();
+    match wait_until(store, notices, tenant, id, wait, settled, settles).await {
+        Ok(Some(job)) => job.envelope(POLL_AFTER_S),
+        Ok(None) => Envelope::error(missing(id)),
+        Err(error) => Envelope::error(error),
     }
-    // Subscribe before reading, so a settle between the two is not missed.
+}
+
+/// Reads the tenant's job and, unless `done` holds for it already, waits up
+/// to `wait` for an event of it that `wakes`, then reads it again: the one
+/// long poll behind `get_job` and MCP's task waits. Subscribes before
+/// reading, so a change between the two is not missed; without events it
+/// waits out the deadline rather than spin.
+async fn wait_until(
+    store: &dyn Store,
+    notices: &dyn Notices,
+    tenant: &str,
+    id: &str,
+    wait: Duration,
+    done: impl Fn(&JobRecord) -> bool,
+    wakes: impl Fn(&Event) -> bool,
+) -> Result<Option<JobRecord>, ToolError> {
+    if !plausible(id) {
+        return Ok(None);
+    }
     let mut events = if wait.is_zero() {
         None
     } else {
         notices.subscribe().await.ok()
     };
-    let read = |job: Option<JobRecord>| job.map(|j| j.envelope(POLL_AFTER_S));
-    let current = match store.job(tenant, id).await {
-        Ok(job) => read(job),
-        Err(error) => return Envelope::error(store_error(error)),
+    let current = store.job(tenant, id).await.map_err(store_error)?;
+    let Some(job) = current else {
+        return Ok(None);
     };
-    let Some(current) = current else {
-        return Envelope::error(missing(id));
+    let Some(events) = events.as_mut().filter(|_| !done(&job)) else {
+        return Ok(Some(job));
     };
-    let Some(events) = events.as_mut() else {
-        return current;
-    };
-    if !matches!(current, Envelope::Running { .. }) {
-        return current;
-    }
-    let settled = tokio::time::timeout(wait, async {
+    let _ = tokio::time::timeout(wait, async {
         while let Some(event) = events.next().await {
-            if event.id == id && event.tenant == tenant && event.is_settled_job() {
+            if event.kind == "job" && event.id == id && event.tenant == tenant && wakes(&event) {
                 return;
             }
         }
-        // Without events, wait out the deadline rather than spin.
         std::future::pending::<()>().await
     })
     .await;
-    let _ = settled;
-    match store.job(tenant, id).await {
-        Ok(job) => read(job).unwrap_or_else(|| Envelope::error(missing(id))),
-        Err(error) => Envelope::error(store_error(error)),
-    }
+    store.job(tenant, id).await.map_err(store_error)
 }
 
 /// Cancels a queued or running job; answers the job as it now stands.
@@ -122,35 +132,8 @@ pub async fn wait_change(
     since: i64,
     wait: Duration,
 ) -> Result<Option<JobRecord>, ToolError> {
-    if !plausible(id) {
-        return Ok(None);
-    }
-    // Subscribe before reading, so a change between the two is not missed.
-    let mut events = if wait.is_zero() {
-        None
-    } else {
-        notices.subscribe().await.ok()
-    };
-    let current = store.job(tenant, id).await.map_err(store_error)?;
-    let Some(job) = current else {
-        return Ok(None);
-    };
-    if job.updated_at != since || job.state.is_settled() {
-        return Ok(Some(job));
-    }
-    let Some(events) = events.as_mut() else {
-        return Ok(Some(job));
-    };
-    let _ = tokio::time::timeout(wait, async {
-        while let Some(event) = events.next().await {
-            if event.kind == "job" && event.id == id && event.tenant == tenant {
-                return;
-            }
-        }
-        std::future::pending::<()>().await
-    })
-    .await;
-    store.job(tenant, id).await.map_err(store_error)
+    let changed = |job: &JobRecord| job.updated_at != since || job.state.is_settled();
+    wait_until(store, notices, tenant, id, wait, changed, |_| true).await
 }
 
 #[derive(Deserialize)]
