@@ -5,7 +5,10 @@
 //! SDK's `auto` mode (server/discover, 2026-07-28) and `legacy` mode (the
 //! initialize handshake). tests/mcp/client.py lists every page of tools,
 //! checks find_expenses' annotations, calls it, gets `isError` for bad
-//! arguments, and runs start_receipt_ocr to its end through get_job.
+//! arguments, and runs start_receipt_ocr to its end through get_job; then
+//! as a task (the 2026-07-28 extension in `auto` mode, the 2025-11-25 task
+//! requests in `legacy` mode, their answers checked against the SDK's
+//! models of that revision), with progress, and elicitation.
 //!
 //! Without python3 or the package the test is skipped, except under CI
 //! (`CI` set), where it fails.
@@ -74,6 +77,28 @@ fn check_seen(seen: &Value, version: &str) {
 
 /// The rich client of 2026-07-28: a job ran as a task to its result, a
 /// second was cancelled, and ask_user's question was answered "travel".
+/// A 2025-11-25 client: a job ran as a task of that revision to its
+/// result (tasks/get, tasks/result, tasks/list, tasks/cancel), job tools
+/// say they may run as tasks, a query says nothing; and a job call that
+/// asked for progress was followed to its end with news.
+fn check_core_tasks_and_progress(seen: &Value) {
+    let core = &seen["rich"]["core_tasks"];
+    assert!(core["task_result"]["receipts"].is_array(), "{seen}");
+    assert_eq!(
+        core["task_support"]["start_receipt_ocr"], "optional",
+        "{seen}"
+    );
+    assert!(core["task_support"]["find_expenses"].is_null(), "{seen}");
+    assert!(
+        ["cancelled", "completed"].contains(&core["cancelled_status"].as_str().unwrap_or("")),
+        "{seen}"
+    );
+    assert!(
+        seen["rich"]["progress"].as_u64().unwrap_or(0) >= 1,
+        "{seen}"
+    );
+}
+
 fn check_tasks_and_elicitation(seen: &Value) {
     let rich = &seen["rich"];
     assert!(rich["task_result"]["receipts"].is_array(), "{seen}");
@@ -107,6 +132,7 @@ fn a_real_client_over_streamable_http() {
     assert_eq!(modern["foreign_refused"], true, "{modern}");
     let legacy = run_client(&["http", &url, TOKEN, "legacy"]);
     check_seen(&legacy, "2025-11-25");
+    check_core_tasks_and_progress(&legacy);
     // Stateless HTTP before 2026-07-28 has no way to ask: the fallback.
     assert!(legacy["rich"]["elicited"].is_null(), "{legacy}");
 }
@@ -126,14 +152,10 @@ fn a_real_client_over_stdio() {
     check_tasks_and_elicitation(&modern);
     let legacy = run_client(&["stdio", binary, &config, TOKEN, "legacy"]);
     check_seen(&legacy, "2025-11-25");
-    // Over stdio the session asks with elicitation/create, and a job call
-    // that asked for progress is followed to its end.
+    check_core_tasks_and_progress(&legacy);
+    // Over stdio the session asks with elicitation/create.
     assert!(
         legacy["rich"]["elicited"].to_string().contains("travel"),
-        "{legacy}"
-    );
-    assert!(
-        legacy["rich"]["progress"].as_u64().unwrap_or(0) >= 1,
         "{legacy}"
     );
 }

@@ -28,6 +28,14 @@ pub struct JobView {
     pub updated_at: i64,
 }
 
+/// One page of a tenant's jobs, newest first.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct JobList {
+    pub jobs: Vec<JobView>,
+    /// Pass back for the next page; absent on the last.
+    pub next_cursor: Option<String>,
+}
+
 /// Jobs and tickets, always within one tenant: another tenant's job or
 /// ticket reads as a missing one (`Ok(None)`).
 pub trait Jobs: Send + Sync + 'static {
@@ -52,6 +60,14 @@ pub trait Jobs: Send + Sync + 'static {
         tenant: &'a str,
         id: &'a str,
     ) -> BoxFuture<'a, Result<Option<JobView>, ToolError>>;
+    /// One page of the tenant's jobs, newest first, at most `limit`, after
+    /// `cursor` (one this method gave); with the cursor of the next page.
+    fn list<'a>(
+        &'a self,
+        tenant: &'a str,
+        cursor: Option<&'a str>,
+        limit: u32,
+    ) -> BoxFuture<'a, Result<JobList, ToolError>>;
     /// Answers the tenant's ticket as `POST /v1/tickets/{id}/answer` does:
     /// the answered ticket, or the error that route would answer.
     fn answer<'a>(

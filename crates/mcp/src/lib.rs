@@ -23,7 +23,8 @@
 //! version and kept behind this module: only this crate names its types. It
 //! implements the three revisions we speak (2025-06-18 and 2025-11-25 with the
 //! `initialize` handshake, 2026-07-28 with per-request `_meta` and
-//! `server/discover`) and their negotiation, Streamable HTTP as a tower service
+//! `server/discover`) and their negotiation (all but 2025-11-25's tasks,
+//! which [`core_tasks`] adds around it), Streamable HTTP as a tower service
 //! that mounts under our own axum routes and auth, and stdio. Its cost is
 //! schemars (its `server` feature needs it) and a second sha2 0.11 and rand
 //! 0.10 beside the workspace's; writing the 2026-07-28 lifecycle ourselves
@@ -55,8 +56,9 @@ use toolfleet_core::{
     CallCtx, CallEvent, CallEvents, Envelope, LogLevel, Principal, Runtime, Shape, Tool, ToolError,
 };
 
+pub mod core_tasks;
 pub mod jobs;
-pub use jobs::{BoxFuture, JobView, Jobs};
+pub use jobs::{BoxFuture, JobList, JobView, Jobs};
 
 /// The protocol revisions this server speaks, oldest first.
 pub const PROTOCOL_VERSIONS: [&str; 3] = ["2025-06-18", "2025-11-25", "2026-07-28"];
@@ -349,10 +351,10 @@ impl ToolServer {
         }
     }
 
-    /// Whether the server may ask the client (elicitation) or follow a job
-    /// for it while a request runs: over stdio, yes; stateless HTTP has no
-    /// session to carry the client's answer, and its jobs are polled. (A
-    /// tool's own reports during a call go out over both.)
+    /// Whether the server may ask the client (elicitation) during a call, or
+    /// tell it of a task after answering: over stdio, yes; stateless HTTP
+    /// has no session to carry the client's answer or a later notification.
+    /// (Progress and log messages during a call go out over both.)
     fn streams(&self) -> bool {
         self.principal.is_some()
     }
@@ -402,7 +404,7 @@ impl ToolServer {
         tenant: &str,
         job_id: &str,
         token: &ProgressToken,
-        peer: &rmcp::Peer<RoleServer>,
+        progress: &core_tasks::Progress,
     ) -> Option<Envelope> {
         let deadline = tokio::time::Instant::now() + self.options.max_wait;
         let mut since = 0;
@@ -423,7 +425,7 @@ impl ToolServer {
                 if job.state.is_settled() {
                     note.total = Some(step);
                 }
-                if peer.notify_progress(note).await.is_err() {
+                if !progress.send(note).await {
                     return Some(job.envelope);
                 }
             }
@@ -644,25 +646,23 @@ impl ServerHandler for ToolServer {
                     // Progress while the client polls the task.
                     let (server, jobs, peer) = (self.clone(), jobs.clone(), context.peer.clone());
                     let (tenant, id) = (principal.tenant.clone(), job.id.clone());
+                    let progress = core_tasks::Progress::Peer(peer);
                     tokio::spawn(async move {
                         server
-                            .follow(jobs.as_ref(), &tenant, &id, &token, &peer)
+                            .follow(jobs.as_ref(), &tenant, &id, &token, &progress)
                             .await;
                     });
                 }
                 let task = self.task(&job).task;
                 Ok(CallToolResponse::Task(CreateTaskResult::new(task)))
             }
-            (Some(jobs), Envelope::Running { job_id, .. }) if token.is_some() && self.streams() => {
+            // A job call that asked for progress, over either transport:
+            // followed (bounded by `max_wait`), its news as notifications.
+            (Some(jobs), Envelope::Running { job_id, .. }) if token.is_some() => {
                 let token = token.unwrap_or(ProgressToken(rmcp::model::NumberOrString::Number(0)));
+                let progress = core_tasks::Progress::Peer(context.peer.clone());
                 let envelope = self
-                    .follow(
-                        jobs.as_ref(),
-                        &principal.tenant,
-                        job_id,
-                        &token,
-                        &context.peer,
-                    )
+                    .follow(jobs.as_ref(), &principal.tenant, job_id, &token, &progress)
                     .await
                     .unwrap_or(envelope.clone());
                 complete(render_result(Format::Mcp, &call, &envelope))
@@ -827,7 +827,14 @@ fn complete(result: Value) -> Result<CallToolResponse, ErrorData> {
 #[derive(Clone)]
 pub struct HttpEndpoint {
     service: StreamableHttpService<ToolServer, NeverSessionManager>,
+    /// For the 2025-11-25 task requests rmcp does not carry.
+    server: ToolServer,
+    max_body: usize,
 }
+
+/// The largest answer of rmcp's that [`HttpEndpoint`] completes (an
+/// `initialize` or a `tools/list` page).
+const MAX_PATCHED: usize = 16 * 1024 * 1024;
 
 impl HttpEndpoint {
     pub fn new(runtime: Arc<Runtime>, options: Options) -> Self {
@@ -842,16 +849,69 @@ impl HttpEndpoint {
             .with_max_request_body_bytes(max_body)
             .disable_allowed_hosts()
             .disable_allowed_origins();
+        let per_request = server.clone();
         let service = StreamableHttpService::new(
-            move || Ok(server.for_request()),
+            move || Ok(per_request.for_request()),
             Arc::new(NeverSessionManager::default()),
             config,
         );
-        HttpEndpoint { service }
+        HttpEndpoint {
+            service,
+            server,
+            max_body,
+        }
     }
 
-    /// Answers one HTTP request to `/mcp` as `principal`.
-    pub async fn handle(&self, mut request: Request<Body>, principal: Arc<Principal>) -> Response {
+    /// Answers one HTTP request to `/mcp` as `principal`: rmcp does, but
+    /// for what [`core_tasks`] speaks to 2025-11-25 clients.
+    pub async fn handle(&self, request: Request<Body>, principal: Arc<Principal>) -> Response {
+        if request.method() != axum::http::Method::POST {
+            return self.rmcp(request, principal).await;
+        }
+        let legacy = request
+            .headers()
+            .get("mcp-protocol-version")
+            .and_then(|v| v.to_str().ok())
+            == Some(core_tasks::VERSION);
+        let (parts, body) = request.into_parts();
+        let bytes = match axum::body::to_bytes(body, self.max_body).await {
+            Ok(bytes) => bytes,
+            Err(_) => {
+                let error = ErrorData::invalid_request(
+                    format!("the request is larger than {} bytes", self.max_body),
+                    None,
+                );
+                return json_response(
+                    axum::http::StatusCode::PAYLOAD_TOO_LARGE,
+                    &core_tasks::reply(&Value::Null, Err(error)),
+                );
+            }
+        };
+        let message: Option<Value> = serde_json::from_slice(&bytes).ok();
+        let route = message
+            .as_ref()
+            .map(|m| core_tasks::route(m, legacy))
+            .unwrap_or(core_tasks::Route::Pass);
+        let request = Request::from_parts(parts, Body::from(bytes));
+        match (route, message) {
+            (core_tasks::Route::Answer, Some(message)) => {
+                let answer = self
+                    .server
+                    .answer_core_task(principal, &message, None)
+                    .await;
+                json_response(axum::http::StatusCode::OK, &answer)
+            }
+            (core_tasks::Route::PatchInitialize | core_tasks::Route::PatchToolsList, _)
+                if self.server.serves_tasks() =>
+            {
+                let response = self.rmcp(request, principal).await;
+                self.complete(response, route).await
+            }
+            _ => self.rmcp(request, principal).await,
+        }
+    }
+
+    async fn rmcp(&self, mut request: Request<Body>, principal: Arc<Principal>) -> Response {
         use tower_service::Service;
         request.extensions_mut().insert(Authenticated(principal));
         let mut service = self.service.clone();
@@ -860,6 +920,54 @@ impl HttpEndpoint {
             Err(never) => match never {},
         }
     }
+
+    /// rmcp's JSON answer with what 2025-11-25 adds for tasks; any other
+    /// answer as it is.
+    async fn complete(&self, response: Response, route: core_tasks::Route) -> Response {
+        let json = response
+            .headers()
+            .get(axum::http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("application/json"));
+        if !json {
+            return response;
+        }
+        let (mut parts, body) = response.into_parts();
+        let Ok(bytes) = axum::body::to_bytes(body, MAX_PATCHED).await else {
+            return internal_response("an answer was too large to complete");
+        };
+        let mut message: Value = match serde_json::from_slice(&bytes) {
+            Ok(message) => message,
+            Err(_) => return Response::from_parts(parts, Body::from(bytes)),
+        };
+        if let Some(result) = message.get_mut("result") {
+            match route {
+                core_tasks::Route::PatchInitialize => core_tasks::patch_initialize(result),
+                core_tasks::Route::PatchToolsList => self.server.patch_tools_list(result),
+                _ => {}
+            }
+        }
+        let body = message.to_string();
+        parts.headers.remove(axum::http::header::CONTENT_LENGTH);
+        Response::from_parts(parts, Body::from(body))
+    }
+}
+
+fn json_response(status: axum::http::StatusCode, message: &Value) -> Response {
+    (
+        status,
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        message.to_string(),
+    )
+        .into_response()
+}
+
+fn internal_response(what: &str) -> Response {
+    let error = ErrorData::internal_error(what.to_owned(), None);
+    json_response(
+        axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+        &core_tasks::reply(&Value::Null, Err(error)),
+    )
 }
 
 /// MCP over stdin and stdout as `principal`, until the client closes stdin.
@@ -868,16 +976,27 @@ pub async fn serve_stdio(
     principal: Arc<Principal>,
     options: Options,
 ) -> Result<(), String> {
-    let server = ToolServer::new(runtime, Some(principal), options);
+    let max_line = options.max_body;
+    let server = ToolServer::new(runtime, Some(principal.clone()), options);
+    let (transport, writing) = core_tasks::stdio(
+        server.clone(),
+        principal,
+        tokio::io::stdin(),
+        tokio::io::stdout(),
+        max_line,
+    );
     let running = server
-        .serve(rmcp::transport::stdio())
+        .serve(transport)
         .await
         .map_err(|e| format!("MCP over stdio could not start: {e}"))?;
-    running
+    let stopped = running
         .waiting()
         .await
         .map(|_| ())
-        .map_err(|e| format!("MCP over stdio stopped: {e}"))
+        .map_err(|e| format!("MCP over stdio stopped: {e}"));
+    // Everything rmcp wrote reaches stdout before the process ends.
+    let _ = writing.await;
+    stopped
 }
 
 #[cfg(test)]

@@ -313,6 +313,20 @@ mod tasks {
         ) -> BoxFuture<'a, Result<Option<JobView>, ToolError>> {
             self.job(tenant, id)
         }
+        fn list<'a>(
+            &'a self,
+            tenant: &'a str,
+            _cursor: Option<&'a str>,
+            _limit: u32,
+        ) -> BoxFuture<'a, Result<crate::JobList, ToolError>> {
+            Box::pin(async move {
+                let jobs = self.job(tenant, ID).await?;
+                Ok(crate::JobList {
+                    jobs: jobs.into_iter().collect(),
+                    next_cursor: None,
+                })
+            })
+        }
         fn answer<'a>(
             &'a self,
             _tenant: &'a str,
@@ -344,6 +358,150 @@ mod tasks {
             !super::server(1).get_info().capabilities.supports_tasks(),
             "no tasks without jobs"
         );
+    }
+
+    fn with_jobs(
+        principal: Option<std::sync::Arc<toolfleet_core::Principal>>,
+    ) -> crate::ToolServer {
+        crate::ToolServer::new(
+            super::runtime(),
+            principal,
+            crate::Options {
+                jobs: Some(std::sync::Arc::new(OneJob)),
+                ..crate::Options::default()
+            },
+        )
+    }
+
+    #[test]
+    fn only_2025_11_25_task_requests_are_answered_beside_rmcp() {
+        use crate::core_tasks::{Route, route};
+        let request = |method: &str, params: Value| json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
+        let init = |v: &str| request("initialize", json!({"protocolVersion": v}));
+        assert_eq!(route(&init("2025-11-25"), false), Route::PatchInitialize);
+        assert_eq!(route(&init("2025-06-18"), false), Route::Pass);
+        let task_call = request("tools/call", json!({"name": "x", "task": {}}));
+        assert_eq!(route(&task_call, true), Route::Answer);
+        // Another revision's messages are rmcp's, tasks/get included.
+        assert_eq!(route(&task_call, false), Route::Pass);
+        for method in ["tasks/get", "tasks/result", "tasks/list", "tasks/cancel"] {
+            assert_eq!(route(&request(method, json!({})), true), Route::Answer);
+            assert_eq!(route(&request(method, json!({})), false), Route::Pass);
+        }
+        assert_eq!(
+            route(&request("tools/call", json!({"name": "x"})), true),
+            Route::Pass
+        );
+        assert_eq!(
+            route(&request("tools/list", json!({})), true),
+            Route::PatchToolsList
+        );
+        // A notification is never answered.
+        let note = json!({"jsonrpc": "2.0", "method": "tasks/get", "params": {}});
+        assert_eq!(route(&note, true), Route::Pass);
+    }
+
+    #[tokio::test]
+    async fn a_2025_11_25_task_is_its_job_within_the_tenant() {
+        let server = with_jobs(None);
+        let acme = std::sync::Arc::new(toolfleet_core::Principal::new("acme", "a", ["read"]));
+        let get =
+            json!({"jsonrpc": "2.0", "id": 7, "method": "tasks/get", "params": {"taskId": ID}});
+        let answer = server.answer_core_task(acme.clone(), &get, None).await;
+        assert_eq!(answer["id"], 7);
+        let task = &answer["result"];
+        assert_eq!(task["taskId"], ID);
+        assert_eq!(task["status"], "working");
+        assert_eq!(task["ttl"], Value::Null);
+        assert_eq!(task["pollInterval"], 5000);
+        assert_eq!(task["createdAt"], "2025-11-25T10:30:00.000Z");
+        let listed = server
+            .answer_core_task(
+                acme.clone(),
+                &json!({"jsonrpc": "2.0", "id": 8, "method": "tasks/list"}),
+                None,
+            )
+            .await;
+        assert_eq!(listed["result"]["tasks"][0]["taskId"], ID);
+        let globex = std::sync::Arc::new(toolfleet_core::Principal::new("globex", "m", ["read"]));
+        let theirs = server.answer_core_task(globex, &get, None).await;
+        assert!(
+            theirs["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("no task"),
+            "{theirs}"
+        );
+        let no_id = json!({"jsonrpc": "2.0", "id": 9, "method": "tasks/result", "params": {}});
+        let refused = server.answer_core_task(acme, &no_id, None).await;
+        assert_eq!(refused["error"]["code"], -32602, "{refused}");
+    }
+
+    #[tokio::test]
+    async fn stdio_adds_the_2025_11_25_tasks_around_rmcp() {
+        use rmcp::ServiceExt;
+        use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+        let principal = std::sync::Arc::new(toolfleet_core::Principal::new("acme", "a", ["read"]));
+        let server = with_jobs(Some(principal.clone()));
+        let (mut to_server, server_in) = tokio::io::duplex(64 * 1024);
+        let (server_out, from_server) = tokio::io::duplex(64 * 1024);
+        let (transport, writing) =
+            crate::core_tasks::stdio(server.clone(), principal, server_in, server_out, 4096);
+        tokio::spawn(async move {
+            if let Ok(running) = server.serve(transport).await {
+                let _ = running.waiting().await;
+            }
+        });
+        let mut lines = BufReader::new(from_server).lines();
+        let mut send = async move |message: Value| {
+            to_server
+                .write_all(format!("{message}\n").as_bytes())
+                .await
+                .unwrap();
+        };
+        send(
+            json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {},
+            "clientInfo": {"name": "t", "version": "0"}}}),
+        )
+        .await;
+        let init: Value = serde_json::from_str(&lines.next_line().await.unwrap().unwrap()).unwrap();
+        assert_eq!(init["result"]["protocolVersion"], "2025-11-25");
+        assert_eq!(
+            init["result"]["capabilities"]["tasks"]["requests"]["tools"]["call"],
+            json!({})
+        );
+        send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).await;
+        send(json!({"jsonrpc": "2.0", "id": 2, "method": "tasks/get", "params": {"taskId": ID}}))
+            .await;
+        let got: Value = serde_json::from_str(&lines.next_line().await.unwrap().unwrap()).unwrap();
+        assert_eq!(got["id"], 2);
+        assert_eq!(got["result"]["taskId"], ID);
+        send(json!({"jsonrpc": "2.0", "id": 3, "method": "tools/list"})).await;
+        let listed: Value =
+            serde_json::from_str(&lines.next_line().await.unwrap().unwrap()).unwrap();
+        let tools = listed["result"]["tools"].as_array().unwrap();
+        assert!(!tools.is_empty());
+        // Queries may not run as tasks: nothing is added to them.
+        assert!(
+            tools.iter().all(|t| t.get("execution").is_none()),
+            "{listed}"
+        );
+        // An over-long line is refused, and the session goes on.
+        send(json!({"jsonrpc": "2.0", "id": 4, "method": "ping", "params": {"pad": "x".repeat(5000)}}))
+            .await;
+        let refused: Value =
+            serde_json::from_str(&lines.next_line().await.unwrap().unwrap()).unwrap();
+        assert_eq!(refused["error"]["code"], -32700, "{refused}");
+        send(json!({"jsonrpc": "2.0", "id": 5, "method": "ping"})).await;
+        let pong: Value = serde_json::from_str(&lines.next_line().await.unwrap().unwrap()).unwrap();
+        assert_eq!(pong["id"], 5, "{pong}");
+        drop(send);
+        // The client closes its side: the session ends, and its writer with it.
+        tokio::time::timeout(std::time::Duration::from_secs(10), writing)
+            .await
+            .expect("the writer ends")
+            .unwrap();
     }
 
     #[tokio::test]

@@ -17,8 +17,8 @@ use std::time::Duration;
 use serde_json::Value;
 use toolfleet_broker::{Broker, Notices};
 use toolfleet_core::{Envelope, ErrorCode, ToolError};
-use toolfleet_mcp::{BoxFuture, HttpEndpoint, JobView, Jobs, Options};
-use toolfleet_store::{JobRecord, Store};
+use toolfleet_mcp::{BoxFuture, HttpEndpoint, JobList, JobView, Jobs, Options};
+use toolfleet_store::{JobFilter, JobRecord, Store};
 
 use crate::AppState;
 use crate::status::{POLL_AFTER_S, cancel_record, wait_change};
@@ -102,6 +102,25 @@ impl Jobs for McpJobs {
         Box::pin(async move {
             let job = cancel_record(self.store.as_ref(), self.notices.as_ref(), tenant, id).await?;
             Ok(job.map(view))
+        })
+    }
+
+    fn list<'a>(
+        &'a self,
+        tenant: &'a str,
+        cursor: Option<&'a str>,
+        limit: u32,
+    ) -> BoxFuture<'a, Result<JobList, ToolError>> {
+        Box::pin(async move {
+            let page = self
+                .store
+                .list_jobs(tenant, &JobFilter::default(), limit, cursor)
+                .await
+                .map_err(crate::dispatch::store_error)?;
+            Ok(JobList {
+                jobs: page.jobs.into_iter().map(view).collect(),
+                next_cursor: page.next_cursor,
+            })
         })
     }
 

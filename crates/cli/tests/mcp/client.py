@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 import httpx2
 import mcp_types
+from mcp_types import _v2025_11_25 as v2025
 from mcp import Client, StdioServerParameters, types
 from mcp.client.extension import ClientExtension, ResultClaim
 from mcp.shared.exceptions import MCPError
@@ -91,6 +92,79 @@ class Tasks(ClientExtension):
             check(state.status == "working", f"the task settled badly: {state}")
             await asyncio.sleep(0.25)
         raise AssertionError(f"task {handle.task_id} did not settle")
+
+
+async def raw_request(session, method, **params):
+    """A request whose answer is checked here, against the revision's own
+    models: the SDK's typed path knows no 2025-11-25 task results."""
+    data = {"method": method, "params": params}
+    options = {}
+    session._stamp(data, options)
+    return await session._dispatcher.send_raw_request(method, data.get("params"), options)
+
+
+async def core_tasks(session, receipts):
+    """The tasks of 2025-11-25 (task-augmented tools/call, tasks/get,
+    tasks/result, tasks/list, tasks/cancel, execution.taskSupport), each
+    answer checked against the SDK's models of that revision."""
+    seen = {}
+    tools, cursor = {}, None
+    for _ in range(50):
+        listed = await raw_request(session, "tools/list", **({"cursor": cursor} if cursor else {}))
+        tools.update({t["name"]: t for t in listed["tools"]})
+        cursor = listed.get("nextCursor")
+        if not cursor:
+            break
+    support = {name: v2025.Tool.model_validate(t).execution for name, t in tools.items()}
+    seen["task_support"] = {name: (e.task_support if e else None) for name, e in support.items()}
+    created = await raw_request(
+        session, "tools/call", name="start_receipt_ocr", arguments={"receipt_ids": receipts}, task={"ttl": 60000}
+    )
+    task = v2025.CreateTaskResult.model_validate(created).task
+    check(task.status in ("working", "completed"), f"a new task: {task}")
+    check(task.poll_interval and task.poll_interval >= 1000, f"pollInterval: {task}")
+    state = v2025.GetTaskResult.model_validate(await raw_request(session, "tasks/get", taskId=task.task_id))
+    check(state.task_id == task.task_id, f"tasks/get answered another task: {state}")
+    # tasks/result waits for the job, then answers the tool's result.
+    result = await raw_request(session, "tasks/result", taskId=task.task_id)
+    done = types.CallToolResult.model_validate(result, by_name=False)
+    check(not done.is_error, f"the task's result is an error: {result}")
+    check(done.structured_content and "receipts" in done.structured_content, f"the task's result: {result}")
+    related = (result.get("_meta") or {}).get("io.modelcontextprotocol/related-task", {})
+    check(related.get("taskId") == task.task_id, f"the result names no task: {result}")
+    seen["task_result"] = done.structured_content
+    state = v2025.GetTaskResult.model_validate(await raw_request(session, "tasks/get", taskId=task.task_id))
+    check(state.status == "completed", f"after its result: {state}")
+    listed = v2025.ListTasksResult.model_validate(await raw_request(session, "tasks/list"))
+    check(any(t.task_id == task.task_id for t in listed.tasks), f"tasks/list lacks {task.task_id}")
+    # A settled task cannot be cancelled.
+    try:
+        await raw_request(session, "tasks/cancel", taskId=task.task_id)
+        raise AssertionError("a completed task was cancelled")
+    except MCPError as refused:
+        check("cannot be cancelled" in refused.error.message, f"tasks/cancel: {refused.error}")
+    # A second task, cancelled (unless it is already done).
+    second = v2025.CreateTaskResult.model_validate(
+        await raw_request(
+            session, "tools/call", name="start_receipt_ocr", arguments={"receipt_ids": receipts[:1]}, task={}
+        )
+    ).task
+    try:
+        cancelled = v2025.CancelTaskResult.model_validate(await raw_request(session, "tasks/cancel", taskId=second.task_id))
+        check(cancelled.status == "cancelled", f"after tasks/cancel: {cancelled}")
+        seen["cancelled_status"] = "cancelled"
+    except MCPError as refused:
+        check("cannot be cancelled" in refused.error.message, f"tasks/cancel: {refused.error}")
+        seen["cancelled_status"] = "completed"
+    # A task-augmented call of a query runs it: its result at once.
+    found = await raw_request(session, "tools/call", name="find_expenses", arguments={"month": "2026-09"}, task={})
+    check("lines" in (found.get("structuredContent") or {}), f"a query called as a task: {found}")
+    try:
+        await raw_request(session, "tasks/get", taskId="01a00000-0000-7000-8000-000000000000")
+        raise AssertionError("an unknown task was found")
+    except MCPError:
+        pass
+    return seen
 
 
 async def answer_travel(_context, params):
@@ -210,10 +284,11 @@ async def exercise_rich(client, tasks, streams):
         except MCPError:
             pass
     else:
-        # No tasks before 2026-07-28 here: the running envelope.
+        # A call without a task: the running envelope.
         started = await client.call_tool("start_receipt_ocr", {"receipt_ids": receipts})
         check(started.structured_content.get("status") == "running", f"not running: {started}")
-    if streams and not modern:
+        seen["core_tasks"] = await core_tasks(client.session, receipts)
+    if not modern:
         # Progress: a job call with a progress token is waited on, with news.
         progress = []
 
@@ -311,6 +386,14 @@ async def over_http(url, token, mode, other=None):
             reply = json.loads(next(l[5:] for l in text.splitlines() if l.startswith("data:") and l[5:].strip()))
         versions[asked] = reply["result"]["protocolVersion"]
         check(versions[asked] == asked, f"initialize {asked} answered {reply}")
+        tasks_capability = reply["result"]["capabilities"].get("tasks")
+        if asked == "2025-11-25":
+            check(
+                tasks_capability == {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}},
+                f"the tasks capability of 2025-11-25: {reply}",
+            )
+        else:
+            check(tasks_capability is None, f"{asked} has no tasks: {reply}")
 
     http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=30)
     from mcp.client.streamable_http import streamable_http_client
