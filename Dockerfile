@@ -39,7 +39,9 @@ WORKDIR /var/lib/toolfleet
 # Listen beyond the container's loopback; a configuration file's `listen` is overridden too.
 ENV TOOLFLEET_LISTEN=0.0.0.0:8080
 EXPOSE 8080
-# No HEALTHCHECK: the image has no HTTP client and workers serve no HTTP;
-# docker-compose.yml probes the dispatchers' /readyz itself.
+# Workers serve /metrics, /healthz and /readyz on `metrics_listen` (9091).
+EXPOSE 9091
+# No HEALTHCHECK: the image has no HTTP client; docker-compose.yml probes
+# the dispatchers' /readyz itself, and Kubernetes probes every process.
 ENTRYPOINT ["toolfleet"]
 CMD ["serve"]

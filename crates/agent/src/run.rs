@@ -15,6 +15,10 @@
 //! result says which. An agent called by an agent runs within what is left
 //! of its caller's budget, its tokens are counted against its caller's, and
 //! nesting is refused past [`AgentEnv::max_depth`].
+//!
+//! Each model reply is counted in the runtime's metrics, under the agent
+//! tool whose job runs the loop: `toolfleet_agent_steps_total` and
+//! `toolfleet_agent_tokens_total` by kind (input, output).
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, OnceLock, Weak};
@@ -268,6 +272,8 @@ struct Run {
 struct Slot {
     job_id: String,
     attempt: u32,
+    /// The agent tool the job is of.
+    tool: String,
 }
 
 /// What one run works within: the runtime its calls go through, the call
@@ -357,6 +363,7 @@ impl Run {
         let slot = Slot {
             job_id,
             attempt: job.attempts,
+            tool: job.tool,
         };
         Ok((Some(slot), saved))
     }
@@ -421,6 +428,14 @@ impl Run {
             };
             state.steps += 1;
             state.usage.add(reply.usage);
+            let tool = slot
+                .as_ref()
+                .map_or(toolfleet_core::metrics::UNKNOWN_TOOL, |s| s.tool.as_str());
+            f.runtime.metrics().agent_step(
+                f.runtime.tool_label(tool),
+                reply.usage.input_tokens,
+                reply.usage.output_tokens,
+            );
             let done = reply.calls.is_empty();
             let text = reply.text.clone();
             state.turns.push(Turn::Assistant {
@@ -542,6 +557,8 @@ impl Run {
                 budget: state.remaining(&f.budget),
             }),
             events: None,
+            // The jobs it starts continue its caller's trace.
+            trace: ctx.trace.clone(),
         }
     }
 

@@ -59,6 +59,7 @@ macro_rules! broker_conformance {
             delayed_message_waits_its_delay,
             pools_are_isolated,
             depth_counts_ready_messages,
+            trace_context_travels_with_the_message,
         ]);
     };
 }
@@ -359,6 +360,60 @@ pub mod broker {
             );
             ack(delivery).await;
         }
+    }
+
+    /// A message published with a trace context delivers it back, whole
+    /// (`tracestate` included), at once, after a delay and when requeued;
+    /// one published without any delivers none.
+    pub async fn trace_context_travels_with_the_message(broker: &dyn Broker) {
+        use toolfleet_core::TraceContext;
+        let pool = unique("traced");
+        let traced = TraceContext::parse(
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            Some("congo=t61rcWkgMzE"),
+        );
+        let later = Some(TraceContext::new_root());
+        let now = within(
+            "publish_traced",
+            broker.publish_traced(&pool, "job-traced", traced.as_ref()),
+        )
+        .await;
+        assert_eq!(now, Ok(()));
+        let delayed = within(
+            "publish_delayed_traced",
+            broker.publish_delayed_traced(
+                &pool,
+                "job-later",
+                Duration::from_millis(100),
+                later.as_ref(),
+            ),
+        )
+        .await;
+        assert_eq!(delayed, Ok(()));
+        publish_all(broker, &pool, &["job-bare".to_owned()]).await;
+        let mut consumer = consume(broker, &pool, 3).await;
+        let first = next_delivery(consumer.as_mut(), "traced message").await;
+        assert_eq!(
+            (first.job_id.as_str(), &first.trace),
+            ("job-traced", &traced)
+        );
+        assert_eq!(within("requeue", first.requeue()).await, Ok(()));
+        let mut seen = Vec::new();
+        for _ in 0..3 {
+            let delivery = next_delivery(consumer.as_mut(), "traced messages").await;
+            seen.push((delivery.job_id.clone(), delivery.trace.clone()));
+            ack(delivery).await;
+        }
+        seen.sort_by(|a, b| a.0.cmp(&b.0));
+        assert_eq!(
+            seen,
+            vec![
+                ("job-bare".to_owned(), None),
+                ("job-later".to_owned(), later),
+                ("job-traced".to_owned(), traced),
+            ],
+            "each message keeps its own context, a requeued one too"
+        );
     }
 
     async fn publish_delayed(broker: &dyn Broker, pool: &str, id: &str, delay: Duration) {

@@ -4,6 +4,9 @@
 //! A message carries a job id and nothing else the worker must trust: the
 //! store holds the job, so a duplicate or stale message is harmless (the
 //! worker's claim fails and it acks). The broker never decides a job's state.
+//! Beside the id a message may carry the job's W3C trace context (RabbitMQ's
+//! `traceparent` and `tracestate` headers), so the worker's span continues
+//! the trace of the call that made the job.
 //!
 //! [`Broker`] moves job ids; [`Notices`] fans out events. Each has an
 //! in-process implementation here and a conformance suite in [`conformance`]
@@ -17,12 +20,13 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use toolfleet_core::JobState;
+use toolfleet_core::{JobState, TraceContext};
 
 pub mod announcer;
 pub mod conformance;
 pub mod fanout;
 pub mod memory;
+pub mod metered;
 pub mod postgres;
 pub mod rabbit;
 pub mod tee;
@@ -55,6 +59,9 @@ pub struct Delivery {
     pub job_id: String,
     /// True when the broker knows this message was delivered before.
     pub redelivered: bool,
+    /// The trace context the message carried: the span that enqueued the
+    /// job. `None` when it carried none (or one that is not valid).
+    pub trace: Option<TraceContext>,
     acker: Box<dyn Acker>,
 }
 
@@ -63,8 +70,15 @@ impl Delivery {
         Delivery {
             job_id,
             redelivered,
+            trace: None,
             acker,
         }
+    }
+
+    /// This delivery, carrying `trace`.
+    pub fn with_trace(mut self, trace: Option<TraceContext>) -> Self {
+        self.trace = trace;
+        self
     }
 
     /// The job was handled (settled, retried elsewhere, or not ours to run).
@@ -88,6 +102,7 @@ impl std::fmt::Debug for Delivery {
         f.debug_struct("Delivery")
             .field("job_id", &self.job_id)
             .field("redelivered", &self.redelivered)
+            .field("trace", &self.trace)
             .finish()
     }
 }
@@ -121,6 +136,29 @@ pub trait Broker: Send + Sync + 'static {
         job_id: &str,
         delay: Duration,
     ) -> Result<(), BrokerError>;
+    /// [`Broker::publish`] of a message that carries `trace` too, which its
+    /// [`Delivery::trace`] gives back. Implementations that carry no trace
+    /// context publish the bare id (the default); a wrapper must forward it.
+    async fn publish_traced(
+        &self,
+        pool: &str,
+        job_id: &str,
+        trace: Option<&TraceContext>,
+    ) -> Result<(), BrokerError> {
+        let _ = trace;
+        self.publish(pool, job_id).await
+    }
+    /// [`Broker::publish_delayed`] of a message that carries `trace` too.
+    async fn publish_delayed_traced(
+        &self,
+        pool: &str,
+        job_id: &str,
+        delay: Duration,
+        trace: Option<&TraceContext>,
+    ) -> Result<(), BrokerError> {
+        let _ = trace;
+        self.publish_delayed(pool, job_id, delay).await
+    }
     /// Consumes `pool` with at most `prefetch` unacknowledged deliveries.
     async fn consume(&self, pool: &str, prefetch: u16) -> Result<Box<dyn Consumer>, BrokerError>;
     /// Messages waiting in `pool` (ready, not delivered), for metrics.

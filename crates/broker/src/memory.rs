@@ -15,6 +15,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::{Notify, broadcast};
 
+use toolfleet_core::TraceContext;
+
 use crate::{Acker, Broker, BrokerError, Consumer, Delivery, Event, Notices, Subscription};
 
 /// The bound of [`MemoryBroker::new`]: large enough never to matter to a
@@ -81,6 +83,7 @@ struct Pool {
 struct Message {
     job_id: String,
     redelivered: bool,
+    trace: Option<TraceContext>,
 }
 
 /// How a delivery is settled.
@@ -151,7 +154,7 @@ impl Broker for MemoryBroker {
     }
 
     async fn publish(&self, pool: &str, job_id: &str) -> Result<(), BrokerError> {
-        self.shared().publish(pool, job_id)
+        self.shared().publish(pool, job_id, None)
     }
 
     async fn publish_delayed(
@@ -160,8 +163,27 @@ impl Broker for MemoryBroker {
         job_id: &str,
         delay: Duration,
     ) -> Result<(), BrokerError> {
+        self.publish_delayed_traced(pool, job_id, delay, None).await
+    }
+
+    async fn publish_traced(
+        &self,
+        pool: &str,
+        job_id: &str,
+        trace: Option<&TraceContext>,
+    ) -> Result<(), BrokerError> {
+        self.shared().publish(pool, job_id, trace.cloned())
+    }
+
+    async fn publish_delayed_traced(
+        &self,
+        pool: &str,
+        job_id: &str,
+        delay: Duration,
+        trace: Option<&TraceContext>,
+    ) -> Result<(), BrokerError> {
         if delay.is_zero() {
-            return self.shared().publish(pool, job_id);
+            return self.shared().publish(pool, job_id, trace.cloned());
         }
         // Checked before reserving, so a refused call leaves no reservation.
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
@@ -172,6 +194,7 @@ impl Broker for MemoryBroker {
             shared: Arc::downgrade(self.shared()),
             pool: pool.to_owned(),
             job_id: job_id.to_owned(),
+            trace: trace.cloned(),
             due: false,
         };
         runtime.spawn(timer.run(delay));
@@ -206,6 +229,7 @@ struct Timer {
     shared: Weak<Shared>,
     pool: String,
     job_id: String,
+    trace: Option<TraceContext>,
     due: bool,
 }
 
@@ -220,7 +244,7 @@ impl Drop for Timer {
     fn drop(&mut self) {
         if let Some(shared) = self.shared.upgrade() {
             let job_id = std::mem::take(&mut self.job_id);
-            shared.arrive(&self.pool, job_id, self.due);
+            shared.arrive(&self.pool, job_id, self.trace.take(), self.due);
         }
     }
 }
@@ -249,11 +273,16 @@ impl Shared {
         }
     }
 
-    fn publish(&self, pool: &str, job_id: &str) -> Result<(), BrokerError> {
+    fn publish(
+        &self,
+        pool: &str,
+        job_id: &str,
+        trace: Option<TraceContext>,
+    ) -> Result<(), BrokerError> {
         let mut state = self.open()?;
         let pool_state = state.pools.entry(pool.to_owned()).or_default();
         self.check_room(pool, pool_state)?;
-        pool_state.make_ready(job_id.to_owned());
+        pool_state.make_ready(job_id.to_owned(), trace);
         Ok(())
     }
 
@@ -278,7 +307,7 @@ impl Shared {
     /// Ends a delayed message's reservation and, when its delay is over,
     /// makes it ready. Its place was reserved when it was published, so it
     /// needs no room check; one lock for both keeps the bound exact.
-    fn arrive(&self, pool: &str, job_id: String, due: bool) {
+    fn arrive(&self, pool: &str, job_id: String, trace: Option<TraceContext>, due: bool) {
         let mut state = self.lock();
         let closed = state.closed;
         let Some(pool_state) = state.pools.get_mut(pool) else {
@@ -286,7 +315,7 @@ impl Shared {
         };
         pool_state.scheduled = pool_state.scheduled.saturating_sub(1);
         if due && !closed {
-            pool_state.make_ready(job_id);
+            pool_state.make_ready(job_id, trace);
         }
     }
 
@@ -364,10 +393,11 @@ fn next_tag(counter: &mut u64) -> u64 {
 }
 
 impl Pool {
-    fn make_ready(&mut self, job_id: String) {
+    fn make_ready(&mut self, job_id: String, trace: Option<TraceContext>) {
         self.ready.push_back(Message {
             job_id,
             redelivered: false,
+            trace,
         });
         self.changed.notify_waiters();
     }
@@ -422,6 +452,7 @@ impl MemoryConsumer {
             settled: false,
         };
         Delivery::new(message.job_id, message.redelivered, Box::new(acker))
+            .with_trace(message.trace)
     }
 }
 

@@ -16,8 +16,10 @@
 //! [`BrokerError::Unavailable`] at once, a reconnect with backoff starts, and
 //! every consumer and subscription subscribes again by itself.
 //!
-//! It must never be the record of a job: a message carries a job id and the
-//! store decides what it means, so a lost confirm may be retried and a
+//! It must never be the record of a job: a message carries a job id (and, in
+//! its `traceparent` and `tracestate` headers, the job's W3C trace context,
+//! which dead-lettering out of a delay queue keeps) and the store decides
+//! what it means, so a lost confirm may be retried and a
 //! duplicate is harmless. It must never block a caller on an unreachable
 //! broker (every call is bounded by [`RabbitOptions::operation_timeout`]), nor
 //! hold a worker for a delay (delays wait in RabbitMQ, not here).
@@ -44,6 +46,7 @@ use lapin::{
     ExchangeKind,
 };
 use tokio::sync::{broadcast, mpsc, watch};
+use toolfleet_core::TraceContext;
 
 use crate::memory::{DEFAULT_CAPACITY, DEFAULT_NOTICE_BUFFER, MAX_NOTICE_BUFFER};
 use crate::{Acker, Broker, BrokerError, Consumer, Delivery, Event, Notices, Subscription};
@@ -229,13 +232,7 @@ impl Broker for RabbitBroker {
     }
 
     async fn publish(&self, pool: &str, job_id: &str) -> Result<(), BrokerError> {
-        let queues = self.queues(pool)?;
-        let shared = self.shared();
-        let link = shared.link()?;
-        let sent = shared
-            .publish_job(&link, &queues, &queues.pool, job_id)
-            .await;
-        shared.noting_loss(&link, sent)
+        self.publish_traced(pool, job_id, None).await
     }
 
     async fn publish_delayed(
@@ -244,8 +241,33 @@ impl Broker for RabbitBroker {
         job_id: &str,
         delay: Duration,
     ) -> Result<(), BrokerError> {
+        self.publish_delayed_traced(pool, job_id, delay, None).await
+    }
+
+    async fn publish_traced(
+        &self,
+        pool: &str,
+        job_id: &str,
+        trace: Option<&TraceContext>,
+    ) -> Result<(), BrokerError> {
+        let queues = self.queues(pool)?;
+        let shared = self.shared();
+        let link = shared.link()?;
+        let sent = shared
+            .publish_job(&link, &queues, &queues.pool, job_id, trace)
+            .await;
+        shared.noting_loss(&link, sent)
+    }
+
+    async fn publish_delayed_traced(
+        &self,
+        pool: &str,
+        job_id: &str,
+        delay: Duration,
+        trace: Option<&TraceContext>,
+    ) -> Result<(), BrokerError> {
         if delay.is_zero() {
-            return self.publish(pool, job_id).await;
+            return self.publish_traced(pool, job_id, trace).await;
         }
         let queues = self.queues(pool)?;
         let shared = self.shared();
@@ -254,7 +276,9 @@ impl Broker for RabbitBroker {
             let queue = shared
                 .ensure_delay(&link, &queues, bucket_ms(delay))
                 .await?;
-            shared.publish_job(&link, &queues, &queue, job_id).await
+            shared
+                .publish_job(&link, &queues, &queue, job_id, trace)
+                .await
         };
         shared.noting_loss(&link, sent.await)
     }
@@ -404,6 +428,12 @@ impl Notices for RabbitNotices {
     }
 }
 
+/// The queue the workers of `pool` consume under `prefix`:
+/// `<prefix>.pool.<pool>` (what an autoscaler watching a pool's backlog names).
+pub fn pool_queue_name(prefix: &str, pool: &str) -> String {
+    format!("{prefix}.pool.{pool}")
+}
+
 /// The names of one pool's queues.
 struct PoolQueues {
     pool: String,
@@ -416,7 +446,7 @@ struct PoolQueues {
 impl PoolQueues {
     fn new(prefix: &str, pool: &str) -> Result<Self, BrokerError> {
         let queues = PoolQueues {
-            pool: format!("{prefix}.pool.{pool}"),
+            pool: pool_queue_name(prefix, pool),
             dead: format!("{prefix}.dead.{pool}"),
             key: pool.to_owned(),
             delay_stem: format!("{prefix}.delay.{pool}"),
@@ -737,6 +767,7 @@ impl Shared {
         queues: &PoolQueues,
         queue: &str,
         job_id: &str,
+        trace: Option<&TraceContext>,
     ) -> Result<(), BrokerError> {
         self.ensure_pool(link, queues).await?;
         let route = Route {
@@ -744,7 +775,10 @@ impl Shared {
             key: queue,
             mandatory: true,
         };
-        let persistent = BasicProperties::default().with_delivery_mode(2);
+        let mut persistent = BasicProperties::default().with_delivery_mode(2);
+        if let Some(trace) = trace {
+            persistent = persistent.with_headers(trace_headers(trace));
+        }
         match self
             .confirm(link, route, job_id.as_bytes(), persistent)
             .await?
@@ -1181,13 +1215,41 @@ impl RabbitConsumer {
         // A body that is not UTF-8 is no job id; the worker finds no such
         // job and rejects it into the dead-letter queue.
         let job_id = String::from_utf8_lossy(&delivery.data).into_owned();
+        let trace = delivery.properties.headers().as_ref().and_then(trace_of);
         let acker = RabbitAcker {
             acker: delivery.acker,
             timeout: self.timeout,
             settled: false,
         };
-        Delivery::new(job_id, delivery.redelivered, Box::new(acker))
+        Delivery::new(job_id, delivery.redelivered, Box::new(acker)).with_trace(trace)
     }
+}
+
+/// The `traceparent` and `tracestate` headers of a job's message.
+fn trace_headers(trace: &TraceContext) -> FieldTable {
+    let mut headers = FieldTable::default();
+    headers.insert(
+        ShortString::from("traceparent"),
+        AMQPValue::LongString(trace.traceparent().into()),
+    );
+    if let Some(state) = trace.tracestate() {
+        headers.insert(
+            ShortString::from("tracestate"),
+            AMQPValue::LongString(state.into()),
+        );
+    }
+    headers
+}
+
+/// The trace context of a message's headers; `None` without a valid
+/// `traceparent` (a message from an older publisher, or someone else's).
+fn trace_of(headers: &FieldTable) -> Option<TraceContext> {
+    let text = |name: &str| match headers.inner().get(name) {
+        Some(AMQPValue::LongString(value)) => std::str::from_utf8(value.as_bytes()).ok(),
+        Some(AMQPValue::ShortString(value)) => Some(value.as_str()),
+        _ => None,
+    };
+    TraceContext::parse(text("traceparent")?, text("tracestate"))
 }
 
 /// How a delivery is settled.

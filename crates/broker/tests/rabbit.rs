@@ -23,6 +23,7 @@ use toolfleet_broker::conformance::{ARRIVAL, QUIET, next_delivery, unique};
 use toolfleet_broker::fanout::Fanout;
 use toolfleet_broker::rabbit::{RabbitBroker, RabbitNotices, RabbitOptions};
 use toolfleet_broker::{Broker, BrokerError, Consumer, Delivery, Event, Notices, Subscription};
+use toolfleet_core::TraceContext;
 
 fn url() -> String {
     std::env::var("TOOLFLEET_TEST_AMQP_URL")
@@ -113,6 +114,27 @@ impl Broker for Isolated<RabbitBroker> {
         delay: Duration,
     ) -> Result<(), BrokerError> {
         self.0.publish_delayed(pool, job_id, delay).await
+    }
+
+    async fn publish_traced(
+        &self,
+        pool: &str,
+        job_id: &str,
+        trace: Option<&TraceContext>,
+    ) -> Result<(), BrokerError> {
+        self.0.publish_traced(pool, job_id, trace).await
+    }
+
+    async fn publish_delayed_traced(
+        &self,
+        pool: &str,
+        job_id: &str,
+        delay: Duration,
+        trace: Option<&TraceContext>,
+    ) -> Result<(), BrokerError> {
+        self.0
+            .publish_delayed_traced(pool, job_id, delay, trace)
+            .await
     }
 
     async fn consume(&self, pool: &str, prefetch: u16) -> Result<Box<dyn Consumer>, BrokerError> {

@@ -14,6 +14,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use serde::Serialize;
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 use toolfleet_core::{CallCtx, ToolDecl, ToolError};
@@ -41,7 +42,9 @@ pub struct BenchArgs {
     /// Worker slots.
     #[arg(long, default_value_t = 64)]
     concurrency: usize,
-    /// Print the results as JSON.
+    /// Print the results as one JSON object instead of text: `burn_down`
+    /// (`jobs_per_second`, `calls_per_second`, `call_to_running_ms` and
+    /// `call_to_settled_ms` percentiles) and `fixed_rate` (null without `--rate`).
     #[arg(long)]
     json: bool,
     /// Drive running dispatchers instead of a server in this process (repeat
@@ -66,17 +69,75 @@ fn noop_tool() -> ToolDecl {
         .run(|_: CallCtx, _: Value| async { Ok::<_, ToolError>(json!({})) })
 }
 
-/// Latency percentiles in milliseconds.
-fn percentiles(mut samples: Vec<Duration>) -> Value {
+/// Latency percentiles of one series, in milliseconds.
+#[derive(Serialize, Debug, Clone, PartialEq)]
+struct Latency {
+    p50: f64,
+    p95: f64,
+    p99: f64,
+    max: f64,
+    /// Samples measured.
+    count: usize,
+}
+
+/// The percentiles of `samples` (none: no sample).
+fn percentiles(mut samples: Vec<Duration>) -> Option<Latency> {
     if samples.is_empty() {
-        return json!(null);
+        return None;
     }
     samples.sort_unstable();
     let at = |p: f64| {
         let i = ((samples.len() as f64 * p).ceil() as usize).clamp(1, samples.len()) - 1;
         (samples[i].as_secs_f64() * 1e5).round() / 100.0
     };
-    json!({"p50": at(0.50), "p95": at(0.95), "p99": at(0.99), "max": at(1.0), "n": samples.len()})
+    Some(Latency {
+        p50: at(0.50),
+        p95: at(0.95),
+        p99: at(0.99),
+        max: at(1.0),
+        count: samples.len(),
+    })
+}
+
+/// The burn-down: `jobs` calls as fast as `clients` clients can make them.
+#[derive(Serialize, Debug, Clone, PartialEq)]
+struct BurnDown {
+    jobs: usize,
+    clients: usize,
+    /// Jobs whose settled event arrived.
+    settled: usize,
+    /// Calls answered `running`, per second of calling.
+    calls_per_second: f64,
+    /// Jobs settled end to end, per second from the first call to the last
+    /// settled event.
+    jobs_per_second: f64,
+    call_to_running_ms: Option<Latency>,
+    call_to_settled_ms: Option<Latency>,
+}
+
+/// The fixed-rate run: calls on schedule whatever the server does.
+#[derive(Serialize, Debug, Clone, PartialEq)]
+struct FixedRate {
+    /// The schedule's calls per second.
+    target_calls_per_second: u32,
+    duration_seconds: u64,
+    jobs: usize,
+    settled: usize,
+    call_to_running_ms: Option<Latency>,
+    call_to_settled_ms: Option<Latency>,
+}
+
+/// Everything one `toolfleet bench` measured: what `--json` prints.
+#[derive(Serialize, Debug, Clone, PartialEq)]
+struct Report {
+    /// The dispatchers called (the one in this process, without `--server`).
+    servers: Vec<String>,
+    /// Whether the server ran in this process.
+    in_process: bool,
+    tool: String,
+    burn_down: BurnDown,
+    /// Absent without `--rate`.
+    fixed_rate: Option<FixedRate>,
 }
 
 #[derive(Default)]
@@ -218,7 +279,7 @@ impl Probe {
 }
 
 /// Runs the burn-down: `jobs` calls from `clients` clients.
-async fn burn_down(probe: &Arc<Probe>, jobs: usize, clients: usize) -> Result<Value, String> {
+async fn burn_down(probe: &Arc<Probe>, jobs: usize, clients: usize) -> Result<BurnDown, String> {
     let before = probe.settled_count();
     let slots = Arc::new(Semaphore::new(clients.max(1)));
     let begun = Instant::now();
@@ -243,20 +304,19 @@ async fn burn_down(probe: &Arc<Probe>, jobs: usize, clients: usize) -> Result<Va
         .saturating_duration_since(begun)
         .as_secs_f64()
         .max(1e-9);
-    Ok(json!({
-        "mode": "burn-down",
-        "jobs": jobs,
-        "clients": clients,
-        "settled": all.len(),
-        "calls_per_s": (jobs as f64 / called.as_secs_f64().max(1e-9)).round(),
-        "settled_per_s": (all.len() as f64 / elapsed).round(),
-        "call_to_running_ms": percentiles(accepted),
-        "call_to_settled_ms": percentiles(all.into_iter().map(|(_, l)| l).collect()),
-    }))
+    Ok(BurnDown {
+        jobs,
+        clients,
+        settled: all.len(),
+        calls_per_second: (jobs as f64 / called.as_secs_f64().max(1e-9)).round(),
+        jobs_per_second: (all.len() as f64 / elapsed).round(),
+        call_to_running_ms: percentiles(accepted),
+        call_to_settled_ms: percentiles(all.into_iter().map(|(_, l)| l).collect()),
+    })
 }
 
 /// Calls at `rate` per second for `secs` seconds, on schedule.
-async fn fixed_rate(probe: &Arc<Probe>, rate: u32, secs: u64) -> Result<Value, String> {
+async fn fixed_rate(probe: &Arc<Probe>, rate: u32, secs: u64) -> Result<FixedRate, String> {
     let before = probe.settled_count();
     let total = rate as usize * secs as usize;
     let period = Duration::from_secs_f64(1.0 / f64::from(rate.max(1)));
@@ -268,37 +328,53 @@ async fn fixed_rate(probe: &Arc<Probe>, rate: u32, secs: u64) -> Result<Value, S
         calls.spawn(async move { probe.call().await });
     }
     let (accepted, all) = probe.gather(calls, before, total).await?;
-    Ok(json!({
-        "mode": "fixed-rate",
-        "rate_per_s": rate,
-        "secs": secs,
-        "jobs": total,
-        "settled": all.len(),
-        "call_to_running_ms": percentiles(accepted),
-        "call_to_settled_ms": percentiles(all.into_iter().map(|(_, l)| l).collect()),
-    }))
+    Ok(FixedRate {
+        target_calls_per_second: rate,
+        duration_seconds: secs,
+        jobs: total,
+        settled: all.len(),
+        call_to_running_ms: percentiles(accepted),
+        call_to_settled_ms: percentiles(all.into_iter().map(|(_, l)| l).collect()),
+    })
 }
 
-fn print_text(result: &Value) {
-    let p = |v: &Value| format!("p50 {} / p95 {} / p99 {} ms", v["p50"], v["p95"], v["p99"]);
-    println!(
-        "{}: {} jobs, {} settled",
-        result["mode"].as_str().unwrap_or(""),
-        result["jobs"],
-        result["settled"]
+/// The report as text, as `toolfleet bench` prints it.
+fn render_text(report: &Report) -> String {
+    let p = |l: &Option<Latency>| match l {
+        Some(l) => format!("p50 {} / p95 {} / p99 {} ms", l.p50, l.p95, l.p99),
+        None => "no samples".to_owned(),
+    };
+    let b = &report.burn_down;
+    let mut text = format!(
+        "burn-down: {} jobs, {} settled\n  settled end to end: {} jobs/s (calls accepted at {} /s)\n  call to running: {}\n  call to settled: {}\n",
+        b.jobs,
+        b.settled,
+        b.jobs_per_second,
+        b.calls_per_second,
+        p(&b.call_to_running_ms),
+        p(&b.call_to_settled_ms),
     );
-    if let Some(rate) = result["settled_per_s"].as_f64() {
-        println!(
-            "  settled end to end: {rate} jobs/s (calls accepted at {} /s)",
-            result["calls_per_s"]
-        );
+    if let Some(f) = &report.fixed_rate {
+        text.push_str(&format!(
+            "fixed-rate: {} jobs ({} calls/s for {} s), {} settled\n  call to running: {}\n  call to settled: {}\n",
+            f.jobs,
+            f.target_calls_per_second,
+            f.duration_seconds,
+            f.settled,
+            p(&f.call_to_running_ms),
+            p(&f.call_to_settled_ms),
+        ));
     }
-    println!("  call to running: {}", p(&result["call_to_running_ms"]));
-    println!("  call to settled: {}", p(&result["call_to_settled_ms"]));
+    text
+}
+
+/// The report as one JSON object, as `toolfleet bench --json` prints it.
+fn render_json(report: &Report) -> String {
+    serde_json::to_string_pretty(report).unwrap_or_default()
 }
 
 pub async fn bench(mut config: Config, args: BenchArgs) -> Result<(), String> {
-    let results = if args.servers.is_empty() {
+    let report = if args.servers.is_empty() {
         let data =
             std::env::temp_dir().join(format!("toolfleet-bench-{}", uuid::Uuid::now_v7().simple()));
         config.data_dir = PathBuf::from(&data);
@@ -316,9 +392,10 @@ pub async fn bench(mut config: Config, args: BenchArgs) -> Result<(), String> {
         };
         let stopped = served.stop().await;
         let _ = std::fs::remove_dir_all(&data);
-        let results = outcome?;
+        let mut report = outcome?;
         stopped?;
-        results
+        report.in_process = true;
+        report
     } else {
         let token = args
             .token
@@ -332,20 +409,17 @@ pub async fn bench(mut config: Config, args: BenchArgs) -> Result<(), String> {
         run(bases, token, &args).await?
     };
     if args.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&results).unwrap_or_default()
-        );
+        println!("{}", render_json(&report));
     } else {
-        results.iter().for_each(print_text);
+        print!("{}", render_text(&report));
     }
     Ok(())
 }
 
-async fn run(bases: Vec<String>, token: String, args: &BenchArgs) -> Result<Vec<Value>, String> {
+async fn run(bases: Vec<String>, token: String, args: &BenchArgs) -> Result<Report, String> {
     let probe = Arc::new(Probe {
         http: toolfleet_executors::http_client()?,
-        bases,
+        bases: bases.clone(),
         next: std::sync::atomic::AtomicUsize::new(0),
         tool: args.tool.clone(),
         token,
@@ -361,9 +435,159 @@ async fn run(bases: Vec<String>, token: String, args: &BenchArgs) -> Result<Vec<
     tokio::time::sleep(Duration::from_millis(200)).await;
     // A short warm-up, so connection set-up is not measured.
     burn_down(&probe, 200.min(args.jobs), args.clients).await?;
-    let mut results = vec![burn_down(&probe, args.jobs, args.clients).await?];
-    if let Some(rate) = args.rate {
-        results.push(fixed_rate(&probe, rate, args.secs).await?);
+    let burn_down = burn_down(&probe, args.jobs, args.clients).await?;
+    let fixed_rate = match args.rate {
+        Some(rate) => Some(fixed_rate(&probe, rate, args.secs).await?),
+        None => None,
+    };
+    Ok(Report {
+        servers: bases,
+        in_process: false,
+        tool: args.tool.clone(),
+        burn_down,
+        fixed_rate,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(values: impl IntoIterator<Item = u64>) -> Vec<Duration> {
+        values.into_iter().map(Duration::from_millis).collect()
     }
-    Ok(results)
+
+    fn report(fixed_rate: bool) -> Report {
+        let latency = percentiles(ms(1..=100));
+        Report {
+            servers: vec!["http://127.0.0.1:8080".to_owned()],
+            in_process: true,
+            tool: NOOP.to_owned(),
+            burn_down: BurnDown {
+                jobs: 100,
+                clients: 4,
+                settled: 100,
+                calls_per_second: 2000.0,
+                jobs_per_second: 1500.0,
+                call_to_running_ms: latency.clone(),
+                call_to_settled_ms: percentiles(ms([7])),
+            },
+            fixed_rate: fixed_rate.then_some(FixedRate {
+                target_calls_per_second: 50,
+                duration_seconds: 2,
+                jobs: 100,
+                settled: 99,
+                call_to_running_ms: latency,
+                call_to_settled_ms: None,
+            }),
+        }
+    }
+
+    fn keys(value: &Value) -> Vec<&str> {
+        let mut keys: Vec<&str> = value
+            .as_object()
+            .expect("an object")
+            .keys()
+            .map(String::as_str)
+            .collect();
+        keys.sort_unstable();
+        keys
+    }
+
+    #[test]
+    fn percentiles_are_nearest_rank_in_milliseconds() {
+        let latency = percentiles(ms(1..=100)).unwrap();
+        assert_eq!(
+            latency,
+            Latency {
+                p50: 50.0,
+                p95: 95.0,
+                p99: 99.0,
+                max: 100.0,
+                count: 100,
+            }
+        );
+        let one = percentiles(vec![Duration::from_micros(1234)]).unwrap();
+        assert_eq!(
+            (one.p50, one.p99, one.max, one.count),
+            (1.23, 1.23, 1.23, 1)
+        );
+        assert_eq!(percentiles(Vec::new()), None);
+    }
+
+    #[test]
+    fn json_is_one_object_with_units_in_its_field_names() {
+        let value: Value = serde_json::from_str(&render_json(&report(true))).unwrap();
+        assert_eq!(
+            keys(&value),
+            ["burn_down", "fixed_rate", "in_process", "servers", "tool"]
+        );
+        assert_eq!(value["servers"], json!(["http://127.0.0.1:8080"]));
+        assert_eq!(value["in_process"], true);
+        assert_eq!(value["tool"], NOOP);
+
+        let burn_down = &value["burn_down"];
+        assert_eq!(
+            keys(burn_down),
+            [
+                "call_to_running_ms",
+                "call_to_settled_ms",
+                "calls_per_second",
+                "clients",
+                "jobs",
+                "jobs_per_second",
+                "settled",
+            ]
+        );
+        assert_eq!(burn_down["jobs"], 100);
+        assert_eq!(burn_down["clients"], 4);
+        assert_eq!(burn_down["settled"], 100);
+        assert_eq!(burn_down["calls_per_second"], 2000.0);
+        assert_eq!(burn_down["jobs_per_second"], 1500.0);
+        assert_eq!(
+            burn_down["call_to_running_ms"],
+            json!({"p50": 50.0, "p95": 95.0, "p99": 99.0, "max": 100.0, "count": 100})
+        );
+        assert_eq!(
+            burn_down["call_to_settled_ms"],
+            json!({"p50": 7.0, "p95": 7.0, "p99": 7.0, "max": 7.0, "count": 1})
+        );
+
+        let fixed = &value["fixed_rate"];
+        assert_eq!(
+            keys(fixed),
+            [
+                "call_to_running_ms",
+                "call_to_settled_ms",
+                "duration_seconds",
+                "jobs",
+                "settled",
+                "target_calls_per_second",
+            ]
+        );
+        assert_eq!(fixed["target_calls_per_second"], 50);
+        assert_eq!(fixed["duration_seconds"], 2);
+        assert_eq!(fixed["settled"], 99);
+        assert_eq!(fixed["call_to_running_ms"]["p99"], 99.0);
+        assert_eq!(fixed["call_to_settled_ms"], Value::Null);
+
+        let without_rate: Value = serde_json::from_str(&render_json(&report(false))).unwrap();
+        assert_eq!(without_rate["fixed_rate"], Value::Null);
+    }
+
+    #[test]
+    fn text_carries_the_same_figures() {
+        let text = render_text(&report(true));
+        assert_eq!(
+            text,
+            "burn-down: 100 jobs, 100 settled\n  \
+             settled end to end: 1500 jobs/s (calls accepted at 2000 /s)\n  \
+             call to running: p50 50 / p95 95 / p99 99 ms\n  \
+             call to settled: p50 7 / p95 7 / p99 7 ms\n\
+             fixed-rate: 100 jobs (50 calls/s for 2 s), 99 settled\n  \
+             call to running: p50 50 / p95 95 / p99 99 ms\n  \
+             call to settled: no samples\n"
+        );
+        assert!(!render_text(&report(false)).contains("fixed-rate"));
+    }
 }

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 use toolfleet_core::config::{ToolConfig, parse_tools};
+use toolfleet_telemetry::LogFormat;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -105,6 +106,10 @@ impl TryFrom<String> for NoticesBackend {
 pub struct Config {
     #[serde(default = "default_listen")]
     pub listen: String,
+    /// Where a process without the HTTP API (a worker) serves `/metrics`,
+    /// `/healthz` and `/readyz`.
+    #[serde(default = "default_metrics_listen")]
+    pub metrics_listen: String,
     #[serde(default = "default_data_dir")]
     pub data_dir: PathBuf,
     pub database_url: Option<String>,
@@ -140,12 +145,21 @@ pub struct Config {
     /// How long a worker's claim on a job lasts without a heartbeat, in seconds.
     #[serde(default = "default_lease_s")]
     pub lease_s: f64,
+    /// How long running jobs may finish after SIGTERM, in seconds.
+    #[serde(default = "default_shutdown_grace_s")]
+    pub shutdown_grace_s: f64,
     /// Largest request body, in bytes.
     #[serde(default = "default_max_body")]
     pub max_body_bytes: usize,
     /// How deep agents may call agents: 1 lets no agent call another.
     #[serde(default = "default_max_agent_depth")]
     pub max_agent_depth: u32,
+    /// How log lines are written: `"text"` (the default) or `"json"`.
+    #[serde(default)]
+    pub log_format: LogFormat,
+    /// The base URL of an OTLP/HTTP receiver spans are exported to
+    /// (`http://collector:4318`; `/v1/traces` is added); absent, none are.
+    pub otlp_endpoint: Option<String>,
     /// The tools, each with the directory its schema files are relative to.
     #[serde(skip)]
     pub tools: Vec<(ToolConfig, PathBuf)>,
@@ -156,6 +170,9 @@ pub struct Config {
 
 fn default_listen() -> String {
     "127.0.0.1:8080".to_owned()
+}
+fn default_metrics_listen() -> String {
+    "127.0.0.1:9091".to_owned()
 }
 fn default_data_dir() -> PathBuf {
     PathBuf::from(".toolfleet")
@@ -171,6 +188,9 @@ fn default_concurrency() -> usize {
 }
 fn default_lease_s() -> f64 {
     30.0
+}
+fn default_shutdown_grace_s() -> f64 {
+    20.0
 }
 fn default_max_agent_depth() -> u32 {
     toolfleet_agent::DEFAULT_MAX_DEPTH
@@ -223,11 +243,38 @@ impl Config {
         if let Ok(listen) = std::env::var("TOOLFLEET_LISTEN") {
             self.listen = listen;
         }
+        if let Ok(listen) = std::env::var("TOOLFLEET_METRICS_LISTEN") {
+            self.metrics_listen = listen;
+        }
         if let Ok(url) = std::env::var("TOOLFLEET_DATABASE_URL") {
             self.database_url = Some(url);
         }
         if let Ok(url) = std::env::var("TOOLFLEET_BROKER_URL") {
             self.broker_url = Some(url);
+        }
+        if let Ok(secret) = std::env::var("TOOLFLEET_CONFIRM_SECRET") {
+            self.confirm_secret = Some(secret);
+        }
+        if let Ok(secret) = std::env::var("TOOLFLEET_WEBHOOK_SECRET") {
+            self.webhooks.secret = Some(secret);
+        }
+        if let Ok(grace) = std::env::var("TOOLFLEET_SHUTDOWN_GRACE_S") {
+            self.shutdown_grace_s = grace
+                .trim()
+                .parse()
+                .map_err(|e| format!("TOOLFLEET_SHUTDOWN_GRACE_S: {e}"))?;
+        }
+        if let Ok(format) = std::env::var("TOOLFLEET_LOG_FORMAT") {
+            self.log_format = format
+                .trim()
+                .parse()
+                .map_err(|e| format!("TOOLFLEET_LOG_FORMAT: {e}"))?;
+        }
+        // OpenTelemetry's own variable; set but empty counts as unset.
+        if let Ok(endpoint) = std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT")
+            && !endpoint.trim().is_empty()
+        {
+            self.otlp_endpoint = Some(endpoint.trim().to_owned());
         }
         if let Ok(notices) = std::env::var("TOOLFLEET_NOTICES") {
             self.notices = Some(
@@ -286,6 +333,7 @@ mod tests {
     fn every_key_of_the_contract_reads() {
         let text = r#"
 listen = "127.0.0.1:9999"
+metrics_listen = "0.0.0.0:9191"
 data_dir = "/tmp/tf"
 database_url = "postgres://x"
 broker_url = "amqp://y"
@@ -307,6 +355,9 @@ input_schema_file = "schemas/t.json"
 "#;
         let config = Config::parse(text, Path::new("/etc/toolfleet/toolfleet.toml")).unwrap();
         assert_eq!(config.listen, "127.0.0.1:9999");
+        assert_eq!(config.metrics_listen, "0.0.0.0:9191");
+        let defaults = Config::parse("", Path::new("t.toml")).unwrap();
+        assert_eq!(defaults.metrics_listen, "127.0.0.1:9091");
         assert_eq!(config.auth.tokens[0].scopes, ["expenses:read"]);
         assert_eq!(config.webhooks.allow, ["127.0.0.1"]);
         assert_eq!(config.tools[0].1, PathBuf::from("/etc/toolfleet"));
@@ -344,5 +395,19 @@ input_schema_file = "schemas/t.json"
             "{unknown}"
         );
         assert!("redis".parse::<NoticesBackend>().is_err());
+    }
+
+    #[test]
+    fn logs_and_traces_read_and_refuse_an_unknown_format() {
+        let parse = |text: &str| Config::parse(text, Path::new("t.toml"));
+        let defaults = parse("").unwrap();
+        assert_eq!(defaults.log_format, LogFormat::Text);
+        assert_eq!(defaults.otlp_endpoint, None);
+        let set =
+            parse("log_format = \"json\"\notlp_endpoint = \"http://127.0.0.1:4318\"").unwrap();
+        assert_eq!(set.log_format, LogFormat::Json);
+        assert_eq!(set.otlp_endpoint.as_deref(), Some("http://127.0.0.1:4318"));
+        let unknown = parse("log_format = \"xml\"").unwrap_err();
+        assert!(unknown.contains("\"json\""), "{unknown}");
     }
 }

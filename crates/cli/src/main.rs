@@ -77,15 +77,44 @@ fn distributed(config: &config::Config) -> Result<(), String> {
     Ok(())
 }
 
+/// The process's logs (`log_format`, `TOOLFLEET_LOG`) and, with
+/// `otlp_endpoint`, its span exporter, named after its role unless
+/// `OTEL_SERVICE_NAME` names it.
+fn telemetry(
+    config: &config::Config,
+    command: &Command,
+    runtime: &tokio::runtime::Handle,
+) -> Result<toolfleet_telemetry::Telemetry, String> {
+    let role = match command {
+        Command::Dispatcher => "toolfleet-dispatcher",
+        Command::Worker { .. } => "toolfleet-worker",
+        _ => "toolfleet",
+    };
+    let otlp = match &config.otlp_endpoint {
+        Some(endpoint) => Some(toolfleet_telemetry::Otlp {
+            endpoint: endpoint.clone(),
+            service_name: std::env::var("OTEL_SERVICE_NAME")
+                .ok()
+                .filter(|name| !name.trim().is_empty())
+                .unwrap_or_else(|| role.to_owned()),
+            client: toolfleet_executors::http_client()?,
+            runtime: runtime.clone(),
+        }),
+        None => None,
+    };
+    toolfleet_telemetry::Telemetry::init(config.log_format, otlp.as_ref())
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("TOOLFLEET_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    // Read first: it says how to log.
+    let config = match config::Config::load(cli.config.as_deref()) {
+        Ok(config) => config,
+        Err(message) => {
+            eprintln!("toolfleet: {message}");
+            return ExitCode::FAILURE;
+        }
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -96,8 +125,14 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let telemetry = match telemetry(&config, &cli.command, runtime.handle()) {
+        Ok(telemetry) => telemetry,
+        Err(message) => {
+            eprintln!("toolfleet: {message}");
+            return ExitCode::FAILURE;
+        }
+    };
     let outcome = runtime.block_on(async {
-        let config = config::Config::load(cli.config.as_deref())?;
         match cli.command {
             Command::Serve => serve::run(config, serve::Roles::all()).await,
             Command::Dispatcher => {
@@ -140,6 +175,10 @@ fn main() -> ExitCode {
             Command::Mcp => serve::mcp_stdio(config).await,
         }
     });
+    // The spans still buffered go out while the runtime still runs.
+    if let Err(message) = telemetry.shutdown() {
+        eprintln!("toolfleet: {message}");
+    }
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {

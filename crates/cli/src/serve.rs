@@ -10,19 +10,22 @@ use std::time::Duration;
 use tokio::sync::watch;
 use toolfleet_broker::fanout::{Fanout, FanoutOptions};
 use toolfleet_broker::memory::{MemoryBroker, MemoryNotices};
+use toolfleet_broker::metered::{MeteredBroker, MeteredNotices};
 use toolfleet_broker::postgres::PgNotices;
 use toolfleet_broker::rabbit::{RabbitBroker, RabbitOptions};
 use toolfleet_broker::tee::Tee;
 use toolfleet_broker::{Broker, Notices};
+use toolfleet_core::Metrics;
 use toolfleet_core::{
     CallCtx, Principal, Runtime, RuntimeConfig, Shape, ToolDecl, ToolError, executor_fn,
 };
 use toolfleet_executors::{Binder, http_client};
 use toolfleet_server::{
-    AppState, Auth, Dispatcher, Limits, McpSettings, Metrics, StoreAuditSink, StoreCommitLog,
-    status_tools, token_sha256,
+    AppState, Auth, Dispatcher, Limits, McpSettings, Ops, StoreAuditSink, StoreCommitLog,
+    ops_router, status_tools, token_sha256,
 };
 use toolfleet_store::Store;
+use toolfleet_store::metered::MeteredStore;
 use toolfleet_store::postgres::PgStore;
 use toolfleet_store::sqlite::SqliteStore;
 use toolfleet_worker::{Worker, WorkerConfig, run_sweeper, sweep};
@@ -32,8 +35,15 @@ use toolfleet_core::config::ExecutorSpec;
 
 use crate::config::{Config, NoticesBackend};
 
-/// How long running jobs may finish after a shutdown signal.
-const GRACE: Duration = Duration::from_secs(20);
+/// How long running jobs may finish after a shutdown signal: `shutdown_grace_s`.
+fn shutdown_grace(config: &Config) -> Result<Duration, String> {
+    Duration::try_from_secs_f64(config.shutdown_grace_s).map_err(|_| {
+        format!(
+            "shutdown_grace_s must be a number of seconds, at least 0, got {}",
+            config.shutdown_grace_s
+        )
+    })
+}
 
 /// The development token's file in the data directory.
 pub const DEV_TOKEN_FILE: &str = "dev-token";
@@ -269,11 +279,12 @@ impl Roles {
 
 /// Runs `roles` until SIGTERM or Ctrl-C, then stops gracefully.
 pub async fn run(config: Config, roles: Roles) -> Result<(), String> {
+    let grace = shutdown_grace(&config)?;
     let served = start(config, Vec::new(), roles).await?;
     wait_for_signal().await;
     eprintln!(
         "stopping: finishing running jobs (up to {} s)",
-        GRACE.as_secs()
+        grace.as_secs_f64()
     );
     served.stop().await
 }
@@ -410,14 +421,20 @@ pub async fn start(config: Config, extra: Vec<ToolDecl>, roles: Roles) -> Result
         notices,
         in_process,
     } = open_backends(&config, prefetch).await?;
+    // One registry for every part of this process, and the backends'
+    // failures counted in it.
+    let metrics = Arc::new(Metrics::new());
+    let store: Arc<dyn Store> = Arc::new(MeteredStore::new(store, metrics.clone()));
+    let broker: Arc<dyn Broker> = Arc::new(MeteredBroker::new(broker, metrics.clone()));
+    let notices: Arc<dyn Notices> = Arc::new(MeteredNotices::new(notices, metrics.clone()));
     let mut runtime = Runtime::builder()
         .config(RuntimeConfig::default())
         .secret(signing_key(&config)?)
-        .fleet(Arc::new(Dispatcher::new(
-            store.clone(),
-            broker.clone(),
-            notices.clone(),
-        )))
+        .metrics(metrics.clone())
+        .fleet(Arc::new(
+            Dispatcher::new(store.clone(), broker.clone(), notices.clone())
+                .with_metrics(metrics.clone()),
+        ))
         .commit_log(Arc::new(StoreCommitLog::new(store.clone())))
         .audit_sink(Arc::new(StoreAuditSink::spawn(store.clone(), 10_000)))
         .build();
@@ -445,12 +462,42 @@ pub async fn start(config: Config, extra: Vec<ToolDecl>, roles: Roles) -> Result
                 config.lease_s
             )
         })?;
+    let grace = shutdown_grace(&config)?;
     let mut workers = Vec::new();
     let pools = match (&roles.pools, roles.no_workers) {
         (_, true) => Vec::new(),
         (Some(pools), false) => pools.clone(),
         (None, false) => all_pools(&runtime).into_iter().collect(),
     };
+    // The queues /metrics shows: those this process works, and every pool
+    // of the registered tools where it dispatches.
+    let mut shown: BTreeSet<String> = pools.iter().cloned().collect();
+    if roles.dispatcher {
+        shown.extend(all_pools(&runtime));
+    }
+    let ops = Arc::new(Ops::new(
+        metrics.clone(),
+        store.clone(),
+        broker.clone(),
+        shown.into_iter().collect(),
+    ));
+    let mut server: Option<Serving> = None;
+    if !roles.dispatcher {
+        // Without the HTTP API, /metrics, /healthz and /readyz are served on
+        // metrics_listen; bound before any work is taken, so a port in use
+        // stops the process with nothing started.
+        let listener = tokio::net::TcpListener::bind(&config.metrics_listen)
+            .await
+            .map_err(|e| {
+                format!(
+                    "cannot listen for metrics on {} (metrics_listen, TOOLFLEET_METRICS_LISTEN): {e}",
+                    config.metrics_listen
+                )
+            })?;
+        let bound = listener.local_addr().map_err(|e| e.to_string())?;
+        eprintln!("toolfleet worker metrics on http://{bound}");
+        server = Some(serving(listener, ops_router(ops.clone()), &stopped));
+    }
     for pool in pools {
         let mut worker_config = WorkerConfig::new(pool);
         worker_config.concurrency = config.concurrency;
@@ -462,10 +509,9 @@ pub async fn start(config: Config, extra: Vec<ToolDecl>, roles: Roles) -> Result
             broker.clone(),
             notices.clone(),
         );
-        workers.push(tokio::spawn(worker.run(stopped.clone(), GRACE)));
+        workers.push(tokio::spawn(worker.run(stopped.clone(), grace)));
     }
     let mut address = None;
-    let mut server = None;
     let mut known = None;
     let mut mcp_jobs: Option<Arc<dyn toolfleet_mcp::Jobs>> = None;
     let served_runtime = runtime.clone();
@@ -487,6 +533,7 @@ pub async fn start(config: Config, extra: Vec<ToolDecl>, roles: Roles) -> Result
             notices.clone(),
             http_client()?,
             webhook_key.into_bytes(),
+            metrics.clone(),
             stopped.clone(),
         ));
         let auth = Arc::new(authentication(&config, &runtime)?);
@@ -502,7 +549,7 @@ pub async fn start(config: Config, extra: Vec<ToolDecl>, roles: Roles) -> Result
                 max_body: config.max_body_bytes,
                 ..Limits::default()
             },
-            metrics: Arc::new(Metrics::default()),
+            ops,
             mcp: McpSettings {
                 allowed_origins: Arc::new(config.mcp.allowed_origins.clone()),
                 page_size: config.mcp.page_size,
@@ -520,14 +567,7 @@ pub async fn start(config: Config, extra: Vec<ToolDecl>, roles: Roles) -> Result
                 config.data_dir.display()
             );
             address = Some(bound);
-            let mut shutdown = stopped.clone();
-            server = Some(
-                axum::serve(listener, toolfleet_server::router(state)).with_graceful_shutdown(
-                    async move {
-                        let _ = shutdown.changed().await;
-                    },
-                ),
-            );
+            server = Some(serving(listener, toolfleet_server::router(state), &stopped));
         }
     } else {
         eprintln!("toolfleet worker running ({} pools)", workers.len());
@@ -549,6 +589,23 @@ pub async fn start(config: Config, extra: Vec<ToolDecl>, roles: Roles) -> Result
         stop,
         done,
     })
+}
+
+/// An HTTP server running until the process stops.
+type Serving = std::pin::Pin<Box<dyn std::future::Future<Output = std::io::Result<()>> + Send>>;
+
+/// Serves `router` on `listener` until `stopped` turns true.
+fn serving(
+    listener: tokio::net::TcpListener,
+    router: axum::Router,
+    stopped: &watch::Receiver<bool>,
+) -> Serving {
+    let mut shutdown = stopped.clone();
+    Box::pin(std::future::IntoFuture::into_future(
+        axum::serve(listener, router).with_graceful_shutdown(async move {
+            let _ = shutdown.changed().await;
+        }),
+    ))
 }
 
 /// Resolves on SIGTERM or Ctrl-C.

@@ -803,7 +803,8 @@ async fn the_command_line_client_calls_waits_and_lists() {
 }
 
 /// `toolfleet bench --server` drives a running server's no-op job tool (the
-/// builtin `toolfleet.noop`) and reports every job settled.
+/// builtin `toolfleet.noop`) and reports every job settled, as one JSON
+/// object with `--json`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bench_drives_a_running_server() {
     let dir = common::TempDir::new("bench");
@@ -811,7 +812,9 @@ async fn bench_drives_a_running_server() {
     let server = common::Server::start(&dir.0, &common::config(&dir.0, tables));
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_toolfleet"))
         .args(["bench", "--server", &server.base, "--token", common::TOKEN])
-        .args(["-n", "40", "-c", "4", "--json"])
+        .args([
+            "-n", "40", "-c", "4", "--rate", "20", "--secs", "1", "--json",
+        ])
         .output()
         .expect("bench runs");
     assert!(
@@ -819,9 +822,34 @@ async fn bench_drives_a_running_server() {
         "{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    let results: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON results");
-    assert_eq!(results[0]["mode"], "burn-down");
-    assert_eq!(results[0]["jobs"], 40);
-    assert_eq!(results[0]["settled"], 40);
-    assert!(results[0]["call_to_settled_ms"]["p99"].as_f64().is_some());
+    let report: serde_json::Value =
+        serde_json::from_slice(&output.stdout).expect("one JSON object on stdout");
+    assert_eq!(report["servers"], json!([server.base]));
+    assert_eq!(report["in_process"], false);
+    assert_eq!(report["tool"], "bench_noop");
+    let burn_down = &report["burn_down"];
+    assert_eq!(burn_down["jobs"], 40);
+    assert_eq!(burn_down["clients"], 4);
+    assert_eq!(burn_down["settled"], 40);
+    assert!(burn_down["jobs_per_second"].as_f64().unwrap() > 0.0);
+    assert!(burn_down["calls_per_second"].as_f64().unwrap() > 0.0);
+    let fixed_rate = &report["fixed_rate"];
+    assert_eq!(fixed_rate["target_calls_per_second"], 20);
+    assert_eq!(fixed_rate["duration_seconds"], 1);
+    assert_eq!(fixed_rate["jobs"], 20);
+    assert_eq!(fixed_rate["settled"], 20);
+    for (run, count) in [(burn_down, 40), (fixed_rate, 20)] {
+        for series in ["call_to_running_ms", "call_to_settled_ms"] {
+            let latency = &run[series];
+            let p50 = latency["p50"].as_f64().expect("p50");
+            let p95 = latency["p95"].as_f64().expect("p95");
+            let p99 = latency["p99"].as_f64().expect("p99");
+            let max = latency["max"].as_f64().expect("max");
+            assert!(
+                0.0 <= p50 && p50 <= p95 && p95 <= p99 && p99 <= max,
+                "{latency}"
+            );
+            assert_eq!(latency["count"], count, "{series}: {latency}");
+        }
+    }
 }

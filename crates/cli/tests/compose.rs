@@ -672,15 +672,28 @@ fn the_compose_configuration_names_the_compose_services_and_the_image() {
         "the image makes data_dir {data_dir} for its user"
     );
 
-    // The port the dispatchers listen on is the one the image exposes.
+    // The ports the dispatchers and the workers' metrics listen on are the
+    // ones the image exposes.
     let (host, port) = host_port(config["listen"].as_str().expect("listen"));
     assert_eq!(host, "0.0.0.0", "dispatchers listen beyond their loopback");
+    let (metrics_host, metrics_port) =
+        host_port(config["metrics_listen"].as_str().expect("metrics_listen"));
+    assert_eq!(
+        metrics_host, "0.0.0.0",
+        "workers' metrics beyond their loopback"
+    );
     let exposed: Vec<&String> = instructions
         .iter()
         .filter(|(word, _)| word == "EXPOSE")
         .map(|(_, args)| args)
         .collect();
-    assert_eq!(exposed, [&port.expect("a port")]);
+    assert_eq!(
+        exposed,
+        [
+            &port.expect("a port"),
+            &metrics_port.expect("a metrics port")
+        ]
+    );
 }
 
 #[test]
@@ -802,7 +815,7 @@ fn the_binary_loads_the_compose_configuration() {
 }
 
 #[test]
-fn prometheus_scrapes_the_dispatchers_and_rabbitmq() {
+fn prometheus_scrapes_the_dispatchers_the_workers_and_rabbitmq() {
     let compose = compose();
     let services = services(&compose);
     let prometheus = &services["prometheus"];
@@ -811,8 +824,34 @@ fn prometheus_scrapes_the_dispatchers_and_rabbitmq() {
         Some("/etc/prometheus/prometheus.yml")
     );
     let config = yaml("deploy/compose/prometheus.yml");
-    let (_, listen_port) = host_port(compose_config()["listen"].as_str().unwrap());
+    let toolfleet = compose_config();
+    let (_, listen_port) = host_port(toolfleet["listen"].as_str().unwrap());
     let listen_port = listen_port.unwrap();
+    // Workers serve /metrics on metrics_listen, beyond their loopback.
+    let metrics_listen = toolfleet
+        .get("metrics_listen")
+        .and_then(toml::Value::as_str)
+        .unwrap_or_else(|| panic!("{COMPOSE_CONFIG} sets metrics_listen for the workers"));
+    let (metrics_host, metrics_port) = host_port(metrics_listen);
+    assert_eq!(
+        metrics_host, "0.0.0.0",
+        "workers serve metrics beyond their loopback"
+    );
+    let metrics_port = metrics_port.expect("metrics_listen names a port");
+    // Every rule file is mounted where prometheus.yml names it.
+    let rule_files = strings(&config["rule_files"]);
+    assert!(
+        !rule_files.is_empty(),
+        "prometheus.yml loads alerting rules"
+    );
+    for file in &rule_files {
+        assert!(
+            mounts(prometheus)
+                .iter()
+                .any(|m| m.bind && &m.target == file && repo().join(&m.source).is_file()),
+            "prometheus loads {file}, which no bind mount of the repository provides"
+        );
+    }
     let mut scraped = BTreeSet::new();
     for job in config["scrape_configs"].as_array().expect("scrape_configs") {
         let name = job["job_name"].as_str().expect("job_name");
@@ -843,6 +882,7 @@ fn prometheus_scrapes_the_dispatchers_and_rabbitmq() {
             );
             let expected = match host.as_str() {
                 "dispatcher" => listen_port.as_str(),
+                "worker" => metrics_port.as_str(),
                 "rabbitmq" => "15692",
                 _ => port.as_str(),
             };
@@ -859,7 +899,11 @@ fn prometheus_scrapes_the_dispatchers_and_rabbitmq() {
     }
     assert_eq!(
         scraped,
-        BTreeSet::from(["dispatcher".to_owned(), "rabbitmq".to_owned()])
+        BTreeSet::from([
+            "dispatcher".to_owned(),
+            "rabbitmq".to_owned(),
+            "worker".to_owned()
+        ])
     );
 }
 

@@ -46,13 +46,16 @@
 pub mod adapters;
 pub mod config;
 pub mod envelope;
+pub mod metrics;
 pub mod middleware;
 pub mod registry;
 mod runtime;
 pub mod shapes;
 pub mod tool;
+pub mod trace;
 
 pub use envelope::{Envelope, ErrorCode, JobState, Json, ToolError};
+pub use metrics::Metrics;
 pub use middleware::{AuditRecord, AuditSink, MemoryAuditSink, RateLimit};
 pub use registry::{RegistrationError, Registry, Tool};
 pub use runtime::{Runtime, RuntimeBuilder, RuntimeConfig};
@@ -63,3 +66,4 @@ pub use tool::{
     Budget, CallCtx, CallEvent, CallEvents, Executor, Hints, Lineage, LogLevel, MiddlewareSpec,
     Principal, ResolvedHints, Shape, ToolDecl, executor_fn, executor_value, new_id,
 };
+pub use trace::TraceContext;

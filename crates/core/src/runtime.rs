@@ -8,13 +8,14 @@
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
 use serde_json::{Value, json};
 
 use crate::envelope::{Envelope, ErrorCode, Json, ToolError};
+use crate::metrics::{Metrics, UNKNOWN_TOOL};
 use crate::middleware::{
     AuditSink, Call, Endpoint, LayerServices, MemoryAuditSink, Next, RateLimits, ReadCache,
 };
@@ -73,6 +74,7 @@ pub struct RuntimeBuilder {
     fleet: Option<Arc<dyn Fleet>>,
     commit_log: Option<Arc<dyn CommitLog>>,
     handles: Option<Arc<dyn HandleStore>>,
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl RuntimeBuilder {
@@ -102,6 +104,12 @@ impl RuntimeBuilder {
         self.handles = Some(store);
         self
     }
+    /// The process's metrics, which every call is counted in (a registry of
+    /// the runtime's own when not set).
+    pub fn metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
 
     pub fn build(self) -> Runtime {
         let secret = self.secret.unwrap_or_else(random_secret);
@@ -114,6 +122,7 @@ impl RuntimeBuilder {
                 .unwrap_or_else(|| Arc::new(MemoryAuditSink::default())),
             cache: Arc::new(ReadCache::new(self.config.cache_capacity)),
             rate_limits: Arc::new(RateLimits::default()),
+            metrics: self.metrics.unwrap_or_default(),
         };
         let mut runtime = Runtime {
             signer: ConfirmSigner::new(secret, self.config.confirm_ttl),
@@ -160,6 +169,7 @@ impl Runtime {
             fleet: None,
             commit_log: None,
             handles: None,
+            metrics: None,
         }
     }
 
@@ -192,12 +202,39 @@ impl Runtime {
         &self.services.audit_sink
     }
 
+    /// The process's metrics.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.services.metrics
+    }
+
+    /// `name` as a metrics label: the name of a registered tool, else
+    /// `unknown`, so that no caller can grow the label set.
+    pub fn tool_label<'a>(&self, name: &'a str) -> &'a str {
+        if self.registry.get(name).is_some() {
+            name
+        } else {
+            UNKNOWN_TOOL
+        }
+    }
+
     /// Calls tool `name` with `args` for `ctx`. Always answers an envelope.
+    /// Every call is counted in [`Runtime::metrics`]: its outcome, its time,
+    /// and a validation failure or a denial when it is one.
     pub async fn invoke(&self, name: &str, args: Value, ctx: &CallCtx) -> Envelope {
-        let Some(tool) = self.registry.get(name) else {
-            return Envelope::error(self.registry.unknown(name));
+        let started = Instant::now();
+        let (label, envelope) = match self.registry.get(name) {
+            Some(tool) => (tool.name(), self.invoke_tool(tool, args, ctx).await),
+            None => (UNKNOWN_TOOL, Envelope::error(self.registry.unknown(name))),
         };
+        let metrics = &self.services.metrics;
+        metrics.call(label, &envelope);
+        metrics.call_time(label, started.elapsed());
+        envelope
+    }
+
+    async fn invoke_tool(&self, tool: &Tool, args: Value, ctx: &CallCtx) -> Envelope {
         if let Err(error) = tool.validate(&args) {
+            self.services.metrics.validation_failure(tool.name());
             return Envelope::error(error);
         }
         let call = Call { tool, ctx, args };

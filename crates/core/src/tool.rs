@@ -144,6 +144,9 @@ pub struct CallCtx {
     /// its caller listens (an MCP client); `None`: nobody does, and a tool's
     /// reports are dropped.
     pub events: Option<CallEvents>,
+    /// The span of the trace this call belongs to (W3C trace context): the
+    /// job it makes continues the trace under it. `None`: a job starts one.
+    pub trace: Option<crate::TraceContext>,
 }
 
 /// Something a running call tells its caller before its result.
@@ -244,6 +247,7 @@ impl CallCtx {
             callback_url: None,
             lineage: None,
             events: None,
+            trace: None,
         }
     }
 

@@ -16,7 +16,8 @@ use toolfleet_broker::announcer::Announcer;
 use toolfleet_broker::{Broker, Event, Notices};
 use toolfleet_core::shapes::command::{Claim, CommitLog};
 use toolfleet_core::{
-    AuditRecord, AuditSink, Envelope, ErrorCode, Fleet, JobRequest, TicketRequest, ToolError,
+    AuditRecord, AuditSink, Envelope, ErrorCode, Fleet, JobRequest, Metrics, TicketRequest,
+    ToolError,
 };
 use toolfleet_store::{Inserted, NewJob, NewTicket, Store, StoreError, TicketRecord};
 
@@ -63,6 +64,8 @@ pub struct Dispatcher {
     /// Publishes events in order, off the call's path.
     announcer: Announcer,
     fault: Option<Fault>,
+    /// Where new jobs are counted.
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl Dispatcher {
@@ -72,7 +75,14 @@ impl Dispatcher {
             broker,
             announcer: Announcer::spawn(notices, 65_536),
             fault: Fault::from_env(),
+            metrics: None,
         }
+    }
+
+    /// Counts each job it records in `toolfleet_jobs_enqueued_total`.
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 }
 
@@ -112,10 +122,27 @@ pub fn ticket_view(ticket: &TicketRecord) -> serde_json::Value {
 
 impl Fleet for Dispatcher {
     fn submit<'a>(&'a self, job: JobRequest) -> BoxFuture<'a, Result<String, ToolError>> {
-        Box::pin(async move {
+        let id = toolfleet_core::new_id();
+        // The job's span on this side: a child of the call's, and the parent
+        // of each attempt's span on the worker (the job carries its context).
+        // At ERROR level, so that it is enabled whatever TOOLFLEET_LOG lets
+        // through and every line it logs carries its fields.
+        let span = tracing::error_span!(
+            "job",
+            tool = %job.tool,
+            job_id = %id,
+            run_id = %job.ctx.run_id,
+            tenant = %job.ctx.principal.tenant,
+            attempt = 0u32,
+            trace_id = tracing::field::Empty,
+            span_id = tracing::field::Empty,
+            parent_span_id = tracing::field::Empty,
+        );
+        let trace = toolfleet_telemetry::continue_trace(&span, job.ctx.trace.as_ref());
+        let enqueue = async move {
             let ctx = &job.ctx;
             let new = NewJob {
-                id: toolfleet_core::new_id(),
+                id,
                 tenant: ctx.principal.tenant.clone(),
                 user: ctx.principal.user.clone(),
                 tool: job.tool.clone(),
@@ -127,24 +154,40 @@ impl Fleet for Dispatcher {
                 callback_url: ctx.callback_url.clone(),
                 lineage: ctx.lineage.clone(),
                 scopes: ctx.principal.scopes.iter().cloned().collect(),
+                trace: Some(trace),
                 max_attempts: job.max_attempts,
                 timeout_ms: job.timeout.as_millis().min(i64::MAX as u128) as i64,
                 now: now_ms(),
             };
             let inserted = self.store.insert_job(new).await.map_err(store_error)?;
             let Inserted::Created(record) = inserted else {
-                return Ok(inserted.job().id.clone());
+                let existing = inserted.job();
+                tracing::Span::current().record("job_id", tracing::field::display(&existing.id));
+                tracing::info!(state = %existing.state, "the idempotency key names an existing job");
+                return Ok(existing.id.clone());
             };
             if self.fault == Some(Fault::AbortAfterJobWrite) {
                 std::process::abort();
             }
-            if let Err(error) = self.broker.publish(&record.pool, &record.id).await {
+            if let Some(metrics) = &self.metrics {
+                // The runtime only hands over jobs of registered tools.
+                metrics.job_enqueued(&record.tool);
+            }
+            let published = self
+                .broker
+                .publish_traced(&record.pool, &record.id, record.trace.as_ref())
+                .await;
+            match published {
+                Ok(()) => tracing::info!(pool = %record.pool, "job enqueued"),
                 // The row is durable: the sweeper publishes it later.
-                tracing::warn!(job_id = %record.id, %error, "publish failed; left to the sweeper");
+                Err(error) => {
+                    tracing::warn!(pool = %record.pool, %error, "job recorded; publish failed, left to the sweeper")
+                }
             }
             self.announcer.announce(job_event(&record));
             Ok(record.id)
-        })
+        };
+        Box::pin(tracing::Instrument::instrument(enqueue, span))
     }
 
     fn open_ticket<'a>(

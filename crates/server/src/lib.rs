@@ -24,7 +24,7 @@ use toolfleet_store::Store;
 pub use auth::{Auth, token_sha256};
 pub use dispatch::{Dispatcher, StoreAuditSink, StoreCommitLog};
 pub use mcp::McpJobs;
-pub use metrics::Metrics;
+pub use metrics::{Ops, ops_router};
 pub use routes::router;
 pub use status::status_tools;
 
@@ -76,7 +76,8 @@ pub struct AppState {
     /// Hosts a `callback_url` may name.
     pub webhook_allow: Arc<Vec<String>>,
     pub limits: Limits,
-    pub metrics: Arc<Metrics>,
+    /// `/metrics` and `/readyz`; the metrics are also the runtime's.
+    pub ops: Arc<Ops>,
     /// How `/mcp` behaves.
     pub mcp: McpSettings,
     /// Turns true when the server stops; long-lived answers end then.

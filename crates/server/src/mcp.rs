@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use toolfleet_broker::{Broker, Notices};
+use toolfleet_core::metrics::{Denial, UNKNOWN_TOOL};
 use toolfleet_core::{Envelope, ErrorCode, ToolError};
 use toolfleet_mcp::{BoxFuture, HttpEndpoint, JobList, JobView, Jobs, Options};
 use toolfleet_store::{JobFilter, JobRecord, Store};
@@ -150,13 +151,19 @@ pub const METADATA_PATH: &str = "/.well-known/oauth-protected-resource";
 
 /// The `/mcp` route and the metadata routes.
 pub fn routes(state: &AppState) -> Router<AppState> {
-    let metrics = state.metrics.clone();
+    let metrics = state.runtime.metrics().clone();
     let endpoint = Arc::new(HttpEndpoint::new(
         state.runtime.clone(),
         Options {
             page_size: state.mcp.page_size,
             max_body: state.limits.max_body,
-            on_call: Some(Arc::new(move |tool, envelope| metrics.call(tool, envelope))),
+            // The runtime counts every call it runs; a call naming no
+            // registered tool never reaches it, so it is counted here.
+            on_call: Some(Arc::new(move |tool, envelope| {
+                if tool == UNKNOWN_TOOL {
+                    metrics.call(tool, envelope);
+                }
+            })),
             jobs: Some(Arc::new(McpJobs::of(state))),
             ..Options::default()
         },
@@ -174,7 +181,9 @@ pub fn routes(state: &AppState) -> Router<AppState> {
 }
 
 async fn mcp(endpoint: &HttpEndpoint, state: &AppState, request: Request<Body>) -> Response {
+    let metrics = state.runtime.metrics();
     if let Err(message) = check_origin(request.headers(), &state.mcp.allowed_origins) {
+        metrics.denied(UNKNOWN_TOOL, Denial::Forbidden);
         return refuse(
             StatusCode::FORBIDDEN,
             ToolError::new(ErrorCode::Forbidden, message),
@@ -188,6 +197,7 @@ async fn mcp(endpoint: &HttpEndpoint, state: &AppState, request: Request<Body>) 
     match state.auth.principal(authorization) {
         Ok(principal) => endpoint.handle(request, principal).await,
         Err(error) => {
+            metrics.denied(UNKNOWN_TOOL, Denial::Unauthenticated);
             let challenge = format!(
                 "Bearer resource_metadata=\"{}{METADATA_PATH}\"",
                 base_url(request.headers())

@@ -10,7 +10,7 @@ use axum::Router;
 use axum::body::Body;
 use axum::extract::{FromRequestParts, Path, Query, State};
 use axum::http::request::Parts;
-use axum::http::{HeaderValue, StatusCode, Uri, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -18,11 +18,15 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use toolfleet_broker::{Broker, Notices};
 use toolfleet_core::adapters::{Format, tool_specs};
-use toolfleet_core::{CallCtx, Envelope, ErrorCode, JobState, Json, Principal, ToolError};
+use toolfleet_core::metrics::{Denial, UNKNOWN_TOOL};
+use toolfleet_core::{
+    CallCtx, Envelope, ErrorCode, JobState, Json, Principal, ToolError, TraceContext,
+};
 use toolfleet_store::{Answered, JobFilter, Store};
 
 use crate::AppState;
 use crate::dispatch::{now_ms, store_error, ticket_event, ticket_view};
+use crate::metrics::{health_response, metrics_response, ready_response};
 use crate::status::{cancel_job, get_job};
 
 /// The router of every route.
@@ -37,12 +41,15 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/tickets/{id}", get(read_ticket))
         .route("/v1/tickets/{id}/answer", post(answer_ticket))
         .route("/v1/events", get(events))
+        .route("/healthz", get(|| async { health_response() }))
         .route(
-            "/healthz",
-            get(|| async { axum::Json(json!({"status": "ok"})) }),
+            "/readyz",
+            get(|State(state): State<AppState>| async move { ready_response(&state.ops).await }),
         )
-        .route("/readyz", get(ready))
-        .route("/metrics", get(metrics))
+        .route(
+            "/metrics",
+            get(|State(state): State<AppState>| async move { metrics_response(&state.ops).await }),
+        )
         .fallback(|| async {
             reply_error(
                 StatusCode::NOT_FOUND,
@@ -125,14 +132,17 @@ impl FromRequestParts<AppState> for Caller {
             .headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok());
-        state
-            .auth
-            .principal(header)
-            .map(Caller)
-            .map_err(|error| Refusal {
+        state.auth.principal(header).map(Caller).map_err(|error| {
+            // Refused before any body is read: no tool is known yet.
+            state
+                .runtime
+                .metrics()
+                .denied(UNKNOWN_TOOL, Denial::Unauthenticated);
+            Refusal {
                 status: StatusCode::UNAUTHORIZED,
                 error: Box::new(error),
-            })
+            }
+        })
     }
 }
 
@@ -238,7 +248,30 @@ fn check_callback(url: &str, allow: &[String]) -> Result<(), String> {
     }
 }
 
-async fn call(State(state): State<AppState>, Caller(principal): Caller, body: Body) -> Response {
+/// The W3C trace context a request continues: its one `traceparent` header
+/// when valid (with its `tracestate` headers, joined as one list), else
+/// none, and the call starts a trace of its own. Never an error.
+fn incoming_trace(headers: &HeaderMap) -> Option<TraceContext> {
+    let mut traceparents = headers.get_all("traceparent").iter();
+    let traceparent = traceparents.next()?.to_str().ok()?;
+    if traceparents.next().is_some() {
+        return None;
+    }
+    let states: Vec<&str> = headers
+        .get_all("tracestate")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .collect();
+    let state = (!states.is_empty()).then(|| states.join(","));
+    TraceContext::parse(traceparent, state.as_deref())
+}
+
+async fn call(
+    State(state): State<AppState>,
+    Caller(principal): Caller,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     let request: CallRequest = match read_json(&state, body).await {
         Ok(r) => r,
         Err(refusal) => return refusal.into_response(),
@@ -264,17 +297,31 @@ async fn call(State(state): State<AppState>, Caller(principal): Caller, body: Bo
     }
     ctx.idempotency_key = request.idempotency_key;
     ctx.callback_url = request.callback_url;
-    let envelope = state
-        .runtime
-        .invoke(&request.tool, request.args, &ctx)
-        .await;
-    let label = if state.runtime.registry().get(&request.tool).is_some() {
-        request.tool.as_str()
-    } else {
-        "unknown"
-    };
-    state.metrics.call(label, &envelope);
-    reply(&envelope)
+    // The call's span, in the caller's trace or a new one; a job it makes
+    // continues the trace. At ERROR level, so that it is enabled whatever
+    // TOOLFLEET_LOG lets through.
+    let span = tracing::error_span!(
+        "call",
+        tool = %toolfleet_core::registry::truncate(&request.tool, 128),
+        run_id = %ctx.run_id,
+        tenant = %ctx.principal.tenant,
+        trace_id = tracing::field::Empty,
+        span_id = tracing::field::Empty,
+        parent_span_id = tracing::field::Empty,
+    );
+    let trace = toolfleet_telemetry::continue_trace(&span, incoming_trace(&headers).as_ref());
+    ctx.trace = Some(trace.clone());
+    // The runtime counts the call in the process's metrics.
+    let envelope = tracing::Instrument::instrument(
+        state.runtime.invoke(&request.tool, request.args, &ctx),
+        span,
+    )
+    .await;
+    let mut response = reply(&envelope);
+    if let Ok(value) = HeaderValue::from_str(&trace.traceparent()) {
+        response.headers_mut().insert("traceparent", value);
+    }
+    response
 }
 
 #[derive(Deserialize)]
@@ -486,7 +533,10 @@ async fn wake_parked(store: &dyn Store, broker: &dyn Broker, ticket: &str) {
     match store.wake(ticket, now_ms()).await {
         Ok(jobs) => {
             for job in jobs {
-                if let Err(error) = broker.publish(&job.pool, &job.id).await {
+                if let Err(error) = broker
+                    .publish_traced(&job.pool, &job.id, job.trace.as_ref())
+                    .await
+                {
                     tracing::warn!(job_id = %job.id, %error, "publishing a woken job failed; left to the sweeper");
                 }
             }
@@ -533,38 +583,6 @@ async fn events(State(state): State<AppState>, Caller(principal): Caller) -> Res
     });
     Sse::new(stream)
         .keep_alive(KeepAlive::default())
-        .into_response()
-}
-
-async fn ready(State(state): State<AppState>) -> Response {
-    let store = state.store.ping().await;
-    let broker = state.broker.ping().await;
-    let body = json!({
-        "store": store.as_ref().map(|_| "ok").unwrap_or("down"),
-        "broker": broker.as_ref().map(|_| "ok").unwrap_or("down"),
-    });
-    let status = if store.is_ok() && broker.is_ok() {
-        StatusCode::OK
-    } else {
-        StatusCode::SERVICE_UNAVAILABLE
-    };
-    let mut response = (status, axum::Json(body)).into_response();
-    if status == StatusCode::SERVICE_UNAVAILABLE {
-        response
-            .headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from_static("2"));
-    }
-    response
-}
-
-async fn metrics(State(state): State<AppState>) -> Response {
-    (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        state.metrics.render(),
-    )
         .into_response()
 }
 

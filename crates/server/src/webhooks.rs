@@ -5,6 +5,10 @@
 //!
 //! The allow-list was checked when the call was accepted; this module sends
 //! only to URLs stored with a job or ticket.
+//!
+//! Each attempt is counted in `toolfleet_webhook_deliveries_total{outcome}`
+//! (delivered or failed), and a notice given up after its last attempt in
+//! `toolfleet_webhook_abandoned_total`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,7 +19,7 @@ use serde_json::{Value, json};
 use sha2::Sha256;
 use tokio::sync::watch;
 use toolfleet_broker::{Event, Notices};
-use toolfleet_core::{Envelope, Json};
+use toolfleet_core::{Envelope, Json, Metrics};
 use toolfleet_store::{CommitClaim, Store};
 
 use crate::dispatch::now_ms;
@@ -75,12 +79,13 @@ pub fn notice_body(event: &Event) -> Value {
     body
 }
 
-/// Sends notices until `stopped` turns true.
+/// Sends notices until `stopped` turns true, counting them in `metrics`.
 pub async fn deliver(
     store: Arc<dyn Store>,
     notices: Arc<dyn Notices>,
     client: reqwest::Client,
     key: Vec<u8>,
+    metrics: Arc<Metrics>,
     mut stopped: watch::Receiver<bool>,
 ) {
     let Ok(mut events) = notices.subscribe().await else {
@@ -107,7 +112,14 @@ pub async fn deliver(
             }
         }
         let body = notice_body(&event).to_string();
-        let sent = send(client.clone(), key.clone(), url, body);
+        let sent = send(
+            client.clone(),
+            key.clone(),
+            url,
+            body,
+            backoff(),
+            metrics.clone(),
+        );
         let store = store.clone();
         tokio::spawn(async move {
             let delivered = sent.await;
@@ -122,15 +134,28 @@ pub async fn deliver(
     }
 }
 
-/// Sends until a 2xx (true) or the last attempt (false).
-async fn send(client: reqwest::Client, key: Arc<Vec<u8>>, url: String, body: String) -> bool {
-    let mut delays = ExponentialBuilder::default()
+/// The delays between attempts: up to [`MAX_ATTEMPTS`] retries.
+fn backoff() -> ExponentialBuilder {
+    ExponentialBuilder::default()
         .with_min_delay(Duration::from_millis(500))
         .with_max_delay(Duration::from_secs(120))
         .with_jitter()
         .with_max_times(MAX_ATTEMPTS)
-        .build();
+}
+
+/// Sends until a 2xx (true) or the last attempt `backoff` allows (false).
+async fn send(
+    client: reqwest::Client,
+    key: Arc<Vec<u8>>,
+    url: String,
+    body: String,
+    backoff: ExponentialBuilder,
+    metrics: Arc<Metrics>,
+) -> bool {
+    let mut delays = backoff.build();
+    let mut attempts = 0usize;
     loop {
+        attempts += 1;
         let t = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())
@@ -143,15 +168,18 @@ async fn send(client: reqwest::Client, key: Arc<Vec<u8>>, url: String, body: Str
             .body(body.clone())
             .send()
             .await;
+        let delivered = matches!(&sent, Ok(response) if response.status().is_success());
+        metrics.webhook_attempt(delivered);
         match sent {
-            Ok(response) if response.status().is_success() => return true,
+            Ok(_) if delivered => return true,
             Ok(response) => tracing::warn!(%url, status = %response.status(), "webhook refused"),
             Err(error) => tracing::warn!(%url, %error, "webhook failed"),
         }
         match delays.next() {
             Some(delay) => tokio::time::sleep(delay).await,
             None => {
-                tracing::error!(%url, "webhook given up after {MAX_ATTEMPTS} attempts");
+                tracing::error!(%url, "webhook given up after {attempts} attempts");
+                metrics.webhook_abandoned();
                 return false;
             }
         }
@@ -172,5 +200,44 @@ mod tests {
         );
         assert_ne!(signature(b"key", 2, "{}"), sig);
         assert_ne!(signature(b"other", 1, "{}"), sig);
+    }
+
+    fn sample(metrics: &Metrics, series: &str) -> Option<f64> {
+        metrics
+            .render()
+            .lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+    }
+
+    #[tokio::test]
+    async fn every_attempt_is_counted_and_a_notice_given_up_too() {
+        // A port nobody listens on: every attempt fails at once.
+        let closed = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port");
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let metrics = Arc::new(Metrics::new());
+        let quick = ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(1))
+            .with_max_delay(Duration::from_millis(2))
+            .with_max_times(2);
+        let delivered = send(
+            reqwest::Client::new(),
+            Arc::new(b"key".to_vec()),
+            format!("http://{closed}/hook"),
+            "{}".into(),
+            quick,
+            metrics.clone(),
+        )
+        .await;
+        assert!(!delivered);
+        let failed = r#"toolfleet_webhook_deliveries_total{outcome="failed"}"#;
+        assert_eq!(sample(&metrics, failed), Some(3.0));
+        let ok = r#"toolfleet_webhook_deliveries_total{outcome="delivered"}"#;
+        assert_eq!(sample(&metrics, ok), Some(0.0));
+        assert_eq!(
+            sample(&metrics, "toolfleet_webhook_abandoned_total"),
+            Some(1.0)
+        );
     }
 }

@@ -13,7 +13,9 @@
 
 use serde_json::{Value, json};
 use toolfleet_core::tool::{Budget, Lineage};
-use toolfleet_core::{AuditRecord, Envelope, ErrorCode, JobState, Json, ToolError, new_id};
+use toolfleet_core::{
+    AuditRecord, Envelope, ErrorCode, JobState, Json, ToolError, TraceContext, new_id,
+};
 
 use crate::{
     Answered, CommitClaim, Inserted, JobFilter, JobRecord, Lease, NewJob, NewTicket, Store,
@@ -79,6 +81,8 @@ macro_rules! store_conformance {
             a_parked_job_can_be_cancelled_and_stays_so,
             lineage_travels_with_the_job,
             many_jobs_at_once_keep_their_own_lineage,
+            the_trace_context_travels_with_the_job,
+            many_jobs_at_once_keep_their_own_trace_context,
             a_checkpoint_is_saved_for_the_current_attempt_only,
             a_checkpoint_outlives_claims_and_retries,
             audit_keeps_the_parent_run_id,
@@ -115,6 +119,7 @@ fn job_for(tenant: &str, tool: &str, args: Value, key: Option<&str>, now: i64) -
         callback_url: Some("http://127.0.0.1:9/done".to_owned()),
         lineage: None,
         scopes: Vec::new(),
+        trace: None,
         max_attempts: 3,
         timeout_ms: 60_000,
         now,
@@ -1370,6 +1375,105 @@ pub async fn many_jobs_at_once_keep_their_own_lineage(store: &dyn Store) {
     for (n, answer) in join_all(settles).await.into_iter().enumerate() {
         let job = answer.expect("succeed").expect("held");
         assert_eq!((&job.id, &job.lineage), (&ids[n], &expected[n]));
+    }
+}
+
+/// A trace context of a new trace, with a `tracestate` when `state`.
+fn trace(state: bool) -> TraceContext {
+    let root = TraceContext::new_root();
+    let tracestate = state.then(|| "congo=t61rcWkgMzE,rojo=00f067aa0ba902b7".to_owned());
+    TraceContext::from_ids(
+        root.trace_id_bytes(),
+        root.span_id_bytes(),
+        true,
+        tracestate,
+    )
+    .expect("non-zero ids")
+}
+
+/// The trace context a job was made with (the enqueuing span's) reads back
+/// unchanged through insert, claim, retry, settling and every read, so a
+/// republished or retried job continues the same trace; a job made without
+/// one reads back without one.
+pub async fn the_trace_context_travels_with_the_job(store: &dyn Store) {
+    // Two months before BASE, where no other test's job is due; the job
+    // ends settled, so later runs do not see it either.
+    let t0 = BASE - 60 * 24 * 3_600_000;
+    let t = tenant();
+    let given = trace(true);
+    let mut new = job_for(&t, "start_receipt_ocr", json!({"line": 7}), None, t0);
+    new.trace = Some(given.clone());
+    let job = insert(store, new).await;
+    assert_eq!(job.trace.as_ref(), Some(&given));
+    assert_eq!(reread(store, &job).await.trace.as_ref(), Some(&given));
+    let by_id = store.job_by_id(&job.id).await.expect("job_by_id");
+    assert_eq!(by_id.and_then(|j| j.trace), Some(given.clone()));
+    let listed = store
+        .list_jobs(&t, &JobFilter::default(), 10, None)
+        .await
+        .expect("list_jobs");
+    assert_eq!(listed.jobs[0].trace.as_ref(), Some(&given));
+    // The sweeper republishes what due_jobs names, context and all.
+    let due = store.due_jobs(t0 + 1, 1000).await.expect("due_jobs");
+    let found = due.iter().find(|j| j.id == job.id).expect("the job is due");
+    assert_eq!(found.trace.as_ref(), Some(&given));
+
+    let claimed = claim(store, &job.id, "w1", t0 + 1)
+        .await
+        .expect("claimable");
+    assert_eq!(claimed.trace.as_ref(), Some(&given));
+    let retrying = store
+        .fail(&job.id, "w1", &failure("flaky"), Some(t0 + 10), t0 + 2)
+        .await
+        .expect("fail")
+        .expect("held");
+    assert_eq!(retrying.state, JobState::Retrying);
+    assert_eq!(retrying.trace.as_ref(), Some(&given));
+    let again = claim(store, &job.id, "w2", t0 + 10)
+        .await
+        .expect("due again");
+    assert_eq!(again.trace.as_ref(), Some(&given));
+    let done = store
+        .succeed(&job.id, "w2", &result_doc(), t0 + 11)
+        .await
+        .expect("succeed")
+        .expect("held");
+    assert_eq!(done.trace.as_ref(), Some(&given));
+
+    // Without tracestate, and without any context at all.
+    let bare = trace(false);
+    let mut new = ocr_job(&t);
+    new.trace = Some(bare.clone());
+    let job = insert(store, new).await;
+    assert_eq!(reread(store, &job).await.trace, Some(bare));
+    let plain = queued(store, &t).await;
+    assert_eq!(plain.trace, None);
+    assert_eq!(reread(store, &plain).await.trace, None);
+}
+
+/// Jobs recorded and claimed together keep each its own trace context,
+/// those without one included.
+pub async fn many_jobs_at_once_keep_their_own_trace_context(store: &dyn Store) {
+    use futures_util::future::join_all;
+    let t = tenant();
+    let jobs: Vec<NewJob> = (0..40u32)
+        .map(|n| {
+            let mut job = job_for(&t, "ocr", json!({"n": n}), None, BASE);
+            job.trace = (n % 4 != 0).then(|| trace(n % 2 == 0));
+            job
+        })
+        .collect();
+    let expected: Vec<Option<TraceContext>> = jobs.iter().map(|j| j.trace.clone()).collect();
+    let ids: Vec<String> = jobs.iter().map(|j| j.id.clone()).collect();
+    let inserted = join_all(jobs.into_iter().map(|job| store.insert_job(job))).await;
+    for (n, answer) in inserted.into_iter().enumerate() {
+        let job = answer.expect("insert_job");
+        assert_eq!(job.job().trace, expected[n], "job {n}");
+    }
+    let claims = ids.iter().map(|id| store.claim(id, "w1", BASE, LEASE));
+    for (n, answer) in join_all(claims).await.into_iter().enumerate() {
+        let job = answer.expect("claim").expect("claimable");
+        assert_eq!((&job.id, &job.trace), (&ids[n], &expected[n]));
     }
 }
 

@@ -13,10 +13,11 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use toolfleet_core::tool::Lineage;
-use toolfleet_core::{AuditRecord, Envelope, JobState, Json, ToolError};
+use toolfleet_core::{AuditRecord, Envelope, JobState, Json, ToolError, TraceContext};
 
 pub mod conformance;
 mod group;
+pub mod metered;
 pub mod postgres;
 pub mod sqlite;
 mod view;
@@ -64,6 +65,9 @@ pub struct NewJob {
     pub lineage: Option<Lineage>,
     /// The scopes of the caller: the worker runs the job with them.
     pub scopes: Vec<String>,
+    /// The trace context of the dispatcher's span that enqueued the job:
+    /// the worker's span of each attempt is its child. Republished with it.
+    pub trace: Option<TraceContext>,
     pub max_attempts: u32,
     /// Wall-time budget of one attempt.
     pub timeout_ms: i64,
@@ -102,8 +106,18 @@ pub struct JobRecord {
     /// The [`NewJob::scopes`] it was made with.
     #[serde(default)]
     pub scopes: Vec<String>,
+    /// The [`NewJob::trace`] it was made with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<TraceContext>,
     pub created_at: i64,
     pub updated_at: i64,
+}
+
+/// The trace context of a stored job's `traceparent` and `tracestate`
+/// columns: `None` for a job without one, or one no longer valid (it starts
+/// a trace of its own rather than failing the read).
+fn trace_of(traceparent: Option<&str>, tracestate: Option<&str>) -> Option<TraceContext> {
+    traceparent.and_then(|header| TraceContext::parse(header, tracestate))
 }
 
 /// What [`Store::insert_job`] did.

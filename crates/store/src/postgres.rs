@@ -28,7 +28,7 @@ use tokio_postgres::config::Host;
 use tokio_postgres::types::{FromSql, ToSql};
 use tokio_postgres::{Config, NoTls, Row};
 use toolfleet_core::middleware::canonical_json;
-use toolfleet_core::{AuditRecord, Envelope, ErrorCode, JobState, Json, ToolError};
+use toolfleet_core::{AuditRecord, Envelope, ErrorCode, JobState, Json, ToolError, TraceContext};
 
 use crate::group::Group;
 use crate::{
@@ -77,7 +77,7 @@ mod sql {
             r#"id, tenant, "user", tool, pool, args, state, attempts, max_attempts,
             timeout_ms, run_at, lease_owner, lease_until, progress, result, error,
             idempotency_key, run_id, call_id, callback_url, lineage, scopes,
-            created_at, updated_at"#
+            traceparent, tracestate, created_at, updated_at"#
         };
     }
 
@@ -92,9 +92,9 @@ mod sql {
         r#"
         INSERT INTO jobs (id, tenant, "user", tool, pool, args, state, attempts, max_attempts,
             timeout_ms, run_at, idempotency_key, run_id, call_id, callback_url, lineage,
-            scopes, created_at, updated_at)
+            scopes, traceparent, tracestate, created_at, updated_at)
         VALUES ($1, $2, $3, $4, $5, $6, 'queued', 0, $7,
-            $8, $9, $10, $11, $12, $13, $14, $15, $9, $9)
+            $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $9, $9)
         ON CONFLICT DO NOTHING
         RETURNING "#,
         job_columns!()
@@ -107,15 +107,16 @@ mod sql {
         r#"
         INSERT INTO jobs (id, tenant, "user", tool, pool, args, state, attempts, max_attempts,
             timeout_ms, run_at, idempotency_key, run_id, call_id, callback_url, lineage,
-            scopes, created_at, updated_at)
+            scopes, traceparent, tracestate, created_at, updated_at)
         SELECT id, tenant, "user", tool, pool, args, 'queued', 0, max_attempts,
             timeout_ms, now, idempotency_key, run_id, call_id, callback_url, lineage, scopes,
-            now, now
+            traceparent, tracestate, now, now
         FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
             $7::bigint[], $8::bigint[], $9::bigint[], $10::text[], $11::text[], $12::text[],
-            $13::text[], $14::text[], $15::text[]) WITH ORDINALITY AS n(id, tenant, "user",
-            tool, pool, args, max_attempts, timeout_ms, now, idempotency_key, run_id, call_id,
-            callback_url, lineage, scopes, ord)
+            $13::text[], $14::text[], $15::text[], $16::text[], $17::text[])
+            WITH ORDINALITY AS n(id, tenant, "user", tool, pool, args, max_attempts,
+            timeout_ms, now, idempotency_key, run_id, call_id, callback_url, lineage, scopes,
+            traceparent, tracestate, ord)
         ORDER BY ord
         ON CONFLICT DO NOTHING
         RETURNING "#,
@@ -354,6 +355,9 @@ struct Insert {
     lineage: Option<String>,
     /// JSON array; `None` for no scopes.
     scopes: Option<String>,
+    /// The trace context's two headers.
+    traceparent: Option<String>,
+    tracestate: Option<String>,
 }
 
 impl Insert {
@@ -364,6 +368,12 @@ impl Insert {
             scopes: (!job.scopes.is_empty())
                 .then(|| encode(&job.scopes))
                 .transpose()?,
+            traceparent: job.trace.as_ref().map(TraceContext::traceparent),
+            tracestate: job
+                .trace
+                .as_ref()
+                .and_then(TraceContext::tracestate)
+                .map(str::to_owned),
             job,
         })
     }
@@ -768,6 +778,7 @@ fn job_from_row(row: &Row) -> Result<JobRecord, StoreError> {
         callback_url: f.get("callback_url")?,
         lineage: f.json_opt("lineage")?,
         scopes: f.json_opt("scopes")?.unwrap_or_default(),
+        trace: crate::trace_of(f.get("traceparent")?, f.get("tracestate")?),
         created_at: f.get("created_at")?,
         updated_at: f.get("updated_at")?,
     })
@@ -884,6 +895,8 @@ async fn insert_job(c: &ClientWrapper, insert: &Insert) -> Result<Inserted, Stor
         &job.callback_url,
         &insert.lineage,
         &insert.scopes,
+        &insert.traceparent,
+        &insert.tracestate,
     ];
     if let Some(created) = query_one(c, sql::INSERT_JOB, params, job_from_row).await? {
         return Ok(Inserted::Created(created));
@@ -939,6 +952,8 @@ async fn insert_many(pool: Pool, place: Arc<str>, jobs: Vec<Insert>) -> Answers<
         &optional(|i| i.job.callback_url.as_deref()),
         &optional(|i| i.lineage.as_deref()),
         &optional(|i| i.scopes.as_deref()),
+        &optional(|i| i.traceparent.as_deref()),
+        &optional(|i| i.tracestate.as_deref()),
     ];
     let stmt = c.prepare_cached(sql::INSERT_MANY).await?;
     let mut created: HashMap<String, Result<JobRecord, StoreError>> = HashMap::new();

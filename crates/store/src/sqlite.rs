@@ -23,7 +23,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use toolfleet_core::middleware::canonical_json;
-use toolfleet_core::{AuditRecord, Envelope, ErrorCode, JobState, Json, ToolError};
+use toolfleet_core::{AuditRecord, Envelope, ErrorCode, JobState, Json, ToolError, TraceContext};
 
 use crate::{
     Answered, CommitClaim, Inserted, JobFilter, JobPage, JobRecord, Lease, NewJob, NewTicket,
@@ -53,9 +53,10 @@ mod sql {
     pub const INSERT_JOB: &str = "
         INSERT INTO jobs (id, tenant, user, tool, pool, args, state, attempts, max_attempts,
             timeout_ms, run_at, idempotency_key, run_id, call_id, callback_url, lineage, scopes,
-            created_at, updated_at)
+            traceparent, tracestate, created_at, updated_at)
         VALUES (:id, :tenant, :user, :tool, :pool, :args, 'queued', 0, :max_attempts,
-            :timeout_ms, :now, :key, :run_id, :call_id, :callback_url, :lineage, :scopes, :now, :now)
+            :timeout_ms, :now, :key, :run_id, :call_id, :callback_url, :lineage, :scopes,
+            :traceparent, :tracestate, :now, :now)
         ON CONFLICT DO NOTHING
         RETURNING *";
 
@@ -450,6 +451,10 @@ fn job_from_row(row: &Row<'_>) -> Result<JobRecord, StoreError> {
         callback_url: f.get("callback_url")?,
         lineage: f.json_opt("lineage")?,
         scopes: f.json_opt("scopes")?.unwrap_or_default(),
+        trace: crate::trace_of(
+            f.get::<Option<String>>("traceparent")?.as_deref(),
+            f.get::<Option<String>>("tracestate")?.as_deref(),
+        ),
         created_at: f.get("created_at")?,
         updated_at: f.get("updated_at")?,
         id: f.id,
@@ -559,6 +564,8 @@ fn insert_job(
         ":run_id": job.run_id, ":call_id": job.call_id, ":callback_url": job.callback_url,
         ":lineage": lineage,
         ":scopes": scopes,
+        ":traceparent": job.trace.as_ref().map(TraceContext::traceparent),
+        ":tracestate": job.trace.as_ref().and_then(TraceContext::tracestate),
     };
     if let Some(created) = query_one(c, sql::INSERT_JOB, params, job_from_row)? {
         return Ok(Inserted::Created(created));

@@ -61,6 +61,7 @@ fn job(tenant: &str) -> NewJob {
         callback_url: None,
         lineage: None,
         scopes: Vec::new(),
+        trace: None,
         max_attempts: 3,
         timeout_ms: 60_000,
         now: 1_700_000_000_000,

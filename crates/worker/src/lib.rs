@@ -8,17 +8,29 @@
 //! duplicate or stale message only costs an ack; a worker that loses its
 //! lease stops and settles nothing. Cancelling a job reaches its executor:
 //! the worker drops the executor's future (an `exec` child is killed with it).
+//!
+//! A worker counts what it does in its runtime's [`Runtime::metrics`]: jobs
+//! started, settled and retried, time waiting and running, dead letters, and
+//! the gauges of its pool (slots, busy slots, jobs in flight).
+//!
+//! Each delivery is handled in a `job` span carrying the job's tool, id, run
+//! id, tenant and attempt, a child (W3C trace context) of the dispatcher's
+//! span that enqueued it: the message's `traceparent`, else the one stored
+//! with the job. Every line logged while it runs carries them.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use backon::{BackoffBuilder, ExponentialBuilder};
 use tokio::sync::{Notify, Semaphore, watch};
 use toolfleet_broker::announcer::Announcer;
 use toolfleet_broker::{Broker, Delivery, Event, Notices};
-use toolfleet_core::{CallCtx, ErrorCode, JobState, Principal, Runtime, ToolError};
+use toolfleet_core::metrics::{Gauge, PoolGauges};
+use toolfleet_core::{CallCtx, ErrorCode, JobState, Principal, Runtime, ToolError, TraceContext};
 use toolfleet_store::{JobRecord, Lease, Store};
+use toolfleet_telemetry::continue_trace;
+use tracing::Instrument;
 
 /// How long a delivery that could not be handled waits before going back.
 const REQUEUE_PAUSE: Duration = Duration::from_millis(500);
@@ -98,6 +110,25 @@ pub struct Worker {
     announcer: Announcer,
     /// Running jobs, so a cancel notice reaches their executor at once.
     running: Mutex<HashMap<String, Arc<Notify>>>,
+    /// The gauges of this worker's pool.
+    gauges: PoolGauges,
+}
+
+/// Adds one to a gauge for as long as it lives (a task aborted at
+/// shutdown drops it too).
+struct Held(Gauge);
+
+impl Held {
+    fn new(gauge: &Gauge) -> Held {
+        gauge.inc();
+        Held(gauge.clone())
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }
 
 impl Worker {
@@ -110,6 +141,7 @@ impl Worker {
     ) -> Arc<Self> {
         Arc::new(Worker {
             announcer: Announcer::spawn(notices.clone(), 65_536),
+            gauges: runtime.metrics().pool_gauges(&config.pool),
             config,
             runtime,
             store,
@@ -127,7 +159,10 @@ impl Worker {
     /// finish within `grace` and hands back what it still holds.
     pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>, grace: Duration) {
         let cancels = tokio::spawn(self.clone().follow_cancels());
-        let slots = Arc::new(Semaphore::new(self.config.concurrency.max(1)));
+        let capacity = self.config.concurrency.max(1);
+        let slots = Arc::new(Semaphore::new(capacity));
+        let capacity = i64::try_from(capacity).unwrap_or(i64::MAX);
+        self.gauges.slots.inc_by(capacity);
         let prefetch = u16::try_from(self.config.concurrency.max(1)).unwrap_or(u16::MAX);
         let mut consumer = loop {
             match self.broker.consume(&self.config.pool, prefetch).await {
@@ -160,8 +195,10 @@ impl Worker {
             };
             let Some(delivery) = delivery else { break };
             let worker = self.clone();
+            let busy = Held::new(&self.gauges.busy_slots);
             tasks.spawn(async move {
                 worker.handle(delivery).await;
+                drop(busy);
                 drop(permit);
             });
             while tasks.try_join_next().is_some() {}
@@ -173,8 +210,10 @@ impl Worker {
             // Dropping the tasks drops their deliveries unacked: the broker
             // hands them back, and the leases let another worker claim them.
             tasks.abort_all();
+            while tasks.join_next().await.is_some() {}
         }
         cancels.abort();
+        self.gauges.slots.dec_by(capacity);
     }
 
     /// Handles one delivery and acknowledges it; a message that is not a
@@ -184,41 +223,103 @@ impl Worker {
             // No job can be claimed for it: dead-letter it rather than drop it.
             let body: String = delivery.job_id.chars().take(64).collect();
             tracing::warn!(pool = %self.config.pool, body, "not a job id; dead-lettering the message");
-            if let Err(error) = delivery.reject().await {
-                tracing::warn!(%error, "could not reject a delivery");
+            match delivery.reject().await {
+                Ok(()) => self.runtime.metrics().dead_letter(&self.config.pool),
+                Err(error) => tracing::warn!(%error, "could not reject a delivery"),
             }
             return;
         }
-        let handled = self.run_job(&delivery.job_id).await;
-        let settled = match handled {
-            Handled::Interrupted => {
-                // The store or the lease failed: give it a moment rather than
-                // take the same message straight back in a tight loop.
-                tokio::time::sleep(REQUEUE_PAUSE).await;
-                delivery.requeue().await
+        let span = self.job_span(&delivery.job_id);
+        let handled = self
+            .run_job_in(&delivery.job_id, delivery.trace.as_ref(), &span)
+            .await;
+        let settle = async {
+            let settled = match handled {
+                Handled::Interrupted => {
+                    // The store or the lease failed: give it a moment rather than
+                    // take the same message straight back in a tight loop.
+                    tokio::time::sleep(REQUEUE_PAUSE).await;
+                    delivery.requeue().await
+                }
+                _ => delivery.ack().await,
+            };
+            if let Err(error) = settled {
+                tracing::warn!(%error, "could not settle a delivery with the broker");
             }
-            _ => delivery.ack().await,
         };
-        if let Err(error) = settled {
-            tracing::warn!(%error, "could not settle a delivery with the broker");
-        }
+        settle.instrument(span).await;
     }
 
     /// Claims and runs one job.
     pub async fn run_job(&self, job_id: &str) -> Handled {
+        let span = self.job_span(job_id);
+        self.run_job_in(job_id, None, &span).await
+    }
+
+    /// The span of one attempt at `job_id` on this worker, its fields filled
+    /// in as they are known: the job's once claimed, the trace's when
+    /// placed (see [`Worker::run_job_in`]). At ERROR level, so that it is
+    /// enabled whatever TOOLFLEET_LOG lets through and every line logged
+    /// while the job is handled carries its fields.
+    fn job_span(&self, job_id: &str) -> tracing::Span {
+        use tracing::field::Empty;
+        tracing::error_span!(
+            "job",
+            pool = %self.config.pool,
+            job_id = %job_id,
+            tool = Empty,
+            run_id = Empty,
+            tenant = Empty,
+            attempt = Empty,
+            trace_id = Empty,
+            span_id = Empty,
+            parent_span_id = Empty,
+        )
+    }
+
+    /// Claims and runs one job in `span`, a child of the span that enqueued
+    /// it: `parent` when the message carried its context, and then the claim
+    /// is logged in it too; else the context stored with the job, read by
+    /// the claim (a span's parent is set before it is first entered).
+    async fn run_job_in(
+        &self,
+        job_id: &str,
+        parent: Option<&TraceContext>,
+        span: &tracing::Span,
+    ) -> Handled {
+        let placed = parent.map(|parent| continue_trace(span, Some(parent)));
         let lease_ms = self.config.lease.as_millis() as i64;
-        let job = match self
+        let claimed_at = now_ms();
+        let claim = self
             .store
-            .claim(job_id, &self.config.id, now_ms(), lease_ms)
-            .await
-        {
+            .claim(job_id, &self.config.id, claimed_at, lease_ms);
+        let claimed = match placed {
+            Some(_) => claim.instrument(span.clone()).await,
+            None => claim.await,
+        };
+        let job = match claimed {
             Ok(Some(job)) => job,
-            Ok(None) => return Handled::Skipped,
+            Ok(None) => {
+                tracing::debug!(parent: span, "not claimable: settled, held elsewhere or not due");
+                return Handled::Skipped;
+            }
             Err(error) => {
-                tracing::warn!(job_id, %error, "claim failed");
+                tracing::warn!(parent: span, job_id, %error, "claim failed; the message goes back");
                 return Handled::Interrupted;
             }
         };
+        let trace = placed.unwrap_or_else(|| continue_trace(span, job.trace.as_ref()));
+        span.record("tool", tracing::field::display(&job.tool));
+        span.record("run_id", tracing::field::display(&job.run_id));
+        span.record("tenant", tracing::field::display(&job.tenant));
+        span.record("attempt", job.attempts);
+        self.run_claimed(job, claimed_at, trace)
+            .instrument(span.clone())
+            .await
+    }
+
+    /// Runs a job this worker has just claimed, in the trace `trace`.
+    async fn run_claimed(&self, job: JobRecord, claimed_at: i64, trace: TraceContext) -> Handled {
         if job.attempts > job.max_attempts {
             // Claimed again after its holders stopped mid-run, past its last attempt.
             let error = ToolError::failed(
@@ -230,13 +331,24 @@ impl Worker {
             );
             return self.settle(job, Outcome::Done(Err(error))).await;
         }
-        tracing::info!(job_id, tool = %job.tool, tenant = %job.tenant, run_id = %job.run_id, attempt = job.attempts, "job started");
+        tracing::info!("job started");
+        let metrics = self.runtime.metrics();
+        let tool = self.runtime.tool_label(&job.tool);
+        // Runnable since `run_at` (its insert, its retry time, or its wake);
+        // a job taken over after a lost lease counts from that time too.
+        let waited = u64::try_from(claimed_at.saturating_sub(job.run_at)).unwrap_or(0);
+        metrics.job_started(tool, Duration::from_millis(waited));
         self.announce(&job).await;
-        let outcome = self.execute(&job).await;
+        let started = Instant::now();
+        let outcome = {
+            let _running = Held::new(&self.gauges.in_flight);
+            self.execute(&job, trace).await
+        };
+        metrics.job_ran(tool, started.elapsed());
         self.settle(job, outcome).await
     }
 
-    async fn execute(&self, job: &JobRecord) -> Outcome {
+    async fn execute(&self, job: &JobRecord, trace: TraceContext) -> Outcome {
         let Some(tool) = self.runtime.registry().get(&job.tool).cloned() else {
             return Outcome::Done(Err(ToolError::failed(
                 format!("no tool `{}` is registered on this worker", job.tool),
@@ -257,6 +369,8 @@ impl Worker {
             lineage: job.lineage.clone(),
             // A job's caller is not listening while a worker runs it.
             events: None,
+            // The jobs it makes (an agent's) continue the trace under this attempt.
+            trace: Some(trace),
         };
         let cancelled = Arc::new(Notify::new());
         self.lock_running()
@@ -291,7 +405,7 @@ impl Worker {
                 Ok(Lease::Cancelled) => return Outcome::Cancelled,
                 Ok(Lease::Lost) => return Outcome::LeaseLost,
                 // A store hiccup is not a lost lease; the next beat may pass.
-                Err(error) => tracing::warn!(job_id, %error, "heartbeat failed"),
+                Err(error) => tracing::warn!(%error, "heartbeat failed"),
             }
         }
     }
@@ -303,7 +417,7 @@ impl Worker {
             Outcome::Done(Err(error)) if error.is_parked() => {
                 // The executor parked its job (it waits for a person): the
                 // store says how it stands; there is nothing to settle.
-                tracing::info!(job_id = %job.id, "job parked: {}", error.message);
+                tracing::info!("job parked: {}", error.message);
                 return self.as_it_stands(&job.id, true).await;
             }
             Outcome::Done(Ok(result)) => self.store.succeed(&job.id, worker, &result, now).await,
@@ -315,31 +429,61 @@ impl Worker {
                     .store
                     .fail(&job.id, worker, &error, retry_at, now)
                     .await;
+                if let Ok(Some(j)) = &settled {
+                    let (code, message) = (error.code.as_str(), error.message.as_str());
+                    match retry {
+                        Some(delay) if j.state == JobState::Retrying => tracing::warn!(
+                            code,
+                            error = message,
+                            retry_in_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+                            "job failed; retrying"
+                        ),
+                        _ => tracing::warn!(code, error = message, "job failed"),
+                    }
+                }
                 if let (Ok(Some(j)), Some(delay)) = (&settled, retry)
                     && j.state == JobState::Retrying
-                    && let Err(e) = self.broker.publish_delayed(&job.pool, &job.id, delay).await
+                    && let Err(e) = self
+                        .broker
+                        .publish_delayed_traced(&job.pool, &job.id, delay, job.trace.as_ref())
+                        .await
                 {
                     // The sweeper republishes due retries from the store.
-                    tracing::warn!(job_id = %job.id, error = %e, "delayed publish failed");
+                    tracing::warn!(error = %e, "delayed publish failed; left to the sweeper");
                 }
                 settled
             }
             Outcome::Cancelled => {
-                tracing::info!(job_id = %job.id, "job cancelled while running");
-                return self.as_it_stands(&job.id, false).await;
+                tracing::info!("job cancelled while running");
+                let handled = self.as_it_stands(&job.id, false).await;
+                if let Handled::Ran(state @ JobState::Cancelled) = handled {
+                    let tool = self.runtime.tool_label(&job.tool);
+                    self.runtime.metrics().job_state(tool, state);
+                }
+                return handled;
             }
-            Outcome::LeaseLost => return Handled::Interrupted,
+            Outcome::LeaseLost => {
+                tracing::warn!("lease lost; the job is left to whoever holds it now");
+                return Handled::Interrupted;
+            }
         };
         match settled {
             Ok(Some(job)) => {
-                tracing::info!(job_id = %job.id, tool = %job.tool, tenant = %job.tenant, run_id = %job.run_id, attempt = job.attempts, state = %job.state, "job settled");
+                tracing::info!(state = %job.state, "job settled");
+                let tool = self.runtime.tool_label(&job.tool);
+                self.runtime.metrics().job_state(tool, job.state);
                 self.announce(&job).await;
                 Handled::Ran(job.state)
             }
             // Someone else holds it now (our lease expired meanwhile).
-            Ok(None) => Handled::Skipped,
+            Ok(None) => {
+                tracing::warn!(
+                    "lease lost before settling; the job is left to whoever holds it now"
+                );
+                Handled::Skipped
+            }
             Err(error) => {
-                tracing::warn!(job_id = %job.id, %error, "could not settle");
+                tracing::warn!(%error, "could not settle; the message goes back");
                 Handled::Interrupted
             }
         }
@@ -437,7 +581,7 @@ pub async fn sweep(
             continue;
         }
         broker
-            .publish(&job.pool, &job.id)
+            .publish_traced(&job.pool, &job.id, job.trace.as_ref())
             .await
             .map_err(|e| e.to_string())?;
         published += 1;

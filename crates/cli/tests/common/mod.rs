@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod scripted;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -105,9 +107,12 @@ impl Server {
         Server::start_role_env(config, role, ready, &[])
     }
 
-    /// As [`Server::start_role`], with extra environment variables.
+    /// As [`Server::start_role`], with extra environment variables. A
+    /// worker's metrics listen on a port of their own unless `env` names one
+    /// (`TOOLFLEET_METRICS_LISTEN`), so workers of one machine never collide.
     pub fn start_role_env(config: &Path, role: &str, ready: &str, env: &[(&str, &str)]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_toolfleet"))
+            .env("TOOLFLEET_METRICS_LISTEN", "127.0.0.1:0")
             .envs(env.iter().copied())
             .env(
                 "TOOLFLEET_LOG",

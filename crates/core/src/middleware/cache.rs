@@ -14,6 +14,7 @@ use serde_json::Value;
 
 use super::{Call, Layer, Next, Stage};
 use crate::envelope::{Envelope, Json};
+use crate::metrics::Metrics;
 
 /// JSON text with object members in sorted order: equal values, equal text.
 pub fn canonical_json(value: &Value) -> String {
@@ -122,11 +123,22 @@ impl Default for ReadCache {
 pub struct CacheReads {
     ttl: Duration,
     cache: Arc<ReadCache>,
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl CacheReads {
     pub fn new(ttl: Duration, cache: Arc<ReadCache>) -> Self {
-        CacheReads { ttl, cache }
+        CacheReads {
+            ttl,
+            cache,
+            metrics: None,
+        }
+    }
+
+    /// Counts hits and misses in `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 }
 
@@ -144,7 +156,14 @@ impl Layer for CacheReads {
             &call.args,
         );
         let now = Instant::now();
-        if let Some(result) = self.cache.get(&key, now) {
+        let hit = self.cache.get(&key, now);
+        if let Some(metrics) = &self.metrics {
+            match hit {
+                Some(_) => metrics.cache_hit(call.tool.name()),
+                None => metrics.cache_miss(call.tool.name()),
+            }
+        }
+        if let Some(result) = hit {
             let call_id = call.ctx.call_id.clone();
             return Box::pin(async move { Envelope::ok(result, call_id) });
         }

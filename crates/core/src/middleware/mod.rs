@@ -116,6 +116,8 @@ pub struct LayerServices {
     pub audit_sink: Arc<dyn AuditSink>,
     pub cache: Arc<ReadCache>,
     pub rate_limits: Arc<RateLimits>,
+    /// Where the cache counts its hits and misses.
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 /// Builds a tool's stack from its declaration, sorted by stage.
@@ -141,7 +143,9 @@ pub(crate) fn build_stack(
         )));
     }
     if let Some(ttl) = spec.cache_ttl {
-        stack.push(Arc::new(CacheReads::new(ttl, services.cache.clone())));
+        stack.push(Arc::new(
+            CacheReads::new(ttl, services.cache.clone()).with_metrics(services.metrics.clone()),
+        ));
     }
     // Every inline call is bounded in time, declared or not.
     stack.push(Arc::new(Timeout::new(

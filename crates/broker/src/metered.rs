@@ -1,0 +1,187 @@
+//! A [`Broker`] and [`Notices`] that count the failures of those they wrap
+//! in `toolfleet_backend_errors_total{backend="broker"|"notices"}`: every
+//! operation is passed through unchanged, and each one that answers
+//! [`BrokerError::Unavailable`] or [`BrokerError::Full`] is counted
+//! ([`BrokerError::Closed`] is a shutdown, not a failure).
+//!
+//! Every method of both traits is forwarded here, those with a default body
+//! included, so that the wrapped implementation's own always runs.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use toolfleet_core::metrics::Backend;
+use toolfleet_core::{Metrics, TraceContext};
+
+use crate::{Broker, BrokerError, Consumer, Event, Notices, Subscription};
+
+fn seen<T>(
+    metrics: &Metrics,
+    backend: Backend,
+    result: Result<T, BrokerError>,
+) -> Result<T, BrokerError> {
+    if let Err(BrokerError::Unavailable(_) | BrokerError::Full(_)) = &result {
+        metrics.backend_error(backend);
+    }
+    result
+}
+
+/// The broker `inner`, its failures counted in `metrics`.
+pub struct MeteredBroker {
+    inner: Arc<dyn Broker>,
+    metrics: Arc<Metrics>,
+}
+
+impl MeteredBroker {
+    pub fn new(inner: Arc<dyn Broker>, metrics: Arc<Metrics>) -> Self {
+        MeteredBroker { inner, metrics }
+    }
+
+    fn seen<T>(&self, result: Result<T, BrokerError>) -> Result<T, BrokerError> {
+        seen(&self.metrics, Backend::Broker, result)
+    }
+}
+
+#[async_trait]
+impl Broker for MeteredBroker {
+    async fn ping(&self) -> Result<(), BrokerError> {
+        self.seen(self.inner.ping().await)
+    }
+
+    async fn publish(&self, pool: &str, job_id: &str) -> Result<(), BrokerError> {
+        self.seen(self.inner.publish(pool, job_id).await)
+    }
+
+    async fn publish_delayed(
+        &self,
+        pool: &str,
+        job_id: &str,
+        delay: Duration,
+    ) -> Result<(), BrokerError> {
+        self.seen(self.inner.publish_delayed(pool, job_id, delay).await)
+    }
+
+    async fn publish_traced(
+        &self,
+        pool: &str,
+        job_id: &str,
+        trace: Option<&TraceContext>,
+    ) -> Result<(), BrokerError> {
+        self.seen(self.inner.publish_traced(pool, job_id, trace).await)
+    }
+
+    async fn publish_delayed_traced(
+        &self,
+        pool: &str,
+        job_id: &str,
+        delay: Duration,
+        trace: Option<&TraceContext>,
+    ) -> Result<(), BrokerError> {
+        self.seen(
+            self.inner
+                .publish_delayed_traced(pool, job_id, delay, trace)
+                .await,
+        )
+    }
+
+    async fn consume(&self, pool: &str, prefetch: u16) -> Result<Box<dyn Consumer>, BrokerError> {
+        self.seen(self.inner.consume(pool, prefetch).await)
+    }
+
+    async fn depth(&self, pool: &str) -> Result<u64, BrokerError> {
+        self.seen(self.inner.depth(pool).await)
+    }
+}
+
+/// The notices `inner`, their failures counted in `metrics`.
+pub struct MeteredNotices {
+    inner: Arc<dyn Notices>,
+    metrics: Arc<Metrics>,
+}
+
+impl MeteredNotices {
+    pub fn new(inner: Arc<dyn Notices>, metrics: Arc<Metrics>) -> Self {
+        MeteredNotices { inner, metrics }
+    }
+
+    fn seen<T>(&self, result: Result<T, BrokerError>) -> Result<T, BrokerError> {
+        seen(&self.metrics, Backend::Notices, result)
+    }
+}
+
+#[async_trait]
+impl Notices for MeteredNotices {
+    async fn publish(&self, event: &Event) -> Result<(), BrokerError> {
+        self.seen(self.inner.publish(event).await)
+    }
+
+    async fn publish_all(&self, events: &[Event]) -> Result<(), BrokerError> {
+        self.seen(self.inner.publish_all(events).await)
+    }
+
+    async fn subscribe(&self) -> Result<Box<dyn Subscription>, BrokerError> {
+        self.seen(self.inner.subscribe().await)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::{MemoryBroker, MemoryNotices};
+
+    fn errors(metrics: &Metrics, backend: &str) -> f64 {
+        let series = format!("toolfleet_backend_errors_total{{backend=\"{backend}\"}} ");
+        metrics
+            .render()
+            .lines()
+            .find_map(|l| l.strip_prefix(series.as_str()))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(-1.0)
+    }
+
+    #[tokio::test]
+    async fn failures_are_counted_per_backend_and_shutdowns_are_not() {
+        let metrics = Arc::new(Metrics::new());
+        let broker = MeteredBroker::new(Arc::new(MemoryBroker::new()), metrics.clone());
+        let notices = MeteredNotices::new(Arc::new(MemoryNotices::new()), metrics.clone());
+        broker.ping().await.expect("ping");
+        broker.publish("default", "job").await.expect("publish");
+        assert_eq!(broker.depth("default").await, Ok(1));
+        let mut events = notices.subscribe().await.expect("subscribe");
+        let event = Event {
+            kind: "job".into(),
+            id: "j".into(),
+            tenant: "t".into(),
+            tool: "ocr".into(),
+            state: "succeeded".into(),
+            run_id: "r".into(),
+            body: serde_json::Value::Null,
+            callback: false,
+        };
+        notices
+            .publish_all(std::slice::from_ref(&event))
+            .await
+            .expect("publish");
+        assert_eq!(events.next().await, Some(event));
+        assert_eq!(
+            (errors(&metrics, "broker"), errors(&metrics, "notices")),
+            (0.0, 0.0)
+        );
+
+        let down = BrokerError::Unavailable("down".into());
+        assert!(broker.seen::<()>(Err(down.clone())).is_err());
+        assert!(
+            broker
+                .seen::<()>(Err(BrokerError::Full("bound".into())))
+                .is_err()
+        );
+        assert!(broker.seen::<()>(Err(BrokerError::Closed)).is_err());
+        assert!(notices.seen::<()>(Err(down)).is_err());
+        assert_eq!(
+            (errors(&metrics, "broker"), errors(&metrics, "notices")),
+            (2.0, 1.0)
+        );
+        assert_eq!(errors(&metrics, "store"), 0.0);
+    }
+}

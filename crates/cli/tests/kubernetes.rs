@@ -1,0 +1,2016 @@
+//! The Kubernetes manifests of `deploy/k8s/` stay valid without a cluster.
+//!
+//! Each overlay under `deploy/k8s/overlays/` is rendered with kustomize
+//! (`kubectl kustomize`, else a `kustomize` binary), and every object it
+//! makes is validated offline:
+//!
+//! - against the Kubernetes JSON schemas bundled in PyPI's
+//!   `kubernetes-validate`, strictly (an unknown field is an error), for each
+//!   Kubernetes release it bundles from [`MIN_KUBERNETES`] on;
+//! - KEDA's objects, custom resources those schemas do not know, against the
+//!   `openAPIV3Schema` of the KEDA CRDs vendored in `deploy/k8s/schemas/keda/`
+//!   with the `jsonschema` crate, made strict the same way.
+//!
+//! Then the objects are held to the binary: it serves the ConfigMap's
+//! `toolfleet.toml` and answers the dispatcher's probes where the Deployment
+//! looks; a worker started as its Deployment says answers its probes and
+//! consumes the queue its ScaledObject watches; pods outlast
+//! `shutdown_grace_s`; every pool of the configured tools has workers and
+//! one autoscaler. Broken copies of the manifests fail each check.
+//!
+//! `.ci/run` installs `kubernetes-validate` and checks for `kubectl`; under
+//! CI (`CI` set) a missing tool fails these tests, elsewhere it skips them.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{SharedCleanup, TempDir, sha, shared_amqp_url, shared_database_url};
+use serde_json::{Map, Value, json};
+use toolfleet_core::config::parse_tools;
+use toolfleet_core::{RuntimeConfig, Shape};
+use yaml_rust2::{Yaml, YamlLoader};
+
+/// The manifests, relative to the repository.
+const K8S: &str = "deploy/k8s";
+/// The vendored KEDA CRDs, relative to [`K8S`].
+const CRDS: &str = "schemas/keda";
+/// The oldest Kubernetes release the manifests are validated against
+/// (deploy/k8s/README.md says so).
+const MIN_KUBERNETES: &str = "1.29";
+/// The `kubernetes-validate` of `.ci/run`, required under CI.
+const VALIDATOR_VERSION: &str = "1.37.0";
+/// The file of the ConfigMap the processes read.
+const CONFIG_FILE: &str = "toolfleet.toml";
+/// What the dispatcher serves (crates/server/src/routes.rs) and workers
+/// serve on `metrics_listen`.
+const LIVENESS: &str = "/healthz";
+const READINESS: &str = "/readyz";
+const METRICS: &str = "/metrics";
+/// The least a pod's terminationGracePeriodSeconds leaves beyond
+/// `shutdown_grace_s`: unfinished jobs are handed back, connections closed.
+const GRACE_MARGIN_S: f64 = 5.0;
+/// What a placeholder of the Secret and the configuration says.
+const PLACEHOLDER: &str = "REPLACE-ME";
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .expect("the repository root")
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
+}
+
+fn under_ci() -> bool {
+    std::env::var_os("CI").is_some_and(|v| !v.is_empty())
+}
+
+/// A tool these tests need is absent: a failure under CI, else a skip.
+fn missing(what: &str) {
+    assert!(
+        !under_ci(),
+        "{what}; .ci/run provides it, and CI never skips this test"
+    );
+    eprintln!("SKIPPED (fails under CI): {what}");
+}
+
+// ---------------------------------------------------------------- rendering
+
+/// A YAML node as JSON (kustomize writes no anchors or merge keys).
+fn to_json(yaml: &Yaml) -> Value {
+    match yaml {
+        Yaml::Null => Value::Null,
+        Yaml::Boolean(b) => Value::Bool(*b),
+        Yaml::Integer(i) => Value::from(*i),
+        Yaml::Real(text) => Value::from(text.parse::<f64>().expect("a YAML real")),
+        Yaml::String(s) => Value::String(s.clone()),
+        Yaml::Array(items) => Value::Array(items.iter().map(to_json).collect()),
+        Yaml::Hash(hash) => {
+            let mut map = Map::new();
+            for (key, value) in hash {
+                let key = match key {
+                    Yaml::String(s) => s.clone(),
+                    Yaml::Integer(i) => i.to_string(),
+                    Yaml::Boolean(b) => b.to_string(),
+                    other => panic!("unexpected YAML key {other:?}"),
+                };
+                map.insert(key, to_json(value));
+            }
+            Value::Object(map)
+        }
+        Yaml::Alias(_) | Yaml::BadValue => panic!("unresolved YAML node {yaml:?}"),
+    }
+}
+
+/// The documents of a YAML stream, empty ones left out.
+fn documents(text: &str, what: &str) -> Vec<Value> {
+    YamlLoader::load_from_str(text)
+        .unwrap_or_else(|e| panic!("{what} is not YAML: {e}"))
+        .iter()
+        .filter(|doc| !matches!(doc, Yaml::Null))
+        .map(to_json)
+        .collect()
+}
+
+/// Renders the kustomization in `dir` with `kubectl kustomize`, else
+/// `kustomize build`; None when neither is installed.
+fn kustomize(dir: &Path) -> Option<Result<String, String>> {
+    let candidates: [(&str, &[&str]); 2] = [("kubectl", &["kustomize"]), ("kustomize", &["build"])];
+    for (program, args) in candidates {
+        match Command::new(program).args(args).arg(dir).output() {
+            Ok(out) if out.status.success() => {
+                return Some(Ok(String::from_utf8(out.stdout).expect("UTF-8 manifests")));
+            }
+            Ok(out) => {
+                return Some(Err(format!(
+                    "`{program} {} {}` failed: {}",
+                    args.join(" "),
+                    dir.display(),
+                    String::from_utf8_lossy(&out.stderr)
+                )));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Some(Err(format!("{program}: {e}"))),
+        }
+    }
+    None
+}
+
+/// Every overlay under `root/overlays`, rendered: `(name, objects)`. None
+/// (skipped, or failed under CI) without kustomize.
+fn render_overlays(root: &Path) -> Option<Vec<(String, Vec<Value>)>> {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(root.join("overlays"))
+        .expect("deploy/k8s/overlays")
+        .map(|entry| entry.expect("a directory entry").path())
+        .filter(|path| path.join("kustomization.yaml").is_file())
+        .collect();
+    dirs.sort();
+    let mut overlays = Vec::new();
+    for dir in dirs {
+        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+        let text = match kustomize(&dir) {
+            None => {
+                missing(
+                    "kustomize: neither `kubectl` (kubectl kustomize) nor `kustomize` is on PATH",
+                );
+                return None;
+            }
+            Some(Err(error)) => panic!("overlay {name} does not render: {error}"),
+            Some(Ok(text)) => text,
+        };
+        overlays.push((name.clone(), documents(&text, &format!("overlay {name}"))));
+    }
+    assert!(!overlays.is_empty(), "no overlays under {}", root.display());
+    Some(overlays)
+}
+
+/// A copy of `from` (a directory tree) at `to`.
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_tree(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).unwrap();
+        }
+    }
+}
+
+/// Replaces `old` (which must occur exactly once) in the file `path`.
+fn edit(path: &Path, old: &str, new: &str) {
+    let text = read(path);
+    assert_eq!(
+        text.matches(old).count(),
+        1,
+        "`{old}` occurs once in {}",
+        path.display()
+    );
+    std::fs::write(path, text.replacen(old, new, 1)).unwrap();
+}
+
+// ------------------------------------------------------------------ objects
+
+fn kind(object: &Value) -> &str {
+    object["kind"].as_str().unwrap_or_default()
+}
+
+fn name(object: &Value) -> &str {
+    object["metadata"]["name"].as_str().unwrap_or_default()
+}
+
+fn label(object: &Value) -> String {
+    format!("{}/{}", kind(object), name(object))
+}
+
+fn of_kind<'a>(objects: &'a [Value], wanted: &'a str) -> impl Iterator<Item = &'a Value> + 'a {
+    objects.iter().filter(move |o| kind(o) == wanted)
+}
+
+/// The only object of `wanted` kind named `object_name`.
+fn find<'a>(objects: &'a [Value], wanted: &str, object_name: &str) -> Option<&'a Value> {
+    objects
+        .iter()
+        .find(|o| kind(o) == wanted && name(o) == object_name)
+}
+
+fn find_mut<'a>(objects: &'a mut [Value], wanted: &str, object_name: &str) -> &'a mut Value {
+    objects
+        .iter_mut()
+        .find(|o| kind(o) == wanted && name(o) == object_name)
+        .unwrap_or_else(|| panic!("no {wanted}/{object_name}"))
+}
+
+/// The env entry `variable` of a container.
+fn env<'a>(container: &'a Value, variable: &str) -> Option<&'a Value> {
+    container["env"]
+        .as_array()?
+        .iter()
+        .find(|e| e["name"] == variable)
+}
+
+/// The literal value of env entry `variable`.
+fn env_value<'a>(container: &'a Value, variable: &str) -> Option<&'a str> {
+    env(container, variable)?["value"].as_str()
+}
+
+/// The Secret and key an env entry reads: `(secret, key)`.
+fn env_secret(container: &Value, variable: &str) -> Option<(String, String)> {
+    let reference = &env(container, variable)?["valueFrom"]["secretKeyRef"];
+    Some((
+        reference["name"].as_str()?.to_owned(),
+        reference["key"].as_str()?.to_owned(),
+    ))
+}
+
+/// The value of a Secret's key under `stringData`; a key under `data` is
+/// there too, but stays base64 (the Secret of base/ uses `stringData`).
+fn secret_value(objects: &[Value], secret: &str, key: &str) -> Option<String> {
+    let object = find(objects, "Secret", secret)?;
+    if let Some(value) = object["stringData"][key].as_str() {
+        return Some(value.to_owned());
+    }
+    object["data"][key]
+        .as_str()
+        .map(|encoded| format!("(base64) {encoded}"))
+}
+
+/// The number a container port reference (a number or a port name) means.
+fn resolve_port(container: &Value, port: &Value) -> Option<u64> {
+    match port {
+        Value::Number(n) => n.as_u64(),
+        Value::String(port_name) => container["ports"]
+            .as_array()?
+            .iter()
+            .find(|p| p["name"] == port_name.as_str())?["containerPort"]
+            .as_u64(),
+        _ => None,
+    }
+}
+
+/// The port of `host:port`.
+fn port_of(address: &str) -> Option<u64> {
+    address.rsplit_once(':')?.1.parse().ok()
+}
+
+fn host_of(address: &str) -> &str {
+    address.rsplit_once(':').map_or(address, |(host, _)| host)
+}
+
+/// `selector` (matchLabels, or a Service's plain map) selects `labels`.
+fn selects(selector: &Value, labels: &Value) -> bool {
+    let Some(selector) = selector.as_object() else {
+        return false;
+    };
+    !selector.is_empty() && selector.iter().all(|(k, v)| &labels[k] == v)
+}
+
+// --------------------------------------------------------------- Dockerfile
+
+/// What the image sets that the manifests rely on.
+struct Image {
+    /// The numeric user of `USER`.
+    uid: u64,
+    /// `ENV` variables.
+    env: BTreeMap<String, String>,
+    /// `COPY` destinations (absolute) and their sources in the repository.
+    copies: BTreeMap<String, String>,
+}
+
+fn image() -> Image {
+    let mut image = Image {
+        uid: 0,
+        env: BTreeMap::new(),
+        copies: BTreeMap::new(),
+    };
+    let mut current = String::new();
+    for line in read(&repo().join("Dockerfile")).lines() {
+        let trimmed = line.trim();
+        if trimmed.starts_with('#') || (trimmed.is_empty() && current.is_empty()) {
+            continue;
+        }
+        if let Some(head) = trimmed.strip_suffix('\\') {
+            current.push_str(head);
+            current.push(' ');
+            continue;
+        }
+        current.push_str(trimmed);
+        let (word, rest) = current
+            .split_once(char::is_whitespace)
+            .unwrap_or((&current, ""));
+        let rest = rest.trim();
+        match word.to_uppercase().as_str() {
+            "USER" => {
+                image.uid = rest
+                    .split(':')
+                    .next()
+                    .unwrap()
+                    .parse()
+                    .expect("a numeric USER")
+            }
+            "ENV" => {
+                if let Some((key, value)) = rest.split_once('=') {
+                    image.env.insert(key.to_owned(), value.to_owned());
+                }
+            }
+            "COPY" if !rest.starts_with("--") => {
+                if let Some((source, destination)) = rest.split_once(char::is_whitespace) {
+                    image
+                        .copies
+                        .insert(destination.trim().to_owned(), source.to_owned());
+                }
+            }
+            _ => {}
+        }
+        current.clear();
+    }
+    image
+}
+
+// -------------------------------------------------------- the configuration
+
+/// The ConfigMap holding toolfleet.toml: `(its name, the file)`.
+fn config_map(objects: &[Value]) -> (String, String) {
+    let maps: Vec<&Value> = of_kind(objects, "ConfigMap")
+        .filter(|m| m["data"][CONFIG_FILE].is_string())
+        .collect();
+    assert_eq!(maps.len(), 1, "one ConfigMap holds {CONFIG_FILE}");
+    (
+        name(maps[0]).to_owned(),
+        maps[0]["data"][CONFIG_FILE].as_str().unwrap().to_owned(),
+    )
+}
+
+/// The configuration's `include` paths in the image, mapped to the
+/// repository's files the Dockerfile copies there.
+fn included_files(config: &toml::Table) -> Vec<PathBuf> {
+    let image = image();
+    config
+        .get("include")
+        .and_then(toml::Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|include| {
+            let include = include.as_str().expect("an include path");
+            let source = image.copies.get(include).unwrap_or_else(|| {
+                panic!("include `{include}` is not a file the Dockerfile copies into the image")
+            });
+            repo().join(source)
+        })
+        .collect()
+}
+
+/// The pools the configured job and agent tools run on, as the runtime
+/// picks them (a tool's `pool`, else the shape's default pool).
+fn configured_pools(text: &str, config: &toml::Table) -> BTreeSet<String> {
+    let defaults = RuntimeConfig::default();
+    let mut texts = vec![text.to_owned()];
+    texts.extend(included_files(config).iter().map(|path| read(path)));
+    let mut pools = BTreeSet::new();
+    for text in texts {
+        for tool in parse_tools(&text).expect("the configured tools parse") {
+            if tool.shape.is_enqueued() {
+                pools.insert(tool.pool.clone().unwrap_or_else(|| match tool.shape {
+                    Shape::Agent => defaults.default_agent_pool.clone(),
+                    _ => defaults.default_pool.clone(),
+                }));
+            }
+        }
+    }
+    pools
+}
+
+/// `line` with the value of top-level `key = ...` replaced, in TOML text.
+fn set_key(text: &str, key: &str, literal: &str) -> String {
+    let prefix = format!("{key} = ");
+    let mut found = false;
+    let lines: Vec<String> = text
+        .lines()
+        .map(|line| {
+            if line.starts_with(&prefix) && !found {
+                found = true;
+                format!("{prefix}{literal}")
+            } else {
+                line.to_owned()
+            }
+        })
+        .collect();
+    let mut text = lines.join("\n");
+    if !found {
+        text = format!("{prefix}{literal}\n{text}");
+    }
+    text + "\n"
+}
+
+/// The ConfigMap's configuration made to run on this machine: the data
+/// directory in `dir`, the image's included files at their repository
+/// paths, and the token placeholder replaced by the digest of `token`
+/// (kept with None).
+fn local_config(text: &str, dir: &Path, token: Option<&str>) -> String {
+    let config: toml::Table = toml::from_str(text).expect("TOML");
+    let includes: Vec<String> = included_files(&config)
+        .iter()
+        .map(|p| format!("{:?}", p.display().to_string()))
+        .collect();
+    let mut text = set_key(
+        text,
+        "data_dir",
+        &format!("{:?}", dir.join("data").display().to_string()),
+    );
+    text = set_key(&text, "include", &format!("[{}]", includes.join(", ")));
+    let placeholders = text.matches(PLACEHOLDER).count();
+    assert_eq!(
+        placeholders, 1,
+        "one placeholder (the token digest) in {CONFIG_FILE}"
+    );
+    let line = text
+        .lines()
+        .find(|l| l.contains(PLACEHOLDER))
+        .unwrap()
+        .to_owned();
+    assert!(line.starts_with("sha256 = "), "{line}");
+    match token {
+        Some(token) => text.replace(&line, &format!("sha256 = \"{}\"", sha(token))),
+        None => text,
+    }
+}
+
+// ------------------------------------------------------------- validation
+
+/// A served version of a vendored CRD, compiled strict.
+struct Crd {
+    group: String,
+    kind: String,
+    versions: BTreeMap<String, jsonschema::Validator>,
+}
+
+/// Kubernetes prunes fields a structural schema does not name; to catch a
+/// misspelt field as the API server's strict field validation does, every
+/// object schema naming its properties allows no others.
+fn forbid_unknown_fields(schema: &mut Value) {
+    let Some(map) = schema.as_object_mut() else {
+        return;
+    };
+    if map.contains_key("properties")
+        && !map.contains_key("additionalProperties")
+        && map.get("x-kubernetes-preserve-unknown-fields") != Some(&Value::Bool(true))
+    {
+        map.insert("additionalProperties".into(), Value::Bool(false));
+    }
+    for (key, value) in map.iter_mut() {
+        match key.as_str() {
+            "properties" => {
+                for property in value
+                    .as_object_mut()
+                    .into_iter()
+                    .flat_map(|p| p.values_mut())
+                {
+                    forbid_unknown_fields(property);
+                }
+            }
+            "items" | "additionalProperties" | "not" => forbid_unknown_fields(value),
+            "allOf" | "anyOf" | "oneOf" => {
+                for branch in value.as_array_mut().into_iter().flatten() {
+                    forbid_unknown_fields(branch);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// The CRDs vendored under `root/schemas/keda`.
+fn vendored_crds(root: &Path) -> Vec<Crd> {
+    let dir = root.join(CRDS);
+    let mut crds = Vec::new();
+    for entry in std::fs::read_dir(&dir).expect("the vendored CRDs") {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "yaml") {
+            continue;
+        }
+        for doc in documents(&read(&path), &path.display().to_string()) {
+            assert_eq!(kind(&doc), "CustomResourceDefinition", "{}", path.display());
+            let spec = &doc["spec"];
+            let mut versions = BTreeMap::new();
+            for version in spec["versions"].as_array().expect("versions") {
+                if version["served"] != true {
+                    continue;
+                }
+                let mut schema = version["schema"]["openAPIV3Schema"].clone();
+                assert!(schema.is_object(), "{}: an openAPIV3Schema", path.display());
+                forbid_unknown_fields(&mut schema);
+                let validator = jsonschema::options()
+                    .build(&schema)
+                    .unwrap_or_else(|e| panic!("{}: the schema compiles: {e}", path.display()));
+                versions.insert(version["name"].as_str().unwrap().to_owned(), validator);
+            }
+            crds.push(Crd {
+                group: spec["group"].as_str().unwrap().to_owned(),
+                kind: spec["names"]["kind"].as_str().unwrap().to_owned(),
+                versions,
+            });
+        }
+    }
+    crds
+}
+
+/// The vendored CRD an object is an instance of.
+fn crd_of<'a>(object: &Value, crds: &'a [Crd]) -> Option<&'a Crd> {
+    let group = object["apiVersion"].as_str()?.split_once('/')?.0;
+    crds.iter()
+        .find(|crd| crd.group == group && crd.kind == kind(object))
+}
+
+/// What is wrong with the custom resources among `objects`, by their CRDs.
+fn custom_resource_problems(objects: &[Value], crds: &[Crd]) -> Vec<String> {
+    let mut problems = Vec::new();
+    for object in objects {
+        let Some(crd) = crd_of(object, crds) else {
+            continue;
+        };
+        let version = object["apiVersion"]
+            .as_str()
+            .and_then(|v| v.split_once('/'))
+            .map(|(_, v)| v)
+            .unwrap_or_default();
+        let Some(validator) = crd.versions.get(version) else {
+            problems.push(format!(
+                "{}: {}/{version} is not a served version of the vendored CRD",
+                label(object),
+                crd.group
+            ));
+            continue;
+        };
+        for error in validator.iter_errors(object) {
+            problems.push(format!(
+                "{} against the {} CRD: {}: {error}",
+                label(object),
+                crd.kind,
+                error.instance_path()
+            ));
+        }
+        let object_name = name(object);
+        let dns = !object_name.is_empty()
+            && object_name.len() <= 253
+            && object_name
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.');
+        if !dns {
+            problems.push(format!(
+                "{}: the name is not a DNS subdomain",
+                label(object)
+            ));
+        }
+    }
+    problems
+}
+
+/// Validates each object with `kubernetes-validate` (strict) against every
+/// bundled Kubernetes release from MIN_KUBERNETES on. Prints one JSON
+/// document: the validator's version, the releases, and an outcome per
+/// object and release (`ok`, `invalid`, or `no-schema` for kinds it does
+/// not know, such as custom resources).
+const VALIDATE_PY: &str = r#"
+import json, sys
+from packaging.version import Version
+from kubernetes_validate import utils
+from kubernetes_validate.version import __version__
+
+minimum = Version(sys.argv[1])
+versions = sorted({v for v in utils.all_versions() if Version(v) >= minimum}, key=Version)
+results = []
+for index, obj in enumerate(json.load(sys.stdin)):
+    for version in versions:
+        try:
+            utils.validate(obj, version, strict=True)
+            outcome, message = "ok", ""
+        except utils.SchemaNotFoundError as e:
+            outcome, message = "no-schema", e.message
+        except utils.ValidationError as e:
+            path = ".".join(str(p) for p in e.path) or "(root)"
+            outcome, message = "invalid", "%s: %s" % (path, e.message)
+        results.append({"index": index, "version": version, "outcome": outcome, "message": message})
+json.dump({"validator": __version__, "versions": versions, "results": results}, sys.stdout)
+"#;
+
+/// What `kubernetes-validate` says of `objects`; None (skipped, or failed
+/// under CI) when it is not installed.
+fn kubernetes_validate(objects: &[Value]) -> Option<Value> {
+    let installed = Command::new("python3")
+        .args(["-c", "import kubernetes_validate"])
+        .output()
+        .is_ok_and(|out| out.status.success());
+    if !installed {
+        missing(&format!(
+            "the Kubernetes schema validator: python3 -m pip install 'kubernetes-validate=={VALIDATOR_VERSION}'"
+        ));
+        return None;
+    }
+    let mut child = Command::new("python3")
+        .args(["-c", VALIDATE_PY, MIN_KUBERNETES])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("python3 runs");
+    // The script reads all of its input before it writes anything.
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(Value::Array(objects.to_vec()).to_string().as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "kubernetes-validate failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).expect("the validator's JSON");
+    if under_ci() {
+        assert_eq!(
+            report["validator"], VALIDATOR_VERSION,
+            "CI validates with the kubernetes-validate .ci/run pins"
+        );
+    }
+    let versions = report["versions"].as_array().expect("versions");
+    assert!(
+        !versions.is_empty(),
+        "kubernetes-validate {} bundles no release from {MIN_KUBERNETES} on",
+        report["validator"]
+    );
+    Some(report)
+}
+
+/// What is wrong with `objects` by the Kubernetes schemas (`report`) and
+/// the vendored CRDs. An object neither knows is a problem too.
+fn schema_problems(objects: &[Value], report: Option<&Value>, crds: &[Crd]) -> Vec<String> {
+    let mut problems = custom_resource_problems(objects, crds);
+    let Some(report) = report else {
+        return problems;
+    };
+    let releases = report["versions"].as_array().unwrap().len();
+    let mut seen = vec![0; objects.len()];
+    for result in report["results"].as_array().expect("results") {
+        let index = result["index"].as_u64().unwrap() as usize;
+        let object = &objects[index];
+        seen[index] += 1;
+        let release = result["version"].as_str().unwrap_or_default();
+        let message = result["message"].as_str().unwrap_or_default();
+        match result["outcome"].as_str() {
+            Some("ok") => {}
+            Some("no-schema") if crd_of(object, crds).is_some() => {}
+            Some("no-schema") => problems.push(format!(
+                "{}: no schema of Kubernetes {release} nor a vendored CRD knows {} {}",
+                label(object),
+                object["apiVersion"],
+                kind(object)
+            )),
+            _ => problems.push(format!(
+                "{} against Kubernetes {release}: {message}",
+                label(object)
+            )),
+        }
+    }
+    for (index, count) in seen.iter().enumerate() {
+        if *count != releases {
+            problems.push(format!("{}: not validated", label(&objects[index])));
+        }
+    }
+    problems
+}
+
+// --------------------------------------------------------- the fleet's sense
+
+/// Runs the binary built for these tests.
+fn toolfleet(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_toolfleet"))
+        .args(args)
+        .current_dir(repo())
+        .env_remove("TOOLFLEET_CONFIG")
+        .output()
+        .expect("run toolfleet")
+}
+
+/// The seconds a `preStop` hook holds a container before SIGTERM.
+fn pre_stop_s(container: &Value) -> f64 {
+    let hook = &container["lifecycle"]["preStop"];
+    if let Some(seconds) = hook["sleep"]["seconds"].as_f64() {
+        return seconds;
+    }
+    match hook["exec"]["command"].as_array().map(Vec::as_slice) {
+        Some([program, seconds]) if program == "sleep" => {
+            seconds.as_str().and_then(|s| s.parse().ok()).unwrap_or(0.0)
+        }
+        _ => 0.0,
+    }
+}
+
+/// The pool of a worker's arguments (`--pool P` or `--pool=P`), if exactly one.
+fn pool_of(args: &[String]) -> Result<String, String> {
+    let mut pools = Vec::new();
+    let mut rest = args.iter();
+    while let Some(arg) = rest.next() {
+        if arg == "--pool" {
+            pools.extend(rest.next().cloned());
+        } else if let Some(pool) = arg.strip_prefix("--pool=") {
+            pools.push(pool.to_owned());
+        }
+    }
+    match pools.as_slice() {
+        [pool] => Ok(pool.clone()),
+        _ => Err(format!(
+            "a worker Deployment runs one pool (`--pool P`), got {args:?}"
+        )),
+    }
+}
+
+/// Records `message` in `problems` unless `cond` holds.
+macro_rules! ensure {
+    ($problems:expr, $cond:expr, $($message:tt)+) => {
+        let holds: bool = $cond;
+        if !holds {
+            $problems.push(format!($($message)+));
+        }
+    };
+}
+
+/// What the checks of every workload read: the objects, the image and the
+/// ConfigMap's configuration.
+struct Fleet<'a> {
+    objects: &'a [Value],
+    image: Image,
+    config_map: String,
+    text: String,
+    config: toml::Table,
+    grace: f64,
+    prefix: String,
+    listen: String,
+    data_dir: String,
+}
+
+impl<'a> Fleet<'a> {
+    fn of(objects: &'a [Value], problems: &mut Vec<String>) -> Fleet<'a> {
+        let (config_map, text) = config_map(objects);
+        let config: toml::Table =
+            toml::from_str(&text).unwrap_or_else(|e| panic!("{CONFIG_FILE} is not TOML: {e}"));
+        let grace = config
+            .get("shutdown_grace_s")
+            .and_then(|v| v.as_float().or(v.as_integer().map(|i| i as f64)));
+        ensure!(
+            problems,
+            grace.is_some(),
+            "{CONFIG_FILE} sets shutdown_grace_s, which the pods' terminationGracePeriodSeconds follow"
+        );
+        for key in ["database_url", "broker_url", "confirm_secret"] {
+            ensure!(
+                problems,
+                !config.contains_key(key),
+                "{CONFIG_FILE} leaves {key} to the Secret"
+            );
+        }
+        ensure!(
+            problems,
+            config
+                .get("webhooks")
+                .is_none_or(|w| w.get("secret").is_none()),
+            "{CONFIG_FILE} leaves the webhook secret to the Secret"
+        );
+        let string = |key: &str, default: &str| {
+            config
+                .get(key)
+                .and_then(toml::Value::as_str)
+                .unwrap_or(default)
+                .to_owned()
+        };
+        Fleet {
+            objects,
+            image: image(),
+            grace: grace.unwrap_or(20.0),
+            prefix: string("broker_prefix", "toolfleet"),
+            listen: string("listen", "127.0.0.1:8080"),
+            data_dir: string("data_dir", ".toolfleet"),
+            config_map,
+            text,
+            config,
+        }
+    }
+}
+
+/// What is wrong with the fleet `objects` make, beyond the schemas: the
+/// configuration each process reads, the probes, the grace of stopping
+/// pods, the pools, their autoscalers and the queues those watch.
+fn fleet_problems(objects: &[Value]) -> Vec<String> {
+    let mut problems = Vec::new();
+    let fleet = Fleet::of(objects, &mut problems);
+    let mut worker_pools = BTreeSet::new();
+    let mut roles = BTreeMap::<String, usize>::new();
+    for workload in objects
+        .iter()
+        .filter(|o| matches!(kind(o), "Deployment" | "Job"))
+    {
+        let Some((container, args)) = workload_problems(&fleet, workload, &mut problems) else {
+            continue;
+        };
+        let role = args.first().cloned().unwrap_or_default();
+        *roles.entry(role.clone()).or_default() += 1;
+        match role.as_str() {
+            "dispatcher" => dispatcher_problems(&fleet, workload, container, &mut problems),
+            "worker" => {
+                worker_pools.extend(worker_problems(
+                    &fleet,
+                    workload,
+                    container,
+                    &args,
+                    &mut problems,
+                ));
+            }
+            "migrate" => {
+                let what = label(workload);
+                let pod = &workload["spec"]["template"]["spec"];
+                ensure!(
+                    problems,
+                    kind(workload) == "Job",
+                    "{what}: migrations run as a Job"
+                );
+                ensure!(
+                    problems,
+                    pod["restartPolicy"] != "Always",
+                    "{what}: runs once"
+                );
+                ensure!(
+                    problems,
+                    env_secret(container, "TOOLFLEET_DATABASE_URL").is_some(),
+                    "{what}: TOOLFLEET_DATABASE_URL comes from a Secret"
+                );
+            }
+            other => problems.push(format!(
+                "{}: runs `toolfleet {other}`, not dispatcher, worker or migrate",
+                label(workload)
+            )),
+        }
+    }
+    for role in ["dispatcher", "migrate"] {
+        ensure!(
+            problems,
+            roles.get(role) == Some(&1),
+            "one {role} workload, got {:?}",
+            roles.get(role)
+        );
+    }
+    let pools = configured_pools(&fleet.text, &fleet.config);
+    ensure!(
+        problems,
+        worker_pools == pools,
+        "worker Deployments run pools {worker_pools:?}; the configured tools run on {pools:?}"
+    );
+    for secret in of_kind(objects, "Secret") {
+        for (key, value) in secret["stringData"].as_object().into_iter().flatten() {
+            ensure!(
+                problems,
+                value.as_str().is_some_and(|v| v.contains(PLACEHOLDER)),
+                "{}: {key} is a placeholder marked {PLACEHOLDER}, not a secret in the repository",
+                label(secret)
+            );
+        }
+    }
+    problems
+}
+
+/// What every toolfleet workload must be: non-root, bounded, reading the
+/// ConfigMap's file and Secrets that exist, running a command the binary
+/// takes. Its toolfleet container and arguments, when it has one.
+fn workload_problems<'o>(
+    fleet: &Fleet,
+    workload: &'o Value,
+    problems: &mut Vec<String>,
+) -> Option<(&'o Value, Vec<String>)> {
+    let what = label(workload);
+    let pod = &workload["spec"]["template"]["spec"];
+    let ours: Vec<&Value> = pod["containers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|c| env(c, "TOOLFLEET_CONFIG").is_some())
+        .collect();
+    ensure!(
+        problems,
+        ours.len() == 1,
+        "{what}: one toolfleet container (naming TOOLFLEET_CONFIG)"
+    );
+    let container = *ours.first()?;
+
+    // Non-root, as the image's user, with nothing to escalate.
+    ensure!(
+        problems,
+        pod["securityContext"]["runAsNonRoot"] == true,
+        "{what}: runAsNonRoot"
+    );
+    let uid = container["securityContext"]["runAsUser"]
+        .as_u64()
+        .or(pod["securityContext"]["runAsUser"].as_u64());
+    ensure!(
+        problems,
+        uid == Some(fleet.image.uid) && fleet.image.uid != 0,
+        "{what}: runs as the image's non-root user {}",
+        fleet.image.uid
+    );
+    let security = &container["securityContext"];
+    ensure!(
+        problems,
+        security["allowPrivilegeEscalation"] == false,
+        "{what}: allowPrivilegeEscalation: false"
+    );
+    ensure!(
+        problems,
+        security["capabilities"]["drop"]
+            .as_array()
+            .is_some_and(|d| d.iter().any(|c| c == "ALL")),
+        "{what}: drops every capability"
+    );
+    for (part, resource) in [
+        ("requests", "cpu"),
+        ("requests", "memory"),
+        ("limits", "cpu"),
+        ("limits", "memory"),
+    ] {
+        ensure!(
+            problems,
+            container["resources"][part][resource].is_string(),
+            "{what}: resources.{part}.{resource}"
+        );
+    }
+
+    // The configuration: TOOLFLEET_CONFIG is the ConfigMap's file.
+    let config_path = env_value(container, "TOOLFLEET_CONFIG").unwrap_or_default();
+    let (dir, file) = config_path.rsplit_once('/').unwrap_or_default();
+    let volume_at = |path: &str| {
+        let mount = container["volumeMounts"]
+            .as_array()?
+            .iter()
+            .find(|m| m["mountPath"] == path)?;
+        pod["volumes"]
+            .as_array()?
+            .iter()
+            .find(|v| v["name"] == mount["name"])
+            .map(|v| (v, mount["readOnly"] == true))
+    };
+    ensure!(
+        problems,
+        file == CONFIG_FILE
+            && volume_at(dir).is_some_and(|(v, _)| {
+                v["configMap"]["name"] == fleet.config_map.as_str()
+                    && v["configMap"]["items"].is_null()
+            }),
+        "{what}: TOOLFLEET_CONFIG ({config_path}) is the file of ConfigMap {}",
+        fleet.config_map
+    );
+    // A read-only root leaves data_dir to a writable volume.
+    if security["readOnlyRootFilesystem"] == true {
+        ensure!(
+            problems,
+            volume_at(&fleet.data_dir).is_some_and(|(_, read_only)| !read_only),
+            "{what}: data_dir {} is a writable volume under readOnlyRootFilesystem",
+            fleet.data_dir
+        );
+    }
+    // Every secret it reads exists.
+    for entry in container["env"].as_array().into_iter().flatten() {
+        let reference = &entry["valueFrom"]["secretKeyRef"];
+        if let (Some(secret), Some(key)) = (reference["name"].as_str(), reference["key"].as_str()) {
+            ensure!(
+                problems,
+                secret_value(fleet.objects, secret, key).is_some(),
+                "{what}: {} reads key {key} of Secret {secret}, which is not there",
+                entry["name"]
+            );
+        }
+    }
+
+    // Its arguments are a command the binary takes.
+    let args: Vec<String> = container["args"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|a| a.as_str().map(str::to_owned))
+        .collect();
+    let mut with_help: Vec<&str> = args.iter().map(String::as_str).collect();
+    with_help.push("--help");
+    let out = toolfleet(&with_help);
+    ensure!(
+        problems,
+        out.status.success(),
+        "{what}: the binary refuses `toolfleet {}`: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if matches!(
+        args.first().map(String::as_str),
+        Some("dispatcher" | "worker")
+    ) {
+        for variable in [
+            "TOOLFLEET_DATABASE_URL",
+            "TOOLFLEET_BROKER_URL",
+            "TOOLFLEET_CONFIRM_SECRET",
+        ] {
+            ensure!(
+                problems,
+                env_secret(container, variable).is_some(),
+                "{what}: {variable} comes from a Secret"
+            );
+        }
+    }
+    Some((container, args))
+}
+
+/// The pod template's annotations ask Prometheus to scrape /metrics on `port`.
+fn scraped_on(workload: &Value, port: Option<u64>) -> bool {
+    let annotations = &workload["spec"]["template"]["metadata"]["annotations"];
+    port.is_some_and(|port| {
+        annotations["prometheus.io/scrape"] == "true"
+            && annotations["prometheus.io/port"] == port.to_string().as_str()
+            && annotations["prometheus.io/path"] == METRICS
+    })
+}
+
+/// The liveness and readiness probes ask LIVENESS and READINESS on `port`.
+fn probe_problems(what: &str, container: &Value, port: Option<u64>, problems: &mut Vec<String>) {
+    for (which, path) in [("livenessProbe", LIVENESS), ("readinessProbe", READINESS)] {
+        let get = probe(container, which);
+        ensure!(
+            problems,
+            get["path"] == path && port.is_some() && resolve_port(container, &get["port"]) == port,
+            "{what}: {which} asks {path} on port {port:?}, not {} on {}",
+            get["path"],
+            get["port"]
+        );
+    }
+}
+
+/// The seconds a pod is given to stop.
+fn termination_s(workload: &Value) -> f64 {
+    workload["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+        .as_f64()
+        .unwrap_or(30.0)
+}
+
+fn dispatcher_problems(
+    fleet: &Fleet,
+    workload: &Value,
+    container: &Value,
+    problems: &mut Vec<String>,
+) {
+    let what = label(workload);
+    let pod_labels = &workload["spec"]["template"]["metadata"]["labels"];
+    let replicas = workload["spec"]["replicas"].as_u64().unwrap_or(1);
+    ensure!(
+        problems,
+        kind(workload) == "Deployment",
+        "{what}: dispatchers are a Deployment"
+    );
+    ensure!(problems, replicas >= 2, "{what}: two dispatchers or more");
+    ensure!(
+        problems,
+        env_secret(container, "TOOLFLEET_WEBHOOK_SECRET").is_some(),
+        "{what}: TOOLFLEET_WEBHOOK_SECRET comes from a Secret"
+    );
+    // The port it listens on: TOOLFLEET_LISTEN of the pod, else of the
+    // image, else `listen`; all say the same.
+    let effective = env_value(container, "TOOLFLEET_LISTEN")
+        .or(fleet.image.env.get("TOOLFLEET_LISTEN").map(String::as_str))
+        .unwrap_or(&fleet.listen);
+    let port = port_of(effective);
+    ensure!(
+        problems,
+        port.is_some() && port == port_of(&fleet.listen),
+        "{what}: listens on the port of `listen` ({}), not {effective}",
+        fleet.listen
+    );
+    probe_problems(&what, container, port, problems);
+    ensure!(
+        problems,
+        scraped_on(workload, port),
+        "{what}: Prometheus scrapes {METRICS} on port {port:?}"
+    );
+    let needed = pre_stop_s(container) + fleet.grace;
+    let termination = termination_s(workload);
+    ensure!(
+        problems,
+        termination >= needed,
+        "{what}: terminationGracePeriodSeconds {termination} < preStop + shutdown_grace_s = {needed}"
+    );
+    let service =
+        of_kind(fleet.objects, "Service").find(|s| selects(&s["spec"]["selector"], pod_labels));
+    ensure!(
+        problems,
+        service.is_some_and(|s| s["spec"]["ports"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|p| resolve_port(container, &p["targetPort"]) == port)),
+        "{what}: a Service reaches its listen port"
+    );
+    let budget = of_kind(fleet.objects, "PodDisruptionBudget")
+        .find(|b| selects(&b["spec"]["selector"]["matchLabels"], pod_labels));
+    ensure!(
+        problems,
+        budget.is_some_and(|b| b["spec"]["minAvailable"]
+            .as_u64()
+            .is_some_and(|m| m >= 1 && m < replicas)),
+        "{what}: a PodDisruptionBudget keeps a dispatcher and lets a drain go on"
+    );
+}
+
+/// The checks of a worker Deployment; the pool it runs.
+fn worker_problems(
+    fleet: &Fleet,
+    workload: &Value,
+    container: &Value,
+    args: &[String],
+    problems: &mut Vec<String>,
+) -> Option<String> {
+    let what = label(workload);
+    ensure!(
+        problems,
+        kind(workload) == "Deployment",
+        "{what}: workers are a Deployment"
+    );
+    ensure!(
+        problems,
+        workload["spec"]["replicas"].is_null(),
+        "{what}: no replicas; the pool's autoscaler owns the count"
+    );
+    let pool = pool_of(&args[1..])
+        .map_err(|e| problems.push(format!("{what}: {e}")))
+        .ok()?;
+    // /metrics, /healthz and /readyz of the worker: metrics_listen.
+    let metrics = env_value(container, "TOOLFLEET_METRICS_LISTEN")
+        .or(fleet
+            .config
+            .get("metrics_listen")
+            .and_then(toml::Value::as_str))
+        .unwrap_or_default();
+    ensure!(
+        problems,
+        matches!(host_of(metrics), "0.0.0.0" | "[::]"),
+        "{what}: metrics_listen ({metrics:?}, TOOLFLEET_METRICS_LISTEN) is set and reachable from the kubelet"
+    );
+    let port = port_of(metrics);
+    probe_problems(&what, container, port, problems);
+    ensure!(
+        problems,
+        scraped_on(workload, port),
+        "{what}: Prometheus scrapes {METRICS} on port {port:?}"
+    );
+    let needed = pre_stop_s(container) + fleet.grace + GRACE_MARGIN_S;
+    let termination = termination_s(workload);
+    ensure!(
+        problems,
+        termination >= needed,
+        "{what}: terminationGracePeriodSeconds {termination} < shutdown_grace_s {} + {GRACE_MARGIN_S} s to hand back",
+        fleet.grace
+    );
+
+    // One autoscaler per pool.
+    let targets = |o: &&Value| {
+        o["spec"]["scaleTargetRef"]["name"] == name(workload)
+            && o["spec"]["scaleTargetRef"]["kind"]
+                .as_str()
+                .unwrap_or("Deployment")
+                == "Deployment"
+    };
+    let scaled: Vec<&Value> = of_kind(fleet.objects, "ScaledObject")
+        .filter(targets)
+        .collect();
+    let hpas: Vec<&Value> = of_kind(fleet.objects, "HorizontalPodAutoscaler")
+        .filter(targets)
+        .collect();
+    ensure!(
+        problems,
+        scaled.len() + hpas.len() == 1,
+        "{what}: one autoscaler (ScaledObject or HorizontalPodAutoscaler), got {}",
+        scaled.len() + hpas.len()
+    );
+    let broker = env_secret(container, "TOOLFLEET_BROKER_URL");
+    for so in scaled {
+        scaled_object_problems(fleet, so, &pool, broker.as_ref(), problems);
+    }
+    for hpa in hpas {
+        let spec = &hpa["spec"];
+        let min = spec["minReplicas"].as_u64().unwrap_or(1);
+        ensure!(
+            problems,
+            spec["scaleTargetRef"]["apiVersion"] == "apps/v1"
+                && min >= 1
+                && spec["maxReplicas"].as_u64().is_some_and(|max| max >= min),
+            "{}: targets apps/v1 Deployment {} with 1 <= minReplicas <= maxReplicas",
+            label(hpa),
+            name(workload)
+        );
+    }
+    Some(pool)
+}
+
+/// A ScaledObject of `pool` watches the pool's queue, through a
+/// TriggerAuthentication reading the URL the workers connect with (`broker`).
+fn scaled_object_problems(
+    fleet: &Fleet,
+    so: &Value,
+    pool: &str,
+    broker: Option<&(String, String)>,
+    problems: &mut Vec<String>,
+) {
+    let what = label(so);
+    let spec = &so["spec"];
+    let min = spec["minReplicaCount"].as_u64().unwrap_or(0);
+    let max = spec["maxReplicaCount"].as_u64().unwrap_or(100);
+    ensure!(
+        problems,
+        min >= 1 && max >= min,
+        "{what}: 1 <= minReplicaCount <= maxReplicaCount (at zero, running jobs lose their worker)"
+    );
+    let triggers: Vec<&Value> = spec["triggers"].as_array().into_iter().flatten().collect();
+    ensure!(
+        problems,
+        !triggers.is_empty() && triggers.iter().all(|t| t["type"] == "rabbitmq"),
+        "{what}: rabbitmq triggers"
+    );
+    let queue = toolfleet_broker::rabbit::pool_queue_name(&fleet.prefix, pool);
+    for trigger in triggers {
+        let metadata = &trigger["metadata"];
+        ensure!(
+            problems,
+            metadata["queueName"] == queue.as_str(),
+            "{what}: queueName {} is not {queue}, the queue of pool {pool} under broker_prefix {}",
+            metadata["queueName"],
+            fleet.prefix
+        );
+        ensure!(
+            problems,
+            metadata["mode"] == "QueueLength",
+            "{what}: scales on the queue's length"
+        );
+        ensure!(
+            problems,
+            metadata["host"].is_null() && metadata["hostFromEnv"].is_null(),
+            "{what}: the broker's URL comes from the TriggerAuthentication, not the trigger"
+        );
+        let auth_name = trigger["authenticationRef"]["name"]
+            .as_str()
+            .unwrap_or_default();
+        let host = find(fleet.objects, "TriggerAuthentication", auth_name).and_then(|a| {
+            let reference = a["spec"]["secretTargetRef"]
+                .as_array()?
+                .iter()
+                .find(|r| r["parameter"] == "host")?;
+            Some((
+                reference["name"].as_str()?.to_owned(),
+                reference["key"].as_str()?.to_owned(),
+            ))
+        });
+        ensure!(
+            problems,
+            host.is_some() && host.as_ref() == broker,
+            "{what}: TriggerAuthentication {auth_name:?} gives `host` from the Secret key the workers connect with ({broker:?}), not {host:?}"
+        );
+        let scheme = host
+            .and_then(|(secret, key)| secret_value(fleet.objects, &secret, &key))
+            .and_then(|url| url.split_once("://").map(|(s, _)| s.to_owned()));
+        let protocol = metadata["protocol"].as_str().unwrap_or("auto");
+        ensure!(
+            problems,
+            matches!(
+                (protocol, scheme.as_deref()),
+                ("amqp" | "auto", Some("amqp" | "amqps"))
+            ),
+            "{what}: protocol {protocol} fits the URL's scheme {scheme:?}"
+        );
+    }
+}
+
+// -------------------------------------------------------------- processes
+
+/// Waits for `child` to exit, at most `limit`; kills it past that.
+fn exit_within(mut child: Child, limit: Duration) -> Output {
+    let start = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "toolfleet still ran after {limit:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// A `toolfleet` process of these tests, killed when dropped.
+struct Process(Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `toolfleet --config <config> <args>` with `env`, and waits for
+/// the stderr line starting with `ready`: (the process, the rest of it).
+fn start(config: &Path, args: &[String], env: &[(&str, String)], ready: &str) -> (Process, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_toolfleet"))
+        .env_remove("TOOLFLEET_CONFIG")
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .arg("--config")
+        .arg(config)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("toolfleet starts");
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut said = Vec::new();
+    let rest = loop {
+        match lines.next() {
+            Some(Ok(line)) => {
+                if let Some(rest) = line.strip_prefix(ready) {
+                    break rest.to_owned();
+                }
+                said.push(line);
+            }
+            _ => {
+                let _ = child.kill();
+                panic!(
+                    "`toolfleet {}` exited before `{ready}`:\n{}",
+                    args.join(" "),
+                    said.join("\n")
+                );
+            }
+        }
+    };
+    std::thread::spawn(move || for _ in lines.map_while(Result::ok) {});
+    (Process(child), rest)
+}
+
+/// `GET path` on `address`: the status and the body.
+fn http_get(address: SocketAddr, path: &str) -> Result<(u16, String), String> {
+    let mut stream =
+        TcpStream::connect_timeout(&address, Duration::from_secs(2)).map_err(|e| e.to_string())?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n").map_err(|e| e.to_string())?;
+    let mut answer = String::new();
+    stream
+        .read_to_string(&mut answer)
+        .map_err(|e| e.to_string())?;
+    let status = answer
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("not HTTP: {answer}"))?;
+    let body = answer
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    Ok((status, body))
+}
+
+/// `GET path` until it answers 200, for at most `limit`.
+fn get_ok(address: SocketAddr, path: &str, limit: Duration) -> String {
+    let start = Instant::now();
+    loop {
+        let outcome = http_get(address, path);
+        match &outcome {
+            Ok((200, body)) => return body.clone(),
+            _ if start.elapsed() > limit => panic!("GET {path} on {address}: {outcome:?}"),
+            _ => std::thread::sleep(Duration::from_millis(100)),
+        }
+    }
+}
+
+/// The httpGet paths of a container's liveness and readiness probes.
+fn probe_paths(container: &Value) -> Vec<String> {
+    ["livenessProbe", "readinessProbe"]
+        .iter()
+        .map(|p| {
+            container[p]["httpGet"]["path"]
+                .as_str()
+                .expect("an httpGet probe")
+                .to_owned()
+        })
+        .collect()
+}
+
+/// The httpGet of a container's probe `which`.
+fn probe<'a>(container: &'a Value, which: &str) -> &'a Value {
+    &container[which]["httpGet"]
+}
+
+fn first_container(workload: &Value) -> &Value {
+    &workload["spec"]["template"]["spec"]["containers"][0]
+}
+
+fn string_args(container: &Value) -> Vec<String> {
+    container["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .map(|a| a.as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// The rendered overlay `wanted`.
+fn overlay(wanted: &str) -> Option<Vec<Value>> {
+    let overlays = render_overlays(&repo().join(K8S))?;
+    Some(
+        overlays
+            .into_iter()
+            .find(|(name, _)| name == wanted)
+            .unwrap_or_else(|| panic!("no overlay {wanted}"))
+            .1,
+    )
+}
+
+// ------------------------------------------------------------------ tests
+
+#[test]
+fn every_overlay_validates_against_the_kubernetes_schemas_and_the_keda_crds() {
+    let root = repo().join(K8S);
+    let Some(overlays) = render_overlays(&root) else {
+        return;
+    };
+    let names: BTreeSet<&str> = overlays.iter().map(|(name, _)| name.as_str()).collect();
+    assert_eq!(names, BTreeSet::from(["hpa", "keda"]));
+    let crds = vendored_crds(&root);
+    let crd_kinds: BTreeSet<&str> = crds.iter().map(|c| c.kind.as_str()).collect();
+    assert_eq!(
+        crd_kinds,
+        BTreeSet::from(["ScaledObject", "TriggerAuthentication"])
+    );
+
+    let mut configs = BTreeSet::new();
+    for (overlay, objects) in &overlays {
+        let report = kubernetes_validate(objects);
+        if let Some(report) = &report {
+            eprintln!(
+                "overlay {overlay}: {} objects, kubernetes-validate {} against Kubernetes {}",
+                objects.len(),
+                report["validator"],
+                report["versions"]
+            );
+        }
+        let problems = schema_problems(objects, report.as_ref(), &crds);
+        assert!(
+            problems.is_empty(),
+            "overlay {overlay}:\n{}",
+            problems.join("\n")
+        );
+        let custom: Vec<String> = objects
+            .iter()
+            .filter(|o| crd_of(o, &crds).is_some())
+            .map(label)
+            .collect();
+        match overlay.as_str() {
+            // Without KEDA the overlay needs no custom resource at all.
+            "hpa" => assert!(custom.is_empty(), "overlay hpa needs KEDA for {custom:?}"),
+            _ => assert!(
+                custom.iter().any(|c| c.starts_with("ScaledObject/"))
+                    && custom
+                        .iter()
+                        .any(|c| c.starts_with("TriggerAuthentication/")),
+                "overlay keda makes ScaledObjects and a TriggerAuthentication: {custom:?}"
+            ),
+        }
+        configs.insert(config_map(objects));
+    }
+    assert_eq!(
+        configs.len(),
+        1,
+        "every overlay carries the same configuration"
+    );
+}
+
+#[test]
+fn a_broken_copy_of_the_manifests_fails_validation() {
+    let root = repo().join(K8S);
+    let copy = TempDir::new("k8s-broken");
+    let broken = copy.0.join("k8s");
+    copy_tree(&root, &broken);
+    // A misspelt field of a core object, a wrong type in another, a wrong
+    // type and an unknown field in the custom resources, and a required
+    // field left out.
+    edit(
+        &broken.join("base/dispatcher-deployment.yaml"),
+        "readinessProbe:",
+        "readinesProbe:",
+    );
+    edit(
+        &broken.join("pools/default/worker/deployment.yaml"),
+        "terminationGracePeriodSeconds: 30",
+        "terminationGracePeriodSeconds: thirty",
+    );
+    edit(
+        &broken.join("pools/default/keda/scaledobject.yaml"),
+        "minReplicaCount: 1",
+        "minReplicaCount: one",
+    );
+    edit(
+        &broken.join("pools/agents/keda/scaledobject.yaml"),
+        "pollingInterval:",
+        "pollingIntervall:",
+    );
+    edit(
+        &broken.join("overlays/keda/trigger-authentication.yaml"),
+        "      key: broker-url\n",
+        "",
+    );
+
+    let Some(overlays) = render_overlays(&broken) else {
+        return;
+    };
+    let crds = vendored_crds(&broken);
+    let (_, objects) = overlays.iter().find(|(name, _)| name == "keda").unwrap();
+    let report = kubernetes_validate(objects);
+    let problems = schema_problems(objects, report.as_ref(), &crds);
+    eprintln!("the broken copy:\n{}", problems.join("\n"));
+    let caught = |object: &str, says: &str| {
+        problems
+            .iter()
+            .any(|p| p.starts_with(object) && p.contains(says))
+    };
+    for (object, says) in [
+        ("ScaledObject/toolfleet-worker-default", "minReplicaCount"),
+        ("ScaledObject/toolfleet-worker-agents", "pollingIntervall"),
+        ("TriggerAuthentication/toolfleet-rabbitmq", "key"),
+    ] {
+        assert!(
+            caught(object, says),
+            "{object} ({says}) passed:\n{}",
+            problems.join("\n")
+        );
+    }
+    if report.is_some() {
+        for (object, says) in [
+            ("Deployment/toolfleet-dispatcher", "readinesProbe"),
+            (
+                "Deployment/toolfleet-worker-default",
+                "terminationGracePeriodSeconds",
+            ),
+        ] {
+            assert!(
+                caught(object, says),
+                "{object} ({says}) passed:\n{}",
+                problems.join("\n")
+            );
+        }
+    }
+    // Nothing else was flagged: the untouched objects still pass.
+    let broken = BTreeSet::from([
+        "Deployment/toolfleet-dispatcher",
+        "Deployment/toolfleet-worker-default",
+        "ScaledObject/toolfleet-worker-default",
+        "ScaledObject/toolfleet-worker-agents",
+        "TriggerAuthentication/toolfleet-rabbitmq",
+    ]);
+    for problem in &problems {
+        let object = problem.split([':', ' ']).next().unwrap();
+        assert!(
+            broken.contains(object),
+            "an untouched object was flagged: {problem}"
+        );
+    }
+}
+
+#[test]
+fn the_fleet_holds_together_in_every_overlay() {
+    let Some(overlays) = render_overlays(&repo().join(K8S)) else {
+        return;
+    };
+    for (overlay, objects) in &overlays {
+        let problems = fleet_problems(objects);
+        assert!(
+            problems.is_empty(),
+            "overlay {overlay}:\n{}",
+            problems.join("\n")
+        );
+    }
+
+    // Each check catches what it is for.
+    let (_, keda) = overlays.iter().find(|(name, _)| name == "keda").unwrap();
+    type Breakage = fn(&mut Vec<Value>);
+    let breakages: [(&str, Breakage, &str); 7] = [
+        (
+            "a worker stopped before its grace is over",
+            |o| {
+                find_mut(o, "Deployment", "toolfleet-worker-default")["spec"]["template"]["spec"]
+                    ["terminationGracePeriodSeconds"] = json!(20)
+            },
+            "terminationGracePeriodSeconds",
+        ),
+        (
+            "a ScaledObject watching another queue",
+            |o| {
+                find_mut(o, "ScaledObject", "toolfleet-worker-default")["spec"]["triggers"][0]["metadata"]
+                    ["queueName"] = json!("toolfleet.default")
+            },
+            "queueName",
+        ),
+        (
+            "a dispatcher probe on a path not served",
+            |o| {
+                first_container_mut(find_mut(o, "Deployment", "toolfleet-dispatcher"))["readinessProbe"]
+                    ["httpGet"]["path"] = json!("/ready")
+            },
+            "readinessProbe",
+        ),
+        (
+            "a worker probe on a port not declared",
+            |o| {
+                first_container_mut(find_mut(o, "Deployment", "toolfleet-worker-agents"))["livenessProbe"]
+                    ["httpGet"]["port"] = json!("http")
+            },
+            "livenessProbe",
+        ),
+        (
+            "a pool without workers",
+            |o| o.retain(|x| !(kind(x) == "Deployment" && name(x) == "toolfleet-worker-agents")),
+            "\"agents\"",
+        ),
+        (
+            "KEDA reading another secret key than the workers",
+            |o| {
+                find_mut(o, "TriggerAuthentication", "toolfleet-rabbitmq")["spec"]["secretTargetRef"]
+                    [0]["key"] = json!("database-url")
+            },
+            "TriggerAuthentication",
+        ),
+        (
+            "a worker command the binary refuses",
+            |o| {
+                first_container_mut(find_mut(o, "Deployment", "toolfleet-worker-default"))["args"] =
+                    json!(["worker", "--pools", "default"])
+            },
+            "refuses",
+        ),
+    ];
+    for (what, break_it, says) in breakages {
+        let mut objects = keda.clone();
+        break_it(&mut objects);
+        let problems = fleet_problems(&objects);
+        assert!(
+            problems.iter().any(|p| p.contains(says)),
+            "{what} passed: {problems:#?}"
+        );
+    }
+}
+
+fn first_container_mut(workload: &mut Value) -> &mut Value {
+    &mut workload["spec"]["template"]["spec"]["containers"][0]
+}
+
+#[test]
+fn the_binary_serves_the_configmap_configuration_and_the_dispatcher_probes() {
+    let Some(objects) = overlay("keda") else {
+        return;
+    };
+    let (_, text) = config_map(&objects);
+    let dispatcher = find(&objects, "Deployment", "toolfleet-dispatcher").expect("the dispatchers");
+    let container = first_container(dispatcher);
+    let dir = TempDir::new("k8s-config");
+    let token = "tf_k8s_test";
+    let path = dir.0.join(CONFIG_FILE);
+    let confirm = ("TOOLFLEET_CONFIRM_SECRET", "cd".repeat(32));
+    let webhook = (
+        "TOOLFLEET_WEBHOOK_SECRET",
+        "k8s-test-webhook-key".to_owned(),
+    );
+    let listen = ("TOOLFLEET_LISTEN", "127.0.0.1:0".to_owned());
+
+    std::fs::write(&path, local_config(&text, &dir.0, Some(token))).unwrap();
+    let shipped = dir.0.join("shipped.toml");
+    std::fs::write(&shipped, local_config(&text, &dir.0, None)).unwrap();
+
+    // As shipped, the placeholders keep a dispatcher from starting: the
+    // confirm secret of the Secret, then the token digest of the ConfigMap.
+    let placeholder = secret_value(&objects, "toolfleet-secrets", "confirm-secret").unwrap();
+    for (config, env, says) in [
+        (
+            &path,
+            vec![("TOOLFLEET_CONFIRM_SECRET", placeholder), webhook.clone()],
+            "confirm_secret",
+        ),
+        (&shipped, vec![confirm.clone(), webhook.clone()], "sha256"),
+    ] {
+        let child = Command::new(env!("CARGO_BIN_EXE_toolfleet"))
+            .env_remove("TOOLFLEET_CONFIG")
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+            .env(listen.0, &listen.1)
+            .arg("--config")
+            .arg(config)
+            .arg("serve")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = exit_within(child, Duration::from_secs(30));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && stderr.contains(says),
+            "a placeholder ({says}) was taken: {stderr}"
+        );
+    }
+
+    // With them filled, the binary loads the ConfigMap's file (every key, the
+    // included pack, its executors) and serves; the dispatcher's probes and
+    // its scrape path answer 200 on the routes the Deployment names.
+    let (_process, rest) = start(
+        &path,
+        &["serve".to_owned()],
+        &[confirm, webhook, listen],
+        "toolfleet serving on http://",
+    );
+    let address: SocketAddr = rest
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .expect("an address");
+    let mut paths = probe_paths(container);
+    paths.push(
+        dispatcher["spec"]["template"]["metadata"]["annotations"]["prometheus.io/path"]
+            .as_str()
+            .unwrap()
+            .to_owned(),
+    );
+    for path in paths {
+        get_ok(address, &path, Duration::from_secs(10));
+    }
+    let tools = Command::new(env!("CARGO_BIN_EXE_toolfleet"))
+        .args([
+            "tools",
+            "--server",
+            &format!("http://{address}"),
+            "--token",
+            token,
+        ])
+        .output()
+        .unwrap();
+    let listed = String::from_utf8_lossy(&tools.stdout);
+    assert!(
+        tools.status.success() && listed.contains("reconcile_month"),
+        "{listed}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_as_deployed_serves_its_probes_and_consumes_the_scaled_queue() {
+    let Some(objects) = overlay("keda") else {
+        return;
+    };
+    let (_, text) = config_map(&objects);
+    let dir = TempDir::new("k8s-worker");
+    let id = uuid::Uuid::now_v7().simple().to_string();
+    let (schema, prefix) = (format!("tf_{id}"), format!("tf-{id}"));
+    let _cleanup = SharedCleanup {
+        database: Some((shared_database_url(), schema.clone())),
+        broker: Some((shared_amqp_url(), prefix.clone())),
+    };
+    // The ConfigMap's file in a fleet of this test's own.
+    let mut config = local_config(&text, &dir.0, Some("tf_k8s_worker"));
+    config = set_key(&config, "broker_prefix", &format!("{prefix:?}"));
+    config = set_key(&config, "database_schema", &format!("{schema:?}"));
+    let path = dir.0.join(CONFIG_FILE);
+    std::fs::write(&path, config).unwrap();
+    let servers = [
+        ("TOOLFLEET_DATABASE_URL", shared_database_url()),
+        ("TOOLFLEET_BROKER_URL", shared_amqp_url()),
+        ("TOOLFLEET_CONFIRM_SECRET", "ef".repeat(32)),
+    ];
+
+    // The migration Job's command, then the default pool's worker, each with
+    // the arguments of its manifest.
+    let job = find(&objects, "Job", "toolfleet-migrate").expect("the migration Job");
+    let migrated = Command::new(env!("CARGO_BIN_EXE_toolfleet"))
+        .env_remove("TOOLFLEET_CONFIG")
+        .envs(servers.iter().map(|(k, v)| (*k, v.as_str())))
+        .arg("--config")
+        .arg(&path)
+        .args(string_args(first_container(job)))
+        .output()
+        .unwrap();
+    assert!(
+        migrated.status.success(),
+        "{}",
+        String::from_utf8_lossy(&migrated.stderr)
+    );
+
+    let worker = find(&objects, "Deployment", "toolfleet-worker-default")
+        .expect("the default pool's workers");
+    let container = first_container(worker);
+    let args = string_args(container);
+    let pool = pool_of(&args[1..]).unwrap();
+    let manifest_listen = env_value(container, "TOOLFLEET_METRICS_LISTEN").expect("metrics_listen");
+    let port = free_port();
+    let mut env: Vec<(&str, String)> = servers.to_vec();
+    // The manifest's host (every interface) would do; the loopback keeps
+    // the test to this machine.
+    assert_eq!(host_of(manifest_listen), "0.0.0.0");
+    env.push(("TOOLFLEET_METRICS_LISTEN", format!("127.0.0.1:{port}")));
+    let (_process, _) = start(&path, &args, &env, "toolfleet worker running");
+    let address: SocketAddr = ([127, 0, 0, 1], port).into();
+    for path in probe_paths(container) {
+        get_ok(address, &path, Duration::from_secs(15));
+    }
+    get_ok(address, METRICS, Duration::from_secs(5));
+
+    // It consumes the queue its ScaledObject names, under this fleet's prefix.
+    let scaled = find(&objects, "ScaledObject", name(worker)).expect("the pool's ScaledObject");
+    let watched = scaled["spec"]["triggers"][0]["metadata"]["queueName"]
+        .as_str()
+        .unwrap();
+    assert_eq!(
+        watched,
+        toolfleet_broker::rabbit::pool_queue_name("toolfleet", &pool)
+    );
+    let queue = toolfleet_broker::rabbit::pool_queue_name(&prefix, &pool);
+    let connection =
+        lapin::Connection::connect(&shared_amqp_url(), lapin::ConnectionProperties::default())
+            .await
+            .expect("RabbitMQ");
+    let channel = connection.create_channel().await.unwrap();
+    let passive = lapin::options::QueueDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
+    let start = Instant::now();
+    loop {
+        let declared = channel
+            .queue_declare(
+                queue.as_str().into(),
+                passive,
+                lapin::types::FieldTable::default(),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("the worker's queue {queue} exists: {e}"));
+        if declared.consumer_count() >= 1 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(15),
+            "nobody consumes {queue}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let _ = connection.close(0, "done".into()).await;
+}
+
+/// A port nobody listens on now (the kernel's pick).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+#[test]
+fn the_configuration_uses_documented_keys_and_the_readme_covers_the_layout() {
+    let text = read(&repo().join(K8S).join("base").join(CONFIG_FILE));
+    let config: toml::Table = toml::from_str(&text).unwrap();
+    let readme = read(&repo().join("README.md"));
+    let section = readme
+        .split("\n## ")
+        .find(|s| s.starts_with("Configuration"))
+        .expect("README.md has a Configuration section");
+    for key in config.keys() {
+        let documented = section.contains(&format!("`{key}`"))
+            || section.contains(&format!("`[{key}]`"))
+            || section.contains(&format!("`[[{key}"));
+        assert!(
+            documented,
+            "{CONFIG_FILE} sets `{key}`, which README.md's Configuration does not document"
+        );
+    }
+    for variable in [
+        "TOOLFLEET_SHUTDOWN_GRACE_S",
+        "TOOLFLEET_CONFIRM_SECRET",
+        "TOOLFLEET_WEBHOOK_SECRET",
+    ] {
+        assert!(section.contains(variable), "README.md documents {variable}");
+    }
+    let guide = read(&repo().join(K8S).join("README.md"));
+    for needed in [
+        "overlays/keda",
+        "overlays/hpa",
+        "pools/default",
+        "toolfleet-migrate",
+        "shutdown_grace_s",
+        "terminationGracePeriodSeconds",
+        MIN_KUBERNETES,
+    ] {
+        assert!(
+            guide.contains(needed),
+            "deploy/k8s/README.md speaks of {needed}"
+        );
+    }
+}
+
+#[test]
+fn a_pool_added_as_the_readme_says_holds_together() {
+    let copy = TempDir::new("k8s-pool");
+    let root = copy.0.join(K8S);
+    copy_tree(&repo().join(K8S), &root);
+    // The commands of "Adding a pool", run as written.
+    let guide = read(&repo().join(K8S).join("README.md"));
+    let section = guide
+        .split("\n## ")
+        .find(|s| s.starts_with("Adding a pool"))
+        .expect("deploy/k8s/README.md has a section on adding a pool");
+    let script = section
+        .split("```sh\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("a sh block");
+    let ran = Command::new("sh")
+        .args(["-euc", script])
+        .current_dir(&copy.0)
+        .output()
+        .unwrap();
+    assert!(
+        ran.status.success(),
+        "{script}: {}",
+        String::from_utf8_lossy(&ran.stderr)
+    );
+    // Then the overlays list it, and a tool runs on it.
+    for overlay in ["keda", "hpa"] {
+        let listed = format!("  - ../../pools/reports/{overlay}\n");
+        assert!(
+            section.contains(&format!("../../pools/reports/{overlay}`")),
+            "the README names {listed}"
+        );
+        let path = root
+            .join("overlays")
+            .join(overlay)
+            .join("kustomization.yaml");
+        let anchor = format!("  - ../../pools/agents/{overlay}\n");
+        edit(&path, &anchor, &format!("{anchor}{listed}"));
+    }
+    let config = root.join("base").join(CONFIG_FILE);
+    let mut text = read(&config);
+    text.push_str("\n[[tools]]\nname = \"build_report\"\nshape = \"job\"\npool = \"reports\"\ninput_schema = { type = \"object\" }\nexecutor = { kind = \"builtin\", name = \"toolfleet.noop\" }\n");
+    std::fs::write(&config, text).unwrap();
+
+    let Some(overlays) = render_overlays(&root) else {
+        return;
+    };
+    let crds = vendored_crds(&root);
+    for (overlay, objects) in &overlays {
+        let mut problems = fleet_problems(objects);
+        problems.extend(custom_resource_problems(objects, &crds));
+        assert!(
+            problems.is_empty(),
+            "overlay {overlay}:\n{}",
+            problems.join("\n")
+        );
+        assert!(find(objects, "Deployment", "toolfleet-worker-reports").is_some());
+    }
+    let (_, keda) = overlays.iter().find(|(name, _)| name == "keda").unwrap();
+    let scaled = find(keda, "ScaledObject", "toolfleet-worker-reports").expect("its ScaledObject");
+    assert_eq!(
+        scaled["spec"]["triggers"][0]["metadata"]["queueName"],
+        "toolfleet.pool.reports"
+    );
+}

@@ -1,0 +1,350 @@
+//! Prometheus metrics of real `toolfleet` processes. A scripted run against
+//! `toolfleet serve` on the embedded default (a cached query called twice, a
+//! validation failure, denials of every reason, a job that succeeds and
+//! calls back a webhook that fails once, a job that fails after a retry, an
+//! agent on a scripted model) then one scrape of `/metrics` that must show
+//! every metric of the contract with the values the run moved. And a
+//! `toolfleet worker` of the distributed mode (this machine's PostgreSQL and
+//! RabbitMQ, a schema and a prefix of the test's own) serving `/metrics`,
+//! `/healthz` and `/readyz` on `metrics_listen`, counting a job a dispatcher
+//! enqueued and a message it dead-lettered, and refusing a port in use.
+//!
+//! The distributed test never skips: without the servers it fails and says
+//! what to start (`TOOLFLEET_TEST_DATABASE_URL`, `TOOLFLEET_TEST_AMQP_URL`).
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::scripted::{Scrape, reqwest_client, scripted_run};
+use common::{
+    Server, SharedCleanup, TOKEN, TempDir, config_with, eventually, settle, shared_amqp_url,
+    shared_database_url,
+};
+use serde_json::{Value, json};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_counts_a_scripted_run_in_one_registry() {
+    let run = scripted_run().await;
+    let scrape = &run.scrape;
+    for (family, kind) in [
+        ("toolfleet_calls", "counter"),
+        ("toolfleet_call_duration_seconds", "histogram"),
+        ("toolfleet_job_queue_wait_seconds", "histogram"),
+        ("toolfleet_job_run_seconds", "histogram"),
+        ("toolfleet_worker_slots", "gauge"),
+        ("toolfleet_jobs", "gauge"),
+        ("toolfleet_queue_depth", "gauge"),
+    ] {
+        assert!(scrape.has_type(family, kind), "{family} {kind}");
+    }
+    let exactly = [
+        // The call path.
+        (
+            r#"toolfleet_calls_total{tool="find_expenses",outcome="ok"}"#,
+            2.0,
+        ),
+        (
+            r#"toolfleet_calls_total{tool="find_expenses",outcome="invalid_arguments"}"#,
+            1.0,
+        ),
+        (
+            r#"toolfleet_calls_total{tool="find_expenses",outcome="forbidden"}"#,
+            1.0,
+        ),
+        (
+            r#"toolfleet_calls_total{tool="unknown",outcome="unknown_tool"}"#,
+            1.0,
+        ),
+        (
+            r#"toolfleet_calls_total{tool="fine_job",outcome="running"}"#,
+            1.0,
+        ),
+        (
+            r#"toolfleet_call_duration_seconds_count{tool="find_expenses"}"#,
+            4.0,
+        ),
+        (
+            r#"toolfleet_validation_failures_total{tool="find_expenses"}"#,
+            1.0,
+        ),
+        (
+            r#"toolfleet_denials_total{tool="find_expenses",reason="forbidden"}"#,
+            1.0,
+        ),
+        (
+            r#"toolfleet_denials_total{tool="unknown",reason="unauthenticated"}"#,
+            1.0,
+        ),
+        (
+            r#"toolfleet_denials_total{tool="limited",reason="rate_limited"}"#,
+            1.0,
+        ),
+        (r#"toolfleet_cache_hits_total{tool="find_expenses"}"#, 1.0),
+        (r#"toolfleet_cache_misses_total{tool="find_expenses"}"#, 1.0),
+        (r#"toolfleet_jobs_enqueued_total{tool="fine_job"}"#, 1.0),
+        (r#"toolfleet_jobs_enqueued_total{tool="flaky_job"}"#, 1.0),
+        (
+            r#"toolfleet_jobs_enqueued_total{tool="counting_agent"}"#,
+            1.0,
+        ),
+        // Webhooks: the refused attempt, then the delivered one.
+        (
+            r#"toolfleet_webhook_deliveries_total{outcome="failed"}"#,
+            1.0,
+        ),
+        (
+            r#"toolfleet_webhook_deliveries_total{outcome="delivered"}"#,
+            1.0,
+        ),
+        ("toolfleet_webhook_abandoned_total", 0.0),
+        // Workers.
+        (r#"toolfleet_jobs_started_total{tool="fine_job"}"#, 1.0),
+        (r#"toolfleet_jobs_started_total{tool="flaky_job"}"#, 2.0),
+        (
+            r#"toolfleet_jobs_settled_total{tool="fine_job",state="succeeded"}"#,
+            1.0,
+        ),
+        (
+            r#"toolfleet_jobs_settled_total{tool="flaky_job",state="failed"}"#,
+            1.0,
+        ),
+        (
+            r#"toolfleet_jobs_settled_total{tool="counting_agent",state="succeeded"}"#,
+            1.0,
+        ),
+        (r#"toolfleet_job_retries_total{tool="flaky_job"}"#, 1.0),
+        (r#"toolfleet_dead_letters_total{pool="default"}"#, 0.0),
+        (
+            r#"toolfleet_job_queue_wait_seconds_count{tool="fine_job"}"#,
+            1.0,
+        ),
+        (r#"toolfleet_job_run_seconds_count{tool="flaky_job"}"#, 2.0),
+        (r#"toolfleet_worker_slots{pool="default"}"#, 4.0),
+        (r#"toolfleet_worker_slots{pool="agents"}"#, 4.0),
+        (r#"toolfleet_worker_jobs_in_flight{pool="default"}"#, 0.0),
+        // Agents.
+        (r#"toolfleet_agent_steps_total{tool="counting_agent"}"#, 1.0),
+        (
+            r#"toolfleet_agent_tokens_total{tool="counting_agent",kind="input"}"#,
+            50.0,
+        ),
+        (
+            r#"toolfleet_agent_tokens_total{tool="counting_agent",kind="output"}"#,
+            10.0,
+        ),
+        // Backends: nothing failed.
+        (r#"toolfleet_backend_errors_total{backend="store"}"#, 0.0),
+        (r#"toolfleet_backend_errors_total{backend="broker"}"#, 0.0),
+        (r#"toolfleet_backend_errors_total{backend="notices"}"#, 0.0),
+        // Read when scraped.
+        (r#"toolfleet_jobs{state="succeeded"}"#, 2.0),
+        (r#"toolfleet_jobs{state="failed"}"#, 1.0),
+        (r#"toolfleet_jobs{state="queued"}"#, 0.0),
+        (r#"toolfleet_queue_depth{pool="default"}"#, 0.0),
+        (r#"toolfleet_queue_depth{pool="agents"}"#, 0.0),
+    ];
+    for (series, value) in exactly {
+        assert_eq!(scrape.get(series), value, "{series} in\n{}", scrape.text);
+    }
+    let version = format!(
+        r#"toolfleet_build_info{{version="{}"}}"#,
+        env!("CARGO_PKG_VERSION")
+    );
+    assert_eq!(scrape.get(&version), 1.0);
+    // Histograms moved: their sums are positive and their buckets cumulative.
+    assert!(scrape.get(r#"toolfleet_job_run_seconds_sum{tool="fine_job"}"#) > 0.0);
+    assert_eq!(
+        scrape.get(r#"toolfleet_call_duration_seconds_bucket{le="+Inf",tool="find_expenses"}"#),
+        4.0
+    );
+    // No label outside its bounded set: an unknown tool is `unknown`.
+    assert!(!scrape.text.contains("no_such_tool"), "{}", scrape.text);
+}
+
+/// A fleet of this test's own on the shared servers, as distributed.rs
+/// makes them: a schema and a prefix removed when the test ends.
+fn fleet(name: &str) -> (TempDir, std::path::PathBuf, SharedCleanup) {
+    let dir = TempDir::new(name);
+    let id = uuid::Uuid::now_v7().simple().to_string();
+    let cleanup = SharedCleanup {
+        database: Some((shared_database_url(), format!("tf_{id}"))),
+        broker: Some((shared_amqp_url(), format!("tf-{id}"))),
+    };
+    let top = format!(
+        "database_url = {:?}\ndatabase_schema = \"tf_{id}\"\nbroker_url = {:?}\nbroker_prefix = \"tf-{id}\"\nconfirm_secret = \"{}\"\nlease_s = 1\nconcurrency = 2\n",
+        shared_database_url(),
+        shared_amqp_url(),
+        "ab".repeat(32)
+    );
+    let job = "[[tools]]\nname = \"fine_job\"\nshape = \"job\"\ninput_schema = { type = \"object\" }\nexecutor = { kind = \"exec\", program = \"sh\", args = [\"-c\", \"echo '{}'\"] }\n";
+    let config = dir.0.join("toolfleet.toml");
+    std::fs::write(&config, config_with(&dir.0, &top, job)).unwrap();
+    (dir, config, cleanup)
+}
+
+/// Fails, never skips, when the shared servers are not there, saying which.
+async fn require_servers() {
+    let where_ = if std::env::var_os("CI").is_some() {
+        "CI must start PostgreSQL and RabbitMQ before these tests"
+    } else {
+        "start them locally, or point TOOLFLEET_TEST_DATABASE_URL and TOOLFLEET_TEST_AMQP_URL at them"
+    };
+    let database = shared_database_url();
+    let psql = std::process::Command::new("psql")
+        .arg(&database)
+        .args(["-XtAq", "-c", "SELECT 1"])
+        .output();
+    match psql {
+        Ok(out) if out.status.success() => {}
+        Ok(out) => panic!(
+            "PostgreSQL at {database} does not answer ({}); {where_}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ),
+        Err(e) => panic!("psql cannot run ({e}); {where_}"),
+    }
+    let amqp = shared_amqp_url();
+    let options = toolfleet_broker::rabbit::RabbitOptions {
+        prefix: format!("tf-probe-{}", uuid::Uuid::now_v7().simple()),
+        ..Default::default()
+    };
+    if let Err(e) = toolfleet_broker::rabbit::RabbitBroker::connect(&amqp, options).await {
+        panic!("RabbitMQ at {amqp} does not answer ({e}); {where_}");
+    }
+}
+
+fn migrate(config: &Path) {
+    let migrated = std::process::Command::new(env!("CARGO_BIN_EXE_toolfleet"))
+        .arg("--config")
+        .arg(config)
+        .arg("migrate")
+        .output()
+        .unwrap();
+    assert!(
+        migrated.status.success(),
+        "{}",
+        String::from_utf8_lossy(&migrated.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_serves_metrics_health_and_readiness_on_metrics_listen() {
+    require_servers().await;
+    let (_dir, config, cleanup) = fleet("metrics-worker");
+    let prefix = match &cleanup.broker {
+        Some((_, prefix)) => prefix.clone(),
+        None => unreachable!("the fleet has a prefix"),
+    };
+    migrate(&config);
+    let dispatcher = Server::start_role(&config, "dispatcher", "toolfleet serving on ");
+    // Port 0 (TOOLFLEET_METRICS_LISTEN, which the test helpers set): the
+    // worker prints where it listens.
+    let worker = Server::start_role(&config, "worker", "toolfleet worker metrics on ");
+    assert!(
+        worker.base.starts_with("http://127.0.0.1:") && !worker.base.ends_with(":0"),
+        "{}",
+        worker.base
+    );
+    let http = reqwest_client();
+
+    let health = http
+        .get(format!("{}/healthz", worker.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(health.status(), 200);
+    let ready = http
+        .get(format!("{}/readyz", worker.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), 200);
+    assert_eq!(
+        serde_json::from_str::<Value>(&ready.text().await.unwrap()).unwrap(),
+        json!({"store": "ok", "broker": "ok"})
+    );
+
+    // A job enqueued by the dispatcher and run by the worker: each process
+    // counts its own part.
+    let alice = dispatcher.client(TOKEN);
+    let accepted = alice.call("fine_job", json!({})).await;
+    let job = accepted["job_id"].as_str().expect("a job id").to_owned();
+    assert_eq!(settle(&alice, &job).await["status"], "ok");
+    // A message that is not a job id: the worker dead-letters it.
+    let options = toolfleet_broker::rabbit::RabbitOptions {
+        prefix,
+        ..Default::default()
+    };
+    let broker = toolfleet_broker::rabbit::RabbitBroker::connect(&shared_amqp_url(), options)
+        .await
+        .expect("RabbitMQ answers");
+    toolfleet_broker::Broker::publish(&broker, "default", "not a job id")
+        .await
+        .expect("published");
+
+    let scrape = eventually(Duration::from_secs(15), || {
+        let base = worker.base.clone();
+        async move {
+            let scrape = Scrape::of(&base).await;
+            (scrape.value(r#"toolfleet_dead_letters_total{pool="default"}"#) == Some(1.0)
+                && scrape.value(r#"toolfleet_worker_busy_slots{pool="default"}"#) == Some(0.0))
+            .then_some(scrape)
+        }
+    })
+    .await;
+    for (series, value) in [
+        (r#"toolfleet_jobs_started_total{tool="fine_job"}"#, 1.0),
+        (
+            r#"toolfleet_jobs_settled_total{tool="fine_job",state="succeeded"}"#,
+            1.0,
+        ),
+        (r#"toolfleet_worker_slots{pool="default"}"#, 2.0),
+        (r#"toolfleet_worker_jobs_in_flight{pool="default"}"#, 0.0),
+        (r#"toolfleet_jobs{state="succeeded"}"#, 1.0),
+        (r#"toolfleet_queue_depth{pool="default"}"#, 0.0),
+        (r#"toolfleet_backend_errors_total{backend="store"}"#, 0.0),
+    ] {
+        assert_eq!(scrape.get(series), value, "{series} in\n{}", scrape.text);
+    }
+    assert!(scrape.get(r#"toolfleet_job_queue_wait_seconds_count{tool="fine_job"}"#) >= 1.0);
+    assert!(scrape.get(r#"toolfleet_job_run_seconds_count{tool="fine_job"}"#) >= 1.0);
+    // Nothing was enqueued by the worker; the dispatcher counted the job.
+    assert_eq!(
+        scrape.value(r#"toolfleet_jobs_enqueued_total{tool="fine_job"}"#),
+        None
+    );
+    let dispatched = Scrape::of(&dispatcher.base).await;
+    assert_eq!(
+        dispatched.get(r#"toolfleet_jobs_enqueued_total{tool="fine_job"}"#),
+        1.0
+    );
+    assert_eq!(
+        dispatched.value(r#"toolfleet_jobs_started_total{tool="fine_job"}"#),
+        None
+    );
+    let other = http
+        .get(format!("{}/v1/tools", worker.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(other.status(), 404, "a worker serves no API");
+
+    // A second worker asked for the first one's port stops, saying why.
+    let address = worker.base.trim_start_matches("http://").to_owned();
+    let refused = std::process::Command::new(env!("CARGO_BIN_EXE_toolfleet"))
+        .arg("--config")
+        .arg(&config)
+        .arg("worker")
+        .env("TOOLFLEET_METRICS_LISTEN", &address)
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        said.contains(&format!("cannot listen for metrics on {address}")),
+        "{said}"
+    );
+    assert!(!said.contains("toolfleet worker running"), "{said}");
+    drop(broker);
+}
