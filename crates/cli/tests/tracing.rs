@@ -297,6 +297,57 @@ async fn a_calls_trace_runs_from_the_dispatcher_through_the_queue_to_the_worker(
         );
     }
 
+    // A job called over MCP continues the caller's trace too: with a
+    // plain tools/call (rmcp answers it) and with a 2025-11-25 task.
+    for (version, task) in [("2025-06-18", None), ("2025-11-25", Some(json!({})))] {
+        let mut params = json!({"name": "traced_job", "arguments": {}});
+        if let Some(task) = task {
+            params["task"] = task;
+        }
+        let response = alice
+            .http
+            .post(format!("{}/mcp", alice.base))
+            .bearer_auth(&alice.token)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", version)
+            .header("traceparent", parent.as_str())
+            .body(
+                json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params})
+                    .to_string(),
+            )
+            .send()
+            .await
+            .expect("/mcp answers");
+        assert_eq!(response.status(), 200, "{version}");
+        let answer: Value =
+            serde_json::from_str(&response.text().await.expect("a body")).expect("a JSON answer");
+        let result = &answer["result"];
+        let job = result["structuredContent"]["job_id"]
+            .as_str()
+            .or_else(|| result["task"]["taskId"].as_str())
+            .unwrap_or_else(|| panic!("{version}: no job in {answer}"))
+            .to_owned();
+        let lines = eventually(Duration::from_secs(15), || {
+            let lines = worker.job_lines(&job);
+            async move {
+                lines
+                    .iter()
+                    .any(|line| line["message"] == "job settled")
+                    .then_some(lines)
+            }
+        })
+        .await;
+        assert!(
+            lines.iter().all(|line| line["trace_id"] == TRACE_ID),
+            "{version}: {lines:?}"
+        );
+        let enqueued = dispatcher.job_lines(&job);
+        let line = with_message(&enqueued, "job enqueued");
+        assert_eq!(line["trace_id"], TRACE_ID, "{version}: {line}");
+        assert_eq!(line["parent_span_id"], CALLER_SPAN, "{version}: {line}");
+    }
+
     // A bad traceparent is no error: the call starts a trace of its own.
     for bad in [
         parent.to_uppercase(),

@@ -60,6 +60,23 @@ impl TraceContext {
         )
     }
 
+    /// The context a request's headers carry: exactly one `traceparent`
+    /// value, valid, with its `tracestate` values joined as one list; else
+    /// `None` (two `traceparent`s are not a trace to continue).
+    pub fn from_headers<'a>(
+        traceparents: impl IntoIterator<Item = &'a str>,
+        tracestates: impl IntoIterator<Item = &'a str>,
+    ) -> Option<TraceContext> {
+        let mut traceparents = traceparents.into_iter();
+        let traceparent = traceparents.next()?;
+        if traceparents.next().is_some() {
+            return None;
+        }
+        let states: Vec<&str> = tracestates.into_iter().collect();
+        let state = (!states.is_empty()).then(|| states.join(","));
+        TraceContext::parse(traceparent, state.as_deref())
+    }
+
     /// A context of these ids, or `None` when either is all zero. A
     /// `tracestate` that is not well formed is dropped.
     pub fn from_ids(

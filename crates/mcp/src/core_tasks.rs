@@ -24,7 +24,7 @@ use rmcp::model::{ProgressNotificationParam, ProgressToken};
 use serde_json::{Map, Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::sync::mpsc;
-use toolfleet_core::{Envelope, Principal};
+use toolfleet_core::{Envelope, Principal, TraceContext};
 
 use crate::jobs::{self, JobView};
 use crate::{ToolServer, internal};
@@ -171,6 +171,7 @@ impl ToolServer {
         principal: Arc<Principal>,
         message: &Value,
         progress: Option<Progress>,
+        trace: Option<TraceContext>,
     ) -> Value {
         let id = message.get("id").cloned().unwrap_or(Value::Null);
         let params = message.get("params").cloned().unwrap_or(json!({}));
@@ -186,7 +187,7 @@ impl ToolServer {
             ))
         } else {
             match method {
-                "tools/call" => self.call_as_task(principal, &params, progress).await,
+                "tools/call" => self.call_as_task(principal, &params, progress, trace).await,
                 "tasks/get" => match task_id(&params) {
                     Ok(id) => self
                         .job(&principal.tenant, id)
@@ -218,6 +219,7 @@ impl ToolServer {
         principal: Arc<Principal>,
         params: &Value,
         progress: Option<Progress>,
+        trace: Option<TraceContext>,
     ) -> Result<Value, ErrorData> {
         if !params.get("task").is_some_and(Value::is_object) {
             return Err(ErrorData::invalid_params(
@@ -229,7 +231,7 @@ impl ToolServer {
             "name": params.get("name").cloned().unwrap_or(Value::Null),
             "arguments": params.get("arguments").cloned().unwrap_or(Value::Null),
         });
-        let (call, envelope) = self.invoke(principal.clone(), &call, None).await;
+        let (call, envelope) = self.invoke(principal.clone(), &call, None, trace).await;
         let enqueued = call.tool.as_ref().is_some_and(|t| t.shape().is_enqueued());
         let job_id = match &envelope {
             Envelope::Running { job_id, .. } if enqueued => job_id.clone(),
@@ -428,7 +430,7 @@ where
                         tokio::spawn(async move {
                             let progress = Progress::Lines(lines.clone());
                             let answer = server
-                                .answer_core_task(principal, &message, Some(progress))
+                                .answer_core_task(principal, &message, Some(progress), None)
                                 .await;
                             let _ = lines.send(answer);
                         });

@@ -54,6 +54,7 @@ use serde_json::{Map, Value, json};
 use toolfleet_core::adapters::{Format, ProviderCall, parse_call, render_result, tool_specs};
 use toolfleet_core::{
     CallCtx, CallEvent, CallEvents, Envelope, LogLevel, Principal, Runtime, Shape, Tool, ToolError,
+    TraceContext,
 };
 
 pub mod core_tasks;
@@ -235,17 +236,19 @@ impl ToolServer {
     /// Answers one `tools/call` (its `params`) as a `CallToolResult`: the
     /// same path as `POST /v1/calls`, rendered by the MCP adapter.
     pub async fn call(&self, principal: Arc<Principal>, params: &Value) -> Value {
-        let (call, envelope) = self.invoke(principal, params, None).await;
+        let (call, envelope) = self.invoke(principal, params, None, None).await;
         render_result(Format::Mcp, &call, &envelope)
     }
 
     /// Runs one `tools/call` (its `params`): the call as read and its envelope.
-    /// `events`, when given, hears the tool's progress and log reports.
+    /// `events`, when given, hears the tool's progress and log reports; a
+    /// job it makes continues `trace`, the caller's.
     async fn invoke(
         &self,
         principal: Arc<Principal>,
         params: &Value,
         events: Option<CallEvents>,
+        trace: Option<TraceContext>,
     ) -> (ProviderCall, Envelope) {
         let raw = serde_json::to_vec(params).unwrap_or_default();
         let registry = self.runtime.registry();
@@ -255,6 +258,7 @@ impl ToolServer {
                     Ok(args) => {
                         let mut ctx = CallCtx::new(principal);
                         ctx.events = events;
+                        ctx.trace = trace;
                         self.runtime.invoke(&call.name, args.clone(), &ctx).await
                     }
                     Err(error) => Envelope::error(error.clone()),
@@ -297,8 +301,9 @@ impl ToolServer {
         token: Option<ProgressToken>,
     ) -> (ProviderCall, Envelope) {
         let min_level = self.min_log_level(context);
+        let trace = incoming_trace(context);
         if token.is_none() && min_level.is_none() {
-            return self.invoke(principal, params, None).await;
+            return self.invoke(principal, params, None, trace).await;
         }
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let events = CallEvents::new(move |event| {
@@ -335,7 +340,7 @@ impl ToolServer {
                 }
             }
         };
-        let invoke = self.invoke(principal, params, Some(events));
+        let invoke = self.invoke(principal, params, Some(events), trace);
         tokio::pin!(invoke);
         loop {
             tokio::select! {
@@ -465,6 +470,25 @@ impl ToolServer {
         };
         render_result(Format::Mcp, call, &envelope)
     }
+}
+
+/// The W3C trace context of an HTTP request's headers, if it carries one.
+fn trace_of(headers: &axum::http::HeaderMap) -> Option<TraceContext> {
+    let values = |name| {
+        headers
+            .get_all(name)
+            .iter()
+            .map(|v| v.to_str().unwrap_or_default())
+    };
+    TraceContext::from_headers(values("traceparent"), values("tracestate"))
+}
+
+/// The trace context of the HTTP request a call came in (none over stdio).
+fn incoming_trace(context: &RequestContext<RoleServer>) -> Option<TraceContext> {
+    context
+        .extensions
+        .get::<axum::http::request::Parts>()
+        .and_then(|parts| trace_of(&parts.headers))
 }
 
 /// A form elicitation of `question`: one `answer` field, the options as an enum.
@@ -874,6 +898,7 @@ impl HttpEndpoint {
             .and_then(|v| v.to_str().ok())
             == Some(core_tasks::VERSION);
         let (parts, body) = request.into_parts();
+        let trace = trace_of(&parts.headers);
         let bytes = match axum::body::to_bytes(body, self.max_body).await {
             Ok(bytes) => bytes,
             Err(_) => {
@@ -897,7 +922,7 @@ impl HttpEndpoint {
             (core_tasks::Route::Answer, Some(message)) => {
                 let answer = self
                     .server
-                    .answer_core_task(principal, &message, None)
+                    .answer_core_task(principal, &message, None, trace)
                     .await;
                 json_response(axum::http::StatusCode::OK, &answer)
             }

@@ -407,7 +407,9 @@ mod tasks {
         let acme = std::sync::Arc::new(toolfleet_core::Principal::new("acme", "a", ["read"]));
         let get =
             json!({"jsonrpc": "2.0", "id": 7, "method": "tasks/get", "params": {"taskId": ID}});
-        let answer = server.answer_core_task(acme.clone(), &get, None).await;
+        let answer = server
+            .answer_core_task(acme.clone(), &get, None, None)
+            .await;
         assert_eq!(answer["id"], 7);
         let task = &answer["result"];
         assert_eq!(task["taskId"], ID);
@@ -420,11 +422,12 @@ mod tasks {
                 acme.clone(),
                 &json!({"jsonrpc": "2.0", "id": 8, "method": "tasks/list"}),
                 None,
+                None,
             )
             .await;
         assert_eq!(listed["result"]["tasks"][0]["taskId"], ID);
         let globex = std::sync::Arc::new(toolfleet_core::Principal::new("globex", "m", ["read"]));
-        let theirs = server.answer_core_task(globex, &get, None).await;
+        let theirs = server.answer_core_task(globex, &get, None, None).await;
         assert!(
             theirs["error"]["message"]
                 .as_str()
@@ -433,7 +436,7 @@ mod tasks {
             "{theirs}"
         );
         let no_id = json!({"jsonrpc": "2.0", "id": 9, "method": "tasks/result", "params": {}});
-        let refused = server.answer_core_task(acme, &no_id, None).await;
+        let refused = server.answer_core_task(acme, &no_id, None, None).await;
         assert_eq!(refused["error"]["code"], -32602, "{refused}");
     }
 

@@ -251,19 +251,14 @@ fn check_callback(url: &str, allow: &[String]) -> Result<(), String> {
 /// The W3C trace context a request continues: its one `traceparent` header
 /// when valid (with its `tracestate` headers, joined as one list), else
 /// none, and the call starts a trace of its own. Never an error.
-fn incoming_trace(headers: &HeaderMap) -> Option<TraceContext> {
-    let mut traceparents = headers.get_all("traceparent").iter();
-    let traceparent = traceparents.next()?.to_str().ok()?;
-    if traceparents.next().is_some() {
-        return None;
-    }
-    let states: Vec<&str> = headers
-        .get_all("tracestate")
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .collect();
-    let state = (!states.is_empty()).then(|| states.join(","));
-    TraceContext::parse(traceparent, state.as_deref())
+pub(crate) fn incoming_trace(headers: &HeaderMap) -> Option<TraceContext> {
+    let values = |name| {
+        headers
+            .get_all(name)
+            .iter()
+            .map(|v| v.to_str().unwrap_or_default())
+    };
+    TraceContext::from_headers(values("traceparent"), values("tracestate"))
 }
 
 async fn call(
