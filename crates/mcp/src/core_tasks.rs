@@ -212,8 +212,9 @@ impl ToolServer {
     }
 
     /// A task-augmented `tools/call`: a job or agent tool answers its task
-    /// (`CreateTaskResult`); any other tool runs as it always does and
-    /// answers its result.
+    /// (`CreateTaskResult`); a tool of another shape, whose listing claims
+    /// no task support, is refused (-32601) as the revision says; an
+    /// unknown tool or bad arguments answer their error result.
     async fn call_as_task(
         &self,
         principal: Arc<Principal>,
@@ -231,6 +232,20 @@ impl ToolServer {
             "name": params.get("name").cloned().unwrap_or(Value::Null),
             "arguments": params.get("arguments").cloned().unwrap_or(Value::Null),
         });
+        let name = call["name"].as_str().unwrap_or_default();
+        if let Some(tool) = self.runtime.registry().get(name)
+            && !tool.shape().is_enqueued()
+        {
+            // Its `execution.taskSupport` is absent: it may not run as a task.
+            return Err(ErrorData::new(
+                rmcp::model::ErrorCode::METHOD_NOT_FOUND,
+                format!(
+                    "`{name}` does not run as a task (a {} tool answers at once): call it without `task`",
+                    tool.shape()
+                ),
+                None,
+            ));
+        }
         let (call, envelope) = self.invoke(principal.clone(), &call, None, trace).await;
         let enqueued = call.tool.as_ref().is_some_and(|t| t.shape().is_enqueued());
         let job_id = match &envelope {
@@ -270,13 +285,19 @@ impl ToolServer {
         let jobs = self.jobs()?.clone();
         let mut job = self.job(&principal.tenant, id).await?;
         while !job.state.is_settled() {
-            job = match jobs
-                .wait(&principal.tenant, id, job.updated_at, RESULT_ROUND)
-                .await
-            {
-                Ok(Some(job)) => job,
-                Ok(None) => return Err(jobs::no_task(id)),
-                Err(error) => return Err(internal("waiting on a job", error.message)),
+            let round = jobs.wait(&principal.tenant, id, job.updated_at, RESULT_ROUND);
+            job = match self.unless_stopping(round).await {
+                None => {
+                    return Err(ErrorData::internal_error(
+                        format!(
+                            "the server is stopping before task `{id}` settled; call tasks/result again"
+                        ),
+                        None,
+                    ));
+                }
+                Some(Ok(Some(job))) => job,
+                Some(Ok(None)) => return Err(jobs::no_task(id)),
+                Some(Err(error)) => return Err(internal("waiting on a job", error.message)),
             };
         }
         let mut result = self.render_for(&job.tool, &job.envelope);
@@ -289,6 +310,18 @@ impl ToolServer {
             }
         }
         Ok(result)
+    }
+
+    /// `work`'s output, or `None` when the process starts to stop first.
+    async fn unless_stopping<T>(&self, work: impl std::future::Future<Output = T>) -> Option<T> {
+        let Some(mut stop) = self.options.stop.clone() else {
+            return Some(work.await);
+        };
+        tokio::select! {
+            biased;
+            _ = stop.wait_for(|stopping| *stopping) => None,
+            out = work => Some(out),
+        }
     }
 
     /// `tasks/list`: the caller's tenant's jobs, newest first.
@@ -491,6 +524,12 @@ fn lock(pending: &Mutex<Pending>) -> std::sync::MutexGuard<'_, Pending> {
 /// One of rmcp's lines, completed if it answers a request this module
 /// completes.
 fn server_line(server: &ToolServer, pending: &Mutex<Pending>, line: String) -> String {
+    {
+        let pending = lock(pending);
+        if pending.initialize.is_empty() && pending.tools_list.is_empty() {
+            return line;
+        }
+    }
     let Ok(mut message) = serde_json::from_str::<Value>(&line) else {
         return line;
     };

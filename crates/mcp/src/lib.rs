@@ -77,8 +77,10 @@ pub const MAX_PAGE_SIZE: usize = 500;
 /// A cursor is a decimal offset: anything longer was not made here.
 const MAX_CURSOR_LEN: usize = 20;
 
-/// Told of every call answered, with the tool name (or `unknown`) and the
-/// envelope: the server counts MCP calls in its metrics with it.
+/// Told of every call answered without reaching the runtime (which counts
+/// the calls it runs), with the tool name (or `unknown`) and the envelope:
+/// a call naming no registered tool, or whose arguments are not a JSON
+/// object. The server counts them in its metrics with it.
 pub type CallHook = Arc<dyn Fn(&str, &Envelope) + Send + Sync>;
 
 /// How the MCP server behaves.
@@ -96,6 +98,9 @@ pub struct Options {
     /// The longest a call waits on a job for a client that asked for
     /// progress, and the longest a task's progress is followed.
     pub max_wait: Duration,
+    /// Becomes `true` when the process stops: a 2025-11-25 `tasks/result`
+    /// still waiting then answers an error the client retries elsewhere.
+    pub stop: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
 impl Default for Options {
@@ -106,6 +111,7 @@ impl Default for Options {
             on_call: None,
             jobs: None,
             max_wait: Duration::from_secs(30),
+            stop: None,
         }
     }
 }
@@ -259,7 +265,9 @@ impl ToolServer {
                         let mut ctx = CallCtx::new(principal);
                         ctx.events = events;
                         ctx.trace = trace;
-                        self.runtime.invoke(&call.name, args.clone(), &ctx).await
+                        // Counted by the runtime, not the hook.
+                        let envelope = self.runtime.invoke(&call.name, args.clone(), &ctx).await;
+                        return (call, envelope);
                     }
                     Err(error) => Envelope::error(error.clone()),
                 };

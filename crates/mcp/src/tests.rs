@@ -175,7 +175,7 @@ async fn bad_arguments_unknown_tools_and_missing_scopes_are_error_results() {
 }
 
 #[tokio::test]
-async fn calls_are_reported_to_the_hook() {
+async fn calls_the_runtime_never_ran_are_reported_to_the_hook() {
     let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
     let sink = seen.clone();
     let server = ToolServer::new(
@@ -199,7 +199,15 @@ async fn calls_are_reported_to_the_hook() {
     server
         .call(reader(), &json!({"name": "nope", "arguments": {}}))
         .await;
-    assert_eq!(*seen.lock().unwrap(), ["a_one:ok", "unknown:error"]);
+    server
+        .call(
+            reader(),
+            &json!({"name": "a_one", "arguments": "not an object"}),
+        )
+        .await;
+    // The runtime counts the call it ran; the hook hears only those that
+    // never reached it: an unknown tool, arguments that are not an object.
+    assert_eq!(*seen.lock().unwrap(), ["unknown:error", "a_one:error"]);
 }
 
 #[test]
@@ -302,9 +310,13 @@ mod tasks {
             tenant: &'a str,
             id: &'a str,
             _since: i64,
-            _wait: Duration,
+            wait: Duration,
         ) -> BoxFuture<'a, Result<Option<JobView>, ToolError>> {
-            self.job(tenant, id)
+            // Nothing changes here: a wait lasts (a little of) its time.
+            Box::pin(async move {
+                tokio::time::sleep(wait.min(Duration::from_millis(20))).await;
+                self.job(tenant, id).await
+            })
         }
         fn cancel<'a>(
             &'a self,
@@ -438,6 +450,49 @@ mod tasks {
         let no_id = json!({"jsonrpc": "2.0", "id": 9, "method": "tasks/result", "params": {}});
         let refused = server.answer_core_task(acme, &no_id, None, None).await;
         assert_eq!(refused["error"]["code"], -32602, "{refused}");
+    }
+
+    #[tokio::test]
+    async fn a_query_called_as_a_task_is_refused_and_a_stop_ends_a_result_wait() {
+        let acme = std::sync::Arc::new(toolfleet_core::Principal::new("acme", "a", ["read"]));
+        let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+            "params": {"name": "a_one", "arguments": {"month": "2026-09"}, "task": {}}});
+        let refused = with_jobs(None)
+            .answer_core_task(acme.clone(), &call, None, None)
+            .await;
+        assert_eq!(refused["error"]["code"], -32601, "{refused}");
+        // The job never settles; the process stops: the wait ends.
+        let (stop, stopping) = tokio::sync::watch::channel(false);
+        let server = crate::ToolServer::new(
+            super::runtime(),
+            None,
+            crate::Options {
+                jobs: Some(std::sync::Arc::new(OneJob)),
+                stop: Some(stopping),
+                ..crate::Options::default()
+            },
+        );
+        let result = json!({"jsonrpc": "2.0", "id": 2, "method": "tasks/result",
+            "params": {"taskId": ID}});
+        let waiting =
+            tokio::spawn(async move { server.answer_core_task(acme, &result, None, None).await });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(
+            !waiting.is_finished(),
+            "tasks/result answered an unsettled task"
+        );
+        stop.send(true).unwrap();
+        let answer = tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("the stop ends the wait")
+            .unwrap();
+        assert!(
+            answer["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("stopping"),
+            "{answer}"
+        );
     }
 
     #[tokio::test]

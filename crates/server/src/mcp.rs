@@ -157,14 +157,12 @@ pub fn routes(state: &AppState) -> Router<AppState> {
         Options {
             page_size: state.mcp.page_size,
             max_body: state.limits.max_body,
-            // The runtime counts every call it runs; a call naming no
-            // registered tool never reaches it, so it is counted here.
-            on_call: Some(Arc::new(move |tool, envelope| {
-                if tool == UNKNOWN_TOOL {
-                    metrics.call(tool, envelope);
-                }
-            })),
+            // The runtime counts every call it runs; one that never reaches
+            // it (no registered tool, arguments that are not an object) is
+            // counted here.
+            on_call: Some(Arc::new(move |tool, envelope| metrics.call(tool, envelope))),
             jobs: Some(Arc::new(McpJobs::of(state))),
+            stop: Some(state.stopping.clone()),
             ..Options::default()
         },
     ));

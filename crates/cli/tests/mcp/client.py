@@ -156,9 +156,12 @@ async def core_tasks(session, receipts):
     except MCPError as refused:
         check("cannot be cancelled" in refused.error.message, f"tasks/cancel: {refused.error}")
         seen["cancelled_status"] = "completed"
-    # A task-augmented call of a query runs it: its result at once.
-    found = await raw_request(session, "tools/call", name="find_expenses", arguments={"month": "2026-09"}, task={})
-    check("lines" in (found.get("structuredContent") or {}), f"a query called as a task: {found}")
+    # A query lists no task support: called as a task, it is refused (-32601).
+    try:
+        await raw_request(session, "tools/call", name="find_expenses", arguments={"month": "2026-09"}, task={})
+        raise AssertionError("a query ran as a task")
+    except MCPError as refused:
+        check(refused.error.code == -32601, f"a query called as a task: {refused.error}")
     try:
         await raw_request(session, "tasks/get", taskId="01a00000-0000-7000-8000-000000000000")
         raise AssertionError("an unknown task was found")
