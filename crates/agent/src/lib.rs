@@ -32,7 +32,7 @@ impl Agents {
 }
 
 impl AgentFactory for Agents {
-    fn bind(&self, spec: &AgentSpec) -> Result<Arc<dyn Executor>, String> {
+    fn bind(&self, tool: &str, spec: &AgentSpec) -> Result<Arc<dyn Executor>, String> {
         if spec.max_steps == 0 || spec.max_tokens == 0 {
             return Err("an agent's max_steps and max_tokens must be at least 1".into());
         }
@@ -51,6 +51,11 @@ impl AgentFactory for Agents {
             spec.base_url = url;
         }
         let model = model::model_for(&spec, self.client.clone())?;
-        Ok(Arc::new(AgentExecutor::new(spec, model, self.env.clone())))
+        Ok(Arc::new(AgentExecutor::new(
+            tool,
+            spec,
+            model,
+            self.env.clone(),
+        )))
     }
 }

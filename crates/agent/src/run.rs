@@ -17,8 +17,8 @@
 //! nesting is refused past [`AgentEnv::max_depth`].
 //!
 //! Each model reply is counted in the runtime's metrics, under the agent
-//! tool whose job runs the loop: `toolfleet_agent_steps_total` and
-//! `toolfleet_agent_tokens_total` by kind (input, output).
+//! tool whose loop it is (run as a job or inline): `toolfleet_agent_steps_total`
+//! and `toolfleet_agent_tokens_total` by kind (input, output).
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, OnceLock, Weak};
@@ -97,14 +97,27 @@ impl AgentEnv {
 
 /// One agent tool's executor.
 pub struct AgentExecutor {
+    /// The agent tool's name, which its metrics are counted under.
+    tool: String,
     spec: AgentSpec,
     model: Arc<dyn Model>,
     env: Arc<AgentEnv>,
 }
 
 impl AgentExecutor {
-    pub fn new(spec: AgentSpec, model: Arc<dyn Model>, env: Arc<AgentEnv>) -> Self {
-        AgentExecutor { spec, model, env }
+    /// The executor of the agent tool `tool`.
+    pub fn new(
+        tool: impl Into<String>,
+        spec: AgentSpec,
+        model: Arc<dyn Model>,
+        env: Arc<AgentEnv>,
+    ) -> Self {
+        AgentExecutor {
+            tool: tool.into(),
+            spec,
+            model,
+            env,
+        }
     }
 
     /// The budget the spec declares.
@@ -128,6 +141,7 @@ fn secs_to_ms(seconds: f64) -> u64 {
 impl Executor for AgentExecutor {
     fn execute(&self, ctx: CallCtx, args: Value) -> BoxFuture<'static, Result<Json, ToolError>> {
         let run = Run {
+            tool: self.tool.clone(),
             spec: self.spec.clone(),
             model: self.model.clone(),
             env: self.env.clone(),
@@ -261,8 +275,10 @@ enum End {
     Parked(String),
 }
 
-/// One run of one agent job.
+/// One run of one agent tool: as a job, or inline.
 struct Run {
+    /// The agent tool's name.
+    tool: String,
     spec: AgentSpec,
     model: Arc<dyn Model>,
     env: Arc<AgentEnv>,
@@ -272,8 +288,6 @@ struct Run {
 struct Slot {
     job_id: String,
     attempt: u32,
-    /// The agent tool the job is of.
-    tool: String,
 }
 
 /// What one run works within: the runtime its calls go through, the call
@@ -363,7 +377,6 @@ impl Run {
         let slot = Slot {
             job_id,
             attempt: job.attempts,
-            tool: job.tool,
         };
         Ok((Some(slot), saved))
     }
@@ -428,11 +441,9 @@ impl Run {
             };
             state.steps += 1;
             state.usage.add(reply.usage);
-            let tool = slot
-                .as_ref()
-                .map_or(toolfleet_core::metrics::UNKNOWN_TOOL, |s| s.tool.as_str());
+            // Under the agent tool's own name, in a job or not.
             f.runtime.metrics().agent_step(
-                f.runtime.tool_label(tool),
+                f.runtime.tool_label(&self.tool),
                 reply.usage.input_tokens,
                 reply.usage.output_tokens,
             );

@@ -75,7 +75,7 @@ async fn make_rig(agents: Vec<(&str, AgentSpec)>, max_depth: u32) -> Rig {
         toolfleet_executors::http_client().expect("client"),
     );
     for (name, spec) in agents {
-        let executor = binder.bind(&spec).expect("agent binds");
+        let executor = binder.bind(name, &spec).expect("agent binds");
         let decl = ToolDecl::agent(name)
             .description("A ledger agent.")
             .input_schema(json!({"type": "object", "required": ["task"], "properties": {"task": {"type": "string"}}}))
@@ -167,6 +167,29 @@ async fn a_two_step_answer_carries_evidence_and_usage_in_both_wire_formats() {
         assert_eq!(step.run_id, out["run_id"].as_str().unwrap());
         assert_ne!(step.run_id, "run-parent");
         assert_eq!(step.parent_run_id.as_deref(), Some("run-parent"));
+
+        // Run inline (no job), its steps and tokens count under its own name.
+        let text = rig.runtime.metrics().render();
+        for (series, value) in [
+            (r#"toolfleet_agent_steps_total{tool="ledger_agent"}"#, 2.0),
+            (
+                r#"toolfleet_agent_tokens_total{tool="ledger_agent",kind="input"}"#,
+                250.0,
+            ),
+            (
+                r#"toolfleet_agent_tokens_total{tool="ledger_agent",kind="output"}"#,
+                30.0,
+            ),
+        ] {
+            let sample = text.lines().find_map(|l| {
+                l.strip_prefix(series)?
+                    .strip_prefix(' ')?
+                    .parse::<f64>()
+                    .ok()
+            });
+            assert_eq!(sample, Some(value), "{series} in\n{text}");
+        }
+        assert!(!text.contains(r#"tool="unknown""#), "{text}");
     }
 }
 

@@ -434,22 +434,34 @@ pub fn pool_queue_name(prefix: &str, pool: &str) -> String {
     format!("{prefix}.pool.{pool}")
 }
 
+/// The queue where the workers of `pool` under `prefix` reject what they
+/// cannot process: `<prefix>.dead.<pool>`, for an operator.
+pub fn dead_letter_queue_name(prefix: &str, pool: &str) -> String {
+    format!("{prefix}.dead.{pool}")
+}
+
+/// The queue holding job ids of `pool` under `prefix` delayed by `ms`
+/// milliseconds (a [`delay_bucket`]): `<prefix>.delay.<pool>.<ms>`.
+pub fn delay_queue_name(prefix: &str, pool: &str, ms: u64) -> String {
+    format!("{prefix}.delay.{pool}.{ms}")
+}
+
 /// The names of one pool's queues.
 struct PoolQueues {
     pool: String,
     dead: String,
     /// The pool name: the dead-letter routing key.
     key: String,
-    delay_stem: String,
+    prefix: String,
 }
 
 impl PoolQueues {
     fn new(prefix: &str, pool: &str) -> Result<Self, BrokerError> {
         let queues = PoolQueues {
             pool: pool_queue_name(prefix, pool),
-            dead: format!("{prefix}.dead.{pool}"),
+            dead: dead_letter_queue_name(prefix, pool),
             key: pool.to_owned(),
-            delay_stem: format!("{prefix}.delay.{pool}"),
+            prefix: prefix.to_owned(),
         };
         // The longest name is that of the longest delay queue.
         if queues.delay(MAX_DELAY_MS).len() > MAX_NAME {
@@ -462,7 +474,7 @@ impl PoolQueues {
     }
 
     fn delay(&self, ms: u64) -> String {
-        format!("{}.{ms}", self.delay_stem)
+        delay_queue_name(&self.prefix, &self.key, ms)
     }
 }
 

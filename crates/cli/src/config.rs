@@ -249,6 +249,13 @@ impl Config {
         if let Ok(url) = std::env::var("TOOLFLEET_DATABASE_URL") {
             self.database_url = Some(url);
         }
+        // Dispatchers and workers share a file but not their needs.
+        if let Ok(pool) = std::env::var("TOOLFLEET_DATABASE_POOL") {
+            self.database_pool = pool
+                .trim()
+                .parse()
+                .map_err(|e| format!("TOOLFLEET_DATABASE_POOL: {e}"))?;
+        }
         if let Ok(url) = std::env::var("TOOLFLEET_BROKER_URL") {
             self.broker_url = Some(url);
         }

@@ -16,6 +16,7 @@ use toolfleet_broker::rabbit::{RabbitBroker, RabbitOptions};
 use toolfleet_broker::tee::Tee;
 use toolfleet_broker::{Broker, Notices};
 use toolfleet_core::Metrics;
+use toolfleet_core::metrics::Role;
 use toolfleet_core::{
     CallCtx, Principal, Runtime, RuntimeConfig, Shape, ToolDecl, ToolError, executor_fn,
 };
@@ -164,7 +165,7 @@ fn register_tools(
         let executor = tool
             .executor
             .as_ref()
-            .map(|spec| binder.bind(spec))
+            .map(|spec| binder.bind(&name, spec))
             .transpose()
             .map_err(|e| format!("tool `{name}`: executor: {e}"))?;
         let read = |path: &str| std::fs::read_to_string(dir.join(path)).map_err(|e| e.to_string());
@@ -273,6 +274,16 @@ impl Roles {
             pools: None,
             no_workers: false,
             http: true,
+        }
+    }
+
+    /// The `role` of `toolfleet_build_info`: what this process runs as.
+    pub fn metrics_role(&self) -> Role {
+        match (self.dispatcher, self.http, self.no_workers) {
+            (false, _, _) => Role::Worker,
+            (true, false, _) => Role::Mcp,
+            (true, true, true) => Role::Dispatcher,
+            (true, true, false) => Role::Serve,
         }
     }
 }
@@ -423,7 +434,7 @@ pub async fn start(config: Config, extra: Vec<ToolDecl>, roles: Roles) -> Result
     } = open_backends(&config, prefetch).await?;
     // One registry for every part of this process, and the backends'
     // failures counted in it.
-    let metrics = Arc::new(Metrics::new());
+    let metrics = Arc::new(Metrics::for_role(roles.metrics_role()));
     let store: Arc<dyn Store> = Arc::new(MeteredStore::new(store, metrics.clone()));
     let broker: Arc<dyn Broker> = Arc::new(MeteredBroker::new(broker, metrics.clone()));
     let notices: Arc<dyn Notices> = Arc::new(MeteredNotices::new(notices, metrics.clone()));

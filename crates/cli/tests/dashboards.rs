@@ -17,10 +17,19 @@
 //!   `.ci/run` enables the plugin. Without it the RabbitMQ names are left
 //!   unchecked, except under CI (`CI` set), where the test fails.
 //!
+//! The labels a query names for a toolfleet metric, in its matchers, in
+//! `by` and `without` (for the metrics whose labels the aggregation keeps)
+//! and as the label a `label_values` variable lists, must be labels that
+//! metric shows in the scripted run's exposition, or `instance` and `job`,
+//! which Prometheus gives every series. Each fixed `queue` regex must select
+//! one kind of the queues the broker names (`toolfleet_broker::rabbit`):
+//! every pool queue and nothing else, or every dead-letter queue, and so on.
+//!
 //! The dashboards are also checked for Grafana's JSON model: the schema
 //! version of the Grafana of `docker-compose.yml`, a `datasource` template
 //! variable that every panel, target and query variable uses, resolving to
-//! the provisioned Prometheus, unique uids and panel ids.
+//! the provisioned Prometheus, `instance` variables of the dashboard's roles
+//! from `toolfleet_build_info`, unique uids and panel ids.
 
 mod common;
 
@@ -28,7 +37,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use regex::Regex;
 use serde_json::Value;
+use toolfleet_broker::rabbit::{
+    dead_letter_queue_name, delay_bucket, delay_queue_name, pool_queue_name,
+};
+use toolfleet_core::metrics::Role;
 use yaml_rust2::{Yaml, YamlLoader};
 
 /// The Grafana image of docker-compose.yml and the dashboard schema version
@@ -171,12 +185,14 @@ enum Token {
     Ident(String),
     /// A number or a duration.
     Number,
-    /// A string literal, or a Grafana variable (`$x`, `${x}`, `[[x]]`).
-    Opaque,
+    /// A string literal, its text (a Grafana variable inside it stays as written).
+    Str(String),
+    /// A Grafana variable (`$x`, `${x}`, `[[x]]`).
+    Var,
     Open(char),
     Close(char),
-    /// An operator or a comma.
-    Punct,
+    /// An operator or a comma, one character each.
+    Punct(char),
 }
 
 fn tokenize(expr: &str) -> Result<Vec<Token>, String> {
@@ -196,16 +212,25 @@ fn tokenize(expr: &str) -> Result<Vec<Token>, String> {
             }
         } else if matches!(c, '"' | '\'' | '`') {
             i += 1;
+            let mut text = String::new();
             loop {
                 match chars.get(i) {
                     None => return Err(format!("unterminated string in `{expr}`")),
-                    Some('\\') if c != '`' => i += 2,
+                    Some('\\') if c != '`' => {
+                        // An escaped character stands for itself (enough
+                        // for the regexes and names of these queries).
+                        text.extend(chars.get(i + 1));
+                        i += 2;
+                    }
                     Some(&q) if q == c => break,
-                    Some(_) => i += 1,
+                    Some(&other) => {
+                        text.push(other);
+                        i += 1;
+                    }
                 }
             }
             i += 1;
-            tokens.push(Token::Opaque);
+            tokens.push(Token::Str(text));
         } else if c == '$' {
             i += 1;
             if chars.get(i) == Some(&'{') {
@@ -218,14 +243,14 @@ fn tokenize(expr: &str) -> Result<Vec<Token>, String> {
                     i += 1;
                 }
             }
-            tokens.push(Token::Opaque);
+            tokens.push(Token::Var);
         } else if c == '[' && chars.get(i + 1) == Some(&'[') {
             // Grafana's old variable syntax, `[[name]]`.
             let close = (i + 2..chars.len().saturating_sub(1))
                 .find(|&j| chars[j] == ']' && chars[j + 1] == ']')
                 .ok_or_else(|| format!("unterminated [[variable]] in `{expr}`"))?;
             i = close + 2;
-            tokens.push(Token::Opaque);
+            tokens.push(Token::Var);
         } else if c.is_ascii_digit()
             || (c == '.' && chars.get(i + 1).is_some_and(char::is_ascii_digit))
         {
@@ -252,7 +277,7 @@ fn tokenize(expr: &str) -> Result<Vec<Token>, String> {
             tokens.push(Token::Close(c));
             i += 1;
         } else if "+-*/%^=!<>,@~|".contains(c) {
-            tokens.push(Token::Punct);
+            tokens.push(Token::Punct(c));
             i += 1;
         } else {
             return Err(format!("unexpected `{c}` in `{expr}`"));
@@ -382,20 +407,231 @@ const FUNCTIONS: &[&str] = &[
     "end",
 ];
 
-/// The metric names of a PromQL expression; label names, functions,
-/// keywords, strings, numbers, durations and Grafana variables are not.
-fn metric_names(expr: &str) -> Result<BTreeSet<String>, String> {
+/// PromQL's aggregations: those that take `by` or `without`.
+const AGGREGATIONS: &[&str] = &[
+    "sum",
+    "min",
+    "max",
+    "avg",
+    "group",
+    "stddev",
+    "stdvar",
+    "count",
+    "count_values",
+    "bottomk",
+    "topk",
+    "quantile",
+    "limitk",
+    "limit_ratio",
+];
+
+/// A PromQL expression taken apart: its tokens, which of them are metric
+/// names, and where each bracket closes.
+struct Walked {
+    tokens: Vec<Token>,
+    /// `metric[i]`: token `i` is a metric name.
+    metric: Vec<bool>,
+    /// `closes[i]`: for an opening bracket at `i`, where it closes.
+    closes: Vec<Option<usize>>,
+}
+
+/// How a label matcher compares.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum MatchOp {
+    Equal,
+    NotEqual,
+    Regex,
+    NotRegex,
+}
+
+/// One label matcher of a selector: `label op "value"`; `value` is `None`
+/// for a Grafana variable.
+#[derive(Debug, Clone, PartialEq)]
+struct Matcher {
+    label: String,
+    op: MatchOp,
+    value: Option<String>,
+}
+
+/// A `by (...)` or `without (...)` of an aggregation, and the metrics whose
+/// labels it groups: those of its argument, but the right-hand operands of
+/// `and` and `unless`, which give it no labels.
+#[derive(Debug, Clone, PartialEq)]
+struct Grouping {
+    labels: Vec<String>,
+    metrics: BTreeSet<String>,
+}
+
+impl Walked {
+    fn names(&self) -> BTreeSet<String> {
+        self.metric_indices().map(|i| self.ident(i)).collect()
+    }
+
+    fn metric_indices(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.tokens.len()).filter(|&i| self.metric[i])
+    }
+
+    fn ident(&self, i: usize) -> String {
+        match &self.tokens[i] {
+            Token::Ident(word) => word.clone(),
+            other => unreachable!("token {i} is {other:?}, not a name"),
+        }
+    }
+
+    fn is_ident(&self, i: usize, words: &[&str]) -> bool {
+        matches!(self.tokens.get(i), Some(Token::Ident(w)) if words.contains(&w.as_str()))
+    }
+
+    /// The names of a label list whose `(` is at `open`.
+    fn label_list(&self, open: usize) -> Vec<String> {
+        let close = self.closes[open].expect("a closed list");
+        self.tokens[open + 1..close]
+            .iter()
+            .filter_map(|token| match token {
+                Token::Ident(label) => Some(label.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Every metric with a `{...}` and its matchers.
+    fn selectors(&self) -> Result<Vec<(String, Vec<Matcher>)>, String> {
+        let mut found = Vec::new();
+        for i in self.metric_indices() {
+            if self.tokens.get(i + 1) != Some(&Token::Open('{')) {
+                continue;
+            }
+            let close = self.closes[i + 1].expect("a closed selector");
+            let mut matchers = Vec::new();
+            let inside = &self.tokens[i + 2..close];
+            for part in inside.split(|t| *t == Token::Punct(',')) {
+                let (label, op, value) = match part {
+                    [] => continue,
+                    [Token::Ident(label), Token::Punct('='), value] => {
+                        (label, MatchOp::Equal, value)
+                    }
+                    [
+                        Token::Ident(label),
+                        Token::Punct('!'),
+                        Token::Punct('='),
+                        value,
+                    ] => (label, MatchOp::NotEqual, value),
+                    [
+                        Token::Ident(label),
+                        Token::Punct('='),
+                        Token::Punct('~'),
+                        value,
+                    ] => (label, MatchOp::Regex, value),
+                    [
+                        Token::Ident(label),
+                        Token::Punct('!'),
+                        Token::Punct('~'),
+                        value,
+                    ] => (label, MatchOp::NotRegex, value),
+                    other => return Err(format!("a matcher of `{}` is {other:?}", self.ident(i))),
+                };
+                let value = match value {
+                    Token::Str(text) if !text.contains('$') => Some(text.clone()),
+                    Token::Str(_) | Token::Var => None,
+                    other => return Err(format!("a matcher's value is {other:?}")),
+                };
+                matchers.push(Matcher {
+                    label: label.clone(),
+                    op,
+                    value,
+                });
+            }
+            found.push((self.ident(i), matchers));
+        }
+        Ok(found)
+    }
+
+    /// Every `by (...)` and `without (...)` of an aggregation, in either
+    /// place: `sum by (x) (...)` or `sum (...) by (x)`.
+    fn groupings(&self) -> Vec<Grouping> {
+        let mut found = Vec::new();
+        for (i, token) in self.tokens.iter().enumerate() {
+            let Token::Ident(word) = token else { continue };
+            if !AGGREGATIONS.contains(&word.as_str()) {
+                continue;
+            }
+            let grouping = ["by", "without"];
+            let (labels, body) = if self.is_ident(i + 1, &grouping) {
+                // sum by (x) (body)
+                let Some(list_end) = self.closes.get(i + 2).copied().flatten() else {
+                    continue;
+                };
+                (self.label_list(i + 2), list_end + 1)
+            } else if self.tokens.get(i + 1) == Some(&Token::Open('(')) {
+                // sum (body) by (x)
+                let Some(end) = self.closes[i + 1] else {
+                    continue;
+                };
+                if !self.is_ident(end + 1, &grouping)
+                    || self.tokens.get(end + 2) != Some(&Token::Open('('))
+                {
+                    continue;
+                }
+                (self.label_list(end + 2), i + 1)
+            } else {
+                continue;
+            };
+            let Some(Some(body_end)) = self.closes.get(body) else {
+                continue;
+            };
+            found.push(Grouping {
+                labels,
+                metrics: self.operands_with_labels(body + 1, *body_end),
+            });
+        }
+        found
+    }
+
+    /// The metrics between `from` and `to` whose labels the result keeps:
+    /// all but the right-hand operands of `and` and `unless` (which bind
+    /// tighter than `or`), at any depth.
+    fn operands_with_labels(&self, from: usize, to: usize) -> BTreeSet<String> {
+        let mut metrics = BTreeSet::new();
+        // One flag per open bracket: past an `and` or `unless` at its level.
+        let mut right_of_and = vec![false];
+        for (i, token) in self.tokens.iter().enumerate().take(to).skip(from) {
+            match token {
+                Token::Open(_) => right_of_and.push(false),
+                Token::Close(_) => {
+                    right_of_and.pop();
+                }
+                Token::Ident(word) if word == "and" || word == "unless" => {
+                    *right_of_and.last_mut().expect("a level") = true;
+                }
+                Token::Ident(word) if word == "or" => {
+                    *right_of_and.last_mut().expect("a level") = false;
+                }
+                _ if self.metric[i] && !right_of_and.contains(&true) => {
+                    metrics.insert(self.ident(i));
+                }
+                _ => {}
+            }
+        }
+        metrics
+    }
+}
+
+/// Takes a PromQL expression apart (see [`Walked`]); label names,
+/// functions, keywords, strings, numbers, durations and Grafana variables
+/// are not metric names.
+fn walk(expr: &str) -> Result<Walked, String> {
     if expr.contains("__name__") {
         return Err(format!(
             "`{expr}` selects by __name__; name the metric instead"
         ));
     }
     let tokens = tokenize(expr)?;
-    let mut names = BTreeSet::new();
-    // Open brackets; a label matcher `{`, a range `[` or a label list `(`
-    // hides everything inside.
-    let mut stack: Vec<(char, bool)> = Vec::new();
-    let hidden = |stack: &[(char, bool)]| stack.iter().any(|&(_, hides)| hides);
+    let mut metric = vec![false; tokens.len()];
+    let mut closes = vec![None; tokens.len()];
+    // Open brackets, where they open and whether they hide what is inside:
+    // a label matcher `{`, a range `[` or a label list `(` does.
+    let mut stack: Vec<(char, usize, bool)> = Vec::new();
+    let hidden = |stack: &[(char, usize, bool)]| stack.iter().any(|&(_, _, hides)| hides);
     let mut after_label_keyword = false;
     for (i, token) in tokens.iter().enumerate() {
         let next_opens_paren = matches!(tokens.get(i + 1), Some(Token::Open('(')));
@@ -407,7 +643,7 @@ fn metric_names(expr: &str) -> Result<BTreeSet<String>, String> {
         match token {
             Token::Open(c) => {
                 let hides = *c != '(' || after_label_keyword;
-                stack.push((*c, hides));
+                stack.push((*c, i, hides));
                 after_label_keyword = false;
                 continue;
             }
@@ -418,7 +654,7 @@ fn metric_names(expr: &str) -> Result<BTreeSet<String>, String> {
                     _ => '[',
                 };
                 match stack.pop() {
-                    Some((open, _)) if open == want => {}
+                    Some((open, at, _)) if open == want => closes[at] = Some(i),
                     _ => return Err(format!("unbalanced `{c}` in `{expr}`")),
                 }
             }
@@ -432,23 +668,33 @@ fn metric_names(expr: &str) -> Result<BTreeSet<String>, String> {
                         return Err(format!("`{word}(` in `{expr}` is no PromQL function"));
                     }
                 } else if !KEYWORDS.contains(&word.as_str()) {
-                    names.insert(word.clone());
+                    metric[i] = true;
                 }
             }
             _ => {}
         }
         after_label_keyword = false;
     }
-    if let Some((open, _)) = stack.last() {
+    if let Some((open, _, _)) = stack.last() {
         return Err(format!("unclosed `{open}` in `{expr}`"));
     }
-    Ok(names)
+    Ok(Walked {
+        tokens,
+        metric,
+        closes,
+    })
 }
 
-/// The metric names of a Grafana template variable query for Prometheus:
-/// `label_values(selector, label)`, `label_values(label)`,
-/// `query_result(expr)`, or a plain expression.
-fn variable_metric_names(query: &str) -> Result<BTreeSet<String>, String> {
+/// The metric names of a PromQL expression; label names, functions,
+/// keywords, strings, numbers, durations and Grafana variables are not.
+fn metric_names(expr: &str) -> Result<BTreeSet<String>, String> {
+    walk(expr).map(|walked| walked.names())
+}
+
+/// The PromQL of a Grafana template variable query for Prometheus, and the
+/// label it lists: `label_values(selector, label)`, `label_values(label)`
+/// (no PromQL), `query_result(expr)`, or a plain expression.
+fn variable_query_parts(query: &str) -> Result<(Option<&str>, Option<&str>), String> {
     let query = query.trim();
     let inner = |prefix: &str| {
         query
@@ -464,18 +710,27 @@ fn variable_metric_names(query: &str) -> Result<BTreeSet<String>, String> {
                 {
                     return Err(format!("`{query}`: `{label}` is no label name"));
                 }
-                metric_names(selector)
+                Ok((Some(selector), Some(label)))
             }
-            None => Ok(BTreeSet::new()),
+            None => Ok((None, Some(args.trim()))),
         };
     }
     if let Some(expr) = inner("query_result") {
-        return metric_names(expr);
+        return Ok((Some(expr), None));
     }
     if query.starts_with("metrics(") || query.starts_with("label_names(") {
         return Err(format!("`{query}` does not name its metrics"));
     }
-    metric_names(query)
+    Ok((Some(query), None))
+}
+
+/// The metric names of a Grafana template variable query (see
+/// [`variable_query_parts`]).
+fn variable_metric_names(query: &str) -> Result<BTreeSet<String>, String> {
+    match variable_query_parts(query)? {
+        (Some(expr), _) => metric_names(expr),
+        (None, _) => Ok(BTreeSet::new()),
+    }
 }
 
 #[test]
@@ -547,6 +802,80 @@ fn promql_metric_names_are_told_from_everything_else() {
     assert!(variable("label_values(instance)").is_empty());
     assert_eq!(variable("query_result(sum by (x) (y))"), ["y"]);
     assert!(variable_metric_names("metrics(toolfleet_.*)").is_err());
+}
+
+#[test]
+fn promql_matchers_and_groupings_are_found() {
+    let walked = |expr: &str| walk(expr).unwrap_or_else(|e| panic!("{e}"));
+    let selectors = walked(
+        r#"sum by (queue) (q{queue=~".*[.]pool[.].*", instance!="a\"b", tool=~"$tool",}) and on (queue) c{job="x", state!~"ok|running"}"#,
+    )
+    .selectors()
+    .unwrap_or_else(|e| panic!("{e}"));
+    let matcher = |label: &str, op, value: Option<&str>| Matcher {
+        label: label.into(),
+        op,
+        value: value.map(Into::into),
+    };
+    assert_eq!(
+        selectors,
+        [
+            (
+                "q".to_owned(),
+                vec![
+                    matcher("queue", MatchOp::Regex, Some(".*[.]pool[.].*")),
+                    matcher("instance", MatchOp::NotEqual, Some("a\"b")),
+                    matcher("tool", MatchOp::Regex, None),
+                ]
+            ),
+            (
+                "c".to_owned(),
+                vec![
+                    matcher("job", MatchOp::Equal, Some("x")),
+                    matcher("state", MatchOp::NotRegex, Some("ok|running")),
+                ]
+            ),
+        ]
+    );
+    let groupings = |expr: &str| -> Vec<(Vec<String>, Vec<String>)> {
+        walked(expr)
+            .groupings()
+            .into_iter()
+            .map(|g| (g.labels, g.metrics.into_iter().collect()))
+            .collect()
+    };
+    let strings = |items: &[&str]| -> Vec<String> { items.iter().map(|s| s.to_string()).collect() };
+    assert_eq!(
+        groupings(
+            "histogram_quantile(0.99, sum by (le, tool) (rate(a_bucket{tool=~\"$tool\"}[5m])))"
+        ),
+        [(strings(&["le", "tool"]), strings(&["a_bucket"]))]
+    );
+    assert_eq!(
+        groupings("sum(rate(a_total[5m])) without (x) / count(b) by (instance)"),
+        [
+            (strings(&["x"]), strings(&["a_total"])),
+            (strings(&["instance"]), strings(&["b"])),
+        ]
+    );
+    // The right-hand operands of `and` and `unless` give no labels; `or`'s do.
+    assert_eq!(
+        groupings("count by (pool) (a and on (instance) b or c unless d)"),
+        [(strings(&["pool"]), strings(&["a", "c"]))]
+    );
+    assert_eq!(
+        groupings("max by (state) (abs(x and y))"),
+        [(strings(&["state"]), strings(&["x"]))]
+    );
+    assert!(groupings("sum(x) + count(y)").is_empty());
+
+    let parts = |query: &'static str| variable_query_parts(query).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        parts(r#"label_values(m{role=~"a|b"}, instance)"#),
+        (Some(r#"m{role=~"a|b"}"#), Some("instance"))
+    );
+    assert_eq!(parts("label_values(tool)"), (None, Some("tool")));
+    assert_eq!(parts("query_result(sum(y))"), (Some("sum(y)"), None));
 }
 
 // ---------------------------------------------------------------- exporters
@@ -627,6 +956,63 @@ r_ready{queue=\"q\"} 0
     );
 }
 
+/// The label names each series of an exposition shows, by series name
+/// (`le` of a histogram's `_bucket` included).
+fn exposition_labels(text: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let mut labels: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for line in text.lines() {
+        if line.starts_with('#') || line.trim().is_empty() {
+            continue;
+        }
+        let end = line.find(['{', ' ']).unwrap_or(line.len());
+        let names = labels.entry(line[..end].to_owned()).or_default();
+        let Some(mut rest) = line[end..].strip_prefix('{') else {
+            continue;
+        };
+        // name="value" pairs, values with backslash escapes, up to `}`.
+        while let Some((name, after)) = rest.split_once("=\"") {
+            names.insert(name.trim_start_matches(',').trim().to_owned());
+            let mut chars = after.char_indices();
+            let mut close = after.len();
+            while let Some((i, c)) = chars.next() {
+                match c {
+                    '\\' => {
+                        chars.next();
+                    }
+                    '"' => {
+                        close = i;
+                        break;
+                    }
+                    _ => {}
+                }
+            }
+            rest = &after[(close + 1).min(after.len())..];
+            if rest.starts_with('}') {
+                break;
+            }
+        }
+    }
+    labels
+}
+
+#[test]
+fn exposition_labels_are_read_from_the_samples() {
+    let text = "\
+# TYPE t_calls counter
+t_calls_total{tool=\"a,b=\\\"c\\\"\",outcome=\"ok\"} 1
+t_calls_total{tool=\"x\",reason=\"y\"} 1
+t_wait_seconds_bucket{le=\"0.5\",tool=\"a\"} 0
+t_abandoned_total 0
+# EOF
+";
+    let labels = exposition_labels(text);
+    let of = |name: &str| -> Vec<&str> { labels[name].iter().map(String::as_str).collect() };
+    assert_eq!(of("t_calls_total"), ["outcome", "reason", "tool"]);
+    assert_eq!(of("t_wait_seconds_bucket"), ["le", "tool"]);
+    assert!(of("t_abandoned_total").is_empty());
+    assert_eq!(labels.len(), 3);
+}
+
 /// GETs an exposition and answers its series names.
 async fn scrape(http: &reqwest::Client, url: &str) -> Result<BTreeSet<String>, String> {
     let response = http
@@ -650,9 +1036,10 @@ async fn scrape(http: &reqwest::Client, url: &str) -> Result<BTreeSet<String>, S
     Ok(exposition_names(&text, openmetrics))
 }
 
-/// The metric names a real `toolfleet serve` exports, after a call and a
-/// settled job so that every family has had its chance to show.
-async fn toolfleet_names() -> BTreeSet<String> {
+/// What a real `toolfleet serve` exports, after the scripted run so that
+/// every family has had its chance to show: its metric names, and the label
+/// names of each series.
+async fn toolfleet_exposition() -> (BTreeSet<String>, BTreeMap<String, BTreeSet<String>>) {
     // The run that moves every metric: a family with no sample is not shown.
     let run = common::scripted::scripted_run().await;
     let http = toolfleet_executors::http_client().expect("a client");
@@ -663,7 +1050,7 @@ async fn toolfleet_names() -> BTreeSet<String> {
         names.iter().any(|n| n.starts_with("toolfleet_")),
         "toolfleet's /metrics names no toolfleet_ metric: {names:?}"
     );
-    names
+    (names, exposition_labels(&run.scrape.text))
 }
 
 /// The URLs prometheus.yml scrapes RabbitMQ at, on `base` instead of the
@@ -733,16 +1120,86 @@ async fn rabbitmq_names(http: &reqwest::Client) -> Option<BTreeSet<String>> {
     Some(names)
 }
 
+/// Labels Prometheus gives every series it scrapes.
+const TARGET_LABELS: &[&str] = &["instance", "job"];
+
+/// The labels `query` names for toolfleet metrics (in its matchers, in `by`
+/// and `without`, and the label a `label_values` variable lists) checked
+/// against those each metric shows in `exported`: how many were checked,
+/// and one line for each the metric does not show.
+fn unknown_labels(
+    query: &Query,
+    exported: &BTreeMap<String, BTreeSet<String>>,
+) -> Result<(usize, Vec<String>), String> {
+    let (expr, listed) = if query.variable {
+        variable_query_parts(&query.expr)?
+    } else {
+        (Some(query.expr.as_str()), None)
+    };
+    let Some(expr) = expr else {
+        return Ok((0, Vec::new()));
+    };
+    let walked = walk(expr)?;
+    // (metric, label, where the query names it)
+    let mut named: Vec<(String, String, &str)> = Vec::new();
+    for (metric, matchers) in walked.selectors()? {
+        for matcher in matchers {
+            named.push((metric.clone(), matcher.label, "a matcher"));
+        }
+    }
+    for grouping in walked.groupings() {
+        for metric in &grouping.metrics {
+            for label in &grouping.labels {
+                named.push((metric.clone(), label.clone(), "by/without"));
+            }
+        }
+    }
+    if let Some(label) = listed {
+        for metric in walked.names() {
+            named.push((metric, label.to_owned(), "label_values"));
+        }
+    }
+    let mut checked = 0;
+    let mut unknown = Vec::new();
+    for (metric, label, place) in named {
+        if !metric.starts_with("toolfleet_") {
+            continue;
+        }
+        checked += 1;
+        if TARGET_LABELS.contains(&label.as_str()) {
+            continue;
+        }
+        let shown = exported.get(&metric);
+        if !shown.is_some_and(|labels| labels.contains(&label)) {
+            unknown.push(format!(
+                "{}: `{label}` ({place}) is no label of {metric}, which shows {:?}",
+                query.place,
+                shown.cloned().unwrap_or_default()
+            ));
+        }
+    }
+    Ok((checked, unknown))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dashboards_and_alerts_ask_only_for_exported_metrics() {
     let http = toolfleet_executors::http_client().expect("a client");
-    let toolfleet = toolfleet_names().await;
+    let (toolfleet, toolfleet_labels) = toolfleet_exposition().await;
     let rabbitmq = rabbitmq_names(&http).await;
 
     let mut unknown: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut errors = Vec::new();
     let mut checked = 0;
+    let mut labels_checked = 0;
+    let mut bad_labels = Vec::new();
     for query in queries() {
+        match unknown_labels(&query, &toolfleet_labels) {
+            Ok((checked, bad)) => {
+                labels_checked += checked;
+                bad_labels.extend(bad);
+            }
+            Err(error) => errors.push(format!("{}: {error}", query.place)),
+        }
         let names = if query.variable {
             variable_metric_names(&query.expr)
         } else {
@@ -795,6 +1252,117 @@ async fn dashboards_and_alerts_ask_only_for_exported_metrics() {
             .filter(|n| n.starts_with("toolfleet_"))
             .collect::<Vec<_>>()
     );
+    assert!(
+        labels_checked > 0,
+        "no label of a toolfleet metric was checked"
+    );
+    assert!(
+        bad_labels.is_empty(),
+        "labels the dashboards and alerts.yml name that their toolfleet metric does not show \
+         (every series has {TARGET_LABELS:?}):\n{}",
+        bad_labels.join("\n")
+    );
+}
+
+/// A Prometheus regex as Prometheus reads it: anchored at both ends.
+fn prometheus_regex(pattern: &str) -> Regex {
+    Regex::new(&format!("^(?:{pattern})$"))
+        .unwrap_or_else(|e| panic!("`{pattern}` is no regex: {e}"))
+}
+
+#[test]
+fn queue_regexes_select_the_queues_the_broker_names() {
+    // Every kind of queue the broker declares, under the default prefix and
+    // a fleet's own, for a few pools: what RabbitMQ's `queue` label holds.
+    let prefixes = ["toolfleet", "tf-0192f7c2a1b4"];
+    let pools = ["default", "agents", "ocr-gpu"];
+    let delays = [Duration::from_millis(1), Duration::from_secs(30)]
+        .map(|d| u64::try_from(delay_bucket(d).as_millis()).expect("a delay"));
+    let mut pool_queues = Vec::new();
+    let mut dead = Vec::new();
+    let mut delayed = Vec::new();
+    for prefix in prefixes {
+        for pool in pools {
+            pool_queues.push(pool_queue_name(prefix, pool));
+            dead.push(dead_letter_queue_name(prefix, pool));
+            for ms in delays {
+                delayed.push(delay_queue_name(prefix, pool, ms));
+            }
+        }
+    }
+    // An events subscriber's queue is server-named.
+    let subscribers = vec!["amq.gen-8kUlyQ2u4VBmj0vUtRp1Zw".to_owned()];
+    let kinds = [
+        ("pool queues", pool_queues),
+        ("dead-letter queues", dead),
+        ("delay queues", delayed),
+        ("event subscriber queues", subscribers),
+    ];
+
+    let mut checked = Vec::new();
+    let mut wrong = Vec::new();
+    for query in queries() {
+        let expr = if query.variable {
+            match variable_query_parts(&query.expr) {
+                Ok((Some(expr), _)) => expr.to_owned(),
+                _ => continue,
+            }
+        } else {
+            query.expr.clone()
+        };
+        let walked = walk(&expr).unwrap_or_else(|e| panic!("{}: {e}", query.place));
+        let selectors = walked
+            .selectors()
+            .unwrap_or_else(|e| panic!("{}: {e}", query.place));
+        for matcher in selectors.into_iter().flat_map(|(_, matchers)| matchers) {
+            let (Some(value), true) = (&matcher.value, matcher.label == "queue") else {
+                continue;
+            };
+            let regex = match matcher.op {
+                MatchOp::Regex => prometheus_regex(value),
+                MatchOp::Equal => prometheus_regex(&regex::escape(value)),
+                MatchOp::NotEqual | MatchOp::NotRegex => continue,
+            };
+            checked.push(value.clone());
+            let matched: Vec<&(&str, Vec<String>)> = kinds
+                .iter()
+                .filter(|(_, names)| names.iter().any(|n| regex.is_match(n)))
+                .collect();
+            match matched.as_slice() {
+                [(kind, names)] => {
+                    let missed: Vec<&String> =
+                        names.iter().filter(|n| !regex.is_match(n)).collect();
+                    if !missed.is_empty() {
+                        wrong.push(format!(
+                            "{}: queue {value:?} selects some {kind}, not {missed:?}",
+                            query.place
+                        ));
+                    }
+                }
+                _ => wrong.push(format!(
+                    "{}: queue {value:?} selects {:?}, not one kind of queue",
+                    query.place,
+                    matched.iter().map(|(kind, _)| kind).collect::<Vec<_>>()
+                )),
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "queue regexes that do not select the broker's queues ({:?}):\n{}",
+        kinds
+            .iter()
+            .map(|(kind, names)| (kind, &names[0]))
+            .collect::<Vec<_>>(),
+        wrong.join("\n")
+    );
+    // alerts.yml's pool queues and queue-health.json's dead letters at least.
+    for wanted in [".*[.]pool[.].*", ".*[.]dead[.].*"] {
+        assert!(
+            checked.iter().any(|c| c == wanted),
+            "no query selects queue {wanted:?}; checked {checked:?}"
+        );
+    }
 }
 
 // ---------------------------------------------------------------- the model
@@ -843,6 +1411,77 @@ fn fixed_datasources(value: &Value, path: &str, found: &mut Vec<String>) {
             }
         }
         _ => {}
+    }
+}
+
+/// The roles of `toolfleet_build_info` a dashboard's processes run as.
+fn dashboard_roles(file: &str) -> [&'static str; 2] {
+    match file {
+        "dispatchers.json" => [Role::Dispatcher.as_str(), Role::Serve.as_str()],
+        "workers.json" => [Role::Worker.as_str(), Role::Serve.as_str()],
+        other => panic!("{other}: an `instance` variable of which processes?"),
+    }
+}
+
+/// The `role` regex of a selector of `toolfleet_build_info` in `expr`.
+fn build_info_roles(expr: &str) -> Option<String> {
+    let walked = walk(expr).ok()?;
+    let selectors = walked.selectors().ok()?;
+    selectors
+        .into_iter()
+        .filter(|(metric, _)| metric == "toolfleet_build_info")
+        .flat_map(|(_, matchers)| matchers)
+        .find(|m| m.label == "role" && matches!(m.op, MatchOp::Regex | MatchOp::Equal))
+        .and_then(|m| m.value)
+}
+
+/// The roles (of every role a process runs as) a `role` regex selects.
+fn roles_selected(regex: &str) -> Vec<&'static str> {
+    let regex = prometheus_regex(regex);
+    Role::ALL
+        .iter()
+        .map(|role| role.as_str())
+        .filter(|role| regex.is_match(role))
+        .collect()
+}
+
+/// An `instance` variable lists the processes of the dashboard's roles from
+/// `toolfleet_build_info{role=...}` (an idle dispatcher shows there, an agent
+/// worker calling tools does not), its "All" stands for exactly those, and
+/// the stat that counts the processes counts the same series.
+fn check_instance_variable(file: &str, dashboard: &Value, variable: &Value) {
+    let wanted = dashboard_roles(file);
+    let query = variable_query(variable).expect("a query");
+    let parts = variable_query_parts(query).unwrap_or_else(|e| panic!("{file}: {e}"));
+    let (Some(selector), Some("instance")) = parts else {
+        panic!("{file}: the instance variable lists instances of a selector, not `{query}`");
+    };
+    let roles = build_info_roles(selector).unwrap_or_else(|| {
+        panic!(
+            "{file}: the instance variable lists toolfleet_build_info{{role=~...}}, not `{query}`"
+        )
+    });
+    assert_eq!(
+        roles_selected(&roles),
+        wanted,
+        "{file}: the instance variable's roles"
+    );
+    assert!(
+        variable["allValue"].is_null() || variable["allValue"] == "",
+        "{file}: the instance variable's All stands for its own values, not {}",
+        variable["allValue"]
+    );
+    let counts: Vec<&Value> = panels(dashboard)
+        .into_iter()
+        .filter(|p| p["title"] == "Dispatchers" || p["title"] == "Workers")
+        .collect();
+    assert_eq!(counts.len(), 1, "{file}: one stat counts the processes");
+    for target in counts[0]["targets"].as_array().expect("targets") {
+        let expr = target["expr"].as_str().expect("an expr");
+        let roles = build_info_roles(expr)
+            .unwrap_or_else(|| panic!("{file}: `{expr}` does not count toolfleet_build_info"));
+        assert_eq!(roles_selected(&roles), wanted, "{file}: `{expr}`");
+        assert!(expr.contains("$instance"), "{file}: `{expr}`");
     }
 }
 
@@ -912,6 +1551,9 @@ fn dashboards_follow_grafanas_current_model_with_a_datasource_variable() {
                     "{file}: variable {name} queries {}, not {DATASOURCE_REF}",
                     variable["datasource"]
                 );
+            }
+            if name == "instance" {
+                check_instance_variable(&file, &dashboard, variable);
             }
         }
 

@@ -14,9 +14,14 @@
 //! Then the objects are held to the binary: it serves the ConfigMap's
 //! `toolfleet.toml` and answers the dispatcher's probes where the Deployment
 //! looks; a worker started as its Deployment says answers its probes and
-//! consumes the queue its ScaledObject watches; pods outlast
-//! `shutdown_grace_s`; every pool of the configured tools has workers and
-//! one autoscaler. Broken copies of the manifests fail each check.
+//! consumes the queue its ScaledObject watches; each ScaledObject counts
+//! the pool's running jobs too (RabbitMQ's management API) and aims at the
+//! workers' `concurrency` per pod; the pods' PostgreSQL pools fit
+//! [`POSTGRES_CONNECTIONS`]; dispatchers ride out a blip of the servers;
+//! pods outlast `shutdown_grace_s`; a URL naming no Service is a
+//! placeholder; the autoscalers carry the labels the README's switching
+//! commands select; every pool of the configured tools has workers and one
+//! autoscaler. Broken copies of the manifests fail each check.
 //!
 //! `.ci/run` installs `kubernetes-validate` and checks for `kubectl`; under
 //! CI (`CI` set) a missing tool fails these tests, elsewhere it skips them.
@@ -57,6 +62,20 @@ const METRICS: &str = "/metrics";
 const GRACE_MARGIN_S: f64 = 5.0;
 /// What a placeholder of the Secret and the configuration says.
 const PLACEHOLDER: &str = "REPLACE-ME";
+/// The Secret key KEDA reads RabbitMQ's management API URL from: over HTTP
+/// a queue's count includes the messages workers hold unacknowledged.
+const MANAGEMENT_URL_KEY: &str = "broker-management-url";
+/// The most PostgreSQL connections the fleet may hold at once: 90 of the
+/// default `max_connections` of 100 (deploy/k8s/README.md says why).
+const POSTGRES_CONNECTIONS: u64 = 90;
+/// `database_pool` when nothing sets it (crates/cli/src/config.rs).
+const DEFAULT_DATABASE_POOL: u64 = 16;
+/// The least time, in seconds, a dispatcher's readiness probe fails before
+/// it leaves the Service: a blip of the servers reaches all at once.
+const READINESS_TOLERANCE_S: u64 = 30;
+/// The label whose value (`hpa` or `keda`) tells an overlay's autoscalers
+/// apart, for deleting one overlay's when switching to the other.
+const AUTOSCALER_LABEL: &str = "toolfleet/autoscaler";
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -284,6 +303,28 @@ fn port_of(address: &str) -> Option<u64> {
 
 fn host_of(address: &str) -> &str {
     address.rsplit_once(':').map_or(address, |(host, _)| host)
+}
+
+/// The scheme and the host of a URL (`scheme://user:password@host:port/...`).
+fn url_parts(url: &str) -> Option<(&str, &str)> {
+    let (scheme, rest) = url.split_once("://")?;
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let host = host_port.split(':').next().unwrap_or_default();
+    Some((scheme, host))
+}
+
+/// The RabbitMQ vhost a URL names: its path's last segment, decoded
+/// (RabbitMQ's management API may sit under a path prefix), `/` if none.
+fn vhost_of(url: &str) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let path = rest.split_once('/').map_or("", |(_, path)| path);
+    let path = path.split(['?', '#']).next().unwrap_or_default();
+    let last = path.rsplit('/').next().unwrap_or_default();
+    match last.replace("%2f", "/").replace("%2F", "/") {
+        vhost if vhost.is_empty() => "/".to_owned(),
+        vhost => vhost,
+    }
 }
 
 /// `selector` (matchLabels, or a Service's plain map) selects `labels`.
@@ -903,7 +944,177 @@ fn fleet_problems(objects: &[Value]) -> Vec<String> {
             );
         }
     }
+    // What deletes one overlay's autoscalers before the other is applied
+    // (deploy/k8s/README.md) selects them all. KEDA copies a ScaledObject's
+    // labels onto the HPA it makes, so `keda` on the ScaledObjects also
+    // keeps the HPAs' command off KEDA's own.
+    for (resources, kinds, value) in SWITCHES {
+        for object in objects.iter().filter(|o| kinds.contains(&kind(o))) {
+            ensure!(
+                problems,
+                object["metadata"]["labels"][AUTOSCALER_LABEL] == value,
+                "{}: not labelled {AUTOSCALER_LABEL}={value}, which `{}` selects",
+                label(object),
+                switch_command(resources, value)
+            );
+        }
+    }
+    let (connections, parts) = postgres_connections(&fleet, &mut problems);
+    ensure!(
+        problems,
+        connections <= POSTGRES_CONNECTIONS,
+        "PostgreSQL connections: the fleet may hold {connections} at once ({}), over the {POSTGRES_CONNECTIONS} of max_connections deploy/k8s/README.md allows; lower database_pool or the most replicas, or put PgBouncer in front",
+        parts.join(", ")
+    );
     problems
+}
+
+/// The commands of deploy/k8s/README.md that delete one overlay's
+/// autoscalers before switching to the other: the resources they name, the
+/// kinds those are and the value of [`AUTOSCALER_LABEL`] they select.
+const SWITCHES: [(&str, &[&str], &str); 2] = [
+    ("hpa", &["HorizontalPodAutoscaler"], "hpa"),
+    (
+        "scaledobject,triggerauthentication",
+        &["ScaledObject", "TriggerAuthentication"],
+        "keda",
+    ),
+];
+
+fn switch_command(resources: &str, value: &str) -> String {
+    format!("kubectl -n toolfleet delete {resources} -l {AUTOSCALER_LABEL}={value}")
+}
+
+/// A workload's toolfleet containers: those naming TOOLFLEET_CONFIG.
+fn toolfleet_containers(workload: &Value) -> Vec<&Value> {
+    workload["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|c| env(c, "TOOLFLEET_CONFIG").is_some())
+        .collect()
+}
+
+/// The ScaledObjects and the HorizontalPodAutoscalers scaling a Deployment.
+fn autoscalers<'a>(objects: &'a [Value], workload: &Value) -> (Vec<&'a Value>, Vec<&'a Value>) {
+    let targets = |o: &&Value| {
+        o["spec"]["scaleTargetRef"]["name"] == name(workload)
+            && o["spec"]["scaleTargetRef"]["kind"]
+                .as_str()
+                .unwrap_or("Deployment")
+                == "Deployment"
+    };
+    (
+        of_kind(objects, "ScaledObject").filter(targets).collect(),
+        of_kind(objects, "HorizontalPodAutoscaler")
+            .filter(targets)
+            .collect(),
+    )
+}
+
+/// The most pods a Deployment runs at once: its autoscaler's maximum (KEDA's
+/// default is 100), else its `replicas`; and the pods a rolling update adds
+/// beyond that (`maxSurge`, by default 25 % rounded up).
+fn most_pods(objects: &[Value], workload: &Value) -> (u64, u64) {
+    let (scaled, hpas) = autoscalers(objects, workload);
+    let most = scaled
+        .iter()
+        .map(|s| s["spec"]["maxReplicaCount"].as_u64().unwrap_or(100))
+        .chain(
+            hpas.iter()
+                .map(|h| h["spec"]["maxReplicas"].as_u64().unwrap_or(0)),
+        )
+        .max()
+        .unwrap_or_else(|| workload["spec"]["replicas"].as_u64().unwrap_or(1));
+    let strategy = &workload["spec"]["strategy"];
+    let of_most = |share: &str| {
+        share
+            .strip_suffix('%')
+            .and_then(|p| p.trim().parse::<u64>().ok())
+            .map(|p| (most * p).div_ceil(100))
+    };
+    let surge = if strategy["type"] == "Recreate" {
+        0
+    } else {
+        match &strategy["rollingUpdate"]["maxSurge"] {
+            Value::Number(n) => n.as_u64().unwrap_or(0),
+            Value::String(share) => of_most(share.as_str()).unwrap_or(0),
+            _ => of_most("25%").unwrap_or(0),
+        }
+    };
+    (most, surge)
+}
+
+/// The most PostgreSQL connections the fleet may hold at once, and what
+/// each workload adds: a dispatcher or worker pod its whole `database_pool`
+/// (TOOLFLEET_DATABASE_POOL of its container, else the ConfigMap's), two
+/// more with PostgreSQL notices (a listener and a publisher), at the most
+/// pods its Deployment runs; `toolfleet migrate` one.
+fn postgres_connections(fleet: &Fleet, problems: &mut Vec<String>) -> (u64, Vec<String>) {
+    let mut total = 0;
+    let mut parts = Vec::new();
+    for workload in fleet
+        .objects
+        .iter()
+        .filter(|o| matches!(kind(o), "Deployment" | "Job"))
+    {
+        let what = label(workload);
+        let Some(container) = toolfleet_containers(workload).first().copied() else {
+            continue;
+        };
+        let role = container["args"][0].as_str().unwrap_or_default();
+        if role == "migrate" {
+            let runs = workload["spec"]["parallelism"].as_u64().unwrap_or(1);
+            total += runs;
+            parts.push(format!("{what}: {runs}"));
+            continue;
+        }
+        if !matches!(role, "dispatcher" | "worker" | "serve") {
+            continue;
+        }
+        let from_file = fleet
+            .config
+            .get("database_pool")
+            .and_then(toml::Value::as_integer)
+            .and_then(|n| u64::try_from(n).ok());
+        let pool = match env(container, "TOOLFLEET_DATABASE_POOL") {
+            Some(entry) => entry["value"]
+                .as_str()
+                .and_then(|v| v.trim().parse::<u64>().ok()),
+            None => from_file,
+        };
+        ensure!(
+            problems,
+            pool.is_some(),
+            "{what}: database_pool is set (in {CONFIG_FILE}, or a number in TOOLFLEET_DATABASE_POOL), not left to the binary's default of {DEFAULT_DATABASE_POOL}"
+        );
+        let pool = pool.unwrap_or(DEFAULT_DATABASE_POOL);
+        let notices = env_value(container, "TOOLFLEET_NOTICES")
+            .or(fleet.config.get("notices").and_then(toml::Value::as_str));
+        let listeners = if notices == Some("postgres") { 2 } else { 0 };
+        let (most, surge) = most_pods(fleet.objects, workload);
+        total += (most + surge) * (pool + listeners);
+        parts.push(format!(
+            "{what}: ({most} + {surge}) × ({pool} + {listeners})"
+        ));
+    }
+    (total, parts)
+}
+
+/// The hosts the manifests' Services answer at in the cluster.
+fn service_hosts(objects: &[Value]) -> BTreeSet<String> {
+    let mut hosts = BTreeSet::new();
+    for service in of_kind(objects, "Service") {
+        let service_name = name(service);
+        let namespace = service["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or("default");
+        hosts.insert(service_name.to_owned());
+        for suffix in ["", ".svc", ".svc.cluster.local"] {
+            hosts.insert(format!("{service_name}.{namespace}{suffix}"));
+        }
+    }
+    hosts
 }
 
 /// What every toolfleet workload must be: non-root, bounded, reading the
@@ -916,12 +1127,7 @@ fn workload_problems<'o>(
 ) -> Option<(&'o Value, Vec<String>)> {
     let what = label(workload);
     let pod = &workload["spec"]["template"]["spec"];
-    let ours: Vec<&Value> = pod["containers"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|c| env(c, "TOOLFLEET_CONFIG").is_some())
-        .collect();
+    let ours = toolfleet_containers(workload);
     ensure!(
         problems,
         ours.len() == 1,
@@ -1011,6 +1217,22 @@ fn workload_problems<'o>(
                 problems,
                 secret_value(fleet.objects, secret, key).is_some(),
                 "{what}: {} reads key {key} of Secret {secret}, which is not there",
+                entry["name"]
+            );
+        }
+    }
+    // A URL it names reaches a Service of these manifests, or is a
+    // placeholder to replace.
+    let hosts = service_hosts(fleet.objects);
+    for entry in container["env"].as_array().into_iter().flatten() {
+        let Some(value) = entry["value"].as_str() else {
+            continue;
+        };
+        if let Some((_, host)) = url_parts(value) {
+            ensure!(
+                problems,
+                hosts.contains(&host.to_ascii_lowercase()) || value.contains(PLACEHOLDER),
+                "{what}: {} = {value} names {host}, which no Service of these manifests is: mark it {PLACEHOLDER}, as the Secret's placeholders are",
                 entry["name"]
             );
         }
@@ -1121,6 +1343,16 @@ fn dispatcher_problems(
         scraped_on(workload, port),
         "{what}: Prometheus scrapes {METRICS} on port {port:?}"
     );
+    // A blip of PostgreSQL or RabbitMQ fails every dispatcher's readiness at
+    // once; if that took them out of the Service, it would have none.
+    let readiness = &container["readinessProbe"];
+    let unready_after = readiness["periodSeconds"].as_u64().unwrap_or(10)
+        * readiness["failureThreshold"].as_u64().unwrap_or(3);
+    ensure!(
+        problems,
+        unready_after >= READINESS_TOLERANCE_S,
+        "{what}: the readinessProbe takes a dispatcher out of the Service after {unready_after} s of failures, under {READINESS_TOLERANCE_S} s: a blip of the servers would leave the Service without dispatchers"
+    );
     let needed = pre_stop_s(container) + fleet.grace;
     let termination = termination_s(workload);
     ensure!(
@@ -1201,28 +1433,22 @@ fn worker_problems(
     );
 
     // One autoscaler per pool.
-    let targets = |o: &&Value| {
-        o["spec"]["scaleTargetRef"]["name"] == name(workload)
-            && o["spec"]["scaleTargetRef"]["kind"]
-                .as_str()
-                .unwrap_or("Deployment")
-                == "Deployment"
-    };
-    let scaled: Vec<&Value> = of_kind(fleet.objects, "ScaledObject")
-        .filter(targets)
-        .collect();
-    let hpas: Vec<&Value> = of_kind(fleet.objects, "HorizontalPodAutoscaler")
-        .filter(targets)
-        .collect();
+    let (scaled, hpas) = autoscalers(fleet.objects, workload);
     ensure!(
         problems,
         scaled.len() + hpas.len() == 1,
         "{what}: one autoscaler (ScaledObject or HorizontalPodAutoscaler), got {}",
         scaled.len() + hpas.len()
     );
+    let concurrency = concurrency_of(&args[1..], &fleet.config);
+    ensure!(
+        problems,
+        concurrency.is_some(),
+        "{what}: its concurrency is set (`concurrency` of {CONFIG_FILE}, or --concurrency), which its ScaledObject's value follows"
+    );
     let broker = env_secret(container, "TOOLFLEET_BROKER_URL");
     for so in scaled {
-        scaled_object_problems(fleet, so, &pool, broker.as_ref(), problems);
+        scaled_object_problems(fleet, so, &pool, concurrency, broker.as_ref(), problems);
     }
     for hpa in hpas {
         let spec = &hpa["spec"];
@@ -1240,12 +1466,39 @@ fn worker_problems(
     Some(pool)
 }
 
-/// A ScaledObject of `pool` watches the pool's queue, through a
-/// TriggerAuthentication reading the URL the workers connect with (`broker`).
+/// The jobs a worker runs at once: `--concurrency N` of its arguments, else
+/// `concurrency` of the configuration; None if neither sets it.
+fn concurrency_of(args: &[String], config: &toml::Table) -> Option<u64> {
+    let mut given = None;
+    let mut rest = args.iter();
+    while let Some(arg) = rest.next() {
+        if arg == "--concurrency" {
+            given = rest.next().map(|v| v.parse().ok());
+        } else if let Some(value) = arg.strip_prefix("--concurrency=") {
+            given = Some(value.parse().ok());
+        }
+    }
+    match given {
+        Some(parsed) => parsed,
+        None => config
+            .get("concurrency")
+            .and_then(toml::Value::as_integer)
+            .and_then(|n| u64::try_from(n).ok()),
+    }
+}
+
+/// A ScaledObject of `pool` counts the pool's jobs, running and waiting:
+/// the pool's queue, through RabbitMQ's management API, whose count
+/// includes the messages workers hold unacknowledged (a worker's prefetch
+/// is its `concurrency`, one message per running job). KEDA's HPA keeps
+/// ceil(count / value) workers, so `value` is the workers' `concurrency`.
+/// The API's URL comes through a TriggerAuthentication from the Secret
+/// the workers read their broker URL (`broker`) from, on the same vhost.
 fn scaled_object_problems(
     fleet: &Fleet,
     so: &Value,
     pool: &str,
+    concurrency: Option<u64>,
     broker: Option<&(String, String)>,
     problems: &mut Vec<String>,
 ) {
@@ -1256,7 +1509,7 @@ fn scaled_object_problems(
     ensure!(
         problems,
         min >= 1 && max >= min,
-        "{what}: 1 <= minReplicaCount <= maxReplicaCount (at zero, running jobs lose their worker)"
+        "{what}: 1 <= minReplicaCount <= maxReplicaCount (from zero, a job waits for KEDA's poll and a pod's start)"
     );
     let triggers: Vec<&Value> = spec["triggers"].as_array().into_iter().flatten().collect();
     ensure!(
@@ -1281,6 +1534,28 @@ fn scaled_object_problems(
         );
         ensure!(
             problems,
+            metadata["protocol"] == "http",
+            "{what}: protocol {} is not http: over AMQP KEDA counts the waiting jobs only, not the running ones workers hold unacknowledged, and shrinks a busy pool",
+            metadata["protocol"]
+        );
+        ensure!(
+            problems,
+            metadata["excludeUnacknowledged"]
+                .as_str()
+                .is_none_or(|v| !v.trim().eq_ignore_ascii_case("true")),
+            "{what}: excludeUnacknowledged leaves the running jobs out of the count"
+        );
+        let value = metadata["value"]
+            .as_str()
+            .and_then(|v| v.trim().parse::<u64>().ok());
+        ensure!(
+            problems,
+            value.is_some() && value == concurrency,
+            "{what}: value {} is not the concurrency its workers run with ({concurrency:?}); KEDA keeps ceil(jobs / value) workers",
+            metadata["value"]
+        );
+        ensure!(
+            problems,
             metadata["host"].is_null() && metadata["hostFromEnv"].is_null(),
             "{what}: the broker's URL comes from the TriggerAuthentication, not the trigger"
         );
@@ -1299,20 +1574,29 @@ fn scaled_object_problems(
         });
         ensure!(
             problems,
-            host.is_some() && host.as_ref() == broker,
-            "{what}: TriggerAuthentication {auth_name:?} gives `host` from the Secret key the workers connect with ({broker:?}), not {host:?}"
+            host.as_ref().is_some_and(|(secret, key)| {
+                key == MANAGEMENT_URL_KEY && broker.is_some_and(|(workers, _)| workers == secret)
+            }),
+            "{what}: TriggerAuthentication {auth_name:?} gives `host` from {MANAGEMENT_URL_KEY} of the Secret the workers read their broker from ({broker:?}), not {host:?}"
         );
-        let scheme = host
-            .and_then(|(secret, key)| secret_value(fleet.objects, &secret, &key))
-            .and_then(|url| url.split_once("://").map(|(s, _)| s.to_owned()));
-        let protocol = metadata["protocol"].as_str().unwrap_or("auto");
+        let Some(url) = host.and_then(|(secret, key)| secret_value(fleet.objects, &secret, &key))
+        else {
+            continue;
+        };
+        let scheme = url_parts(&url).map(|(scheme, _)| scheme);
         ensure!(
             problems,
-            matches!(
-                (protocol, scheme.as_deref()),
-                ("amqp" | "auto", Some("amqp" | "amqps"))
-            ),
-            "{what}: protocol {protocol} fits the URL's scheme {scheme:?}"
+            matches!(scheme, Some("http" | "https")),
+            "{what}: {MANAGEMENT_URL_KEY} ({url}) is the http(s) URL of RabbitMQ's management API"
+        );
+        let workers = broker
+            .and_then(|(secret, key)| secret_value(fleet.objects, secret, key))
+            .map(|url| vhost_of(&url));
+        ensure!(
+            problems,
+            workers.as_deref() == Some(vhost_of(&url).as_str()),
+            "{what}: {MANAGEMENT_URL_KEY} ({url}) names vhost {:?}, not that of the workers' broker URL ({workers:?})",
+            vhost_of(&url)
         );
     }
 }
@@ -1554,7 +1838,7 @@ fn a_broken_copy_of_the_manifests_fails_validation() {
     );
     edit(
         &broken.join("overlays/keda/trigger-authentication.yaml"),
-        "      key: broker-url\n",
+        "      key: broker-management-url\n",
         "",
     );
 
@@ -1619,6 +1903,7 @@ fn the_fleet_holds_together_in_every_overlay() {
     let Some(overlays) = render_overlays(&repo().join(K8S)) else {
         return;
     };
+    let guide = read(&repo().join(K8S).join("README.md"));
     for (overlay, objects) in &overlays {
         let problems = fleet_problems(objects);
         assert!(
@@ -1626,13 +1911,21 @@ fn the_fleet_holds_together_in_every_overlay() {
             "overlay {overlay}:\n{}",
             problems.join("\n")
         );
+        // deploy/k8s/README.md does the sum of the manifests as they are.
+        let fleet = Fleet::of(objects, &mut Vec::new());
+        let (connections, parts) = postgres_connections(&fleet, &mut Vec::new());
+        let sum = format!("= {connections} ≤ {POSTGRES_CONNECTIONS}");
+        assert!(
+            guide.contains(&sum),
+            "overlay {overlay}: deploy/k8s/README.md says `{sum}` of PostgreSQL connections: {parts:?}"
+        );
     }
 
     // Each check catches what it is for.
-    let (_, keda) = overlays.iter().find(|(name, _)| name == "keda").unwrap();
     type Breakage = fn(&mut Vec<Value>);
-    let breakages: [(&str, Breakage, &str); 7] = [
+    let breakages: [(&str, &str, Breakage, &str); 21] = [
         (
+            "keda",
             "a worker stopped before its grace is over",
             |o| {
                 find_mut(o, "Deployment", "toolfleet-worker-default")["spec"]["template"]["spec"]
@@ -1641,6 +1934,7 @@ fn the_fleet_holds_together_in_every_overlay() {
             "terminationGracePeriodSeconds",
         ),
         (
+            "keda",
             "a ScaledObject watching another queue",
             |o| {
                 find_mut(o, "ScaledObject", "toolfleet-worker-default")["spec"]["triggers"][0]["metadata"]
@@ -1649,6 +1943,7 @@ fn the_fleet_holds_together_in_every_overlay() {
             "queueName",
         ),
         (
+            "keda",
             "a dispatcher probe on a path not served",
             |o| {
                 first_container_mut(find_mut(o, "Deployment", "toolfleet-dispatcher"))["readinessProbe"]
@@ -1657,6 +1952,7 @@ fn the_fleet_holds_together_in_every_overlay() {
             "readinessProbe",
         ),
         (
+            "keda",
             "a worker probe on a port not declared",
             |o| {
                 first_container_mut(find_mut(o, "Deployment", "toolfleet-worker-agents"))["livenessProbe"]
@@ -1665,12 +1961,14 @@ fn the_fleet_holds_together_in_every_overlay() {
             "livenessProbe",
         ),
         (
+            "keda",
             "a pool without workers",
             |o| o.retain(|x| !(kind(x) == "Deployment" && name(x) == "toolfleet-worker-agents")),
             "\"agents\"",
         ),
         (
-            "KEDA reading another secret key than the workers",
+            "keda",
+            "KEDA reading another secret key than RabbitMQ's management API",
             |o| {
                 find_mut(o, "TriggerAuthentication", "toolfleet-rabbitmq")["spec"]["secretTargetRef"]
                     [0]["key"] = json!("database-url")
@@ -1678,6 +1976,160 @@ fn the_fleet_holds_together_in_every_overlay() {
             "TriggerAuthentication",
         ),
         (
+            "keda",
+            "KEDA reading the AMQP URL, which shows it the waiting jobs only",
+            |o| {
+                find_mut(o, "TriggerAuthentication", "toolfleet-rabbitmq")["spec"]["secretTargetRef"]
+                    [0]["key"] = json!("broker-url")
+            },
+            "TriggerAuthentication",
+        ),
+        (
+            "keda",
+            "a ScaledObject over AMQP",
+            |o| {
+                find_mut(o, "ScaledObject", "toolfleet-worker-agents")["spec"]["triggers"][0]["metadata"]
+                    ["protocol"] = json!("amqp")
+            },
+            "protocol",
+        ),
+        (
+            "keda",
+            "a ScaledObject leaving the running jobs out",
+            |o| {
+                find_mut(o, "ScaledObject", "toolfleet-worker-default")["spec"]["triggers"][0]["metadata"]
+                    ["excludeUnacknowledged"] = json!("true")
+            },
+            "excludeUnacknowledged",
+        ),
+        (
+            "keda",
+            "a ScaledObject aiming at another number of jobs per worker",
+            |o| {
+                find_mut(o, "ScaledObject", "toolfleet-worker-default")["spec"]["triggers"][0]["metadata"]
+                    ["value"] = json!("32")
+            },
+            "the concurrency its workers run with",
+        ),
+        (
+            "keda",
+            "workers running another concurrency than their ScaledObject's value",
+            |o| {
+                let args =
+                    &mut first_container_mut(find_mut(o, "Deployment", "toolfleet-worker-agents"))
+                        ["args"];
+                args.as_array_mut()
+                    .unwrap()
+                    .extend([json!("--concurrency"), json!("8")]);
+            },
+            "the concurrency its workers run with",
+        ),
+        (
+            "keda",
+            "database_pool left to the binary's default",
+            |o| {
+                let map = o.iter_mut().find(|x| kind(x) == "ConfigMap").unwrap();
+                let text = map["data"][CONFIG_FILE]
+                    .as_str()
+                    .unwrap()
+                    .replace("\ndatabase_pool = ", "\n# database_pool = ");
+                map["data"][CONFIG_FILE] = json!(text);
+            },
+            "max_connections",
+        ),
+        (
+            "keda",
+            "a pool scaled past PostgreSQL's connections",
+            |o| {
+                find_mut(o, "ScaledObject", "toolfleet-worker-agents")["spec"]["maxReplicaCount"] =
+                    json!(30)
+            },
+            "max_connections",
+        ),
+        (
+            "hpa",
+            "dispatchers with a pool past PostgreSQL's connections",
+            |o| {
+                let container =
+                    first_container_mut(find_mut(o, "Deployment", "toolfleet-dispatcher"));
+                for entry in container["env"].as_array_mut().unwrap() {
+                    if entry["name"] == "TOOLFLEET_DATABASE_POOL" {
+                        entry["value"] = json!("40");
+                    }
+                }
+            },
+            "max_connections",
+        ),
+        (
+            "keda",
+            "a model server URL naming no Service, not marked a placeholder",
+            |o| {
+                let container =
+                    first_container_mut(find_mut(o, "Deployment", "toolfleet-worker-agents"));
+                for entry in container["env"].as_array_mut().unwrap() {
+                    if entry["name"] == "EXPENSES_MODEL_URL" {
+                        entry["value"] = json!("http://ollama:11434/v1");
+                    }
+                }
+            },
+            "EXPENSES_MODEL_URL",
+        ),
+        (
+            "keda",
+            "dispatchers leaving the Service after 10 s of a blip",
+            |o| {
+                first_container_mut(find_mut(o, "Deployment", "toolfleet-dispatcher"))["readinessProbe"]
+                    ["failureThreshold"] = json!(2)
+            },
+            "out of the Service after 10 s",
+        ),
+        (
+            "hpa",
+            "an HPA the README's command does not delete",
+            |o| {
+                find_mut(o, "HorizontalPodAutoscaler", "toolfleet-worker-default")["metadata"]
+                    ["labels"]
+                    .as_object_mut()
+                    .unwrap()
+                    .remove(AUTOSCALER_LABEL);
+            },
+            "toolfleet/autoscaler=hpa",
+        ),
+        (
+            "keda",
+            "a ScaledObject whose HPA the HPAs' command would delete",
+            |o| {
+                find_mut(o, "ScaledObject", "toolfleet-worker-agents")["metadata"]["labels"]
+                    [AUTOSCALER_LABEL] = json!("hpa")
+            },
+            "toolfleet/autoscaler=keda",
+        ),
+        (
+            "keda",
+            "a TriggerAuthentication the README's command leaves behind",
+            |o| {
+                find_mut(o, "TriggerAuthentication", "toolfleet-rabbitmq")["metadata"]["labels"]
+                    .as_object_mut()
+                    .unwrap()
+                    .remove(AUTOSCALER_LABEL);
+            },
+            "toolfleet/autoscaler=keda",
+        ),
+        (
+            "keda",
+            "a management URL on another vhost than the workers'",
+            |o| {
+                let secret = find_mut(o, "Secret", "toolfleet-secrets");
+                let url = secret["stringData"][MANAGEMENT_URL_KEY]
+                    .as_str()
+                    .unwrap()
+                    .replace("/%2f", "/other");
+                secret["stringData"][MANAGEMENT_URL_KEY] = json!(url);
+            },
+            "vhost",
+        ),
+        (
+            "keda",
             "a worker command the binary refuses",
             |o| {
                 first_container_mut(find_mut(o, "Deployment", "toolfleet-worker-default"))["args"] =
@@ -1686,8 +2138,9 @@ fn the_fleet_holds_together_in_every_overlay() {
             "refuses",
         ),
     ];
-    for (what, break_it, says) in breakages {
-        let mut objects = keda.clone();
+    for (overlay, what, break_it, says) in breakages {
+        let (_, objects) = overlays.iter().find(|(name, _)| name == overlay).unwrap();
+        let mut objects = objects.clone();
         break_it(&mut objects);
         let problems = fleet_problems(&objects);
         assert!(
@@ -1871,28 +2324,32 @@ async fn a_worker_as_deployed_serves_its_probes_and_consumes_the_scaled_queue() 
         lapin::Connection::connect(&shared_amqp_url(), lapin::ConnectionProperties::default())
             .await
             .expect("RabbitMQ");
-    let channel = connection.create_channel().await.unwrap();
     let passive = lapin::options::QueueDeclareOptions {
         passive: true,
         ..Default::default()
     };
     let start = Instant::now();
     loop {
-        let declared = channel
+        // The worker says it runs before its consumer has declared the
+        // queue, and a passive declaration of a queue not there yet closes
+        // the channel: a new one each time.
+        let channel = connection.create_channel().await.unwrap();
+        let consumers = channel
             .queue_declare(
                 queue.as_str().into(),
                 passive,
                 lapin::types::FieldTable::default(),
             )
             .await
-            .unwrap_or_else(|e| panic!("the worker's queue {queue} exists: {e}"));
-        if declared.consumer_count() >= 1 {
+            .map(|declared| declared.consumer_count());
+        if consumers.as_ref().is_ok_and(|n| *n >= 1) {
             break;
         }
         assert!(
             start.elapsed() < Duration::from_secs(15),
-            "nobody consumes {queue}"
+            "nobody consumes {queue}: {consumers:?}"
         );
+        let _ = channel.close(0, "again".into()).await;
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let _ = connection.close(0, "done".into()).await;
@@ -1924,12 +2381,35 @@ fn the_configuration_uses_documented_keys_and_the_readme_covers_the_layout() {
             "{CONFIG_FILE} sets `{key}`, which README.md's Configuration does not document"
         );
     }
-    for variable in [
-        "TOOLFLEET_SHUTDOWN_GRACE_S",
-        "TOOLFLEET_CONFIRM_SECRET",
-        "TOOLFLEET_WEBHOOK_SECRET",
+    // Every variable of the binary's that a workload sets, as written.
+    let mut variables = BTreeSet::from([
+        "TOOLFLEET_SHUTDOWN_GRACE_S".to_owned(),
+        "TOOLFLEET_CONFIRM_SECRET".to_owned(),
+        "TOOLFLEET_WEBHOOK_SECRET".to_owned(),
+        "TOOLFLEET_DATABASE_POOL".to_owned(),
+    ]);
+    for manifest in [
+        "base/dispatcher-deployment.yaml",
+        "base/migrate-job.yaml",
+        "pools/default/worker/deployment.yaml",
+        "pools/agents/worker/deployment.yaml",
     ] {
-        assert!(section.contains(variable), "README.md documents {variable}");
+        for workload in documents(&read(&repo().join(K8S).join(manifest)), manifest) {
+            for container in toolfleet_containers(&workload) {
+                for entry in container["env"].as_array().into_iter().flatten() {
+                    let variable = entry["name"].as_str().unwrap_or_default();
+                    if variable.starts_with("TOOLFLEET_") {
+                        variables.insert(variable.to_owned());
+                    }
+                }
+            }
+        }
+    }
+    for variable in variables {
+        assert!(
+            section.contains(&variable),
+            "README.md's Configuration documents {variable}"
+        );
     }
     let guide = read(&repo().join(K8S).join("README.md"));
     for needed in [
@@ -1940,12 +2420,79 @@ fn the_configuration_uses_documented_keys_and_the_readme_covers_the_layout() {
         "shutdown_grace_s",
         "terminationGracePeriodSeconds",
         MIN_KUBERNETES,
+        MANAGEMENT_URL_KEY,
+        "protocol: http",
+        "excludeUnacknowledged",
+        "max_connections",
+        "PgBouncer",
+        "TOOLFLEET_DATABASE_POOL",
+        "EXPENSES_MODEL_URL",
     ] {
         assert!(
             guide.contains(needed),
             "deploy/k8s/README.md speaks of {needed}"
         );
     }
+    // Switching overlays: the commands that delete the other's autoscalers,
+    // whose labels the_fleet_holds_together_in_every_overlay checks.
+    let blocks: Vec<&str> = guide
+        .split("```sh\n")
+        .skip(1)
+        .filter_map(|rest| rest.split("```").next())
+        .collect();
+    for (resources, _, value) in SWITCHES {
+        let command = switch_command(resources, value);
+        assert!(
+            blocks
+                .iter()
+                .any(|block| block.lines().any(|line| line.trim() == command)),
+            "deploy/k8s/README.md runs `{command}` before switching overlays"
+        );
+    }
+}
+
+#[test]
+fn the_binary_takes_the_database_pool_a_deployment_sets() {
+    // The dispatchers' TOOLFLEET_DATABASE_POOL, which the connection count
+    // of the_fleet_holds_together_in_every_overlay trusts, is read: a value
+    // that is not a number stops the binary, naming it.
+    let manifest = "base/dispatcher-deployment.yaml";
+    let dispatcher = documents(&read(&repo().join(K8S).join(manifest)), manifest)
+        .into_iter()
+        .find(|o| kind(o) == "Deployment")
+        .expect("the dispatchers");
+    let pool = env_value(first_container(&dispatcher), "TOOLFLEET_DATABASE_POOL")
+        .expect("the dispatchers set TOOLFLEET_DATABASE_POOL")
+        .to_owned();
+    let text = read(&repo().join(K8S).join("base").join(CONFIG_FILE));
+    let dir = TempDir::new("k8s-database-pool");
+    std::fs::create_dir_all(dir.0.join("data")).unwrap();
+    let path = dir.0.join(CONFIG_FILE);
+    std::fs::write(&path, local_config(&text, &dir.0, Some("tf_k8s_pool"))).unwrap();
+    let migrate = |value: &str| {
+        Command::new(env!("CARGO_BIN_EXE_toolfleet"))
+            .env_remove("TOOLFLEET_CONFIG")
+            .env_remove("TOOLFLEET_DATABASE_URL")
+            .env_remove("TOOLFLEET_BROKER_URL")
+            .env("TOOLFLEET_DATABASE_POOL", value)
+            .arg("--config")
+            .arg(&path)
+            .arg("migrate")
+            .output()
+            .unwrap()
+    };
+    let taken = migrate(&pool);
+    assert!(
+        taken.status.success(),
+        "TOOLFLEET_DATABASE_POOL={pool}: {}",
+        String::from_utf8_lossy(&taken.stderr)
+    );
+    let refused = migrate("eight");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && stderr.contains("TOOLFLEET_DATABASE_POOL"),
+        "TOOLFLEET_DATABASE_POOL=eight was taken: {stderr}"
+    );
 }
 
 #[test]
@@ -2006,6 +2553,13 @@ fn a_pool_added_as_the_readme_says_holds_together() {
             problems.join("\n")
         );
         assert!(find(objects, "Deployment", "toolfleet-worker-reports").is_some());
+        // Within PostgreSQL's connections still, as the section says.
+        let (connections, parts) =
+            postgres_connections(&Fleet::of(objects, &mut Vec::new()), &mut Vec::new());
+        assert!(
+            section.contains(&format!("a third makes {connections}")),
+            "overlay {overlay}: the section gives the PostgreSQL connections of a third pool: {parts:?}"
+        );
     }
     let (_, keda) = overlays.iter().find(|(name, _)| name == "keda").unwrap();
     let scaled = find(keda, "ScaledObject", "toolfleet-worker-reports").expect("its ScaledObject");

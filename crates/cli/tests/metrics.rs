@@ -2,12 +2,15 @@
 //! `toolfleet serve` on the embedded default (a cached query called twice, a
 //! validation failure, denials of every reason, a job that succeeds and
 //! calls back a webhook that fails once, a job that fails after a retry, an
-//! agent on a scripted model) then one scrape of `/metrics` that must show
-//! every metric of the contract with the values the run moved. And a
+//! agent on a scripted model, `get_job` read and long-polled) then one
+//! scrape of `/metrics` that must show every metric of the contract with the
+//! values the run moved. And a
 //! `toolfleet worker` of the distributed mode (this machine's PostgreSQL and
 //! RabbitMQ, a schema and a prefix of the test's own) serving `/metrics`,
 //! `/healthz` and `/readyz` on `metrics_listen`, counting a job a dispatcher
-//! enqueued and a message it dead-lettered, and refusing a port in use.
+//! enqueued and a message it dead-lettered, and refusing a port in use; each
+//! process names its role in `toolfleet_build_info`, and only the dispatcher
+//! counts the jobs in the store.
 //!
 //! The distributed test never skips: without the servers it fails and says
 //! what to start (`TOOLFLEET_TEST_DATABASE_URL`, `TOOLFLEET_TEST_AMQP_URL`).
@@ -138,6 +141,15 @@ async fn serve_counts_a_scripted_run_in_one_registry() {
         (r#"toolfleet_backend_errors_total{backend="store"}"#, 0.0),
         (r#"toolfleet_backend_errors_total{backend="broker"}"#, 0.0),
         (r#"toolfleet_backend_errors_total{backend="notices"}"#, 0.0),
+        (r#"toolfleet_scrape_timeouts_total{backend="store"}"#, 0.0),
+        (r#"toolfleet_scrape_timeouts_total{backend="broker"}"#, 0.0),
+        // get_job: a read and a long poll are both counted; only the read is
+        // timed, a wait is not the time of a call.
+        (r#"toolfleet_calls_total{tool="get_job",outcome="ok"}"#, 2.0),
+        (
+            r#"toolfleet_call_duration_seconds_count{tool="get_job"}"#,
+            1.0,
+        ),
         // Read when scraped.
         (r#"toolfleet_jobs{state="succeeded"}"#, 2.0),
         (r#"toolfleet_jobs{state="failed"}"#, 1.0),
@@ -148,11 +160,13 @@ async fn serve_counts_a_scripted_run_in_one_registry() {
     for (series, value) in exactly {
         assert_eq!(scrape.get(series), value, "{series} in\n{}", scrape.text);
     }
+    // The process says what it runs as: `serve`, both roles.
     let version = format!(
-        r#"toolfleet_build_info{{version="{}"}}"#,
+        r#"toolfleet_build_info{{version="{}",role="serve"}}"#,
         env!("CARGO_PKG_VERSION")
     );
     assert_eq!(scrape.get(&version), 1.0);
+    assert_eq!(scrape.text.matches("toolfleet_build_info{").count(), 1);
     // Histograms moved: their sums are positive and their buckets cumulative.
     assert!(scrape.get(r#"toolfleet_job_run_seconds_sum{tool="fine_job"}"#) > 0.0);
     assert_eq!(
@@ -301,12 +315,16 @@ async fn a_worker_serves_metrics_health_and_readiness_on_metrics_listen() {
         ),
         (r#"toolfleet_worker_slots{pool="default"}"#, 2.0),
         (r#"toolfleet_worker_jobs_in_flight{pool="default"}"#, 0.0),
-        (r#"toolfleet_jobs{state="succeeded"}"#, 1.0),
         (r#"toolfleet_queue_depth{pool="default"}"#, 0.0),
         (r#"toolfleet_backend_errors_total{backend="store"}"#, 0.0),
     ] {
         assert_eq!(scrape.get(series), value, "{series} in\n{}", scrape.text);
     }
+    // A worker says it is one, and leaves counting the jobs to dispatchers.
+    let version = env!("CARGO_PKG_VERSION");
+    let worker_info = format!(r#"toolfleet_build_info{{version="{version}",role="worker"}}"#);
+    assert_eq!(scrape.get(&worker_info), 1.0);
+    assert!(!scrape.text.contains("toolfleet_jobs{"), "{}", scrape.text);
     assert!(scrape.get(r#"toolfleet_job_queue_wait_seconds_count{tool="fine_job"}"#) >= 1.0);
     assert!(scrape.get(r#"toolfleet_job_run_seconds_count{tool="fine_job"}"#) >= 1.0);
     // Nothing was enqueued by the worker; the dispatcher counted the job.
@@ -315,6 +333,14 @@ async fn a_worker_serves_metrics_health_and_readiness_on_metrics_listen() {
         None
     );
     let dispatched = Scrape::of(&dispatcher.base).await;
+    let dispatcher_info =
+        format!(r#"toolfleet_build_info{{version="{version}",role="dispatcher"}}"#);
+    assert_eq!(dispatched.get(&dispatcher_info), 1.0);
+    assert_eq!(dispatched.get(r#"toolfleet_jobs{state="succeeded"}"#), 1.0);
+    assert_eq!(
+        dispatched.get(r#"toolfleet_queue_depth{pool="default"}"#),
+        0.0
+    );
     assert_eq!(
         dispatched.get(r#"toolfleet_jobs_enqueued_total{tool="fine_job"}"#),
         1.0

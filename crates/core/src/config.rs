@@ -276,6 +276,7 @@ impl ToolConfig {
             pool: self.pool,
             max_attempts: self.max_attempts,
             content_blocks: self.content_blocks,
+            long_poll: None,
         })
     }
 }

@@ -10,9 +10,14 @@
 //! outcomes, error codes) from small fixed sets. The names are a contract
 //! dashboards are built on: metrics may be added, never renamed.
 //!
-//! The state of the fleet at scrape time (`toolfleet_jobs`,
-//! `toolfleet_queue_depth`) is read from the store and the broker by the
-//! process that serves `/metrics`, which sets it here just before rendering.
+//! The state of the fleet at scrape time is read by the process that serves
+//! `/metrics`, which sets it here just before rendering: `toolfleet_jobs`
+//! from the store, by processes that dispatch only ([`Role::dispatches`]),
+//! and `toolfleet_queue_depth`, RabbitMQ's count of the messages ready in
+//! each pool queue the process works or dispatches to.
+//!
+//! `toolfleet_build_info` names the process's [`Role`], which is how
+//! dashboards tell dispatchers from workers.
 
 use std::time::Duration;
 
@@ -87,6 +92,38 @@ impl Backend {
     }
 }
 
+/// What a process runs as: the `role` of `toolfleet_build_info`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// `toolfleet dispatcher`: the HTTP API, webhooks and the sweeper.
+    Dispatcher,
+    /// `toolfleet worker`: workers of some pools, `/metrics` on `metrics_listen`.
+    Worker,
+    /// `toolfleet serve`: both in one process.
+    Serve,
+    /// `toolfleet mcp`: MCP over stdio with workers; it serves no `/metrics`.
+    Mcp,
+}
+
+impl Role {
+    pub const ALL: [Role; 4] = [Role::Dispatcher, Role::Worker, Role::Serve, Role::Mcp];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Dispatcher => "dispatcher",
+            Role::Worker => "worker",
+            Role::Serve => "serve",
+            Role::Mcp => "mcp",
+        }
+    }
+
+    /// Whether the process takes calls and dispatches jobs: only those
+    /// report `toolfleet_jobs`.
+    pub fn dispatches(self) -> bool {
+        !matches!(self, Role::Worker)
+    }
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ToolLabel {
     tool: String,
@@ -141,6 +178,12 @@ struct VersionLabel {
     version: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    version: &'static str,
+    role: &'static str,
+}
+
 /// Every job state, in the order of the contract.
 const STATES: [JobState; 6] = [
     JobState::Queued,
@@ -153,7 +196,8 @@ const STATES: [JobState; 6] = [
 
 type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
 
-/// Inline calls take milliseconds; long polls of `get_job` up to 30 s.
+/// Inline calls take milliseconds, slow ones up to their timeout (30 s by
+/// default). Long polls (`get_job` with `wait_s`) are not timed.
 fn call_buckets() -> Histogram {
     Histogram::new([
         0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -210,8 +254,10 @@ pub struct Metrics {
     agent_steps: Family<ToolLabel, Counter>,
     agent_tokens: Family<TokenLabels, Counter>,
     backend_errors: Family<BackendLabel, Counter>,
+    scrape_timeouts: Family<BackendLabel, Counter>,
     jobs: Family<StateLabel, Gauge>,
     queue_depth: Family<PoolLabel, Gauge>,
+    role: Option<Role>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -227,8 +273,24 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    /// A registry of every toolfleet metric; series with fixed labels start at 0.
+    /// A registry of every toolfleet metric; series with fixed labels start
+    /// at 0. Without a role: a runtime embedded in a program of its own
+    /// (the `toolfleet` processes use [`Metrics::for_role`]).
     pub fn new() -> Metrics {
+        Metrics::build(None)
+    }
+
+    /// The registry of a `toolfleet` process running as `role`.
+    pub fn for_role(role: Role) -> Metrics {
+        Metrics::build(Some(role))
+    }
+
+    /// The role this registry was made for, if any.
+    pub fn role(&self) -> Option<Role> {
+        self.role
+    }
+
+    fn build(role: Option<Role>) -> Metrics {
         let mut r = Registry::with_prefix("toolfleet");
         let m = Metrics {
             calls: Family::default(),
@@ -252,8 +314,10 @@ impl Metrics {
             agent_steps: Family::default(),
             agent_tokens: Family::default(),
             backend_errors: Family::default(),
+            scrape_timeouts: Family::default(),
             jobs: Family::default(),
             queue_depth: Family::default(),
+            role,
             registry: Registry::default(),
         };
         r.register(
@@ -263,7 +327,7 @@ impl Metrics {
         );
         r.register_with_unit(
             "call_duration",
-            "Time of a call through the call path (validation, middleware, the shape's contract)",
+            "Time of a call through the call path (validation, middleware, the shape's contract); long polls (get_job with wait_s > 0) are counted in calls, not timed",
             Unit::Seconds,
             m.call_duration.clone(),
         );
@@ -365,33 +429,52 @@ impl Metrics {
             m.backend_errors.clone(),
         );
         r.register(
+            "scrape_timeouts",
+            "Reads of the store or the broker at scrape time that timed out: their series are left out of that scrape",
+            m.scrape_timeouts.clone(),
+        );
+        r.register(
             "jobs",
-            "Jobs in the store by state, read when scraped",
+            "Jobs in the store by state, read when scraped (at most every 15 s) by processes that dispatch",
             m.jobs.clone(),
         );
         r.register(
             "queue_depth",
-            "Messages waiting in a pool's queue (ready, not delivered), read when scraped",
+            "Messages ready in a pool's RabbitMQ queue (waiting, not delivered) as the broker counts them, read when scraped",
             m.queue_depth.clone(),
         );
-        r.register(
-            "build",
-            "The running toolfleet's version (always 1)",
-            Info::new(VersionLabel {
-                version: env!("CARGO_PKG_VERSION"),
-            }),
-        );
+        let version = env!("CARGO_PKG_VERSION");
+        match role {
+            Some(role) => r.register(
+                "build",
+                "The running toolfleet's version and the role of the process (always 1)",
+                Info::new(BuildLabels {
+                    version,
+                    role: role.as_str(),
+                }),
+            ),
+            None => r.register(
+                "build",
+                "The running toolfleet's version (always 1)",
+                Info::new(VersionLabel { version }),
+            ),
+        }
         for outcome in ["delivered", "failed"] {
             m.webhook_deliveries
                 .get_or_create(&OutcomeLabel { outcome })
                 .inc_by(0);
         }
         for backend in Backend::ALL {
-            m.backend_errors
-                .get_or_create(&BackendLabel {
-                    backend: backend.as_str(),
-                })
-                .inc_by(0);
+            let label = BackendLabel {
+                backend: backend.as_str(),
+            };
+            m.backend_errors.get_or_create(&label).inc_by(0);
+        }
+        for backend in [Backend::Store, Backend::Broker] {
+            let label = BackendLabel {
+                backend: backend.as_str(),
+            };
+            m.scrape_timeouts.get_or_create(&label).inc_by(0);
         }
         Metrics { registry: r, ..m }
     }
@@ -424,7 +507,8 @@ impl Metrics {
         }
     }
 
-    /// The time one call of `tool` took through the call path.
+    /// The time one call of `tool` took through the call path. The runtime
+    /// leaves long polls out (see [`crate::ToolDecl::long_poll`]).
     pub fn call_time(&self, tool: &str, elapsed: Duration) {
         self.call_duration
             .get_or_create(&tool_label(tool))
@@ -547,6 +631,17 @@ impl Metrics {
             .inc();
     }
 
+    /// A read of `backend` at scrape time that timed out. Not a backend
+    /// error: the read is left out of that scrape (a slow count on a large
+    /// store is not a failing store).
+    pub fn scrape_timeout(&self, backend: Backend) {
+        self.scrape_timeouts
+            .get_or_create(&BackendLabel {
+                backend: backend.as_str(),
+            })
+            .inc();
+    }
+
     /// Jobs by state as the store counts them now; states it does not name are 0.
     pub fn set_job_counts(&self, counts: &[(JobState, u64)]) {
         for state in STATES {
@@ -568,7 +663,8 @@ impl Metrics {
         self.jobs.clear();
     }
 
-    /// Messages waiting in `pool`, or `None` when they could not be counted.
+    /// Messages ready in the queue of `pool` as the broker counts them, or
+    /// `None` when they could not be counted.
     pub fn set_queue_depth(&self, pool: &str, depth: Option<u64>) {
         let label = pool_label(pool);
         match depth {
@@ -619,6 +715,10 @@ mod tests {
             let series = format!("toolfleet_backend_errors_total{{backend=\"{backend}\"}}");
             assert_eq!(sample(&text, &series), Some(0.0), "{text}");
         }
+        for backend in ["store", "broker"] {
+            let series = format!("toolfleet_scrape_timeouts_total{{backend=\"{backend}\"}}");
+            assert_eq!(sample(&text, &series), Some(0.0), "{text}");
+        }
         assert!(!text.contains("toolfleet_calls"), "{text}");
     }
 
@@ -665,6 +765,7 @@ mod tests {
             ("toolfleet_agent_steps", "counter"),
             ("toolfleet_agent_tokens", "counter"),
             ("toolfleet_backend_errors", "counter"),
+            ("toolfleet_scrape_timeouts", "counter"),
             ("toolfleet_jobs", "gauge"),
             ("toolfleet_queue_depth", "gauge"),
             ("toolfleet_build", "info"),
@@ -678,6 +779,27 @@ mod tests {
             env!("CARGO_PKG_VERSION")
         );
         assert_eq!(sample(&text, &version), Some(1.0), "{text}");
+        assert_eq!(m.role(), None);
+    }
+
+    #[test]
+    fn build_info_names_the_role_of_the_process() {
+        let names: Vec<&str> = Role::ALL.iter().map(|r| r.as_str()).collect();
+        assert_eq!(names, ["dispatcher", "worker", "serve", "mcp"]);
+        for role in Role::ALL {
+            let m = Metrics::for_role(role);
+            assert_eq!(m.role(), Some(role));
+            let text = m.render();
+            let series = format!(
+                "toolfleet_build_info{{version=\"{}\",role=\"{}\"}}",
+                env!("CARGO_PKG_VERSION"),
+                role.as_str()
+            );
+            assert_eq!(sample(&text, &series), Some(1.0), "{text}");
+            assert_eq!(text.matches("toolfleet_build_info{").count(), 1, "{text}");
+        }
+        assert!(Role::Dispatcher.dispatches() && Role::Serve.dispatches());
+        assert!(!Role::Worker.dispatches());
     }
 
     #[test]

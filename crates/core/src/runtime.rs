@@ -219,16 +219,20 @@ impl Runtime {
 
     /// Calls tool `name` with `args` for `ctx`. Always answers an envelope.
     /// Every call is counted in [`Runtime::metrics`]: its outcome, its time,
-    /// and a validation failure or a denial when it is one.
+    /// and a validation failure or a denial when it is one. A call whose
+    /// future is dropped before it answers (its client went away) is counted
+    /// too, as `cancelled`, with the time it had run.
+    /// A long poll (see [`ToolDecl::long_poll`]) is counted but not timed.
     pub async fn invoke(&self, name: &str, args: Value, ctx: &CallCtx) -> Envelope {
-        let started = Instant::now();
-        let (label, envelope) = match self.registry.get(name) {
-            Some(tool) => (tool.name(), self.invoke_tool(tool, args, ctx).await),
-            None => (UNKNOWN_TOOL, Envelope::error(self.registry.unknown(name))),
+        let tool = self.registry.get(name);
+        let label = tool.map_or(UNKNOWN_TOOL, |tool| tool.name());
+        let metered = MeteredCall::start(&self.services.metrics, label)
+            .long_poll(tool.is_some_and(|tool| is_long_poll(tool, &args)));
+        let envelope = match tool {
+            Some(tool) => self.invoke_tool(tool, args, ctx).await,
+            None => Envelope::error(self.registry.unknown(name)),
         };
-        let metrics = &self.services.metrics;
-        metrics.call(label, &envelope);
-        metrics.call_time(label, started.elapsed());
+        metered.answered(&envelope);
         envelope
     }
 
@@ -457,6 +461,70 @@ impl Endpoint for Runtime {
             }
         })
     }
+}
+
+/// Counts one call of [`Runtime::invoke`] in the metrics once it ends: by
+/// its envelope when it answers, else, when it is dropped first, as
+/// `cancelled`.
+struct MeteredCall<'a> {
+    metrics: &'a Metrics,
+    tool: &'a str,
+    started: Instant,
+    counted: bool,
+    /// False for a long poll: counted, not timed.
+    timed: bool,
+}
+
+impl<'a> MeteredCall<'a> {
+    fn start(metrics: &'a Metrics, tool: &'a str) -> Self {
+        MeteredCall {
+            metrics,
+            tool,
+            started: Instant::now(),
+            counted: false,
+            timed: true,
+        }
+    }
+
+    fn long_poll(mut self, yes: bool) -> Self {
+        self.timed = !yes;
+        self
+    }
+
+    fn answered(mut self, envelope: &Envelope) {
+        self.count(envelope);
+    }
+
+    fn count(&mut self, envelope: &Envelope) {
+        self.counted = true;
+        self.metrics.call(self.tool, envelope);
+        if self.timed {
+            self.metrics.call_time(self.tool, self.started.elapsed());
+        }
+    }
+}
+
+impl Drop for MeteredCall<'_> {
+    fn drop(&mut self) {
+        if !self.counted {
+            let error = ToolError::new(
+                ErrorCode::Cancelled,
+                "the call was dropped before it answered",
+            );
+            self.count(&Envelope::error(error));
+        }
+    }
+}
+
+/// Whether a call of `tool` with `args` is a long poll: the argument the
+/// tool names as its wait ([`ToolDecl::long_poll`]) is above 0.
+fn is_long_poll(tool: &Tool, args: &Value) -> bool {
+    tool.declaration()
+        .long_poll
+        .as_deref()
+        .and_then(|arg| args.get(arg))
+        .and_then(Value::as_f64)
+        .is_some_and(|wait| wait > 0.0)
 }
 
 fn with_call_id(envelope: Envelope, call_id: &str) -> Envelope {

@@ -386,6 +386,11 @@ pub struct ToolDecl {
     /// audio and resource blocks, which MCP clients get as such (other
     /// providers get the JSON). For tools that answer pictures or files.
     pub content_blocks: bool,
+    /// The argument, in seconds, a call of this tool may wait (`get_job`'s
+    /// `wait_s`): a call where it is above 0 is a long poll, counted in
+    /// `toolfleet_calls_total` but not timed in
+    /// `toolfleet_call_duration_seconds`, whose time is work, not waiting.
+    pub long_poll: Option<String>,
 }
 
 impl fmt::Debug for ToolDecl {
@@ -417,6 +422,7 @@ impl ToolDecl {
             pool: None,
             max_attempts: None,
             content_blocks: false,
+            long_poll: None,
         }
     }
 
@@ -509,6 +515,12 @@ impl ToolDecl {
 
     pub fn max_attempts(mut self, attempts: u32) -> Self {
         self.max_attempts = Some(attempts);
+        self
+    }
+
+    /// See [`ToolDecl::long_poll`]: `arg` names the seconds a call waits.
+    pub fn long_poll(mut self, arg: impl Into<String>) -> Self {
+        self.long_poll = Some(arg.into());
         self
     }
 

@@ -15,6 +15,7 @@
 
 use std::fmt;
 
+use rand::Rng;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// The longest `tracestate` kept, in bytes (the recommendation's bound).
@@ -98,32 +99,42 @@ impl TraceContext {
 
     /// The first span of a new trace: random ids, sampled.
     pub fn new_root() -> TraceContext {
+        TraceContext::root_from(&mut rand::rng())
+    }
+
+    /// A new span of the same trace under this one: a fresh span id, the
+    /// same trace id, flags and `tracestate`.
+    pub fn child(&self) -> TraceContext {
+        self.child_from(&mut rand::rng())
+    }
+
+    /// A root whose 24 bytes of ids are drawn from `rng` at once (the
+    /// thread's generator: no system call per id), again while either id
+    /// is all zero.
+    fn root_from(rng: &mut impl Rng) -> TraceContext {
         loop {
-            let [a, b] = [uuid::Uuid::new_v4(), uuid::Uuid::new_v4()];
-            let (a, b) = (a.as_bytes(), b.as_bytes());
-            // A v4 UUID fixes four bits of byte 6 and two of byte 8: those
-            // two bytes come from the random part of the second one.
-            let mut trace_id = *a;
-            trace_id[6] = b[9];
-            trace_id[8] = b[10];
-            let mut span_id = [0; 8];
-            span_id[..5].copy_from_slice(&b[11..16]);
-            span_id[5..].copy_from_slice(&b[0..3]);
+            let mut ids = [0u8; 24];
+            rng.fill_bytes(&mut ids);
+            let (mut trace_id, mut span_id) = ([0u8; 16], [0u8; 8]);
+            trace_id.copy_from_slice(&ids[..16]);
+            span_id.copy_from_slice(&ids[16..]);
             if let Some(root) = TraceContext::from_ids(trace_id, span_id, true, None) {
                 return root;
             }
         }
     }
 
-    /// A new span of the same trace under this one: a fresh span id, the
-    /// same trace id, flags and `tracestate`.
-    pub fn child(&self) -> TraceContext {
-        let mut child = self.clone();
+    /// A child whose span id is drawn from `rng`, again while it is all
+    /// zero or this span's own.
+    fn child_from(&self, rng: &mut impl Rng) -> TraceContext {
         loop {
-            let fresh = TraceContext::new_root();
-            if fresh.span_id != self.span_id {
-                child.span_id = fresh.span_id;
-                return child;
+            let mut span_id = [0u8; 8];
+            rng.fill_bytes(&mut span_id);
+            if span_id != [0; 8] && span_id != self.span_id {
+                return TraceContext {
+                    span_id,
+                    ..self.clone()
+                };
             }
         }
     }
@@ -365,6 +376,79 @@ mod tests {
         let with_state = TraceContext::parse(VALID, Some("a=b")).unwrap().child();
         assert_eq!(with_state.tracestate(), Some("a=b"));
         assert_eq!(with_state.trace_id(), "4bf92f3577b34da6a3ce929d0e0e4736");
+    }
+
+    /// Hands out its bytes in order, then zeros, counting its draws.
+    struct Scripted {
+        bytes: Vec<u8>,
+        draws: usize,
+    }
+
+    impl Scripted {
+        fn new(bytes: impl IntoIterator<Item = u8>) -> Scripted {
+            Scripted {
+                bytes: bytes.into_iter().collect(),
+                draws: 0,
+            }
+        }
+    }
+
+    impl rand::TryRng for Scripted {
+        type Error = std::convert::Infallible;
+
+        fn try_next_u32(&mut self) -> Result<u32, Self::Error> {
+            let mut word = [0; 4];
+            self.try_fill_bytes(&mut word)?;
+            Ok(u32::from_le_bytes(word))
+        }
+
+        fn try_next_u64(&mut self) -> Result<u64, Self::Error> {
+            let mut word = [0; 8];
+            self.try_fill_bytes(&mut word)?;
+            Ok(u64::from_le_bytes(word))
+        }
+
+        fn try_fill_bytes(&mut self, dst: &mut [u8]) -> Result<(), Self::Error> {
+            self.draws += 1;
+            let n = dst.len().min(self.bytes.len());
+            dst.fill(0);
+            dst[..n].copy_from_slice(&self.bytes[..n]);
+            self.bytes.drain(..n);
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn ids_are_drawn_from_the_generator_24_bytes_at_once_and_never_zero() {
+        let mut rng = Scripted::new(1..=24);
+        let root = TraceContext::root_from(&mut rng);
+        assert_eq!(rng.draws, 1, "one draw for both ids");
+        assert_eq!(
+            root.trace_id_bytes().to_vec(),
+            (1..=16).collect::<Vec<u8>>()
+        );
+        assert_eq!(
+            root.span_id_bytes().to_vec(),
+            (17..=24).collect::<Vec<u8>>()
+        );
+        assert!(root.is_sampled());
+
+        // An all-zero trace id, then an all-zero span id, are drawn again.
+        let zero_trace = [0u8; 16].into_iter().chain([9; 8]);
+        let zero_span = [7u8; 16].into_iter().chain([0; 8]);
+        let good = [5u8; 24];
+        let mut rng = Scripted::new(zero_trace.chain(zero_span).chain(good));
+        let root = TraceContext::root_from(&mut rng);
+        assert_eq!(rng.draws, 3);
+        assert_eq!(root.trace_id_bytes(), [5; 16]);
+        assert_eq!(root.span_id_bytes(), [5; 8]);
+
+        // A child's span id is neither all zero nor its parent's.
+        let mut rng = Scripted::new([0u8; 8].into_iter().chain([5; 8]).chain([6; 8]));
+        let child = root.child_from(&mut rng);
+        assert_eq!(rng.draws, 3);
+        assert_eq!(child.span_id_bytes(), [6; 8]);
+        assert_eq!(child.trace_id_bytes(), root.trace_id_bytes());
     }
 
     #[test]

@@ -128,3 +128,89 @@ async fn runtimes_built_without_metrics_keep_their_own() {
     let b = Runtime::builder().build();
     assert!(!Arc::ptr_eq(a.metrics(), b.metrics()));
 }
+
+#[tokio::test]
+async fn a_call_dropped_before_it_answers_counts_as_cancelled_with_its_time() {
+    let metrics = Arc::new(Metrics::new());
+    let mut runtime = Runtime::builder().metrics(metrics.clone()).build();
+    runtime
+        .register(ToolDecl::query("slow").run(|_: CallCtx, _: Value| async {
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            Ok::<_, ToolError>(json!({}))
+        }))
+        .expect("tool registers");
+    // The client goes away after 50 ms: the call's future is dropped.
+    let caller = ctx(&[]);
+    let call = runtime.invoke("slow", json!({}), &caller);
+    let cut = tokio::time::timeout(Duration::from_millis(50), call).await;
+    assert!(cut.is_err(), "the call was still running");
+    for (series, value) in [
+        (
+            r#"toolfleet_calls_total{tool="slow",outcome="cancelled"}"#,
+            1.0,
+        ),
+        (r#"toolfleet_call_duration_seconds_count{tool="slow"}"#, 1.0),
+    ] {
+        assert_eq!(
+            sample(&metrics, series),
+            Some(value),
+            "{series} in\n{}",
+            metrics.render()
+        );
+    }
+    let took = sample(
+        &metrics,
+        r#"toolfleet_call_duration_seconds_sum{tool="slow"}"#,
+    )
+    .expect("a duration");
+    assert!((0.05..10.0).contains(&took), "{took}");
+}
+
+#[tokio::test]
+async fn a_long_poll_is_counted_but_not_timed() {
+    let metrics = Arc::new(Metrics::new());
+    let mut runtime = Runtime::builder().metrics(metrics.clone()).build();
+    runtime
+        .register(ToolDecl::query("read_later").long_poll("wait_s").run(
+            |_: CallCtx, args: Value| async move {
+                let wait = args["wait_s"].as_u64().unwrap_or(0);
+                tokio::time::sleep(Duration::from_millis(20 * wait)).await;
+                Ok::<_, ToolError>(json!({}))
+            },
+        ))
+        .expect("tool registers");
+    let reader = ctx(&[]);
+    // Two long polls, then two reads that do not wait.
+    for args in [
+        json!({"wait_s": 1}),
+        json!({"wait_s": 2}),
+        json!({"wait_s": 0}),
+        json!({}),
+    ] {
+        assert!(runtime.invoke("read_later", args, &reader).await.is_ok());
+    }
+    for (series, value) in [
+        (
+            r#"toolfleet_calls_total{tool="read_later",outcome="ok"}"#,
+            4.0,
+        ),
+        (
+            r#"toolfleet_call_duration_seconds_count{tool="read_later"}"#,
+            2.0,
+        ),
+    ] {
+        assert_eq!(
+            sample(&metrics, series),
+            Some(value),
+            "{series} in\n{}",
+            metrics.render()
+        );
+    }
+    let timed = sample(
+        &metrics,
+        r#"toolfleet_call_duration_seconds_sum{tool="read_later"}"#,
+    )
+    .expect("a duration");
+    // The long polls waited 20 and 40 ms.
+    assert!(timed < 0.04, "the waits were timed: {timed}");
+}

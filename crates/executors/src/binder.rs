@@ -25,7 +25,9 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 /// Makes the executor of an agent tool: the sub-agent's loop, which needs
 /// the runtime, the store and a model client that this crate does not hold.
 pub trait AgentFactory: Send + Sync {
-    fn bind(&self, spec: &AgentSpec) -> Result<Arc<dyn Executor>, String>;
+    /// The executor of the agent tool named `tool` (its metrics are counted
+    /// under that name).
+    fn bind(&self, tool: &str, spec: &AgentSpec) -> Result<Arc<dyn Executor>, String>;
 }
 
 /// Turns [`ExecutorSpec`]s into executors.
@@ -69,8 +71,9 @@ impl Binder {
         self
     }
 
-    /// The executor `spec` names, or why it cannot be had.
-    pub fn bind(&self, spec: &ExecutorSpec) -> Result<Arc<dyn Executor>, String> {
+    /// The executor `spec` names for the tool named `tool`, or why it
+    /// cannot be had.
+    pub fn bind(&self, tool: &str, spec: &ExecutorSpec) -> Result<Arc<dyn Executor>, String> {
         match spec {
             ExecutorSpec::Builtin { name } => self.builtin(name),
             ExecutorSpec::Http {
@@ -95,7 +98,7 @@ impl Binder {
                 Ok(Arc::new(executor))
             }
             ExecutorSpec::Agent(spec) => match &self.agents {
-                Some(agents) => agents.bind(spec),
+                Some(agents) => agents.bind(tool, spec),
                 None => {
                     Err("agent executors need the agent runtime, which this process lacks".into())
                 }
@@ -116,7 +119,7 @@ impl Binder {
                 let executor = tool
                     .executor
                     .as_ref()
-                    .map(|spec| self.bind(spec))
+                    .map(|spec| self.bind(&tool.name, spec))
                     .transpose()
                     .map_err(|message| ConfigError {
                         message: format!("tool `{}`: executor: {message}", tool.name),

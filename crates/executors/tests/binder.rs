@@ -22,7 +22,7 @@ fn ctx() -> CallCtx {
 }
 
 fn bind_err(spec: ExecutorSpec) -> String {
-    match binder().bind(&spec) {
+    match binder().bind("t", &spec) {
         Ok(_) => panic!("{spec:?} was bound"),
         Err(message) => message,
     }
@@ -52,9 +52,12 @@ fn exec(program: &str, args: &[&str], timeout_s: Option<f64>) -> ExecutorSpec {
 #[tokio::test]
 async fn a_builtin_is_found_by_name() {
     let executor = binder()
-        .bind(&ExecutorSpec::Builtin {
-            name: "things.echo".into(),
-        })
+        .bind(
+            "t",
+            &ExecutorSpec::Builtin {
+                name: "things.echo".into(),
+            },
+        )
         .unwrap();
     let out = executor.execute(ctx(), json!({"a": 1})).await.unwrap();
     assert_eq!(out.to_value(), json!({"a": 1}));
@@ -71,7 +74,7 @@ fn an_unknown_builtin_lists_the_known_ones() {
     );
     let none = Binder::new(BTreeMap::new(), http_client().unwrap());
     let err = none
-        .bind(&ExecutorSpec::Builtin { name: "x".into() })
+        .bind("t", &ExecutorSpec::Builtin { name: "x".into() })
         .err()
         .unwrap();
     assert!(err.contains("known: none"), "{err}");
@@ -81,7 +84,7 @@ fn an_unknown_builtin_lists_the_known_ones() {
 fn an_http_executor_needs_an_http_url() {
     assert!(
         binder()
-            .bind(&http("http://127.0.0.1:9000/report", &[], None))
+            .bind("t", &http("http://127.0.0.1:9000/report", &[], None))
             .is_ok()
     );
     assert!(bind_err(http("file:///etc/passwd", &[], None)).contains("http://"));
@@ -96,7 +99,7 @@ fn configured_headers_are_checked_without_quoting_values() {
         &[("Authorization", "Bearer abc")],
         None,
     );
-    assert!(binder().bind(&ok).is_ok());
+    assert!(binder().bind("t", &ok).is_ok());
     let err = bind_err(http("http://127.0.0.1:9000/", &[("bad name", "v")], None));
     assert!(err.contains("`bad name`"), "{err}");
     let err = bind_err(http(
@@ -117,7 +120,7 @@ fn configured_headers_are_checked_without_quoting_values() {
 fn an_exec_executor_needs_a_program() {
     assert!(
         binder()
-            .bind(&exec("/bin/sh", &["-c", "cat"], None))
+            .bind("t", &exec("/bin/sh", &["-c", "cat"], None))
             .is_ok()
     );
     assert!(bind_err(exec("", &[], None)).contains("empty"));
@@ -143,7 +146,7 @@ fn timeouts_must_be_positive_seconds() {
 async fn the_default_timeout_bounds_an_executor_that_names_none() {
     let binder = binder().with_default_timeout(Duration::from_millis(300));
     let executor = binder
-        .bind(&exec("/bin/sh", &["-c", "sleep 30"], None))
+        .bind("t", &exec("/bin/sh", &["-c", "sleep 30"], None))
         .unwrap();
     let started = Instant::now();
     let err = executor.execute(ctx(), json!({})).await.unwrap_err();
@@ -159,7 +162,7 @@ async fn the_default_timeout_bounds_an_executor_that_names_none() {
 async fn a_configured_timeout_wins_over_the_default() {
     let binder = binder().with_default_timeout(Duration::from_secs(3600));
     let executor = binder
-        .bind(&exec("/bin/sh", &["-c", "sleep 30"], Some(0.3)))
+        .bind("t", &exec("/bin/sh", &["-c", "sleep 30"], Some(0.3)))
         .unwrap();
     let err = executor.execute(ctx(), json!({})).await.unwrap_err();
     assert_eq!(err.code, ErrorCode::Timeout);
@@ -168,7 +171,9 @@ async fn a_configured_timeout_wins_over_the_default() {
 #[tokio::test]
 async fn the_result_bound_applies_to_bound_executors() {
     let binder = binder().with_max_result_bytes(1024);
-    let executor = binder.bind(&exec("/bin/sh", &["-c", "yes"], None)).unwrap();
+    let executor = binder
+        .bind("t", &exec("/bin/sh", &["-c", "yes"], None))
+        .unwrap();
     let err = executor.execute(ctx(), json!({})).await.unwrap_err();
     assert_eq!(err.code, ErrorCode::PayloadTooLarge);
 }

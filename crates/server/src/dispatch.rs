@@ -127,6 +127,7 @@ impl Fleet for Dispatcher {
         // of each attempt's span on the worker (the job carries its context).
         // At ERROR level, so that it is enabled whatever TOOLFLEET_LOG lets
         // through and every line it logs carries its fields.
+        let placement = toolfleet_telemetry::Placement::new(job.ctx.trace.as_ref());
         let span = tracing::error_span!(
             "job",
             tool = %job.tool,
@@ -134,11 +135,11 @@ impl Fleet for Dispatcher {
             run_id = %job.ctx.run_id,
             tenant = %job.ctx.principal.tenant,
             attempt = 0u32,
-            trace_id = tracing::field::Empty,
-            span_id = tracing::field::Empty,
-            parent_span_id = tracing::field::Empty,
+            trace_id = placement.trace_id(),
+            span_id = placement.span_id(),
+            parent_span_id = placement.parent_span_id(),
         );
-        let trace = toolfleet_telemetry::continue_trace(&span, job.ctx.trace.as_ref());
+        let trace = placement.place(&span);
         let enqueue = async move {
             let ctx = &job.ctx;
             let new = NewJob {

@@ -1,14 +1,19 @@
-//! `/metrics`, `/healthz` and `/readyz` of every process: the dispatcher
-//! serves them beside its API, and a process without one (a worker) serves
-//! them alone on `metrics_listen` with [`ops_router`].
+//! `/metrics`, `/healthz` and `/readyz` of every process but `toolfleet mcp`
+//! (stdio, which serves none): the dispatcher serves them beside its API,
+//! and a process without one (a worker) serves them alone on
+//! `metrics_listen` with [`ops_router`].
 //!
 //! The metrics themselves are [`toolfleet_core::Metrics`], one registry per
 //! process. What only the backends know is read when scraped: jobs by state
-//! from the store and the messages waiting in each pool from the broker. A
-//! scrape stays cheap and bounded: the reads run together under a timeout,
-//! scrapes less than a second apart share one read, and a read that fails
-//! withdraws its series for that scrape and counts a backend error rather
-//! than failing the scrape.
+//! from the store, by processes that dispatch only (a full count of the
+//! jobs table, read at most every [`JOB_COUNTS_PERIOD`]), and the messages
+//! ready in each pool's queue from the broker (a worker: its own pools;
+//! scrapes less than [`DEPTHS_PERIOD`] apart share one read). A scrape
+//! stays cheap and bounded: the reads run together under a timeout, and a
+//! read that fails or times out withdraws its series rather than failing
+//! the scrape. A failure is counted as a backend error (by the metered
+//! backends); a timeout is not (a slow count of a large table is not a
+//! failing store) but in `toolfleet_scrape_timeouts_total`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,13 +26,15 @@ use axum::routing::get;
 use serde_json::{Value, json};
 use toolfleet_broker::Broker;
 use toolfleet_core::Metrics;
-use toolfleet_core::metrics::{Backend, CONTENT_TYPE};
+use toolfleet_core::metrics::{Backend, CONTENT_TYPE, Role};
 use toolfleet_store::Store;
 
 /// The longest a scrape or a readiness check waits on a backend.
 const BACKEND_TIMEOUT: Duration = Duration::from_secs(2);
-/// Scrapes closer together than this share one read of the backends.
-const MIN_REFRESH: Duration = Duration::from_secs(1);
+/// Scrapes closer together than this share one read of the queue depths.
+const DEPTHS_PERIOD: Duration = Duration::from_secs(1);
+/// Scrapes closer together than this share one count of the jobs by state.
+const JOB_COUNTS_PERIOD: Duration = Duration::from_secs(15);
 
 /// What `/metrics`, `/healthz` and `/readyz` read.
 pub struct Ops {
@@ -39,24 +46,47 @@ pub struct Ops {
     /// The pools whose queue depth is shown: those this process works or
     /// dispatches to.
     pools: Vec<String>,
+    /// Whether jobs by state are shown: the process dispatches (its
+    /// metrics' [`Role::dispatches`], or it has no role).
+    counts_jobs: bool,
     /// When the backends were last read.
-    refreshed: tokio::sync::Mutex<Option<Instant>>,
+    refreshed: tokio::sync::Mutex<Refreshed>,
+    depths_period: Duration,
+    job_counts_period: Duration,
     timeout: Duration,
 }
 
+/// When each scrape-time read last ran (whatever its outcome).
+#[derive(Default)]
+struct Refreshed {
+    depths: Option<Instant>,
+    job_counts: Option<Instant>,
+}
+
+/// Whether a read that ran `at` is older than `period`, or never ran.
+fn due(at: Option<Instant>, period: Duration) -> bool {
+    at.is_none_or(|at| at.elapsed() >= period)
+}
+
 impl Ops {
+    /// The jobs are counted when `metrics` is of a role that dispatches
+    /// (or of none); the queue depths of `pools` are read by every role.
     pub fn new(
         metrics: Arc<Metrics>,
         store: Arc<dyn Store>,
         broker: Arc<dyn Broker>,
         pools: Vec<String>,
     ) -> Ops {
+        let counts_jobs = metrics.role().is_none_or(Role::dispatches);
         Ops {
             metrics,
             store,
             broker,
             pools,
-            refreshed: tokio::sync::Mutex::new(None),
+            counts_jobs,
+            refreshed: tokio::sync::Mutex::new(Refreshed::default()),
+            depths_period: DEPTHS_PERIOD,
+            job_counts_period: JOB_COUNTS_PERIOD,
             timeout: BACKEND_TIMEOUT,
         }
     }
@@ -71,54 +101,72 @@ impl Ops {
         &self.metrics
     }
 
-    /// The text exposition, with the state of the fleet read just now.
+    /// The text exposition, with the state of the fleet read just now (or
+    /// within the periods above).
     pub async fn render(&self) -> String {
         self.refresh().await;
         self.metrics.render()
     }
 
-    /// Reads jobs by state and the depth of each pool, unless another scrape
-    /// did less than [`MIN_REFRESH`] ago.
+    /// Reads jobs by state (if this process counts them) and the depth of
+    /// each pool, each unless another scrape read it within its period.
     async fn refresh(&self) {
         let mut refreshed = self.refreshed.lock().await;
-        if refreshed.is_some_and(|at| at.elapsed() < MIN_REFRESH) {
-            return;
-        }
-        let counts = tokio::time::timeout(self.timeout, self.store.job_counts());
-        let depths = futures_util::future::join_all(
-            self.pools
-                .iter()
-                .map(|pool| tokio::time::timeout(self.timeout, self.broker.depth(pool))),
-        );
+        let count_jobs = self.counts_jobs && due(refreshed.job_counts, self.job_counts_period);
+        let read_depths = due(refreshed.depths, self.depths_period);
+        let counts = async {
+            if count_jobs {
+                Some(tokio::time::timeout(self.timeout, self.store.job_counts()).await)
+            } else {
+                None
+            }
+        };
+        let depths = async {
+            if read_depths {
+                let reads = self
+                    .pools
+                    .iter()
+                    .map(|pool| tokio::time::timeout(self.timeout, self.broker.depth(pool)));
+                Some(futures_util::future::join_all(reads).await)
+            } else {
+                None
+            }
+        };
         let (counts, depths) = tokio::join!(counts, depths);
-        match counts {
-            Ok(Ok(counts)) => self.metrics.set_job_counts(&counts),
-            Ok(Err(error)) => {
-                tracing::warn!(%error, "metrics: cannot count jobs");
-                self.metrics.clear_job_counts();
-            }
-            Err(_) => {
-                tracing::warn!("metrics: counting jobs timed out");
-                self.metrics.backend_error(Backend::Store);
-                self.metrics.clear_job_counts();
-            }
-        }
-        for (pool, depth) in self.pools.iter().zip(depths) {
-            let depth = match depth {
-                Ok(Ok(depth)) => Some(depth),
+        let now = Instant::now();
+        if let Some(counts) = counts {
+            match counts {
+                Ok(Ok(counts)) => self.metrics.set_job_counts(&counts),
                 Ok(Err(error)) => {
-                    tracing::warn!(pool, %error, "metrics: cannot read a queue's depth");
-                    None
+                    tracing::warn!(%error, "metrics: cannot count jobs");
+                    self.metrics.clear_job_counts();
                 }
                 Err(_) => {
-                    tracing::warn!(pool, "metrics: reading a queue's depth timed out");
-                    self.metrics.backend_error(Backend::Broker);
-                    None
+                    tracing::warn!("metrics: counting jobs timed out");
+                    self.metrics.scrape_timeout(Backend::Store);
+                    self.metrics.clear_job_counts();
                 }
-            };
-            self.metrics.set_queue_depth(pool, depth);
+            }
+            refreshed.job_counts = Some(now);
         }
-        *refreshed = Some(Instant::now());
+        if let Some(depths) = depths {
+            for (pool, depth) in self.pools.iter().zip(depths) {
+                let depth = match depth {
+                    Ok(Ok(depth)) => Some(depth),
+                    Ok(Err(error)) => {
+                        tracing::warn!(pool, %error, "metrics: cannot read a queue's depth");
+                        None
+                    }
+                    Err(_) => {
+                        tracing::warn!(pool, "metrics: reading a queue's depth timed out");
+                        self.metrics.scrape_timeout(Backend::Broker);
+                        None
+                    }
+                };
+                self.metrics.set_queue_depth(pool, depth);
+            }
+            refreshed.depths = Some(now);
+        }
     }
 
     /// Whether the store and the broker answer, each within the timeout.
@@ -197,10 +245,15 @@ pub fn ops_router(ops: Arc<Ops>) -> Router {
 mod tests {
     use super::*;
     use async_trait::async_trait;
+    use std::sync::atomic::{AtomicUsize, Ordering};
     use toolfleet_broker::memory::MemoryBroker;
     use toolfleet_broker::{BrokerError, Consumer};
-    use toolfleet_core::JobState;
+    use toolfleet_core::{AuditRecord, Envelope, JobState, Json, ToolError};
     use toolfleet_store::sqlite::SqliteStore;
+    use toolfleet_store::{
+        Answered, CommitClaim, Inserted, JobFilter, JobPage, JobRecord, Lease, NewJob, NewTicket,
+        StoreError, TicketRecord,
+    };
 
     /// A broker that never answers.
     struct Hung;
@@ -221,6 +274,148 @@ mod tests {
         }
         async fn depth(&self, _: &str) -> Result<u64, BrokerError> {
             std::future::pending().await
+        }
+    }
+
+    /// A store of which a scrape reads only `ping` and `job_counts`: these
+    /// answer at once (counting the counts) or, `hung`, the counts never.
+    #[derive(Default)]
+    struct Counts {
+        hung: bool,
+        read: AtomicUsize,
+    }
+
+    #[async_trait]
+    impl Store for Counts {
+        async fn ping(&self) -> Result<(), StoreError> {
+            Ok(())
+        }
+        async fn job_counts(&self) -> Result<Vec<(JobState, u64)>, StoreError> {
+            self.read.fetch_add(1, Ordering::SeqCst);
+            if self.hung {
+                std::future::pending::<()>().await;
+            }
+            Ok(vec![(JobState::Queued, 3)])
+        }
+        async fn insert_job(&self, _: NewJob) -> Result<Inserted, StoreError> {
+            unreachable!()
+        }
+        async fn job(&self, _: &str, _: &str) -> Result<Option<JobRecord>, StoreError> {
+            unreachable!()
+        }
+        async fn job_by_id(&self, _: &str) -> Result<Option<JobRecord>, StoreError> {
+            unreachable!()
+        }
+        async fn list_jobs(
+            &self,
+            _: &str,
+            _: &JobFilter,
+            _: u32,
+            _: Option<&str>,
+        ) -> Result<JobPage, StoreError> {
+            unreachable!()
+        }
+        async fn claim(
+            &self,
+            _: &str,
+            _: &str,
+            _: i64,
+            _: i64,
+        ) -> Result<Option<JobRecord>, StoreError> {
+            unreachable!()
+        }
+        async fn heartbeat(&self, _: &str, _: &str, _: i64, _: i64) -> Result<Lease, StoreError> {
+            unreachable!()
+        }
+        async fn set_progress(
+            &self,
+            _: &str,
+            _: &str,
+            _: &Value,
+            _: i64,
+        ) -> Result<bool, StoreError> {
+            unreachable!()
+        }
+        async fn checkpoint(&self, _: &str) -> Result<Option<Value>, StoreError> {
+            unreachable!()
+        }
+        async fn save_checkpoint(
+            &self,
+            _: &str,
+            _: u32,
+            _: &Value,
+            _: i64,
+        ) -> Result<bool, StoreError> {
+            unreachable!()
+        }
+        async fn park(
+            &self,
+            _: &str,
+            _: u32,
+            _: &str,
+            _: i64,
+        ) -> Result<Option<JobRecord>, StoreError> {
+            unreachable!()
+        }
+        async fn wake(&self, _: &str, _: i64) -> Result<Vec<JobRecord>, StoreError> {
+            unreachable!()
+        }
+        async fn succeed(
+            &self,
+            _: &str,
+            _: &str,
+            _: &Json,
+            _: i64,
+        ) -> Result<Option<JobRecord>, StoreError> {
+            unreachable!()
+        }
+        async fn fail(
+            &self,
+            _: &str,
+            _: &str,
+            _: &ToolError,
+            _: Option<i64>,
+            _: i64,
+        ) -> Result<Option<JobRecord>, StoreError> {
+            unreachable!()
+        }
+        async fn cancel(&self, _: &str, _: &str, _: i64) -> Result<Option<JobRecord>, StoreError> {
+            unreachable!()
+        }
+        async fn due_jobs(&self, _: i64, _: u32) -> Result<Vec<JobRecord>, StoreError> {
+            unreachable!()
+        }
+        async fn insert_ticket(&self, _: NewTicket) -> Result<TicketRecord, StoreError> {
+            unreachable!()
+        }
+        async fn ticket(&self, _: &str, _: &str) -> Result<Option<TicketRecord>, StoreError> {
+            unreachable!()
+        }
+        async fn answer_ticket(
+            &self,
+            _: &str,
+            _: &str,
+            _: &Value,
+            _: i64,
+        ) -> Result<Option<Answered>, StoreError> {
+            unreachable!()
+        }
+        async fn append_audit(&self, _: &[AuditRecord]) -> Result<(), StoreError> {
+            unreachable!()
+        }
+        async fn audit(&self, _: &str, _: u32) -> Result<Vec<AuditRecord>, StoreError> {
+            unreachable!()
+        }
+        async fn claim_commit(&self, _: &str, _: i64, _: i64) -> Result<CommitClaim, StoreError> {
+            unreachable!()
+        }
+        async fn settle_commit(
+            &self,
+            _: &str,
+            _: Option<&Envelope>,
+            _: i64,
+        ) -> Result<(), StoreError> {
+            unreachable!()
         }
     }
 
@@ -262,7 +457,104 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_backend_that_hangs_is_counted_and_the_scrape_still_answers() {
+    async fn only_processes_that_dispatch_count_jobs() {
+        for role in Role::ALL {
+            let store = Arc::new(Counts::default());
+            let ops = Ops::new(
+                Arc::new(Metrics::for_role(role)),
+                store.clone(),
+                Arc::new(MemoryBroker::new()),
+                vec!["default".into()],
+            );
+            let text = ops.render().await;
+            let jobs = sample(&text, r#"toolfleet_jobs{state="queued"}"#);
+            let read = store.read.load(Ordering::SeqCst);
+            if role == Role::Worker {
+                assert_eq!((jobs, read), (None, 0), "{text}");
+            } else {
+                assert_eq!((jobs, read), (Some(3.0), 1), "{role:?}: {text}");
+            }
+            // Every role shows the depth of its pools.
+            assert_eq!(
+                sample(&text, r#"toolfleet_queue_depth{pool="default"}"#),
+                Some(0.0),
+                "{role:?}: {text}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn jobs_are_counted_less_often_than_queues_are_read() {
+        let store = Arc::new(Counts::default());
+        let broker = Arc::new(MemoryBroker::new());
+        let mut ops = Ops::new(
+            Arc::new(Metrics::for_role(Role::Dispatcher)),
+            store.clone(),
+            broker.clone(),
+            vec!["default".into()],
+        );
+        assert_eq!(ops.job_counts_period, Duration::from_secs(15));
+        // Every scrape reads the queues; the jobs are counted once a period.
+        ops.depths_period = Duration::ZERO;
+        for published in 0..3 {
+            let text = ops.render().await;
+            assert_eq!(
+                sample(&text, r#"toolfleet_queue_depth{pool="default"}"#),
+                Some(f64::from(published)),
+                "{text}"
+            );
+            assert_eq!(
+                sample(&text, r#"toolfleet_jobs{state="queued"}"#),
+                Some(3.0)
+            );
+            broker.publish("default", "j").await.unwrap();
+        }
+        assert_eq!(store.read.load(Ordering::SeqCst), 1);
+        ops.job_counts_period = Duration::ZERO;
+        ops.render().await;
+        assert_eq!(store.read.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn a_count_that_times_out_drops_its_series_and_is_no_backend_error() {
+        let store = Arc::new(Counts {
+            hung: true,
+            ..Counts::default()
+        });
+        let ops = Ops::new(
+            Arc::new(Metrics::for_role(Role::Serve)),
+            store.clone(),
+            Arc::new(MemoryBroker::new()),
+            vec!["default".into()],
+        )
+        .with_timeout(Duration::from_millis(50));
+        let started = Instant::now();
+        let text = ops.render().await;
+        assert!(started.elapsed() < Duration::from_secs(2));
+        assert!(!text.contains("toolfleet_jobs{"), "{text}");
+        assert_eq!(
+            sample(&text, r#"toolfleet_scrape_timeouts_total{backend="store"}"#),
+            Some(1.0),
+            "{text}"
+        );
+        assert_eq!(
+            sample(&text, r#"toolfleet_backend_errors_total{backend="store"}"#),
+            Some(0.0),
+            "{text}"
+        );
+        // The queues were read all the same.
+        assert_eq!(
+            sample(&text, r#"toolfleet_queue_depth{pool="default"}"#),
+            Some(0.0)
+        );
+        // The next scrapes within the period do not try again.
+        let text = ops.render().await;
+        assert!(!text.contains("toolfleet_jobs{"), "{text}");
+        assert_eq!(store.read.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_broker_that_hangs_is_a_scrape_timeout_and_the_scrape_still_answers() {
         let metrics = Arc::new(Metrics::new());
         let ops = Ops::new(
             metrics,
@@ -280,17 +572,33 @@ mod tests {
             "{text}"
         );
         assert_eq!(
-            sample(&text, r#"toolfleet_backend_errors_total{backend="broker"}"#),
+            sample(
+                &text,
+                r#"toolfleet_scrape_timeouts_total{backend="broker"}"#
+            ),
             Some(1.0)
+        );
+        assert_eq!(
+            sample(&text, r#"toolfleet_backend_errors_total{backend="broker"}"#),
+            Some(0.0)
         );
         // A second scrape at once reuses the first read.
         let text = ops.render().await;
         assert_eq!(
-            sample(&text, r#"toolfleet_backend_errors_total{backend="broker"}"#),
+            sample(
+                &text,
+                r#"toolfleet_scrape_timeouts_total{backend="broker"}"#
+            ),
             Some(1.0)
         );
+        // Readiness is another matter: a broker that does not answer is down.
         let (ready, body) = ops.ready().await;
         assert!(!ready);
         assert_eq!(body, json!({"store": "ok", "broker": "down"}));
+        let text = ops.metrics().render();
+        assert_eq!(
+            sample(&text, r#"toolfleet_backend_errors_total{backend="broker"}"#),
+            Some(1.0)
+        );
     }
 }

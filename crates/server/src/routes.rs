@@ -295,16 +295,18 @@ async fn call(
     // The call's span, in the caller's trace or a new one; a job it makes
     // continues the trace. At ERROR level, so that it is enabled whatever
     // TOOLFLEET_LOG lets through.
+    let incoming = incoming_trace(&headers);
+    let placement = toolfleet_telemetry::Placement::new(incoming.as_ref());
     let span = tracing::error_span!(
         "call",
         tool = %toolfleet_core::registry::truncate(&request.tool, 128),
         run_id = %ctx.run_id,
         tenant = %ctx.principal.tenant,
-        trace_id = tracing::field::Empty,
-        span_id = tracing::field::Empty,
-        parent_span_id = tracing::field::Empty,
+        trace_id = placement.trace_id(),
+        span_id = placement.span_id(),
+        parent_span_id = placement.parent_span_id(),
     );
-    let trace = toolfleet_telemetry::continue_trace(&span, incoming_trace(&headers).as_ref());
+    let trace = placement.place(&span);
     ctx.trace = Some(trace.clone());
     // The runtime counts the call in the process's metrics.
     let envelope = tracing::Instrument::instrument(

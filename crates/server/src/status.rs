@@ -172,6 +172,8 @@ pub fn status_tools(store: Arc<dyn Store>, notices: Arc<dyn Notices>) -> Vec<Too
                 "wait_s": {"type": "integer", "minimum": 0, "maximum": 30}
             }
         }))
+        // A wait is not work: it is counted, not timed.
+        .long_poll("wait_s")
         .timeout(Duration::from_secs(35))
         .run(move |ctx: CallCtx, args: GetJobArgs| {
             let (store, notices) = (s.clone(), n.clone());

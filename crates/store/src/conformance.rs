@@ -362,10 +362,12 @@ pub async fn a_held_lease_blocks_another_claim(store: &dyn Store) {
     assert_eq!(reread(store, &job).await, job);
 }
 
-/// A lease that ran out is claimed by the next worker as a new attempt, and
-/// the first worker can no longer touch the job.
+/// A lease that ran out is claimed by the next worker as a new attempt,
+/// runnable since the lease ended (its queue wait starts there, not at its
+/// first run), and the first worker can no longer touch the job.
 pub async fn an_expired_lease_is_claimed_again(store: &dyn Store) {
     let job = running(store, &tenant(), "w1").await;
+    assert_eq!(job.lease_until, Some(BASE + LEASE));
     let now = BASE + LEASE + 1;
     let again = claim(store, &job.id, "w2", now)
         .await
@@ -375,6 +377,7 @@ pub async fn an_expired_lease_is_claimed_again(store: &dyn Store) {
         (2, Some("w2"))
     );
     assert_eq!(again.lease_until, Some(now + LEASE));
+    assert_eq!(again.run_at, BASE + LEASE, "runnable since the lease ended");
     assert_eq!(
         store
             .heartbeat(&job.id, "w1", now, LEASE)

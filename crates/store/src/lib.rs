@@ -88,7 +88,9 @@ pub struct JobRecord {
     pub attempts: u32,
     pub max_attempts: u32,
     pub timeout_ms: i64,
-    /// Not before this time (retries wait here).
+    /// Not before this time (retries wait here); for a job running, when it
+    /// became runnable for its attempt: inserted, due again, woken, or, for
+    /// one taken over after its lease expired, when that lease ended.
     pub run_at: i64,
     pub lease_owner: Option<String>,
     pub lease_until: Option<i64>,
@@ -242,8 +244,9 @@ pub trait Store: Send + Sync + 'static {
         cursor: Option<&str>,
     ) -> Result<JobPage, StoreError>;
     /// queued or due retrying, or running with an expired lease -> running,
-    /// attempts + 1, leased to `worker` until `now + lease_ms`. `None` when the
-    /// job is not claimable (settled, leased, not due, missing).
+    /// attempts + 1, leased to `worker` until `now + lease_ms`; a job taken
+    /// over this way has `run_at` set to when the expired lease ended.
+    /// `None` when the job is not claimable (settled, leased, not due, missing).
     async fn claim(
         &self,
         id: &str,

@@ -132,10 +132,13 @@ mod sql {
     /// queued or due retrying, or running with an expired lease -> running,
     /// for a batch of claims (one row of the arrays each): one conditional
     /// statement, so a job that two claims name, in one batch or in two, is
-    /// claimed once. `c_ord` tells which claim won.
+    /// claimed once. `c_ord` tells which claim won. A job taken over is
+    /// runnable from when the expired lease ended.
     pub const CLAIM_MANY: &str = concat!(
         "
         UPDATE jobs SET state = 'running', attempts = attempts + 1,
+            run_at = CASE WHEN state = 'running' THEN COALESCE(lease_until, run_at)
+                          ELSE run_at END,
             lease_owner = c_worker, lease_until = c_until, updated_at = c_now
         FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::bigint[])
             WITH ORDINALITY AS c(c_id, c_worker, c_now, c_until, c_ord)

@@ -64,8 +64,11 @@ mod sql {
         "SELECT * FROM jobs WHERE tenant = ?1 AND tool = ?2 AND idempotency_key = ?3";
 
     /// queued or due retrying, or running with an expired lease -> running.
+    /// A job taken over is runnable from when the expired lease ended.
     pub const CLAIM: &str = "
         UPDATE jobs SET state = 'running', attempts = attempts + 1,
+            run_at = CASE WHEN state = 'running' THEN COALESCE(lease_until, run_at)
+                          ELSE run_at END,
             lease_owner = ?2, lease_until = ?4, updated_at = ?3
         WHERE id = ?1
           AND ((state IN ('queued', 'retrying') AND run_at <= ?3)

@@ -13,10 +13,11 @@
 //! started, settled and retried, time waiting and running, dead letters, and
 //! the gauges of its pool (slots, busy slots, jobs in flight).
 //!
-//! Each delivery is handled in a `job` span carrying the job's tool, id, run
+//! Each job claimed runs in a `job` span carrying the job's tool, id, run
 //! id, tenant and attempt, a child (W3C trace context) of the dispatcher's
 //! span that enqueued it: the message's `traceparent`, else the one stored
-//! with the job. Every line logged while it runs carries them.
+//! with the job. The span is made once the job is claimed, every field given
+//! at creation; every line logged while the job runs carries them.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -29,7 +30,7 @@ use toolfleet_broker::{Broker, Delivery, Event, Notices};
 use toolfleet_core::metrics::{Gauge, PoolGauges};
 use toolfleet_core::{CallCtx, ErrorCode, JobState, Principal, Runtime, ToolError, TraceContext};
 use toolfleet_store::{JobRecord, Lease, Store};
-use toolfleet_telemetry::continue_trace;
+use toolfleet_telemetry::Placement;
 use tracing::Instrument;
 
 /// How long a delivery that could not be handled waits before going back.
@@ -114,20 +115,33 @@ pub struct Worker {
     gauges: PoolGauges,
 }
 
-/// Adds one to a gauge for as long as it lives (a task aborted at
-/// shutdown drops it too).
-struct Held(Gauge);
+/// Adds to a gauge for as long as it lives (a task aborted at shutdown, or
+/// a future dropped, drops it too).
+struct Held(Gauge, i64);
 
 impl Held {
     fn new(gauge: &Gauge) -> Held {
-        gauge.inc();
-        Held(gauge.clone())
+        Held::by(gauge, 1)
+    }
+
+    fn by(gauge: &Gauge, n: i64) -> Held {
+        gauge.inc_by(n);
+        Held(gauge.clone(), n)
     }
 }
 
 impl Drop for Held {
     fn drop(&mut self) {
-        self.0.dec();
+        self.0.dec_by(self.1);
+    }
+}
+
+/// Aborts a task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
@@ -157,13 +171,14 @@ impl Worker {
 
     /// Consumes the pool until `shutdown` turns true, then lets running jobs
     /// finish within `grace` and hands back what it still holds.
+    ///
+    /// Its slots count in `toolfleet_worker_slots` only while it consumes:
+    /// not while the broker cannot be reached, and not once it stopped,
+    /// however it stops (its future dropped included).
     pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>, grace: Duration) {
-        let cancels = tokio::spawn(self.clone().follow_cancels());
         let capacity = self.config.concurrency.max(1);
         let slots = Arc::new(Semaphore::new(capacity));
-        let capacity = i64::try_from(capacity).unwrap_or(i64::MAX);
-        self.gauges.slots.inc_by(capacity);
-        let prefetch = u16::try_from(self.config.concurrency.max(1)).unwrap_or(u16::MAX);
+        let prefetch = u16::try_from(capacity).unwrap_or(u16::MAX);
         let mut consumer = loop {
             match self.broker.consume(&self.config.pool, prefetch).await {
                 Ok(consumer) => break consumer,
@@ -176,6 +191,11 @@ impl Worker {
                 }
             }
         };
+        let _capacity = Held::by(
+            &self.gauges.slots,
+            i64::try_from(capacity).unwrap_or(i64::MAX),
+        );
+        let _cancels = AbortOnDrop(tokio::spawn(self.clone().follow_cancels()));
         let mut tasks = tokio::task::JoinSet::new();
         loop {
             // Shutdown comes first, both while every slot is busy and when a
@@ -212,8 +232,6 @@ impl Worker {
             tasks.abort_all();
             while tasks.join_next().await.is_some() {}
         }
-        cancels.abort();
-        self.gauges.slots.dec_by(capacity);
     }
 
     /// Handles one delivery and acknowledges it; a message that is not a
@@ -229,10 +247,10 @@ impl Worker {
             }
             return;
         }
-        let span = self.job_span(&delivery.job_id);
-        let handled = self
-            .run_job_in(&delivery.job_id, delivery.trace.as_ref(), &span)
+        let (handled, span) = self
+            .claim_and_run(&delivery.job_id, delivery.trace.as_ref())
             .await;
+        let job_id = delivery.job_id.clone();
         let settle = async {
             let settled = match handled {
                 Handled::Interrupted => {
@@ -244,78 +262,75 @@ impl Worker {
                 _ => delivery.ack().await,
             };
             if let Err(error) = settled {
-                tracing::warn!(%error, "could not settle a delivery with the broker");
+                tracing::warn!(job_id = %job_id, %error, "could not settle a delivery with the broker");
             }
         };
-        settle.instrument(span).await;
+        match span {
+            Some(span) => settle.instrument(span).await,
+            None => settle.await,
+        }
     }
 
     /// Claims and runs one job.
     pub async fn run_job(&self, job_id: &str) -> Handled {
-        let span = self.job_span(job_id);
-        self.run_job_in(job_id, None, &span).await
+        self.claim_and_run(job_id, None).await.0
     }
 
-    /// The span of one attempt at `job_id` on this worker, its fields filled
-    /// in as they are known: the job's once claimed, the trace's when
-    /// placed (see [`Worker::run_job_in`]). At ERROR level, so that it is
-    /// enabled whatever TOOLFLEET_LOG lets through and every line logged
-    /// while the job is handled carries its fields.
-    fn job_span(&self, job_id: &str) -> tracing::Span {
-        use tracing::field::Empty;
-        tracing::error_span!(
-            "job",
-            pool = %self.config.pool,
-            job_id = %job_id,
-            tool = Empty,
-            run_id = Empty,
-            tenant = Empty,
-            attempt = Empty,
-            trace_id = Empty,
-            span_id = Empty,
-            parent_span_id = Empty,
-        )
-    }
-
-    /// Claims and runs one job in `span`, a child of the span that enqueued
-    /// it: `parent` when the message carried its context, and then the claim
-    /// is logged in it too; else the context stored with the job, read by
-    /// the claim (a span's parent is set before it is first entered).
-    async fn run_job_in(
+    /// Claims `job_id` and runs it in its `job` span, which it answers when
+    /// the job was claimed. The span is made once the job is claimed, with
+    /// every field at creation: the job's tool, id, run id, tenant and
+    /// attempt, and its place in the trace, a child of the span that
+    /// enqueued it (`parent`, the message's context, else the one stored
+    /// with the job). At ERROR level, so that it is enabled whatever
+    /// TOOLFLEET_LOG lets through and every line logged while the job runs
+    /// carries its fields. What is logged before the claim names the job
+    /// itself.
+    async fn claim_and_run(
         &self,
         job_id: &str,
         parent: Option<&TraceContext>,
-        span: &tracing::Span,
-    ) -> Handled {
-        let placed = parent.map(|parent| continue_trace(span, Some(parent)));
+    ) -> (Handled, Option<tracing::Span>) {
         let lease_ms = self.config.lease.as_millis() as i64;
         let claimed_at = now_ms();
-        let claim = self
+        let claimed = self
             .store
-            .claim(job_id, &self.config.id, claimed_at, lease_ms);
-        let claimed = match placed {
-            Some(_) => claim.instrument(span.clone()).await,
-            None => claim.await,
-        };
+            .claim(job_id, &self.config.id, claimed_at, lease_ms)
+            .await;
+        let pool = &self.config.pool;
         let job = match claimed {
             Ok(Some(job)) => job,
             Ok(None) => {
-                tracing::debug!(parent: span, "not claimable: settled, held elsewhere or not due");
-                return Handled::Skipped;
+                tracing::debug!(
+                    pool = %pool,
+                    job_id = %job_id,
+                    "not claimable: settled, held elsewhere or not due"
+                );
+                return (Handled::Skipped, None);
             }
             Err(error) => {
-                tracing::warn!(parent: span, job_id, %error, "claim failed; the message goes back");
-                return Handled::Interrupted;
+                tracing::warn!(pool = %pool, job_id = %job_id, %error, "claim failed; the message goes back");
+                return (Handled::Interrupted, None);
             }
         };
-        let trace = placed.unwrap_or_else(|| continue_trace(span, job.trace.as_ref()));
-        span.record("tool", tracing::field::display(&job.tool));
-        span.record("run_id", tracing::field::display(&job.run_id));
-        span.record("tenant", tracing::field::display(&job.tenant));
-        span.record("attempt", job.attempts);
-        self.run_claimed(job, claimed_at, trace)
+        let placement = Placement::new(parent.or(job.trace.as_ref()));
+        let span = tracing::error_span!(
+            "job",
+            pool = %pool,
+            tool = %job.tool,
+            job_id = %job.id,
+            run_id = %job.run_id,
+            tenant = %job.tenant,
+            attempt = job.attempts,
+            trace_id = placement.trace_id(),
+            span_id = placement.span_id(),
+            parent_span_id = placement.parent_span_id(),
+        );
+        let trace = placement.place(&span);
+        let handled = self
+            .run_claimed(job, claimed_at, trace)
             .instrument(span.clone())
-            .await
+            .await;
+        (handled, Some(span))
     }
 
     /// Runs a job this worker has just claimed, in the trace `trace`.
@@ -334,8 +349,9 @@ impl Worker {
         tracing::info!("job started");
         let metrics = self.runtime.metrics();
         let tool = self.runtime.tool_label(&job.tool);
-        // Runnable since `run_at` (its insert, its retry time, or its wake);
-        // a job taken over after a lost lease counts from that time too.
+        // Runnable since `run_at`: its insert, its retry time, its wake or,
+        // for a job taken over after a lost lease, the end of that lease (the
+        // claim sets it), so the attempt that stopped is not counted as waiting.
         let waited = u64::try_from(claimed_at.saturating_sub(job.run_at)).unwrap_or(0);
         metrics.job_started(tool, Duration::from_millis(waited));
         self.announce(&job).await;

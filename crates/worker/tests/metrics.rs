@@ -1,15 +1,18 @@
 //! What a worker counts in its runtime's metrics, driven directly on an
 //! in-memory store, broker and notices: jobs started, settled (succeeded,
 //! failed after a retry, cancelled while running), retried, the time they
-//! waited and ran, a dead-lettered message, and its pool's gauges.
+//! waited and ran, a dead-lettered message, and its pool's gauges, whose
+//! slots count only while the worker consumes.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use async_trait::async_trait;
 use serde_json::json;
 use tokio::sync::watch;
 use toolfleet_broker::memory::{MemoryBroker, MemoryNotices};
-use toolfleet_broker::{Broker, Notices};
+use toolfleet_broker::{Broker, BrokerError, Consumer, Notices};
 use toolfleet_core::{CallCtx, ErrorCode, JobState, Metrics, Runtime, ToolDecl, ToolError, new_id};
 use toolfleet_store::sqlite::SqliteStore;
 use toolfleet_store::{NewJob, Store};
@@ -37,6 +40,11 @@ async fn until(limit: Duration, what: &str, mut done: impl AsyncFnMut() -> bool)
 }
 
 async fn insert(store: &dyn Store, tool: &str, max_attempts: u32) -> String {
+    insert_at(store, tool, max_attempts, now_ms()).await
+}
+
+/// A job of `tool` inserted at `now` (Unix ms).
+async fn insert_at(store: &dyn Store, tool: &str, max_attempts: u32, now: i64) -> String {
     let id = new_id();
     store
         .insert_job(NewJob {
@@ -55,7 +63,7 @@ async fn insert(store: &dyn Store, tool: &str, max_attempts: u32) -> String {
             trace: None,
             max_attempts,
             timeout_ms: 60_000,
-            now: now_ms(),
+            now,
         })
         .await
         .expect("inserted");
@@ -181,4 +189,138 @@ async fn a_worker_counts_what_becomes_of_its_jobs_and_its_slots() {
     let _ = stop.send(true);
     run.await.unwrap();
     assert_eq!(sample(&metrics, &slots), Some(0.0));
+}
+
+/// A broker that cannot be reached until `up` is set: consuming fails.
+struct Unreachable {
+    inner: MemoryBroker,
+    up: Arc<AtomicBool>,
+}
+
+#[async_trait]
+impl Broker for Unreachable {
+    async fn ping(&self) -> Result<(), BrokerError> {
+        self.inner.ping().await
+    }
+
+    async fn publish(&self, pool: &str, job_id: &str) -> Result<(), BrokerError> {
+        self.inner.publish(pool, job_id).await
+    }
+
+    async fn publish_delayed(
+        &self,
+        pool: &str,
+        job_id: &str,
+        delay: Duration,
+    ) -> Result<(), BrokerError> {
+        self.inner.publish_delayed(pool, job_id, delay).await
+    }
+
+    async fn consume(&self, pool: &str, prefetch: u16) -> Result<Box<dyn Consumer>, BrokerError> {
+        if self.up.load(Ordering::SeqCst) {
+            self.inner.consume(pool, prefetch).await
+        } else {
+            Err(BrokerError::Unavailable("connection refused".into()))
+        }
+    }
+
+    async fn depth(&self, pool: &str) -> Result<u64, BrokerError> {
+        self.inner.depth(pool).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slots_count_only_while_the_worker_consumes() {
+    let metrics = Arc::new(Metrics::new());
+    let runtime = Runtime::builder().metrics(metrics.clone()).build();
+    let store: Arc<dyn Store> = Arc::new(SqliteStore::open_in_memory().await.unwrap());
+    let up = Arc::new(AtomicBool::new(false));
+    let broker = Unreachable {
+        inner: MemoryBroker::new(),
+        up: up.clone(),
+    };
+    let mut config = WorkerConfig::new(POOL);
+    config.concurrency = 3;
+    let worker = Worker::new(
+        config,
+        Arc::new(runtime),
+        store,
+        Arc::new(broker),
+        Arc::new(MemoryNotices::new()),
+    );
+    let slots = format!("toolfleet_worker_slots{{pool=\"{POOL}\"}}");
+
+    // The broker is unreachable: no capacity is shown, and a worker told to
+    // stop while it retries shows none either.
+    let (stop, stopped) = watch::channel(false);
+    let run = tokio::spawn(worker.clone().run(stopped, Duration::from_secs(1)));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(sample(&metrics, &slots), Some(0.0), "while unreachable");
+    let _ = stop.send(true);
+    tokio::time::timeout(Duration::from_secs(5), run)
+        .await
+        .expect("the worker stops while it retries")
+        .unwrap();
+    assert_eq!(
+        sample(&metrics, &slots),
+        Some(0.0),
+        "stopped while retrying"
+    );
+
+    // Once the broker answers, the slots count; a worker whose future is
+    // dropped (its task aborted) gives them back.
+    let (_stop, stopped) = watch::channel(false);
+    let run = tokio::spawn(worker.clone().run(stopped, Duration::from_secs(1)));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(sample(&metrics, &slots), Some(0.0), "still unreachable");
+    up.store(true, Ordering::SeqCst);
+    until(Duration::from_secs(5), "the slots count", async || {
+        sample(&metrics, &slots) == Some(3.0)
+    })
+    .await;
+    run.abort();
+    assert!(run.await.unwrap_err().is_cancelled());
+    assert_eq!(sample(&metrics, &slots), Some(0.0), "dropped");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_taken_over_waited_from_when_the_lost_lease_ended() {
+    let metrics = Arc::new(Metrics::new());
+    let mut runtime = Runtime::builder().metrics(metrics.clone()).build();
+    runtime
+        .register(
+            ToolDecl::job("resumed")
+                .run(|_: CallCtx, _: serde_json::Value| async { Ok::<_, ToolError>(json!({})) }),
+        )
+        .expect("tool registers");
+    let store: Arc<dyn Store> = Arc::new(SqliteStore::open_in_memory().await.unwrap());
+    let worker = Worker::new(
+        WorkerConfig::new(POOL),
+        Arc::new(runtime),
+        store.clone(),
+        Arc::new(MemoryBroker::new()),
+        Arc::new(MemoryNotices::new()),
+    );
+    // Runnable two minutes ago; claimed a minute ago by a worker that died,
+    // its lease over 10 s ago: it waited 10 s for this worker, not 2 min.
+    let now = now_ms();
+    let id = insert_at(store.as_ref(), "resumed", 3, now - 120_000).await;
+    let first = store
+        .claim(&id, "gone", now - 60_000, 50_000)
+        .await
+        .unwrap()
+        .expect("claimed by the worker that died");
+    assert_eq!(first.run_at, now - 120_000);
+    assert_eq!(
+        worker.run_job(&id).await,
+        toolfleet_worker::Handled::Ran(JobState::Succeeded)
+    );
+    let count = r#"toolfleet_job_queue_wait_seconds_count{tool="resumed"}"#;
+    assert_eq!(sample(&metrics, count), Some(1.0));
+    let waited = sample(
+        &metrics,
+        r#"toolfleet_job_queue_wait_seconds_sum{tool="resumed"}"#,
+    )
+    .expect("a wait");
+    assert!((10.0..60.0).contains(&waited), "waited {waited} s");
 }

@@ -2,8 +2,9 @@
 //! moves every metric of the contract: a cached query called twice, a
 //! validation failure, denials of every reason, a job that succeeds and
 //! calls back a webhook that fails once, a job that fails after a retry, an
-//! agent on a scripted model. tests/metrics.rs checks the values it leaves;
-//! tests/dashboards.rs takes the names toolfleet exports from it.
+//! agent on a scripted model, `get_job` read and long-polled through the
+//! call path. tests/metrics.rs checks the values it leaves;
+//! tests/dashboards.rs takes the names and labels toolfleet exports from it.
 
 use std::time::Duration;
 
@@ -190,6 +191,14 @@ pub async fn scripted_run() -> ScriptedRun {
     assert_eq!(failed["error"]["code"], "tool_failed", "{failed}");
     let answered = settle(&alice, &id(&agent)).await;
     assert_eq!(answered["result"]["status"], "answered", "{answered}");
+    // get_job through the call path: a read, and a long poll (wait_s > 0),
+    // which is counted but not timed.
+    for wait_s in [0, 1] {
+        let read = alice
+            .call("get_job", json!({"job_id": id(&fine), "wait_s": wait_s}))
+            .await;
+        assert_eq!(read["status"], "ok", "{read}");
+    }
     eventually(Duration::from_secs(20), || {
         let hooks = hooks.clone();
         async move { (hooks.lock().unwrap().len() >= 2).then_some(()) }
