@@ -15,8 +15,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::{
-    OTHER_TOKEN, Server, SharedCleanup, TOKEN, TempDir, config_with, events, eventually,
-    psql_value, settle, shared_amqp_url, shared_database_url,
+    OTHER_TOKEN, Server, SharedCleanup, TOKEN, TempDir, events, eventually, migrate, psql_value,
+    settle, shared_amqp_url, shared_database_url, shared_fleet,
 };
 use serde_json::json;
 
@@ -49,35 +49,8 @@ fn fleet(name: &str) -> (TempDir, std::path::PathBuf, SharedCleanup) {
 
 /// As [`fleet`], with more top-level keys `top`.
 fn fleet_with(name: &str, top: &str) -> (TempDir, std::path::PathBuf, SharedCleanup) {
-    let dir = TempDir::new(name);
-    let id = uuid::Uuid::now_v7().simple().to_string();
-    let cleanup = SharedCleanup {
-        database: Some((shared_database_url(), format!("tf_{id}"))),
-        broker: Some((shared_amqp_url(), format!("tf-{id}"))),
-    };
-    let top = format!(
-        "database_url = {:?}\ndatabase_schema = \"tf_{id}\"\nbroker_url = {:?}\nbroker_prefix = \"tf-{id}\"\nconfirm_secret = \"{}\"\nlease_s = 1\nconcurrency = 2\n{top}",
-        shared_database_url(),
-        shared_amqp_url(),
-        "ab".repeat(32)
-    );
-    let config_path = dir.0.join("toolfleet.toml");
-    std::fs::write(&config_path, config_with(&dir.0, &top, &tools(&dir.0))).unwrap();
-    (dir, config_path, cleanup)
-}
-
-fn migrate(config_path: &Path) {
-    let migrated = Command::new(env!("CARGO_BIN_EXE_toolfleet"))
-        .arg("--config")
-        .arg(config_path)
-        .arg("migrate")
-        .output()
-        .unwrap();
-    assert!(
-        migrated.status.success(),
-        "{}",
-        String::from_utf8_lossy(&migrated.stderr)
-    );
+    let (dir, config, cleanup, _) = shared_fleet(name, top, tools);
+    (dir, config, cleanup)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

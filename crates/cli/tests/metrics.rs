@@ -17,13 +17,12 @@
 
 mod common;
 
-use std::path::Path;
 use std::time::Duration;
 
 use common::scripted::{Scrape, reqwest_client, scripted_run};
 use common::{
-    Server, SharedCleanup, TOKEN, TempDir, config_with, eventually, settle, shared_amqp_url,
-    shared_database_url,
+    Server, SharedCleanup, TOKEN, TempDir, eventually, migrate, settle, shared_amqp_url,
+    shared_database_url, shared_fleet,
 };
 use serde_json::{Value, json};
 
@@ -177,24 +176,10 @@ async fn serve_counts_a_scripted_run_in_one_registry() {
     assert!(!scrape.text.contains("no_such_tool"), "{}", scrape.text);
 }
 
-/// A fleet of this test's own on the shared servers, as distributed.rs
-/// makes them: a schema and a prefix removed when the test ends.
+/// A fleet of this test's own on the shared servers, with one job tool.
 fn fleet(name: &str) -> (TempDir, std::path::PathBuf, SharedCleanup) {
-    let dir = TempDir::new(name);
-    let id = uuid::Uuid::now_v7().simple().to_string();
-    let cleanup = SharedCleanup {
-        database: Some((shared_database_url(), format!("tf_{id}"))),
-        broker: Some((shared_amqp_url(), format!("tf-{id}"))),
-    };
-    let top = format!(
-        "database_url = {:?}\ndatabase_schema = \"tf_{id}\"\nbroker_url = {:?}\nbroker_prefix = \"tf-{id}\"\nconfirm_secret = \"{}\"\nlease_s = 1\nconcurrency = 2\n",
-        shared_database_url(),
-        shared_amqp_url(),
-        "ab".repeat(32)
-    );
     let job = "[[tools]]\nname = \"fine_job\"\nshape = \"job\"\ninput_schema = { type = \"object\" }\nexecutor = { kind = \"exec\", program = \"sh\", args = [\"-c\", \"echo '{}'\"] }\n";
-    let config = dir.0.join("toolfleet.toml");
-    std::fs::write(&config, config_with(&dir.0, &top, job)).unwrap();
+    let (dir, config, cleanup, _) = shared_fleet(name, "", |_| job.to_owned());
     (dir, config, cleanup)
 }
 
@@ -226,20 +211,6 @@ async fn require_servers() {
     if let Err(e) = toolfleet_broker::rabbit::RabbitBroker::connect(&amqp, options).await {
         panic!("RabbitMQ at {amqp} does not answer ({e}); {where_}");
     }
-}
-
-fn migrate(config: &Path) {
-    let migrated = std::process::Command::new(env!("CARGO_BIN_EXE_toolfleet"))
-        .arg("--config")
-        .arg(config)
-        .arg("migrate")
-        .output()
-        .unwrap();
-    assert!(
-        migrated.status.success(),
-        "{}",
-        String::from_utf8_lossy(&migrated.stderr)
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

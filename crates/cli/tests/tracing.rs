@@ -18,8 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{
-    Client, SharedCleanup, TOKEN, TempDir, config_with, eventually, settle, shared_amqp_url,
-    shared_database_url,
+    Client, SharedCleanup, TOKEN, TempDir, config_with, eventually, migrate, settle, shared_fleet,
 };
 use serde_json::{Value, json};
 
@@ -207,22 +206,9 @@ fn with_message<'a>(lines: &'a [Value], message: &str) -> &'a Value {
 /// A fleet of the test's own on the shared servers: its directory, its
 /// migrated configuration, its cleanup and its id.
 fn fleet(name: &str) -> (TempDir, PathBuf, SharedCleanup, String) {
-    let dir = TempDir::new(name);
-    let id = uuid::Uuid::now_v7().simple().to_string();
-    let cleanup = SharedCleanup {
-        database: Some((shared_database_url(), format!("tf_{id}"))),
-        broker: Some((shared_amqp_url(), format!("tf-{id}"))),
-    };
-    let top = format!(
-        "database_url = {:?}\ndatabase_schema = \"tf_{id}\"\nbroker_url = {:?}\nbroker_prefix = \"tf-{id}\"\nconfirm_secret = \"{}\"\nlease_s = 1\nconcurrency = 2\n",
-        shared_database_url(),
-        shared_amqp_url(),
-        "ab".repeat(32)
-    );
-    let config = dir.0.join("toolfleet.toml");
-    std::fs::write(&config, config_with(&dir.0, &top, TOOLS)).unwrap();
-    migrate(&config);
-    (dir, config, cleanup, id)
+    let fleet = shared_fleet(name, "", |_| TOOLS.to_owned());
+    migrate(&fleet.1);
+    fleet
 }
 
 /// JSON lines from `info` up.
@@ -426,20 +412,6 @@ async fn a_swept_job_keeps_its_trace() {
     assert_ne!(
         settled["parent_span_id"], CALLER_SPAN,
         "a child of the dispatcher's span, not of the caller's"
-    );
-}
-
-fn migrate(config: &Path) {
-    let migrated = Command::new(env!("CARGO_BIN_EXE_toolfleet"))
-        .arg("--config")
-        .arg(config)
-        .arg("migrate")
-        .output()
-        .unwrap();
-    assert!(
-        migrated.status.success(),
-        "{}",
-        String::from_utf8_lossy(&migrated.stderr)
     );
 }
 

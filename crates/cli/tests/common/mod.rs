@@ -403,6 +403,49 @@ where
     })
 }
 
+/// A fleet of a test's own on the shared servers: its directory, its
+/// configuration (a schema and a broker prefix of its own, a shared confirm
+/// secret, 1 s leases, 2 slots, then `top`, and the tools `tools` makes of
+/// the directory), the cleanup that removes the schema and the prefix, and
+/// its id.
+pub fn shared_fleet(
+    name: &str,
+    top: &str,
+    tools: impl FnOnce(&Path) -> String,
+) -> (TempDir, PathBuf, SharedCleanup, String) {
+    let dir = TempDir::new(name);
+    let id = uuid::Uuid::now_v7().simple().to_string();
+    let cleanup = SharedCleanup {
+        database: Some((shared_database_url(), format!("tf_{id}"))),
+        broker: Some((shared_amqp_url(), format!("tf-{id}"))),
+    };
+    let top = format!(
+        "database_url = {:?}\ndatabase_schema = \"tf_{id}\"\nbroker_url = {:?}\nbroker_prefix = \"tf-{id}\"\nconfirm_secret = \"{}\"\nlease_s = 1\nconcurrency = 2\n{top}",
+        shared_database_url(),
+        shared_amqp_url(),
+        "ab".repeat(32)
+    );
+    let config = dir.0.join("toolfleet.toml");
+    let tools = tools(&dir.0);
+    std::fs::write(&config, config_with(&dir.0, &top, &tools)).expect("config written");
+    (dir, config, cleanup, id)
+}
+
+/// `toolfleet migrate` with `config`, which must succeed.
+pub fn migrate(config: &Path) {
+    let migrated = Command::new(env!("CARGO_BIN_EXE_toolfleet"))
+        .arg("--config")
+        .arg(config)
+        .arg("migrate")
+        .output()
+        .expect("toolfleet runs");
+    assert!(
+        migrated.status.success(),
+        "{}",
+        String::from_utf8_lossy(&migrated.stderr)
+    );
+}
+
 /// Removes what a test left on the shared servers, whatever its outcome:
 /// its schema on PostgreSQL and its queues and exchanges on RabbitMQ.
 pub struct SharedCleanup {
