@@ -6,10 +6,11 @@
 
 mod common;
 
+use common::repo;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
 use std::net::TcpListener;
-use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
@@ -23,13 +24,6 @@ const COMPOSE: &str = "docker-compose.yml";
 const COMPOSE_CONFIG: &str = "deploy/compose/toolfleet.toml";
 /// The one port the dispatchers are reached on.
 const PUBLISHED_PORT: &str = "8080";
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .expect("the repository root")
-}
 
 fn read(relative: &str) -> String {
     let path = repo().join(relative);

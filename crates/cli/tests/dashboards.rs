@@ -33,8 +33,9 @@
 
 mod common;
 
+use common::repo;
+
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use regex::Regex;
@@ -55,13 +56,6 @@ const DATASOURCE_REF: &str = "${datasource}";
 const RABBITMQ_METRICS: &str = "http://127.0.0.1:15692";
 /// The compose service and port that prometheus.yml scrapes RabbitMQ on.
 const RABBITMQ_TARGET: &str = "rabbitmq:15692";
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .expect("the repository root")
-}
 
 fn read(relative: &str) -> String {
     let path = repo().join(relative);

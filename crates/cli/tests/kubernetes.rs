@@ -28,6 +28,8 @@
 
 mod common;
 
+use common::repo;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -76,13 +78,6 @@ const READINESS_TOLERANCE_S: u64 = 30;
 /// The label whose value (`hpa` or `keda`) tells an overlay's autoscalers
 /// apart, for deleting one overlay's when switching to the other.
 const AUTOSCALER_LABEL: &str = "toolfleet/autoscaler";
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .expect("the repository root")
-}
 
 fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))

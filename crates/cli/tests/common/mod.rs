@@ -14,6 +14,14 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 pub const TOKEN: &str = "tf_test_alice";
+
+/// The repository's root directory.
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .expect("the repository root")
+}
 pub const OTHER_TOKEN: &str = "tf_test_mallory";
 
 /// A temporary directory removed on drop.
