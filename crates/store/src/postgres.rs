@@ -134,6 +134,13 @@ mod sql {
     /// statement, so a job that two claims name, in one batch or in two, is
     /// claimed once. `c_ord` tells which claim won. A job taken over is
     /// runnable from when the expired lease ended.
+    ///
+    /// The grouped statements find their rows by the primary key alone:
+    /// their conditions on the state are a `CASE`, which no partial index
+    /// matches. Written as plain `state IN (...) AND run_at <= c_now`, the
+    /// planner could walk `jobs_due` or `jobs_lease` (every waiting or
+    /// running job) once per batch, and did: under a backlog of queued jobs
+    /// each claim read thousands of index entries.
     pub const CLAIM_MANY: &str = concat!(
         "
         UPDATE jobs SET state = 'running', attempts = attempts + 1,
@@ -143,8 +150,10 @@ mod sql {
         FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::bigint[])
             WITH ORDINALITY AS c(c_id, c_worker, c_now, c_until, c_ord)
         WHERE id = c_id
-          AND ((state IN ('queued', 'retrying') AND run_at <= c_now)
-               OR (state = 'running' AND lease_until < c_now))
+          AND CASE state WHEN 'queued' THEN run_at <= c_now
+                         WHEN 'retrying' THEN run_at <= c_now
+                         WHEN 'running' THEN lease_until < c_now
+                         ELSE false END
         RETURNING c_ord, ",
         job_columns!()
     );
@@ -199,7 +208,7 @@ mod sql {
             lease_owner = NULL, lease_until = NULL, updated_at = s_now
         FROM UNNEST($1::text[], $2::text[], $3::text[], $4::bigint[])
             WITH ORDINALITY AS s(s_id, s_worker, s_result, s_now, s_ord)
-        WHERE id = s_id AND state = 'running' AND lease_owner = s_worker
+        WHERE id = s_id AND CASE WHEN state = 'running' THEN lease_owner = s_worker ELSE false END
         RETURNING s_ord, ",
         job_columns!()
     );
@@ -522,6 +531,15 @@ async fn run_migrations(url: &str, schema: Option<&str>) -> Result<(), StoreErro
     Ok(())
 }
 
+/// Adds `option` to the server options of `config` (after any given).
+fn add_option(config: &mut Config, option: &str) {
+    let options = match config.get_options() {
+        Some(given) => format!("{given} {option}"),
+        None => option.to_owned(),
+    };
+    config.options(&options);
+}
+
 /// A store for `url`, its connections in `schema`, not yet connected and
 /// its schema not yet checked.
 fn unchecked(url: &str, schema: Option<&str>, size: usize) -> Result<PgStore, StoreError> {
@@ -530,12 +548,15 @@ fn unchecked(url: &str, schema: Option<&str>, size: usize) -> Result<PgStore, St
         .map_err(|e| StoreError::Unavailable(format!("the database URL is not valid: {e}")))?;
     if let Some(schema) = schema {
         check_schema_name(schema)?;
-        let options = match config.get_options() {
-            Some(given) => format!("{given} -c search_path={schema}"),
-            None => format!("-c search_path={schema}"),
-        };
-        config.options(&options);
+        add_option(&mut config, &format!("-c search_path={schema}"));
     }
+    // Plan each execution with the table as it is now. PostgreSQL settles
+    // on a cached generic plan after a connection's first five runs of a
+    // statement, costed for the table as it was then: on a new, near-empty
+    // table that is a sequential scan, which the connection kept as the
+    // table grew (until an ANALYZE). Planning these short statements costs
+    // far less than one such scan.
+    add_option(&mut config, "-c plan_cache_mode=force_custom_plan");
     if config.get_application_name().is_none() {
         config.application_name("toolfleet");
     }

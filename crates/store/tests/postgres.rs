@@ -413,3 +413,109 @@ async fn a_closed_store_is_unavailable() {
         Err(StoreError::Unavailable(_))
     ));
 }
+
+/// Rows of `jobs` read other than through its primary key, from the
+/// server's statistics: (sequential scans, entries of the partial indexes
+/// `jobs_due` and `jobs_lease`), and the rows updated so far.
+async fn reads_beside_the_key(admin: &tokio_postgres::Client, schema: &str) -> (i64, i64, i64) {
+    let table = admin
+        .query_one(
+            "SELECT COALESCE(seq_tup_read, 0), n_tup_upd FROM pg_stat_user_tables
+             WHERE schemaname = $1 AND relname = 'jobs'",
+            &[&schema],
+        )
+        .await
+        .expect("table statistics");
+    let partial: i64 = admin
+        .query_one(
+            "SELECT COALESCE(SUM(idx_tup_read), 0)::bigint FROM pg_stat_user_indexes
+             WHERE schemaname = $1 AND indexrelname IN ('jobs_due', 'jobs_lease')",
+            &[&schema],
+        )
+        .await
+        .expect("index statistics")
+        .get(0);
+    (table.get(0), partial, table.get(1))
+}
+
+/// Claims and settlements find their job by its primary key whatever the
+/// table held when a connection first ran them: a connection that ran them
+/// on a near-empty table (where a scan is the cheapest plan) must not keep
+/// scanning once a backlog is queued, nor walk the partial indexes of
+/// waiting and running jobs to find one job.
+#[tokio::test]
+async fn claims_read_jobs_by_key_whatever_the_table_held_before() {
+    let schema = Schema::migrated().await;
+    // One connection, so the statements it prepared early are the ones
+    // that run later.
+    let store = PgStore::connect_in_schema(&url(), &schema.name, 1)
+        .await
+        .expect("connect");
+    let now = 1_700_000_000_000;
+    let lease = 30_000;
+    // A near-empty table: each statement runs more than the five times
+    // after which PostgreSQL may settle on a generic plan.
+    for _ in 0..8 {
+        let mut new = job("acme");
+        new.idempotency_key = None;
+        let id = new.id.clone();
+        store.insert_job(new).await.expect("insert");
+        store
+            .claim(&id, "w", now, lease)
+            .await
+            .expect("claim")
+            .expect("claimed");
+        let done = store
+            .succeed(&id, "w", &json!({}).into(), now)
+            .await
+            .expect("succeed");
+        assert!(done.is_some(), "the warm-up job settles");
+    }
+    // Then a backlog.
+    const BACKLOG: usize = 2_000;
+    let mut ids = Vec::with_capacity(BACKLOG);
+    for _ in 0..BACKLOG {
+        let mut new = job("acme");
+        new.idempotency_key = None;
+        ids.push(new.id.clone());
+        store.insert_job(new).await.expect("insert");
+    }
+    const CLAIMED: usize = 100;
+    for id in ids.iter().take(CLAIMED) {
+        store
+            .claim(id, "w", now, lease)
+            .await
+            .expect("claim")
+            .expect("claimed");
+        let done = store
+            .succeed(id, "w", &json!({}).into(), now)
+            .await
+            .expect("succeed");
+        assert!(done.is_some(), "a claimed job settles");
+    }
+    // A connection reports its statistics when it ends.
+    store.close();
+    drop(store);
+    let admin = admin().await;
+    let updates = (2 * (8 + CLAIMED)) as i64;
+    let mut read = reads_beside_the_key(&admin, &schema.name).await;
+    for _ in 0..100 {
+        if read.2 >= updates {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        read = reads_beside_the_key(&admin, &schema.name).await;
+    }
+    let (scanned, partial, updated) = read;
+    assert_eq!(updated, updates, "every claim and settlement was counted");
+    // One scan of the backlog would read 2,000 rows; the warm-up's scans of
+    // a table of at most eight rows read a few dozen in all.
+    assert!(
+        scanned < 500,
+        "{scanned} rows of jobs were read by sequential scans"
+    );
+    assert!(
+        partial < 500,
+        "{partial} entries of jobs_due and jobs_lease were read to find jobs by id"
+    );
+}
