@@ -56,6 +56,7 @@ macro_rules! broker_conformance {
             requeue_redelivers,
             dropped_consumer_gives_back_unacked,
             rejected_message_is_not_redelivered,
+            settlements_in_any_order_each_take_effect,
             delayed_message_waits_its_delay,
             pools_are_isolated,
             depth_counts_ready_messages,
@@ -316,6 +317,67 @@ pub mod broker {
         }
         back.sort();
         assert_eq!(back, ids);
+    }
+
+    /// Many deliveries settled at once and out of order, acks among
+    /// requeues, a reject and drops (as a worker's jobs finish): each takes
+    /// its own effect. No ack settles a delivery that was to come back, the
+    /// ones given back return once, and acked or rejected ones never return.
+    pub async fn settlements_in_any_order_each_take_effect(broker: &dyn Broker) {
+        const COUNT: usize = 40;
+        let pool = unique("settle-mix");
+        let ids = job_ids(COUNT);
+        publish_all(broker, &pool, &ids).await;
+        let mut consumer = consume(broker, &pool, COUNT as u16).await;
+        let mut held = Vec::with_capacity(COUNT);
+        for _ in 0..COUNT {
+            held.push(next_delivery(consumer.as_mut(), "taking the batch").await);
+        }
+        // Newest first, so later deliveries finish before older ones.
+        held.reverse();
+        let mut back = Vec::new();
+        let mut settling = tokio::task::JoinSet::new();
+        for (n, delivery) in held.into_iter().enumerate() {
+            let id = delivery.job_id.clone();
+            match n % 10 {
+                3 | 7 => {
+                    back.push(id);
+                    settling.spawn(async move { ("requeue", delivery.requeue().await) });
+                }
+                5 => {
+                    back.push(id);
+                    drop(delivery);
+                }
+                9 if n == 9 => {
+                    settling.spawn(async move { ("reject", delivery.reject().await) });
+                }
+                _ => {
+                    settling.spawn(async move { ("ack", delivery.ack().await) });
+                }
+            }
+        }
+        while let Some(settled) = within("settling", settling.join_next()).await {
+            let (how, answer) = settled.expect("a settling task");
+            assert_eq!(answer, Ok(()), "{how} answered");
+        }
+        let mut again = Vec::new();
+        for _ in &back {
+            let delivery = next_delivery(consumer.as_mut(), "given back").await;
+            assert!(
+                delivery.redelivered,
+                "{} comes back redelivered",
+                delivery.job_id
+            );
+            again.push(delivery.job_id.clone());
+            ack(delivery).await;
+        }
+        back.sort();
+        again.sort();
+        assert_eq!(
+            again, back,
+            "exactly the requeued and dropped deliveries return"
+        );
+        assert_nothing_delivered(consumer.as_mut(), "after every settlement").await;
     }
 
     pub async fn rejected_message_is_not_redelivered(broker: &dyn Broker) {
