@@ -313,11 +313,14 @@ impl Broker for RabbitBroker {
 
 /// The [`Notices`] on RabbitMQ: events go to the `<prefix>.events` topic
 /// exchange, so every process of the deployment hears them; each
-/// subscription is an exclusive queue of its own, bound to every key.
+/// subscription is an exclusive queue of its own, bound to every key, or
+/// only to the states it asks for ([`RabbitNotices::only_states`]).
 #[derive(Clone)]
 pub struct RabbitNotices {
     handle: Arc<CloseOnDrop>,
     exchange: String,
+    /// The binding keys of its subscriptions.
+    keys: Vec<String>,
 }
 
 impl RabbitNotices {
@@ -354,7 +357,21 @@ impl RabbitNotices {
 
     fn on(handle: Arc<CloseOnDrop>) -> Self {
         let exchange = format!("{}.events", handle.0.options.prefix);
-        RabbitNotices { handle, exchange }
+        RabbitNotices {
+            handle,
+            exchange,
+            keys: vec!["#".to_owned()],
+        }
+    }
+
+    /// Subscriptions hear only events in one of `states` (the last word of
+    /// the routing key `<tenant>.<tool>.<state>`), so RabbitMQ neither
+    /// routes nor delivers the rest to this process: a worker that follows
+    /// only cancels and settled jobs skips each job's `queued` and
+    /// `running`. Publishing is unchanged.
+    pub fn only_states(mut self, states: &[&str]) -> Self {
+        self.keys = states.iter().map(|state| format!("#.{state}")).collect();
+        self
     }
 
     /// As [`RabbitBroker::force_reconnect`]: subscriptions resubscribe by
@@ -420,6 +437,7 @@ impl Notices for RabbitNotices {
         let (sender, events) = broadcast::channel(buffer);
         let feed = EventFeed {
             exchange: self.exchange.clone(),
+            keys: self.keys.clone(),
             buffer,
             sender,
         };
@@ -1355,6 +1373,8 @@ enum Message {
 /// auto-acked (events are announcements, not work), turned into events.
 struct EventFeed {
     exchange: String,
+    /// What its queue is bound to.
+    keys: Vec<String>,
     buffer: usize,
     /// A broadcast ring: a subscriber that falls behind skips the oldest
     /// events instead of holding RabbitMQ or this process back.
@@ -1366,14 +1386,16 @@ impl Feed for EventFeed {
         shared.ensure_events(link, &self.exchange).await?;
         let channel = shared.channel(link).await?;
         let queue = self.declare_queue(shared, &channel).await?;
-        let bind = channel.queue_bind(
-            queue.clone(),
-            name(&self.exchange)?,
-            "#".into(),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        );
-        shared.bounded("binding a subscriber queue", bind).await?;
+        for key in &self.keys {
+            let bind = channel.queue_bind(
+                queue.clone(),
+                name(&self.exchange)?,
+                name(key)?,
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            );
+            shared.bounded("binding a subscriber queue", bind).await?;
+        }
         let auto_ack = BasicConsumeOptions {
             no_ack: true,
             exclusive: true,

@@ -670,3 +670,66 @@ async fn fanout_carries_on_after_a_reconnect() {
     }
     drop(fanout);
 }
+
+/// A subscription asking only for some states hears those, whatever dots
+/// the tenant and tool names hold, and nothing else reaches it: RabbitMQ
+/// does not route the rest to its queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscription_for_some_states_hears_only_those() {
+    let notices = notices().await;
+    let settled = notices.0.clone().only_states(&["succeeded", "cancelled"]);
+    let mut some = settled
+        .subscribe()
+        .await
+        .expect("subscribing to some states");
+    let mut every = notices
+        .0
+        .subscribe()
+        .await
+        .expect("subscribing to every state");
+    let tenant = format!("{}.eu", unique("tenant"));
+    let event = |id: &str, state: &str| Event {
+        kind: "job".to_owned(),
+        id: id.to_owned(),
+        tenant: tenant.clone(),
+        tool: "receipt.ocr.v2".to_owned(),
+        state: state.to_owned(),
+        run_id: "run-1".to_owned(),
+        body: serde_json::json!({"state": state}),
+        callback: false,
+    };
+    let sent = [
+        event("job-a", "queued"),
+        event("job-a", "running"),
+        event("job-a", "succeeded"),
+        event("job-b", "retrying"),
+        event("job-b", "cancelled"),
+    ];
+    for one in &sent {
+        assert_eq!(
+            notices.0.publish(one).await,
+            Ok(()),
+            "publishing {}",
+            one.state
+        );
+    }
+    // Everything reaches the subscription of every state, in order; by the
+    // time it has, the other has been routed all it will get.
+    for one in &sent {
+        let got = timeout(ARRIVAL, every.next())
+            .await
+            .expect("an event in time");
+        assert_eq!(got.as_ref(), Some(one));
+    }
+    let mut heard = Vec::new();
+    while let Ok(Some(got)) = timeout(Duration::from_millis(300), some.next()).await {
+        heard.push((got.id, got.state));
+    }
+    assert_eq!(
+        heard,
+        [
+            ("job-a".to_owned(), "succeeded".to_owned()),
+            ("job-b".to_owned(), "cancelled".to_owned())
+        ]
+    );
+}

@@ -332,6 +332,9 @@ pub struct Backends {
     pub in_process: bool,
 }
 
+/// The states of a settled job, as event routing keys end.
+const SETTLED_STATES: [&str; 3] = ["succeeded", "failed", "cancelled"];
+
 /// How far a process's local subscribers (SSE streams, webhooks, long
 /// polls) may fall behind before they skip events: deep enough to keep up
 /// with bursts.
@@ -342,7 +345,16 @@ const NOTICE_BUFFER: usize = 65_536;
 /// and the notices of [`Config::notices_backend`]: RabbitMQ's events exchange
 /// or PostgreSQL `LISTEN`/`NOTIFY` behind one fan-out per process, else
 /// in-process. The one place a backend is chosen.
-pub async fn open_backends(config: &Config, prefetch: u16) -> Result<Backends, String> {
+///
+/// A process that `settled_only` hears, over RabbitMQ, only events of
+/// settled jobs: a worker without the HTTP API needs cancels (to stop the
+/// executors of cancelled jobs) and settled jobs (an agent awaiting a job
+/// tool), never a job's `queued` or `running`, two of each job's three events.
+pub async fn open_backends(
+    config: &Config,
+    prefetch: u16,
+    settled_only: bool,
+) -> Result<Backends, String> {
     let notices_backend = config.notices_backend()?;
     let store: Arc<dyn Store> = match &config.database_url {
         Some(url) => Arc::new(
@@ -378,7 +390,12 @@ pub async fn open_backends(config: &Config, prefetch: u16) -> Result<Backends, S
     };
     let notices: Arc<dyn Notices> = match (notices_backend, &rabbit, &config.database_url) {
         (NoticesBackend::Broker, Some(broker), _) => {
-            Arc::new(Fanout::with_options(broker.notices(), fanout))
+            let notices = if settled_only {
+                broker.notices().only_states(&SETTLED_STATES)
+            } else {
+                broker.notices()
+            };
+            Arc::new(Fanout::with_options(notices, fanout))
         }
         (NoticesBackend::Postgres, _, Some(url)) => {
             // Fleets sharing a database keep apart by schema, else by prefix.
@@ -431,7 +448,7 @@ pub async fn start(config: Config, extra: Vec<ToolDecl>, roles: Roles) -> Result
         broker,
         notices,
         in_process,
-    } = open_backends(&config, prefetch).await?;
+    } = open_backends(&config, prefetch, !roles.dispatcher).await?;
     // One registry for every part of this process, and the backends'
     // failures counted in it.
     let metrics = Arc::new(Metrics::for_role(roles.metrics_role()));
@@ -678,4 +695,27 @@ pub async fn mcp_stdio(config: Config) -> Result<(), String> {
     };
     let stopped = served.stop().await;
     outcome.and(stopped)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use toolfleet_core::JobState;
+
+    /// The states a worker without the HTTP API hears are exactly the
+    /// settled ones, cancelled among them (its executors stop on it).
+    #[test]
+    fn settled_states_are_the_settled_job_states() {
+        for name in [
+            "queued",
+            "running",
+            "retrying",
+            "succeeded",
+            "failed",
+            "cancelled",
+        ] {
+            let state = JobState::parse(name).expect("a job state");
+            assert_eq!(SETTLED_STATES.contains(&name), state.is_settled(), "{name}");
+        }
+    }
 }

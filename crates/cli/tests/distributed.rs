@@ -29,8 +29,10 @@ fn tools(dir: &Path) -> String {
         effects = effects.display()
     );
     let slow = "sleep 2; echo '{\"slow\": true}'";
+    let finished = dir.join("finished");
+    let long = format!("sleep 4; touch {}; echo '{{}}'", finished.display());
     format!(
-        "[[tools]]\nname = \"side_effect\"\nshape = \"job\"\nexecutor = {{ kind = \"exec\", program = \"/bin/sh\", args = [\"-c\", {script:?}] }}\n\n[[tools]]\nname = \"slow_job\"\nshape = \"job\"\nexecutor = {{ kind = \"exec\", program = \"/bin/sh\", args = [\"-c\", {slow:?}] }}\n"
+        "[[tools]]\nname = \"side_effect\"\nshape = \"job\"\nexecutor = {{ kind = \"exec\", program = \"/bin/sh\", args = [\"-c\", {script:?}] }}\n\n[[tools]]\nname = \"slow_job\"\nshape = \"job\"\nexecutor = {{ kind = \"exec\", program = \"/bin/sh\", args = [\"-c\", {slow:?}] }}\n\n[[tools]]\nname = \"long_job\"\nshape = \"job\"\nexecutor = {{ kind = \"exec\", program = \"/bin/sh\", args = [\"-c\", {long:?}] }}\n"
     )
 }
 
@@ -329,4 +331,42 @@ async fn notices_over_postgres_reach_another_dispatcher() {
     })
     .await;
     assert!(outside.starts_with("acme.slow_job."), "{outside}");
+}
+
+/// A cancel made through a dispatcher reaches the executor of the job
+/// running on a worker in another process: the worker hears it over
+/// RabbitMQ (a worker listens only for settled jobs' events, cancels among
+/// them), kills the executor, and the job stays cancelled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_stops_the_executor_on_a_worker_of_another_process() {
+    // Leases long enough that no heartbeat (every lease / 3) finds the
+    // cancel in the store within the test: the notice alone must carry it.
+    let (dir, config_path, _cleanup) = fleet_with("cancel-across", "lease_s = 60\n");
+    migrate(&config_path);
+    let dispatcher = Server::start_role(&config_path, "dispatcher", "toolfleet serving on ");
+    let _worker = Server::start_role(&config_path, "worker", "toolfleet worker running");
+    let client = dispatcher.client(TOKEN);
+    let called = client.call("long_job", json!({})).await;
+    let id = called["job_id"].as_str().expect("a job id").to_owned();
+    eventually(Duration::from_secs(20), || {
+        let client = &client;
+        let id = &id;
+        async move {
+            let job = client.get(&format!("/v1/jobs/{id}")).await;
+            (job["state"] == "running").then_some(())
+        }
+    })
+    .await;
+    let cancelled = client
+        .post(&format!("/v1/jobs/{id}/cancel"), json!({}))
+        .await;
+    assert_eq!(cancelled["state"], "cancelled", "{cancelled}");
+    // The executor would finish 4 s after it started; killed, it never does.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(
+        !dir.0.join("finished").exists(),
+        "the cancelled job's executor ran to its end"
+    );
+    let job = client.get(&format!("/v1/jobs/{id}")).await;
+    assert_eq!(job["state"], "cancelled", "{job}");
 }

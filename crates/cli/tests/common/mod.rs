@@ -427,8 +427,14 @@ pub fn shared_fleet(
         database: Some((shared_database_url(), format!("tf_{id}"))),
         broker: Some((shared_amqp_url(), format!("tf-{id}"))),
     };
+    // Short leases and few slots, unless `top` says otherwise.
+    let defaults: String = [("lease_s", "1"), ("concurrency", "2")]
+        .into_iter()
+        .filter(|(key, _)| !top.lines().any(|l| l.starts_with(&format!("{key} ="))))
+        .map(|(key, value)| format!("{key} = {value}\n"))
+        .collect();
     let top = format!(
-        "database_url = {:?}\ndatabase_schema = \"tf_{id}\"\nbroker_url = {:?}\nbroker_prefix = \"tf-{id}\"\nconfirm_secret = \"{}\"\nlease_s = 1\nconcurrency = 2\n{top}",
+        "database_url = {:?}\ndatabase_schema = \"tf_{id}\"\nbroker_url = {:?}\nbroker_prefix = \"tf-{id}\"\nconfirm_secret = \"{}\"\n{defaults}{top}",
         shared_database_url(),
         shared_amqp_url(),
         "ab".repeat(32)
