@@ -65,6 +65,10 @@ const MAX_DELAY_MS: u64 = 1 << 31;
 /// at most about 21% late while a pool needs few delay queues.
 const LADDER_STEPS: [u64; 4] = [16, 19, 23, 27];
 
+/// The most bytes a notices subscriber's queue holds before RabbitMQ drops
+/// its oldest messages (the process has stalled: its events are stale).
+const SUBSCRIBER_QUEUE_BYTES: i64 = 64 << 20;
+
 /// AMQP names and routing keys are short strings.
 const MAX_NAME: usize = 255;
 
@@ -1452,6 +1456,12 @@ impl EventFeed {
         args.insert("x-queue-type".into(), text("classic"));
         let bound = i64::try_from(self.buffer).unwrap_or(i64::MAX);
         args.insert("x-max-length".into(), AMQPValue::LongLongInt(bound));
+        // A message carries up to a few hundred events: bound the bytes
+        // too, so a deep buffer cannot hold RabbitMQ's memory.
+        args.insert(
+            "x-max-length-bytes".into(),
+            AMQPValue::LongLongInt(SUBSCRIBER_QUEUE_BYTES),
+        );
         let declare = channel.queue_declare(ShortString::default(), options, args);
         let queue = shared
             .bounded("declaring a subscriber queue", declare)

@@ -11,7 +11,7 @@ use tokio::sync::watch;
 use toolfleet_broker::fanout::{Fanout, FanoutOptions};
 use toolfleet_broker::memory::{MemoryBroker, MemoryNotices};
 use toolfleet_broker::metered::{MeteredBroker, MeteredNotices};
-use toolfleet_broker::postgres::PgNotices;
+use toolfleet_broker::postgres::{PgNotices, PgOptions};
 use toolfleet_broker::rabbit::{RabbitBroker, RabbitOptions};
 use toolfleet_broker::tee::Tee;
 use toolfleet_broker::{Broker, Notices};
@@ -332,6 +332,20 @@ pub struct Backends {
     pub in_process: bool,
 }
 
+/// How this process uses RabbitMQ: the configured prefix and prefetch, and
+/// event subscriptions as deep as the process's fan-out ([`NOTICE_BUFFER`]
+/// events), since one message carries up to a few hundred events: a ring
+/// of the default depth overflowed in bursts under load, and the events it
+/// skipped never reached SSE streams or webhooks.
+fn rabbit_options(config: &Config, prefetch: u16) -> RabbitOptions {
+    RabbitOptions {
+        prefix: config.broker_prefix.clone(),
+        default_prefetch: prefetch,
+        notice_buffer: NOTICE_BUFFER,
+        ..RabbitOptions::default()
+    }
+}
+
 /// The states of a settled job, as event routing keys end.
 const SETTLED_STATES: [&str; 3] = ["succeeded", "failed", "cancelled"];
 
@@ -372,12 +386,7 @@ pub async fn open_backends(
     };
     let rabbit = match &config.broker_url {
         Some(url) => {
-            let options = RabbitOptions {
-                prefix: config.broker_prefix.clone(),
-                default_prefetch: prefetch,
-                ..RabbitOptions::default()
-            };
-            let broker = RabbitBroker::connect(url, options)
+            let broker = RabbitBroker::connect(url, rabbit_options(config, prefetch))
                 .await
                 .map_err(|e| format!("cannot reach the broker: {e}"))?;
             Some(broker)
@@ -404,7 +413,11 @@ pub async fn open_backends(
                 .as_deref()
                 .unwrap_or(&config.broker_prefix);
             let channel = toolfleet_broker::postgres::channel_for(namespace);
-            let notices = PgNotices::connect(url, &channel)
+            let options = PgOptions {
+                notice_buffer: NOTICE_BUFFER,
+                ..PgOptions::default()
+            };
+            let notices = PgNotices::connect_with(url, &channel, options)
                 .await
                 .map_err(|e| format!("cannot listen for notices on PostgreSQL: {e}"))?;
             match &rabbit {
@@ -701,6 +714,15 @@ pub async fn mcp_stdio(config: Config) -> Result<(), String> {
 mod tests {
     use super::*;
     use toolfleet_core::JobState;
+
+    /// A process's event subscriptions on RabbitMQ are as deep as its fan-out.
+    #[test]
+    fn event_subscriptions_hold_as_many_events_as_the_fan_out() {
+        let config = Config::parse("", std::path::Path::new("toolfleet.toml"))
+            .expect("an empty configuration");
+        assert_eq!(rabbit_options(&config, 16).notice_buffer, NOTICE_BUFFER);
+        assert_eq!(rabbit_options(&config, 16).default_prefetch, 16);
+    }
 
     /// The states a worker without the HTTP API hears are exactly the
     /// settled ones, cancelled among them (its executors stop on it).
