@@ -15,8 +15,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::{
-    OTHER_TOKEN, Server, SharedCleanup, TOKEN, TempDir, events, eventually, migrate, psql_value,
-    settle, shared_amqp_url, shared_database_url, shared_fleet,
+    OTHER_TOKEN, Server, SharedCleanup, TOKEN, TempDir, events, eventually, hook_receiver, migrate,
+    psql_value, settle, shared_amqp_url, shared_database_url, shared_fleet,
 };
 use serde_json::json;
 
@@ -369,4 +369,50 @@ async fn a_cancel_stops_the_executor_on_a_worker_of_another_process() {
     );
     let job = client.get(&format!("/v1/jobs/{id}")).await;
     assert_eq!(job["state"], "cancelled", "{job}");
+}
+
+/// A webhook whose event every dispatcher missed is still sent, once: the
+/// job settles while no dispatcher runs, and the next dispatcher to start
+/// finds the notice nobody sent in the store and sends it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_notice_every_dispatcher_missed_is_sent_from_the_store() {
+    let (_dir, config_path, _cleanup, id) = shared_fleet("missed-notice", "", tools);
+    migrate(&config_path);
+    let (url, hooks) = hook_receiver(vec![200]).await;
+    let mut first = Server::start_role(&config_path, "dispatcher", "toolfleet serving on ");
+    let _worker = Server::start_role(&config_path, "worker", "toolfleet worker running");
+    let called = first
+        .client(TOKEN)
+        .post(
+            "/v1/calls",
+            json!({"tool": "slow_job", "args": {}, "callback_url": url}),
+        )
+        .await;
+    let job_id = called["job_id"].as_str().expect("a job id").to_owned();
+    // No dispatcher hears the job settle.
+    first.kill();
+    let state = format!("SELECT state FROM tf_{id}.jobs WHERE id = '{job_id}'");
+    eventually(Duration::from_secs(20), || {
+        let state = &state;
+        async move { (psql_value(&shared_database_url(), state) == "succeeded").then_some(()) }
+    })
+    .await;
+    assert!(hooks.lock().unwrap().is_empty(), "nobody was listening");
+    let _second = Server::start_role(&config_path, "dispatcher", "toolfleet serving on ");
+    // Searched every 10 s, for jobs settled over 10 s ago.
+    let got = eventually(Duration::from_secs(40), || {
+        let hooks = hooks.clone();
+        async move {
+            let hooks = hooks.lock().unwrap();
+            (!hooks.is_empty()).then(|| hooks.clone())
+        }
+    })
+    .await;
+    let notice: serde_json::Value = serde_json::from_str(&got[0].body).expect("a JSON notice");
+    assert_eq!(notice["event"], "job.succeeded", "{notice}");
+    assert_eq!(notice["job_id"], job_id.as_str(), "{notice}");
+    assert_eq!(notice["result"], json!({"slow": true}), "{notice}");
+    // The next search finds it sent.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    assert_eq!(hooks.lock().unwrap().len(), 1, "sent once");
 }

@@ -297,6 +297,15 @@ mod tests {
             }
             Ok(vec![(JobState::Queued, 3)])
         }
+        async fn unnotified_jobs(
+            &self,
+            _: &str,
+            _: i64,
+            _: i64,
+            _: u32,
+        ) -> Result<Vec<JobRecord>, StoreError> {
+            unreachable!()
+        }
         async fn insert_job(&self, _: NewJob) -> Result<Inserted, StoreError> {
             unreachable!()
         }

@@ -22,7 +22,7 @@ use toolfleet_broker::{Event, Notices};
 use toolfleet_core::{Envelope, Json, Metrics};
 use toolfleet_store::{CommitClaim, Store};
 
-use crate::dispatch::now_ms;
+use crate::dispatch::{job_event, now_ms};
 
 /// Attempts per delivery before it is given up (and logged).
 const MAX_ATTEMPTS: usize = 12;
@@ -79,7 +79,12 @@ pub fn notice_body(event: &Event) -> Value {
     body
 }
 
-/// Sends notices until `stopped` turns true, counting them in `metrics`.
+/// Sends notices until `stopped` turns true, counting them in `metrics`:
+/// each settled job or answered ticket whose event this process hears, and
+/// (every [`CATCH_UP_EVERY`]) each settled job with a callback whose notice
+/// nobody claimed, found in the store: an event that every dispatcher
+/// missed (all were down, or reconnecting to the notices) still gets its
+/// webhook. The commit log keeps every notice to one sender.
 pub async fn deliver(
     store: Arc<dyn Store>,
     notices: Arc<dyn Notices>,
@@ -88,39 +93,125 @@ pub async fn deliver(
     metrics: Arc<Metrics>,
     mut stopped: watch::Receiver<bool>,
 ) {
+    let sender = Arc::new(Sender {
+        store,
+        client,
+        key: Arc::new(key),
+        metrics,
+    });
+    tokio::spawn(catch_up(sender.clone(), stopped.clone()));
     let Ok(mut events) = notices.subscribe().await else {
-        tracing::warn!("webhooks: cannot subscribe to events");
+        tracing::warn!(
+            "webhooks: cannot subscribe to events; sending only what the store shows unsent"
+        );
         return;
     };
-    let key = Arc::new(key);
     loop {
         let event = tokio::select! {
             event = events.next() => event,
             _ = stopped.changed() => None,
         };
         let Some(event) = event else { return };
-        let Some(url) = callback_of(store.as_ref(), &event).await else {
+        let Some(url) = callback_of(sender.store.as_ref(), &event).await else {
             continue;
         };
-        // Every dispatcher hears every event; the first to claim the notice sends it.
-        let claim = format!("webhook:{}:{}:{}", event.kind, event.id, event.state);
-        match store.claim_commit(&claim, now_ms(), CLAIM_MS).await {
-            Ok(CommitClaim::Run) => {}
-            Ok(_) => continue,
-            Err(error) => {
-                tracing::warn!(%error, "webhooks: cannot claim a notice; sending it anyway");
+        sender.notify(&event, url).await;
+    }
+}
+
+/// How often the store is searched for notices nobody sent.
+const CATCH_UP_EVERY: Duration = Duration::from_secs(10);
+/// How long after a job settles its notice is left to the event's
+/// listeners before the store search takes it (and how far the search
+/// overlaps the last one, for jobs whose settling committed late).
+const CATCH_UP_GRACE_MS: i64 = 10_000;
+/// How far back the first search looks: notices of jobs settled while no
+/// dispatcher ran. Within the day a sent notice's record is kept.
+const CATCH_UP_LOOKBACK_MS: i64 = 3_600_000;
+/// Jobs taken per search.
+const CATCH_UP_PAGE: u32 = 200;
+/// The commit-log key prefix of a job's notice: `webhook:job:<id>:<state>`.
+const JOB_NOTICE: &str = "webhook:job:";
+
+/// Sends the notices of settled jobs that nobody claimed, oldest first,
+/// until `stopped`.
+async fn catch_up(sender: Arc<Sender>, mut stopped: watch::Receiver<bool>) {
+    let mut since = now_ms() - CATCH_UP_LOOKBACK_MS;
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(CATCH_UP_EVERY) => {}
+            _ = stopped.changed() => return,
+        }
+        // Page on while pages come full.
+        loop {
+            let until = now_ms() - CATCH_UP_GRACE_MS;
+            let found = sender
+                .store
+                .unnotified_jobs(JOB_NOTICE, since, until, CATCH_UP_PAGE)
+                .await;
+            let jobs = match found {
+                Ok(jobs) => jobs,
+                Err(error) => {
+                    tracing::warn!(%error, "webhooks: cannot search the store for unsent notices");
+                    break;
+                }
+            };
+            let mut claimed = true;
+            for job in &jobs {
+                let Some(url) = job.callback_url.clone() else {
+                    continue;
+                };
+                tracing::info!(job_id = %job.id, state = %job.state, "webhooks: sending a notice no listener sent");
+                claimed &= sender.notify(&job_event(job), url).await;
+            }
+            // A full page continues where it ended, unless it made no
+            // headway or its notices could not be claimed (they would come
+            // back in the next page): then the next search.
+            let full = jobs.len() >= CATCH_UP_PAGE as usize && claimed;
+            match jobs.last() {
+                Some(last) if full && last.updated_at > since => since = last.updated_at,
+                _ => {
+                    since = until - CATCH_UP_GRACE_MS;
+                    break;
+                }
             }
         }
-        let body = notice_body(&event).to_string();
+    }
+}
+
+/// What sending a notice needs.
+struct Sender {
+    store: Arc<dyn Store>,
+    client: reqwest::Client,
+    key: Arc<Vec<u8>>,
+    metrics: Arc<Metrics>,
+}
+
+impl Sender {
+    /// Claims the notice of `event` and, if no one else has, sends it to
+    /// `url` in a task of its own, recording the outcome. False when the
+    /// commit log could not be asked (the notice is sent all the same).
+    async fn notify(&self, event: &Event, url: String) -> bool {
+        // Every dispatcher hears every event; the first to claim the notice sends it.
+        let claim = format!("webhook:{}:{}:{}", event.kind, event.id, event.state);
+        let claimed = match self.store.claim_commit(&claim, now_ms(), CLAIM_MS).await {
+            Ok(CommitClaim::Run) => true,
+            Ok(_) => return true,
+            Err(error) => {
+                tracing::warn!(%error, "webhooks: cannot claim a notice; sending it anyway");
+                false
+            }
+        };
+        let body = notice_body(event).to_string();
         let sent = send(
-            client.clone(),
-            key.clone(),
+            self.client.clone(),
+            self.key.clone(),
             url,
             body,
             backoff(),
-            metrics.clone(),
+            self.metrics.clone(),
         );
-        let store = store.clone();
+        let store = self.store.clone();
         tokio::spawn(async move {
             let delivered = sent.await;
             let outcome =
@@ -131,6 +222,7 @@ pub async fn deliver(
                 tracing::warn!(%error, "webhooks: cannot record a delivered notice");
             }
         });
+        claimed
     }
 }
 

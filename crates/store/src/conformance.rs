@@ -62,6 +62,7 @@ macro_rules! store_conformance {
             cancel_stops_queued_retrying_and_running_jobs,
             cancel_leaves_a_settled_job_as_it_is,
             due_jobs_lists_what_should_run_oldest_first,
+            unnotified_jobs_are_settled_jobs_with_callbacks_nobody_notified,
             list_jobs_pages_newest_first,
             list_jobs_filters_by_state_and_tool,
             list_jobs_clamps_the_limit,
@@ -1720,4 +1721,107 @@ pub async fn a_parked_job_can_be_cancelled_and_stays_so(store: &dyn Store) {
             .is_empty()
     );
     assert_eq!(reread(store, &job).await.state, JobState::Cancelled);
+}
+
+/// The settled jobs with a callback whose notice key has no commit record,
+/// in a range of update times, oldest first: a settled job not yet
+/// notified is listed until its notice is claimed; running jobs, jobs
+/// without a callback, others' keys and times outside the range are not.
+///
+/// This test works two months before [`BASE`], where no other test's job
+/// settles, and looks only at its own tenant's jobs.
+pub async fn unnotified_jobs_are_settled_jobs_with_callbacks_nobody_notified(store: &dyn Store) {
+    const PREFIX: &str = "webhook:job:";
+    let t = tenant();
+    let t0 = BASE - 60 * 24 * 3_600_000;
+    let add = |callback: bool| {
+        let mut job = job_for(&t, "ocr", json!({}), None, t0);
+        if !callback {
+            job.callback_url = None;
+        }
+        insert(store, job)
+    };
+    let settle = |id: String, at: i64| async move {
+        store.claim(&id, "w1", t0 + 1, LEASE).await.expect("claim");
+        store
+            .succeed(&id, "w1", &result_doc(), at)
+            .await
+            .expect("succeed")
+            .expect("settled");
+    };
+    let first = add(true).await;
+    settle(first.id.clone(), t0 + 10).await;
+    let notified = add(true).await;
+    store
+        .claim(&notified.id, "w1", t0 + 1, LEASE)
+        .await
+        .expect("claim");
+    store
+        .fail(&notified.id, "w1", &failure("x"), None, t0 + 20)
+        .await
+        .expect("fail");
+    let key = format!("{PREFIX}{}:failed", notified.id);
+    assert_eq!(
+        store.claim_commit(&key, t0 + 21, LEASE).await,
+        Ok(CommitClaim::Run)
+    );
+    let cancelled = add(true).await;
+    store
+        .cancel(&t, &cancelled.id, t0 + 30)
+        .await
+        .expect("cancel")
+        .expect("cancelled");
+    let running = add(true).await;
+    store
+        .claim(&running.id, "w1", t0 + 1, LEASE)
+        .await
+        .expect("claim");
+    let silent = add(false).await;
+    settle(silent.id.clone(), t0 + 40).await;
+    let late = add(true).await;
+    settle(late.id.clone(), t0 + 200).await;
+
+    let mine = |jobs: Vec<JobRecord>| -> Vec<(String, JobState)> {
+        jobs.into_iter()
+            .filter(|j| j.tenant == t)
+            .map(|j| (j.id, j.state))
+            .collect()
+    };
+    let listed = store
+        .unnotified_jobs(PREFIX, t0, t0 + 100, 1000)
+        .await
+        .expect("unnotified jobs");
+    assert_eq!(
+        mine(listed),
+        [
+            (first.id.clone(), JobState::Succeeded),
+            (cancelled.id.clone(), JobState::Cancelled)
+        ],
+        "settled, with a callback, not yet notified, in the range, oldest first"
+    );
+    let one = store
+        .unnotified_jobs(PREFIX, t0, t0 + 100, 1)
+        .await
+        .expect("unnotified jobs");
+    assert_eq!(one.len(), 1, "at most the limit");
+    // Another prefix's record is not this notice's.
+    let other = format!("other:{}:succeeded", first.id);
+    assert_eq!(
+        store.claim_commit(&other, t0 + 50, LEASE).await,
+        Ok(CommitClaim::Run)
+    );
+    let key = format!("{PREFIX}{}:succeeded", first.id);
+    assert_eq!(
+        store.claim_commit(&key, t0 + 50, LEASE).await,
+        Ok(CommitClaim::Run)
+    );
+    let listed = store
+        .unnotified_jobs(PREFIX, t0, t0 + 100, 1000)
+        .await
+        .expect("unnotified jobs");
+    assert_eq!(
+        mine(listed),
+        [(cancelled.id.clone(), JobState::Cancelled)],
+        "a claimed notice is no longer listed"
+    );
 }

@@ -333,6 +333,17 @@ pub trait Store: Send + Sync + 'static {
     async fn due_jobs(&self, now: i64, limit: u32) -> Result<Vec<JobRecord>, StoreError>;
     /// Counts of jobs by state, for metrics.
     async fn job_counts(&self) -> Result<Vec<(JobState, u64)>, StoreError>;
+    /// Settled jobs that named a `callback_url`, last updated at or after
+    /// `since` and before `until`, whose notice has no record in the commit
+    /// log under the key `<notice_prefix><id>:<state>`: notices nobody has
+    /// sent or is sending. Oldest first, at most `limit` (bounded).
+    async fn unnotified_jobs(
+        &self,
+        notice_prefix: &str,
+        since: i64,
+        until: i64,
+        limit: u32,
+    ) -> Result<Vec<JobRecord>, StoreError>;
 
     // Tickets.
 

@@ -166,6 +166,20 @@ impl Store for MeteredStore {
         self.seen(self.inner.job_counts().await)
     }
 
+    async fn unnotified_jobs(
+        &self,
+        notice_prefix: &str,
+        since: i64,
+        until: i64,
+        limit: u32,
+    ) -> Result<Vec<JobRecord>, StoreError> {
+        self.seen(
+            self.inner
+                .unnotified_jobs(notice_prefix, since, until, limit)
+                .await,
+        )
+    }
+
     async fn insert_ticket(&self, ticket: NewTicket) -> Result<TicketRecord, StoreError> {
         self.seen(self.inner.insert_ticket(ticket).await)
     }

@@ -270,6 +270,18 @@ mod sql {
 
     pub const COUNTS: &str = "SELECT state, COUNT(*) AS n FROM jobs GROUP BY state";
 
+    /// A range of `jobs_callbacks`, each probed in the commit log by key.
+    pub const UNNOTIFIED: &str = concat!(
+        "SELECT ",
+        job_columns!(),
+        " FROM jobs j
+        WHERE callback_url IS NOT NULL
+          AND state IN ('succeeded', 'failed', 'cancelled')
+          AND updated_at >= $2 AND updated_at < $3
+          AND NOT EXISTS (SELECT 1 FROM commits c WHERE c.key = $1 || j.id || ':' || j.state)
+        ORDER BY updated_at, id LIMIT $4"
+    );
+
     pub const INSERT_TICKET: &str = concat!(
         r#"
         INSERT INTO tickets (id, tenant, "user", tool, question, options, args,
@@ -1418,6 +1430,19 @@ impl Store for PgStore {
         let limit = i64::from(limit.min(MAX_BATCH));
         let c = self.client().await?;
         query_all(&c, sql::DUE, &[&now, &limit], job_from_row).await
+    }
+
+    async fn unnotified_jobs(
+        &self,
+        notice_prefix: &str,
+        since: i64,
+        until: i64,
+        limit: u32,
+    ) -> Result<Vec<JobRecord>, StoreError> {
+        let limit = i64::from(limit.min(MAX_BATCH));
+        let c = self.client().await?;
+        let params: Params<'_> = &[&notice_prefix, &since, &until, &limit];
+        query_all(&c, sql::UNNOTIFIED, params, job_from_row).await
     }
 
     async fn job_counts(&self) -> Result<Vec<(JobState, u64)>, StoreError> {

@@ -141,6 +141,14 @@ mod sql {
         SELECT * FROM jobs WHERE state = 'running' AND lease_until < ?1
         ORDER BY id LIMIT ?2";
 
+    pub const UNNOTIFIED: &str = "
+        SELECT * FROM jobs j
+        WHERE callback_url IS NOT NULL
+          AND state IN ('succeeded', 'failed', 'cancelled')
+          AND updated_at >= ?2 AND updated_at < ?3
+          AND NOT EXISTS (SELECT 1 FROM commits c WHERE c.key = ?1 || j.id || ':' || j.state)
+        ORDER BY updated_at, id LIMIT ?4";
+
     pub const LIST: &str = "
         SELECT * FROM jobs
         WHERE tenant = ?1 AND id < ?4
@@ -1004,6 +1012,22 @@ impl Store for SqliteStore {
 
     async fn job_counts(&self) -> Result<Vec<(JobState, u64)>, StoreError> {
         self.call(|c| job_counts(c)).await
+    }
+
+    async fn unnotified_jobs(
+        &self,
+        notice_prefix: &str,
+        since: i64,
+        until: i64,
+        limit: u32,
+    ) -> Result<Vec<JobRecord>, StoreError> {
+        let limit = limit.min(MAX_BATCH);
+        let prefix = notice_prefix.to_owned();
+        self.call(move |c| {
+            let params = params![prefix, since, until, limit];
+            query_all(c, sql::UNNOTIFIED, params, job_from_row)
+        })
+        .await
     }
 
     async fn insert_ticket(&self, ticket: NewTicket) -> Result<TicketRecord, StoreError> {
