@@ -346,8 +346,9 @@ fn rabbit_options(config: &Config, prefetch: u16) -> RabbitOptions {
     }
 }
 
-/// The states of a settled job, as event routing keys end.
-const SETTLED_STATES: [&str; 3] = ["succeeded", "failed", "cancelled"];
+/// The states of a settled job and of an answered ticket, as event routing
+/// keys end.
+const SETTLED_STATES: [&str; 4] = ["succeeded", "failed", "cancelled", "answered"];
 
 /// How far a process's local subscribers (SSE streams, webhooks, long
 /// polls) may fall behind before they skip events: deep enough to keep up
@@ -361,9 +362,10 @@ const NOTICE_BUFFER: usize = 65_536;
 /// in-process. The one place a backend is chosen.
 ///
 /// A process that `settled_only` hears, over RabbitMQ, only events of
-/// settled jobs: a worker without the HTTP API needs cancels (to stop the
-/// executors of cancelled jobs) and settled jobs (an agent awaiting a job
-/// tool), never a job's `queued` or `running`, two of each job's three events.
+/// settled jobs and answered tickets: a worker without the HTTP API needs
+/// cancels (to stop the executors of cancelled jobs), settled jobs (an
+/// agent awaiting a job tool) and answers (an agent awaiting a person),
+/// never a job's `queued` or `running`, two of each job's three events.
 pub async fn open_backends(
     config: &Config,
     prefetch: u16,
@@ -724,8 +726,9 @@ mod tests {
         assert_eq!(rabbit_options(&config, 16).default_prefetch, 16);
     }
 
-    /// The states a worker without the HTTP API hears are exactly the
-    /// settled ones, cancelled among them (its executors stop on it).
+    /// The job states a worker without the HTTP API hears are exactly the
+    /// settled ones, cancelled among them (its executors stop on it), and
+    /// it hears answered tickets.
     #[test]
     fn settled_states_are_the_settled_job_states() {
         for name in [
@@ -738,6 +741,13 @@ mod tests {
         ] {
             let state = JobState::parse(name).expect("a job state");
             assert_eq!(SETTLED_STATES.contains(&name), state.is_settled(), "{name}");
+        }
+        assert!(SETTLED_STATES.contains(&"answered"));
+        for state in SETTLED_STATES.iter().filter(|s| **s != "answered") {
+            assert!(
+                JobState::parse(state).is_some_and(JobState::is_settled),
+                "{state}"
+            );
         }
     }
 }

@@ -84,7 +84,10 @@ pub fn notice_body(event: &Event) -> Value {
 /// (every [`CATCH_UP_EVERY`]) each settled job with a callback whose notice
 /// nobody claimed, found in the store: an event that every dispatcher
 /// missed (all were down, or reconnecting to the notices) still gets its
-/// webhook. The commit log keeps every notice to one sender.
+/// webhook. The commit log keeps every notice to one sender, and records it
+/// delivered or given up. Not covered: an answered ticket whose event was
+/// missed, and a notice whose sender died while it held the claim (30
+/// minutes), which only a dispatcher starting within the hour after finds.
 pub async fn deliver(
     store: Arc<dyn Store>,
     notices: Arc<dyn Notices>,
@@ -122,9 +125,13 @@ pub async fn deliver(
 /// How often the store is searched for notices nobody sent.
 const CATCH_UP_EVERY: Duration = Duration::from_secs(10);
 /// How long after a job settles its notice is left to the event's
-/// listeners before the store search takes it (and how far the search
-/// overlaps the last one, for jobs whose settling committed late).
+/// listeners before the store search takes it.
 const CATCH_UP_GRACE_MS: i64 = 10_000;
+/// How far each search reaches back over the last one's range: a job's
+/// settling time comes from its worker's clock and its commit may come
+/// later, so a job can appear behind a range already searched. Searching
+/// again costs a walk of the settled jobs with callbacks in this span.
+const CATCH_UP_OVERLAP_MS: i64 = 60_000;
 /// How far back the first search looks: notices of jobs settled while no
 /// dispatcher ran. Within the day a sent notice's record is kept.
 const CATCH_UP_LOOKBACK_MS: i64 = 3_600_000;
@@ -142,10 +149,22 @@ async fn catch_up(sender: Arc<Sender>, mut stopped: watch::Receiver<bool>) {
             _ = tokio::time::sleep(CATCH_UP_EVERY) => {}
             _ = stopped.changed() => return,
         }
-        // Page on while pages come full.
+        since = sender.catch_up_once(since, now_ms()).await;
+    }
+}
+
+impl Sender {
+    /// One search at `now` for notices nobody claimed, of jobs settled from
+    /// `since` until the grace before `now`, page after page, each notice
+    /// claimed and sent; answers where the next search starts. A claimed
+    /// notice leaves the search's answers, so each page is a search from
+    /// the same `since` again. A page whose notices could not be claimed
+    /// (the commit log failed) ends the search with `since` unchanged, so
+    /// nothing behind it is skipped.
+    async fn catch_up_once(&self, since: i64, now: i64) -> i64 {
+        let until = now - CATCH_UP_GRACE_MS;
         loop {
-            let until = now_ms() - CATCH_UP_GRACE_MS;
-            let found = sender
+            let found = self
                 .store
                 .unnotified_jobs(JOB_NOTICE, since, until, CATCH_UP_PAGE)
                 .await;
@@ -153,7 +172,7 @@ async fn catch_up(sender: Arc<Sender>, mut stopped: watch::Receiver<bool>) {
                 Ok(jobs) => jobs,
                 Err(error) => {
                     tracing::warn!(%error, "webhooks: cannot search the store for unsent notices");
-                    break;
+                    return since;
                 }
             };
             let mut claimed = true;
@@ -162,18 +181,13 @@ async fn catch_up(sender: Arc<Sender>, mut stopped: watch::Receiver<bool>) {
                     continue;
                 };
                 tracing::info!(job_id = %job.id, state = %job.state, "webhooks: sending a notice no listener sent");
-                claimed &= sender.notify(&job_event(job), url).await;
+                claimed &= self.notify(&job_event(job), url).await;
             }
-            // A full page continues where it ended, unless it made no
-            // headway or its notices could not be claimed (they would come
-            // back in the next page): then the next search.
-            let full = jobs.len() >= CATCH_UP_PAGE as usize && claimed;
-            match jobs.last() {
-                Some(last) if full && last.updated_at > since => since = last.updated_at,
-                _ => {
-                    since = until - CATCH_UP_GRACE_MS;
-                    break;
-                }
+            if !claimed {
+                return since;
+            }
+            if jobs.len() < CATCH_UP_PAGE as usize {
+                return since.max(until - CATCH_UP_OVERLAP_MS);
             }
         }
     }
@@ -214,11 +228,12 @@ impl Sender {
         let store = self.store.clone();
         tokio::spawn(async move {
             let delivered = sent.await;
-            let outcome =
-                delivered.then(|| Envelope::ok(Json::from(json!({"delivered": true})), ""));
-            // Kept a day, so a redelivered event in that time is not sent again.
+            // Recorded whether delivered or given up after its last
+            // attempt, and kept a day, so neither a redelivered event nor a
+            // search of the store sends it again in that time.
+            let outcome = Envelope::ok(Json::from(json!({ "delivered": delivered })), "");
             let keep = now_ms() + 24 * 3600 * 1000;
-            if let Err(error) = store.settle_commit(&claim, outcome.as_ref(), keep).await {
+            if let Err(error) = store.settle_commit(&claim, Some(&outcome), keep).await {
                 tracing::warn!(%error, "webhooks: cannot record a delivered notice");
             }
         });
@@ -292,6 +307,85 @@ mod tests {
         );
         assert_ne!(signature(b"key", 2, "{}"), sig);
         assert_ne!(signature(b"other", 1, "{}"), sig);
+    }
+
+    /// A settled job of `store` with a callback to `url`, settled at `at`.
+    async fn settled_at(store: &dyn Store, url: &str, at: i64) -> String {
+        let id = toolfleet_core::new_id();
+        let job = toolfleet_store::NewJob {
+            id: id.clone(),
+            tenant: "acme".to_owned(),
+            user: "alice".to_owned(),
+            tool: "ocr".to_owned(),
+            pool: "default".to_owned(),
+            args: json!({}),
+            idempotency_key: None,
+            run_id: toolfleet_core::new_id(),
+            call_id: toolfleet_core::new_id(),
+            callback_url: Some(url.to_owned()),
+            lineage: None,
+            scopes: Vec::new(),
+            trace: None,
+            max_attempts: 3,
+            timeout_ms: 60_000,
+            now: at - 1,
+        };
+        store.insert_job(job).await.expect("insert");
+        store.claim(&id, "w", at - 1, 30_000).await.expect("claim");
+        let result = Json::from(json!({}));
+        let done = store.succeed(&id, "w", &result, at).await.expect("succeed");
+        assert!(done.is_some(), "settled");
+        id
+    }
+
+    /// A search takes every notice nobody claimed, page after page, and the
+    /// next search starts an overlap behind the last one's end: a job that
+    /// appears there later (its commit was late) is taken by the next
+    /// search, and one settled within the grace is left to the listeners.
+    #[tokio::test]
+    async fn a_search_pages_through_every_unsent_notice_and_the_next_overlaps_it() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let store: Arc<dyn Store> = Arc::new(
+            toolfleet_store::sqlite::SqliteStore::open_in_memory()
+                .await
+                .expect("a store"),
+        );
+        // Nobody listens there: the sends fail in the background, after
+        // the claims this test looks at.
+        let url = "http://127.0.0.1:9/hook";
+        let base = 1_700_000_000_000;
+        let backlog = 2 * CATCH_UP_PAGE as usize + 50;
+        for n in 0..backlog {
+            settled_at(store.as_ref(), url, base + n as i64).await;
+        }
+        let sender = Sender {
+            store: store.clone(),
+            client: reqwest::Client::new(),
+            key: Arc::new(b"key".to_vec()),
+            metrics: Arc::new(Metrics::new()),
+        };
+        let unsent = || store.unnotified_jobs(JOB_NOTICE, 0, i64::MAX, 1000);
+        let now = base + 100_000;
+        let next = sender.catch_up_once(base - 1, now).await;
+        assert_eq!(unsent().await.expect("search").len(), 0, "every page taken");
+        assert_eq!(next, now - CATCH_UP_GRACE_MS - CATCH_UP_OVERLAP_MS);
+        // Settled behind the last search's end, within the overlap.
+        let late = settled_at(store.as_ref(), url, next + 5).await;
+        // Settled within the next search's grace.
+        let later = now + 10_000;
+        let fresh = settled_at(store.as_ref(), url, later - CATCH_UP_GRACE_MS + 1).await;
+        sender.catch_up_once(next, later).await;
+        let left: Vec<String> = unsent()
+            .await
+            .expect("search")
+            .into_iter()
+            .map(|j| j.id)
+            .collect();
+        assert_eq!(
+            left,
+            [fresh],
+            "the late one was taken, the fresh one left: {late}"
+        );
     }
 
     fn sample(metrics: &Metrics, series: &str) -> Option<f64> {

@@ -336,7 +336,7 @@ pub trait Store: Send + Sync + 'static {
     /// Settled jobs that named a `callback_url`, last updated at or after
     /// `since` and before `until`, whose notice has no record in the commit
     /// log under the key `<notice_prefix><id>:<state>`: notices nobody has
-    /// sent or is sending. Oldest first, at most `limit` (bounded).
+    /// claimed. Oldest first (then by id), at most `limit` (bounded).
     async fn unnotified_jobs(
         &self,
         notice_prefix: &str,
