@@ -24,7 +24,7 @@ use rmcp::model::{ProgressNotificationParam, ProgressToken};
 use serde_json::{Map, Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::sync::mpsc;
-use toolfleet_core::{Envelope, Principal, TraceContext};
+use toolfleet_core::{Envelope, JobState, Principal, TraceContext};
 
 use crate::jobs::{self, JobView};
 use crate::{ToolServer, internal};
@@ -360,7 +360,9 @@ impl ToolServer {
     }
 
     /// `tasks/cancel`: a settled task cannot be cancelled; any other is,
-    /// and answers as it then stands.
+    /// and answers as it then stands. A job that settles otherwise between
+    /// the read and the cancel (the store leaves it as it is) is refused
+    /// the same way.
     async fn cancel_core_task(
         &self,
         principal: &Principal,
@@ -369,13 +371,12 @@ impl ToolServer {
         let id = task_id(params)?;
         let job = self.job(&principal.tenant, id).await?;
         if job.state.is_settled() {
-            let status = serde_json::to_value(jobs::task_status(job.state)).unwrap_or_default();
-            return Err(ErrorData::invalid_params(
-                format!("task `{id}` is already {status} and cannot be cancelled"),
-                None,
-            ));
+            return Err(not_cancellable(id, job.state));
         }
         match self.jobs()?.cancel(&principal.tenant, id).await {
+            Ok(Some(job)) if job.state.is_settled() && job.state != JobState::Cancelled => {
+                Err(not_cancellable(id, job.state))
+            }
             Ok(Some(job)) => Ok(task(&job, self.poll_after(&job.tool))),
             Ok(None) => Err(jobs::no_task(id)),
             Err(error) => Err(internal("cancelling a job", error.message)),
@@ -594,4 +595,13 @@ async fn read_line<R: AsyncBufReadExt + Unpin>(
             return Ok(if too_long { Line::TooLong } else { Line::Read });
         }
     }
+}
+
+/// The refusal of `tasks/cancel` for task `id`, settled in `state`.
+fn not_cancellable(id: &str, state: JobState) -> ErrorData {
+    let status = serde_json::to_value(jobs::task_status(state)).unwrap_or_default();
+    ErrorData::invalid_params(
+        format!("task `{id}` is already {status} and cannot be cancelled"),
+        None,
+    )
 }

@@ -223,7 +223,7 @@ mod tasks {
 
     use rmcp::model::TaskStatus;
     use serde_json::{Value, json};
-    use toolfleet_core::{Envelope, JobState, ToolError};
+    use toolfleet_core::{Envelope, ErrorCode, JobState, ToolError};
 
     use crate::jobs::{BoxFuture, JobView, Jobs, iso8601, plausible, task_of, task_status};
 
@@ -291,8 +291,12 @@ mod tasks {
         assert!(plausible(ID) && !plausible("nope") && !plausible(&"a".repeat(37)));
     }
 
-    /// One tenant's jobs, in memory.
-    struct OneJob;
+    /// One tenant's job, in memory, queued; a cancel finds it settled in
+    /// the given state (`Cancelled`: the cancel took).
+    struct OneJob(JobState);
+
+    /// The usual one: a cancel takes.
+    const ONE_JOB: OneJob = OneJob(JobState::Cancelled);
 
     impl Jobs for OneJob {
         fn job<'a>(
@@ -323,7 +327,13 @@ mod tasks {
             tenant: &'a str,
             id: &'a str,
         ) -> BoxFuture<'a, Result<Option<JobView>, ToolError>> {
-            self.job(tenant, id)
+            Box::pin(async move {
+                let envelope = match self.0 {
+                    JobState::Succeeded => Envelope::ok(json!({}).into(), "c"),
+                    _ => Envelope::error(ToolError::new(ErrorCode::Cancelled, "cancelled")),
+                };
+                Ok((tenant == "acme" && id == ID).then(|| job(self.0, envelope)))
+            })
         }
         fn list<'a>(
             &'a self,
@@ -355,7 +365,7 @@ mod tasks {
             super::runtime(),
             None,
             crate::Options {
-                jobs: Some(std::sync::Arc::new(OneJob)),
+                jobs: Some(std::sync::Arc::new(ONE_JOB)),
                 ..crate::Options::default()
             },
         );
@@ -379,7 +389,7 @@ mod tasks {
             super::runtime(),
             principal,
             crate::Options {
-                jobs: Some(std::sync::Arc::new(OneJob)),
+                jobs: Some(std::sync::Arc::new(ONE_JOB)),
                 ..crate::Options::default()
             },
         )
@@ -411,6 +421,35 @@ mod tasks {
         // A notification is never answered.
         let note = json!({"jsonrpc": "2.0", "method": "tasks/get", "params": {}});
         assert_eq!(route(&note, true), Route::Pass);
+    }
+
+    /// A job that settles on its own between the read and the cancel is
+    /// refused as a settled one is, not answered as if cancelled.
+    #[tokio::test]
+    async fn a_task_that_completes_while_being_cancelled_is_refused() {
+        let acme = std::sync::Arc::new(toolfleet_core::Principal::new("acme", "a", ["read"]));
+        let cancel =
+            json!({"jsonrpc": "2.0", "id": 3, "method": "tasks/cancel", "params": {"taskId": ID}});
+        for (finds, refused) in [(JobState::Succeeded, true), (JobState::Cancelled, false)] {
+            let server = crate::ToolServer::new(
+                super::runtime(),
+                None,
+                crate::Options {
+                    jobs: Some(std::sync::Arc::new(OneJob(finds))),
+                    ..crate::Options::default()
+                },
+            );
+            let answer = server
+                .answer_core_task(acme.clone(), &cancel, None, None)
+                .await;
+            if refused {
+                assert_eq!(answer["error"]["code"], -32602, "{answer}");
+                let message = answer["error"]["message"].as_str().unwrap_or_default();
+                assert!(message.contains("cannot be cancelled"), "{answer}");
+            } else {
+                assert_eq!(answer["result"]["status"], "cancelled", "{answer}");
+            }
+        }
     }
 
     #[tokio::test]
@@ -467,7 +506,7 @@ mod tasks {
             super::runtime(),
             None,
             crate::Options {
-                jobs: Some(std::sync::Arc::new(OneJob)),
+                jobs: Some(std::sync::Arc::new(ONE_JOB)),
                 stop: Some(stopping),
                 ..crate::Options::default()
             },
@@ -567,11 +606,11 @@ mod tasks {
         let accept: rmcp::model::ElicitResult =
             serde_json::from_value(json!({"action": "accept", "content": {"answer": "travel"}}))
                 .unwrap();
-        let answered = crate::answered(&OneJob, "acme", "t1", accept).await;
+        let answered = crate::answered(&ONE_JOB, "acme", "t1", accept).await;
         assert_eq!(answered.status(), "ok");
         let decline: rmcp::model::ElicitResult =
             serde_json::from_value(json!({"action": "decline"})).unwrap();
-        let declined = crate::answered(&OneJob, "acme", "t1", decline).await;
+        let declined = crate::answered(&ONE_JOB, "acme", "t1", decline).await;
         let Envelope::Error { error, .. } = declined else {
             panic!("a decline answered the ticket");
         };
