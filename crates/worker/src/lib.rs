@@ -26,7 +26,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use backon::{BackoffBuilder, ExponentialBuilder};
 use tokio::sync::{Notify, Semaphore, watch};
 use toolfleet_broker::announcer::Announcer;
-use toolfleet_broker::{Broker, Delivery, Event, Notices};
+use toolfleet_broker::{Broker, Delivery, Event, Notices, Subscription};
 use toolfleet_core::metrics::{Gauge, PoolGauges};
 use toolfleet_core::{CallCtx, ErrorCode, JobState, Principal, Runtime, ToolError, TraceContext};
 use toolfleet_store::{JobRecord, Lease, Store};
@@ -136,6 +136,44 @@ impl Drop for Held {
     }
 }
 
+/// A job this worker listens for cancels of, from before its claim until
+/// it is settled (or dropped): a cancel announced meanwhile is kept by the
+/// [`Notify`] until the executor waits on it.
+struct Listening<'a> {
+    worker: &'a Worker,
+    job_id: String,
+    notify: Arc<Notify>,
+}
+
+impl<'a> Listening<'a> {
+    fn new(worker: &'a Worker, job_id: &str) -> Listening<'a> {
+        // A duplicate delivery of a job this worker already holds shares
+        // its listener.
+        let notify = worker
+            .lock_running()
+            .entry(job_id.to_owned())
+            .or_insert_with(|| Arc::new(Notify::new()))
+            .clone();
+        Listening {
+            worker,
+            job_id: job_id.to_owned(),
+            notify,
+        }
+    }
+}
+
+impl Drop for Listening<'_> {
+    fn drop(&mut self) {
+        // The last of its listeners removes it: the map's reference and
+        // this one are all that remain (every clone is made and dropped
+        // under this lock).
+        let mut running = self.worker.lock_running();
+        if Arc::strong_count(&self.notify) <= 2 {
+            running.remove(&self.job_id);
+        }
+    }
+}
+
 /// Aborts a task when dropped.
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
@@ -195,7 +233,17 @@ impl Worker {
             &self.gauges.slots,
             i64::try_from(capacity).unwrap_or(i64::MAX),
         );
-        let _cancels = AbortOnDrop(tokio::spawn(self.clone().follow_cancels()));
+        // Listening for cancels before the first job is taken, so none is
+        // announced unheard (the heartbeat would find it, a lease later).
+        let cancels = match self.notices.subscribe().await {
+            Ok(events) => Some(events),
+            Err(error) => {
+                tracing::warn!(pool = %self.config.pool, %error, "cannot follow cancels; heartbeats will find them");
+                None
+            }
+        };
+        let _cancels =
+            cancels.map(|events| AbortOnDrop(tokio::spawn(self.clone().follow_cancels(events))));
         let mut tasks = tokio::task::JoinSet::new();
         loop {
             // Shutdown comes first, both while every slot is busy and when a
@@ -291,6 +339,9 @@ impl Worker {
         parent: Option<&TraceContext>,
     ) -> (Handled, Option<tracing::Span>) {
         let lease_ms = self.config.lease.as_millis() as i64;
+        // Listening for its cancel before the claim: a cancel announced
+        // between the claim and the executor's start is kept, not missed.
+        let cancel = Listening::new(self, job_id);
         let claimed_at = now_ms();
         let claimed = self
             .store
@@ -327,14 +378,20 @@ impl Worker {
         );
         let trace = placement.place(&span);
         let handled = self
-            .run_claimed(job, claimed_at, trace)
+            .run_claimed(job, claimed_at, trace, &cancel.notify)
             .instrument(span.clone())
             .await;
         (handled, Some(span))
     }
 
     /// Runs a job this worker has just claimed, in the trace `trace`.
-    async fn run_claimed(&self, job: JobRecord, claimed_at: i64, trace: TraceContext) -> Handled {
+    async fn run_claimed(
+        &self,
+        job: JobRecord,
+        claimed_at: i64,
+        trace: TraceContext,
+        cancelled: &Notify,
+    ) -> Handled {
         if job.attempts > job.max_attempts {
             // Claimed again after its holders stopped mid-run, past its last attempt.
             let error = ToolError::failed(
@@ -358,13 +415,13 @@ impl Worker {
         let started = Instant::now();
         let outcome = {
             let _running = Held::new(&self.gauges.in_flight);
-            self.execute(&job, trace).await
+            self.execute(&job, trace, cancelled).await
         };
         metrics.job_ran(tool, started.elapsed());
         self.settle(job, outcome).await
     }
 
-    async fn execute(&self, job: &JobRecord, trace: TraceContext) -> Outcome {
+    async fn execute(&self, job: &JobRecord, trace: TraceContext, cancelled: &Notify) -> Outcome {
         let Some(tool) = self.runtime.registry().get(&job.tool).cloned() else {
             return Outcome::Done(Err(ToolError::failed(
                 format!("no tool `{}` is registered on this worker", job.tool),
@@ -388,9 +445,6 @@ impl Worker {
             // The jobs it makes (an agent's) continue the trace under this attempt.
             trace: Some(trace),
         };
-        let cancelled = Arc::new(Notify::new());
-        self.lock_running()
-            .insert(job.id.clone(), cancelled.clone());
         let budget = Duration::from_millis(job.timeout_ms.max(1) as u64);
         let run = self.runtime.execute(&tool, job.args.clone(), ctx);
         let outcome = tokio::select! {
@@ -401,7 +455,6 @@ impl Worker {
             lease = self.keep_lease(&job.id) => lease,
             _ = cancelled.notified() => Outcome::Cancelled,
         };
-        self.lock_running().remove(&job.id);
         outcome
     }
 
@@ -524,11 +577,8 @@ impl Worker {
             .announce(job_event(job, self.config.poll_after_s));
     }
 
-    /// Stops running executors of jobs announced as cancelled.
-    async fn follow_cancels(self: Arc<Self>) {
-        let Ok(mut events) = self.notices.subscribe().await else {
-            return;
-        };
+    /// Stops running executors of jobs announced as cancelled in `events`.
+    async fn follow_cancels(self: Arc<Self>, mut events: Box<dyn Subscription>) {
         while let Some(event) = events.next().await {
             if event.kind == "job"
                 && event.state == JobState::Cancelled.as_str()
