@@ -731,15 +731,8 @@ mod tests {
     /// it hears answered tickets.
     #[test]
     fn settled_states_are_the_settled_job_states() {
-        for name in [
-            "queued",
-            "running",
-            "retrying",
-            "succeeded",
-            "failed",
-            "cancelled",
-        ] {
-            let state = JobState::parse(name).expect("a job state");
+        for state in JobState::ALL {
+            let name = state.as_str();
             assert_eq!(SETTLED_STATES.contains(&name), state.is_settled(), "{name}");
         }
         assert!(SETTLED_STATES.contains(&"answered"));

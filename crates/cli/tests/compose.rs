@@ -6,12 +6,11 @@
 
 mod common;
 
-use common::repo;
+use common::{read_repo as read, repo, toolfleet};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
 use std::net::TcpListener;
-use std::process::Command;
 use std::time::Duration;
 
 use common::{TempDir, sha};
@@ -24,11 +23,6 @@ const COMPOSE: &str = "docker-compose.yml";
 const COMPOSE_CONFIG: &str = "deploy/compose/toolfleet.toml";
 /// The one port the dispatchers are reached on.
 const PUBLISHED_PORT: &str = "8080";
-
-fn read(relative: &str) -> String {
-    let path = repo().join(relative);
-    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
-}
 
 /// A YAML document as JSON, with `<<` merge keys applied as compose does.
 fn to_json(yaml: &Yaml) -> Value {
@@ -198,16 +192,6 @@ fn userinfo(url: &str) -> (String, String) {
     let (info, _) = rest.rsplit_once('@').expect("the URL names a user");
     let (user, password) = info.split_once(':').expect("the URL names a password");
     (user.to_owned(), password.to_owned())
-}
-
-/// Runs the binary built for these tests.
-fn toolfleet(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_toolfleet"))
-        .args(args)
-        .current_dir(repo())
-        .env_remove("TOOLFLEET_CONFIG")
-        .output()
-        .expect("run toolfleet")
 }
 
 fn compose_config() -> toml::Table {

@@ -33,7 +33,7 @@
 
 mod common;
 
-use common::repo;
+use common::{read_repo as read, repo};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -56,11 +56,6 @@ const DATASOURCE_REF: &str = "${datasource}";
 const RABBITMQ_METRICS: &str = "http://127.0.0.1:15692";
 /// The compose service and port that prometheus.yml scrapes RabbitMQ on.
 const RABBITMQ_TARGET: &str = "rabbitmq:15692";
-
-fn read(relative: &str) -> String {
-    let path = repo().join(relative);
-    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
-}
 
 fn yaml(relative: &str) -> Yaml {
     let mut docs = YamlLoader::load_from_str(&read(relative))

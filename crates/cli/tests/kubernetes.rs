@@ -28,7 +28,7 @@
 
 mod common;
 
-use common::repo;
+use common::{repo, toolfleet};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -746,16 +746,6 @@ fn schema_problems(objects: &[Value], report: Option<&Value>, crds: &[Crd]) -> V
 }
 
 // --------------------------------------------------------- the fleet's sense
-
-/// Runs the binary built for these tests.
-fn toolfleet(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_toolfleet"))
-        .args(args)
-        .current_dir(repo())
-        .env_remove("TOOLFLEET_CONFIG")
-        .output()
-        .expect("run toolfleet")
-}
 
 /// The seconds a `preStop` hook holds a container before SIGTERM.
 fn pre_stop_s(container: &Value) -> f64 {

@@ -256,6 +256,16 @@ pub enum JobState {
 }
 
 impl JobState {
+    /// Every state, in the order of the contract.
+    pub const ALL: [JobState; 6] = [
+        JobState::Queued,
+        JobState::Running,
+        JobState::Retrying,
+        JobState::Succeeded,
+        JobState::Failed,
+        JobState::Cancelled,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             JobState::Queued => "queued",

@@ -184,16 +184,6 @@ struct BuildLabels {
     role: &'static str,
 }
 
-/// Every job state, in the order of the contract.
-const STATES: [JobState; 6] = [
-    JobState::Queued,
-    JobState::Running,
-    JobState::Retrying,
-    JobState::Succeeded,
-    JobState::Failed,
-    JobState::Cancelled,
-];
-
 type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
 
 /// Inline calls take milliseconds, slow ones up to their timeout (30 s by
@@ -644,7 +634,7 @@ impl Metrics {
 
     /// Jobs by state as the store counts them now; states it does not name are 0.
     pub fn set_job_counts(&self, counts: &[(JobState, u64)]) {
-        for state in STATES {
+        for state in JobState::ALL {
             let n = counts
                 .iter()
                 .filter(|(s, _)| *s == state)
@@ -859,7 +849,7 @@ mod tests {
     #[test]
     fn job_states_split_into_settled_and_retries() {
         let m = Metrics::new();
-        for state in STATES {
+        for state in JobState::ALL {
             m.job_state("ocr", state);
         }
         m.job_state("ocr", JobState::Retrying);

@@ -288,7 +288,7 @@ impl ToolServer {
             let label = if call.tool.is_some() {
                 call.name.as_str()
             } else {
-                "unknown"
+                toolfleet_core::metrics::UNKNOWN_TOOL
             };
             hook(label, &envelope);
         }
@@ -480,8 +480,10 @@ impl ToolServer {
     }
 }
 
-/// The W3C trace context of an HTTP request's headers, if it carries one.
-fn trace_of(headers: &axum::http::HeaderMap) -> Option<TraceContext> {
+/// The W3C trace context a request continues: its one `traceparent` header
+/// when valid (with its `tracestate` headers, joined as one list), else
+/// none, and the call starts a trace of its own. Never an error.
+pub fn trace_of(headers: &axum::http::HeaderMap) -> Option<TraceContext> {
     let values = |name| {
         headers
             .get_all(name)
@@ -906,7 +908,6 @@ impl HttpEndpoint {
             .and_then(|v| v.to_str().ok())
             == Some(core_tasks::VERSION);
         let (parts, body) = request.into_parts();
-        let trace = trace_of(&parts.headers);
         let bytes = match axum::body::to_bytes(body, self.max_body).await {
             Ok(bytes) => bytes,
             Err(_) => {
@@ -928,6 +929,7 @@ impl HttpEndpoint {
         let request = Request::from_parts(parts, Body::from(bytes));
         match (route, message) {
             (core_tasks::Route::Answer, Some(message)) => {
+                let trace = trace_of(request.headers());
                 let answer = self
                     .server
                     .answer_core_task(principal, &message, None, trace)

@@ -19,9 +19,7 @@ use serde_json::{Value, json};
 use toolfleet_broker::{Broker, Notices};
 use toolfleet_core::adapters::{Format, tool_specs};
 use toolfleet_core::metrics::{Denial, UNKNOWN_TOOL};
-use toolfleet_core::{
-    CallCtx, Envelope, ErrorCode, JobState, Json, Principal, ToolError, TraceContext,
-};
+use toolfleet_core::{CallCtx, Envelope, ErrorCode, JobState, Json, Principal, ToolError};
 use toolfleet_store::{Answered, JobFilter, Store};
 
 use crate::AppState;
@@ -248,19 +246,6 @@ fn check_callback(url: &str, allow: &[String]) -> Result<(), String> {
     }
 }
 
-/// The W3C trace context a request continues: its one `traceparent` header
-/// when valid (with its `tracestate` headers, joined as one list), else
-/// none, and the call starts a trace of its own. Never an error.
-pub(crate) fn incoming_trace(headers: &HeaderMap) -> Option<TraceContext> {
-    let values = |name| {
-        headers
-            .get_all(name)
-            .iter()
-            .map(|v| v.to_str().unwrap_or_default())
-    };
-    TraceContext::from_headers(values("traceparent"), values("tracestate"))
-}
-
 async fn call(
     State(state): State<AppState>,
     Caller(principal): Caller,
@@ -295,7 +280,7 @@ async fn call(
     // The call's span, in the caller's trace or a new one; a job it makes
     // continues the trace. At ERROR level, so that it is enabled whatever
     // TOOLFLEET_LOG lets through.
-    let incoming = incoming_trace(&headers);
+    let incoming = toolfleet_mcp::trace_of(&headers);
     let placement = toolfleet_telemetry::Placement::new(incoming.as_ref());
     let span = tracing::error_span!(
         "call",

@@ -1118,15 +1118,7 @@ async fn list_jobs(
 }
 
 async fn job_counts(c: &ClientWrapper) -> Result<Vec<(JobState, u64)>, StoreError> {
-    let all = [
-        JobState::Queued,
-        JobState::Running,
-        JobState::Retrying,
-        JobState::Succeeded,
-        JobState::Failed,
-        JobState::Cancelled,
-    ];
-    let mut counts: Vec<(JobState, u64)> = all.into_iter().map(|s| (s, 0)).collect();
+    let mut counts: Vec<(JobState, u64)> = JobState::ALL.into_iter().map(|s| (s, 0)).collect();
     let stmt = c.prepare_cached(sql::COUNTS).await?;
     for row in c.query(&stmt, &[]).await? {
         let f = Fields::new(&row, "job count", "state");

@@ -685,15 +685,7 @@ fn list_jobs(
 fn job_counts(c: &Connection) -> Result<Vec<(JobState, u64)>, StoreError> {
     let mut stmt = c.prepare_cached("SELECT state, COUNT(*) FROM jobs GROUP BY state")?;
     let mut rows = stmt.query([])?;
-    let all = [
-        JobState::Queued,
-        JobState::Running,
-        JobState::Retrying,
-        JobState::Succeeded,
-        JobState::Failed,
-        JobState::Cancelled,
-    ];
-    let mut counts: Vec<(JobState, u64)> = all.into_iter().map(|s| (s, 0)).collect();
+    let mut counts: Vec<(JobState, u64)> = JobState::ALL.into_iter().map(|s| (s, 0)).collect();
     while let Some(row) = rows.next()? {
         let (state, n): (String, i64) = (row.get(0)?, row.get(1)?);
         let state = JobState::parse(&state).ok_or_else(|| {

@@ -501,24 +501,25 @@ impl Worker {
                 if let Ok(Some(j)) = &settled {
                     let (code, message) = (error.code.as_str(), error.message.as_str());
                     match retry {
-                        Some(delay) if j.state == JobState::Retrying => tracing::warn!(
-                            code,
-                            error = message,
-                            retry_in_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
-                            "job failed; retrying"
-                        ),
+                        Some(delay) if j.state == JobState::Retrying => {
+                            tracing::warn!(
+                                code,
+                                error = message,
+                                retry_in_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+                                "job failed; retrying"
+                            );
+                            let trace = job.trace.as_ref();
+                            let published = self
+                                .broker
+                                .publish_delayed_traced(&job.pool, &job.id, delay, trace)
+                                .await;
+                            if let Err(e) = published {
+                                // The sweeper republishes due retries from the store.
+                                tracing::warn!(error = %e, "delayed publish failed; left to the sweeper");
+                            }
+                        }
                         _ => tracing::warn!(code, error = message, "job failed"),
                     }
-                }
-                if let (Ok(Some(j)), Some(delay)) = (&settled, retry)
-                    && j.state == JobState::Retrying
-                    && let Err(e) = self
-                        .broker
-                        .publish_delayed_traced(&job.pool, &job.id, delay, job.trace.as_ref())
-                        .await
-                {
-                    // The sweeper republishes due retries from the store.
-                    tracing::warn!(error = %e, "delayed publish failed; left to the sweeper");
                 }
                 settled
             }

@@ -22,6 +22,23 @@ pub fn repo() -> PathBuf {
         .canonicalize()
         .expect("the repository root")
 }
+
+/// The text of the repository file at `relative`.
+pub fn read_repo(relative: &str) -> String {
+    let path = repo().join(relative);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
+}
+
+/// `toolfleet <args>` run in the repository's root, with no configuration
+/// named by the environment.
+pub fn toolfleet(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_toolfleet"))
+        .args(args)
+        .current_dir(repo())
+        .env_remove("TOOLFLEET_CONFIG")
+        .output()
+        .expect("run toolfleet")
+}
 pub const OTHER_TOKEN: &str = "tf_test_mallory";
 
 /// A temporary directory removed on drop.
