@@ -127,37 +127,35 @@ pub trait Consumer: Send {
 pub trait Broker: Send + Sync + 'static {
     /// Checks that the broker answers (readiness).
     async fn ping(&self) -> Result<(), BrokerError>;
-    /// Publishes `job_id` to `pool`; returns once the broker has it (confirmed).
-    async fn publish(&self, pool: &str, job_id: &str) -> Result<(), BrokerError>;
-    /// Publishes `job_id` to `pool` after `delay`, without holding a worker.
-    async fn publish_delayed(
-        &self,
-        pool: &str,
-        job_id: &str,
-        delay: Duration,
-    ) -> Result<(), BrokerError>;
-    /// [`Broker::publish`] of a message that carries `trace` too, which its
-    /// [`Delivery::trace`] gives back. Implementations that carry no trace
-    /// context publish the bare id (the default); a wrapper must forward it.
+    /// Publishes `job_id` to `pool`, its message carrying `trace` (which
+    /// its [`Delivery::trace`] gives back); returns once the broker has it
+    /// (confirmed).
     async fn publish_traced(
         &self,
         pool: &str,
         job_id: &str,
         trace: Option<&TraceContext>,
-    ) -> Result<(), BrokerError> {
-        let _ = trace;
-        self.publish(pool, job_id).await
-    }
-    /// [`Broker::publish_delayed`] of a message that carries `trace` too.
+    ) -> Result<(), BrokerError>;
+    /// As [`Broker::publish_traced`], after `delay`, without holding a worker.
     async fn publish_delayed_traced(
         &self,
         pool: &str,
         job_id: &str,
         delay: Duration,
         trace: Option<&TraceContext>,
+    ) -> Result<(), BrokerError>;
+    /// [`Broker::publish_traced`] of a message with no trace context.
+    async fn publish(&self, pool: &str, job_id: &str) -> Result<(), BrokerError> {
+        self.publish_traced(pool, job_id, None).await
+    }
+    /// [`Broker::publish_delayed_traced`] of a message with no trace context.
+    async fn publish_delayed(
+        &self,
+        pool: &str,
+        job_id: &str,
+        delay: Duration,
     ) -> Result<(), BrokerError> {
-        let _ = trace;
-        self.publish_delayed(pool, job_id, delay).await
+        self.publish_delayed_traced(pool, job_id, delay, None).await
     }
     /// Consumes `pool` with at most `prefetch` unacknowledged deliveries.
     async fn consume(&self, pool: &str, prefetch: u16) -> Result<Box<dyn Consumer>, BrokerError>;

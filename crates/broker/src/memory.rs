@@ -153,19 +153,6 @@ impl Broker for MemoryBroker {
         self.shared().open().map(drop)
     }
 
-    async fn publish(&self, pool: &str, job_id: &str) -> Result<(), BrokerError> {
-        self.shared().publish(pool, job_id, None)
-    }
-
-    async fn publish_delayed(
-        &self,
-        pool: &str,
-        job_id: &str,
-        delay: Duration,
-    ) -> Result<(), BrokerError> {
-        self.publish_delayed_traced(pool, job_id, delay, None).await
-    }
-
     async fn publish_traced(
         &self,
         pool: &str,

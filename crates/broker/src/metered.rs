@@ -49,19 +49,6 @@ impl Broker for MeteredBroker {
         self.seen(self.inner.ping().await)
     }
 
-    async fn publish(&self, pool: &str, job_id: &str) -> Result<(), BrokerError> {
-        self.seen(self.inner.publish(pool, job_id).await)
-    }
-
-    async fn publish_delayed(
-        &self,
-        pool: &str,
-        job_id: &str,
-        delay: Duration,
-    ) -> Result<(), BrokerError> {
-        self.seen(self.inner.publish_delayed(pool, job_id, delay).await)
-    }
-
     async fn publish_traced(
         &self,
         pool: &str,

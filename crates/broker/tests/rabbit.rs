@@ -103,19 +103,6 @@ impl Broker for Isolated<RabbitBroker> {
         self.0.ping().await
     }
 
-    async fn publish(&self, pool: &str, job_id: &str) -> Result<(), BrokerError> {
-        self.0.publish(pool, job_id).await
-    }
-
-    async fn publish_delayed(
-        &self,
-        pool: &str,
-        job_id: &str,
-        delay: Duration,
-    ) -> Result<(), BrokerError> {
-        self.0.publish_delayed(pool, job_id, delay).await
-    }
-
     async fn publish_traced(
         &self,
         pool: &str,

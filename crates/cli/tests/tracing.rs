@@ -114,6 +114,21 @@ impl Process {
             .collect()
     }
 
+    /// Its JSON lines logged for job `id`, once they include `job settled`
+    /// (waiting up to 15 s for it).
+    async fn settled_lines(&self, id: &str) -> Vec<Value> {
+        eventually(Duration::from_secs(15), || {
+            let lines = self.job_lines(id);
+            async move {
+                lines
+                    .iter()
+                    .any(|line| line["message"] == "job settled")
+                    .then_some(lines)
+            }
+        })
+        .await
+    }
+
     /// Stops it as an orchestrator does (SIGTERM) and waits for it.
     fn stop(&mut self) {
         let _ = Command::new("kill")
@@ -243,16 +258,7 @@ async fn a_calls_trace_runs_from_the_dispatcher_through_the_queue_to_the_worker(
     assert_ne!(call_span, CALLER_SPAN, "under a span of its own");
     let done = settle(&alice, &job).await;
     assert_eq!(done["result"]["done"], true, "{done}");
-    let settled = eventually(Duration::from_secs(15), || {
-        let lines = worker.job_lines(&job);
-        async move {
-            lines
-                .iter()
-                .any(|line| line["message"] == "job settled")
-                .then_some(lines)
-        }
-    })
-    .await;
+    let settled = worker.settled_lines(&job).await;
 
     // The dispatcher: the enqueuing span, a child of the call's.
     let enqueued = dispatcher.job_lines(&job);
@@ -314,16 +320,7 @@ async fn a_calls_trace_runs_from_the_dispatcher_through_the_queue_to_the_worker(
             .or_else(|| result["task"]["taskId"].as_str())
             .unwrap_or_else(|| panic!("{version}: no job in {answer}"))
             .to_owned();
-        let lines = eventually(Duration::from_secs(15), || {
-            let lines = worker.job_lines(&job);
-            async move {
-                lines
-                    .iter()
-                    .any(|line| line["message"] == "job settled")
-                    .then_some(lines)
-            }
-        })
-        .await;
+        let lines = worker.settled_lines(&job).await;
         assert!(
             lines.iter().all(|line| line["trace_id"] == TRACE_ID),
             "{version}: {lines:?}"
@@ -354,16 +351,7 @@ async fn a_calls_trace_runs_from_the_dispatcher_through_the_queue_to_the_worker(
         let job = accepted["job_id"].as_str().unwrap().to_owned();
         let done = settle(&alice, &job).await;
         assert_eq!(done["status"], "ok", "{done}");
-        let lines = eventually(Duration::from_secs(15), || {
-            let lines = worker.job_lines(&job);
-            async move {
-                lines
-                    .iter()
-                    .any(|line| line["message"] == "job settled")
-                    .then_some(lines)
-            }
-        })
-        .await;
+        let lines = worker.settled_lines(&job).await;
         assert!(lines.iter().all(|line| line["trace_id"] == trace.as_str()));
     }
 }

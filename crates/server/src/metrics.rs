@@ -248,7 +248,7 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use toolfleet_broker::memory::MemoryBroker;
     use toolfleet_broker::{BrokerError, Consumer};
-    use toolfleet_core::{AuditRecord, Envelope, JobState, Json, ToolError};
+    use toolfleet_core::{AuditRecord, Envelope, JobState, Json, ToolError, TraceContext};
     use toolfleet_store::sqlite::SqliteStore;
     use toolfleet_store::{
         Answered, CommitClaim, Inserted, JobFilter, JobPage, JobRecord, Lease, NewJob, NewTicket,
@@ -263,10 +263,21 @@ mod tests {
         async fn ping(&self) -> Result<(), BrokerError> {
             std::future::pending().await
         }
-        async fn publish(&self, _: &str, _: &str) -> Result<(), BrokerError> {
+        async fn publish_traced(
+            &self,
+            _: &str,
+            _: &str,
+            _: Option<&TraceContext>,
+        ) -> Result<(), BrokerError> {
             std::future::pending().await
         }
-        async fn publish_delayed(&self, _: &str, _: &str, _: Duration) -> Result<(), BrokerError> {
+        async fn publish_delayed_traced(
+            &self,
+            _: &str,
+            _: &str,
+            _: Duration,
+            _: Option<&TraceContext>,
+        ) -> Result<(), BrokerError> {
             std::future::pending().await
         }
         async fn consume(&self, _: &str, _: u16) -> Result<Box<dyn Consumer>, BrokerError> {

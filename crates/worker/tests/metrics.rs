@@ -13,7 +13,9 @@ use serde_json::json;
 use tokio::sync::watch;
 use toolfleet_broker::memory::{MemoryBroker, MemoryNotices};
 use toolfleet_broker::{Broker, BrokerError, Consumer, Notices};
-use toolfleet_core::{CallCtx, ErrorCode, JobState, Metrics, Runtime, ToolDecl, ToolError, new_id};
+use toolfleet_core::{
+    CallCtx, ErrorCode, JobState, Metrics, Runtime, ToolDecl, ToolError, TraceContext, new_id,
+};
 use toolfleet_store::sqlite::SqliteStore;
 use toolfleet_store::{NewJob, Store};
 use toolfleet_worker::{Worker, WorkerConfig, job_event, now_ms};
@@ -203,17 +205,25 @@ impl Broker for Unreachable {
         self.inner.ping().await
     }
 
-    async fn publish(&self, pool: &str, job_id: &str) -> Result<(), BrokerError> {
-        self.inner.publish(pool, job_id).await
+    async fn publish_traced(
+        &self,
+        pool: &str,
+        job_id: &str,
+        trace: Option<&TraceContext>,
+    ) -> Result<(), BrokerError> {
+        self.inner.publish_traced(pool, job_id, trace).await
     }
 
-    async fn publish_delayed(
+    async fn publish_delayed_traced(
         &self,
         pool: &str,
         job_id: &str,
         delay: Duration,
+        trace: Option<&TraceContext>,
     ) -> Result<(), BrokerError> {
-        self.inner.publish_delayed(pool, job_id, delay).await
+        self.inner
+            .publish_delayed_traced(pool, job_id, delay, trace)
+            .await
     }
 
     async fn consume(&self, pool: &str, prefetch: u16) -> Result<Box<dyn Consumer>, BrokerError> {
