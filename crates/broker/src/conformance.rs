@@ -52,6 +52,7 @@ macro_rules! broker_conformance {
             fifo_for_one_consumer,
             two_consumers_split_the_work,
             concurrent_consumers_lose_and_duplicate_nothing,
+            concurrent_publishes_each_arrive_once,
             prefetch_bounds_unacked_deliveries,
             requeue_redelivers,
             dropped_consumer_gives_back_unacked,
@@ -240,6 +241,29 @@ pub mod broker {
         let mut expected = ids;
         expected.sort();
         assert_eq!(seen, expected, "every message exactly once");
+    }
+
+    /// Publishes made at once (which a broker may put in shared messages)
+    /// each arrive once, and once all are acknowledged nothing is left.
+    pub async fn concurrent_publishes_each_arrive_once(broker: &dyn Broker) {
+        let pool = unique("concurrent-publishes");
+        let ids = job_ids(200);
+        let published =
+            futures_util::future::join_all(ids.iter().map(|id| broker.publish(&pool, id))).await;
+        assert!(published.iter().all(Result::is_ok), "{published:?}");
+        let mut consumer = consume(broker, &pool, 16).await;
+        let mut seen = Vec::new();
+        for _ in &ids {
+            let delivery = next_delivery(consumer.as_mut(), "a published id").await;
+            seen.push(delivery.job_id.clone());
+            ack(delivery).await;
+        }
+        assert_nothing_delivered(consumer.as_mut(), "after every id was acknowledged").await;
+        seen.sort();
+        let mut expected = ids;
+        expected.sort();
+        assert_eq!(seen, expected, "every id exactly once");
+        depth_becomes(broker, &pool, 0, "all acknowledged").await;
     }
 
     /// Stops once the test stops listening, and yields after each message,

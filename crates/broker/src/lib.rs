@@ -157,9 +157,13 @@ pub trait Broker: Send + Sync + 'static {
     ) -> Result<(), BrokerError> {
         self.publish_delayed_traced(pool, job_id, delay, None).await
     }
-    /// Consumes `pool` with at most `prefetch` unacknowledged deliveries.
+    /// Consumes `pool` with at most `prefetch` unacknowledged messages. A
+    /// broker that puts several job ids in one message under load (RabbitMQ)
+    /// hands each out as a delivery of its own, so a consumer may then hold
+    /// more deliveries than that.
     async fn consume(&self, pool: &str, prefetch: u16) -> Result<Box<dyn Consumer>, BrokerError>;
-    /// Messages waiting in `pool` (ready, not delivered), for metrics.
+    /// Messages waiting in `pool` (ready, not delivered), for metrics; a
+    /// message may carry several job ids.
     async fn depth(&self, pool: &str) -> Result<u64, BrokerError>;
 }
 

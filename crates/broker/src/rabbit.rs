@@ -5,7 +5,7 @@
 //!
 //! | name | what it is |
 //! |---|---|
-//! | `<prefix>.pool.<pool>` | durable quorum queue of a pool's job ids, bounded by `x-max-length` with `reject-publish` |
+//! | `<prefix>.pool.<pool>` | durable quorum queue of a pool's job ids, bounded by `x-max-length` (messages) with `reject-publish` |
 //! | `<prefix>.dlx` | durable direct exchange taking a pool's rejected messages, keyed by pool |
 //! | `<prefix>.dead.<pool>` | durable quorum queue of a pool's dead letters, for an operator |
 //! | `<prefix>.delay.<pool>.<ms>` | durable quorum queue holding delayed job ids `<ms>` milliseconds, then dead-lettering them into the pool queue |
@@ -20,11 +20,24 @@
 //! its `traceparent` and `tracestate` headers, the job's W3C trace context,
 //! which dead-lettering out of a delay queue keeps) and the store decides
 //! what it means, so a lost confirm may be retried and a
-//! duplicate is harmless. It must never block a caller on an unreachable
+//! duplicate is harmless.
+//!
+//! Publishes to a pool share messages under load, as claims share a commit
+//! in the store: a publish that finds one of [`PUBLISH_SLOTS`] free goes at
+//! once in a message of its own, with its trace headers; while every slot
+//! waits for its confirm, the job ids published meanwhile wait too, and the
+//! next free slot sends them together (up to [`RabbitOptions::jobs_per_message`]), one id
+//! per line and no trace headers (the worker takes each job's trace from the
+//! store). A consumer hands out each id of such a message as a delivery of
+//! its own; the message is acknowledged once every one of them is, requeued
+//! if any of them was (the ones already settled are then refused by their
+//! claim), else dead-lettered if any was rejected. So RabbitMQ carries one
+//! message per confirm round trip, not one per job, and a queue's depth and
+//! bound count messages, each of one or more jobs. It must never block a caller on an unreachable
 //! broker (every call is bounded by [`RabbitOptions::operation_timeout`]), nor
 //! hold a worker for a delay (delays wait in RabbitMQ, not here).
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -47,6 +60,7 @@ use lapin::{
 };
 use tokio::sync::{broadcast, mpsc, watch};
 use toolfleet_core::TraceContext;
+use toolfleet_core::group::{Group, GroupError};
 
 use crate::memory::{DEFAULT_CAPACITY, DEFAULT_NOTICE_BUFFER, MAX_NOTICE_BUFFER};
 use crate::{Acker, Broker, BrokerError, Consumer, Delivery, Event, Notices, Subscription};
@@ -71,6 +85,13 @@ const SUBSCRIBER_QUEUE_BYTES: i64 = 64 << 20;
 
 /// AMQP names and routing keys are short strings.
 const MAX_NAME: usize = 255;
+
+/// Messages of one pool waiting for their confirm at once, per broker.
+pub const PUBLISH_SLOTS: usize = 2;
+
+/// The most job ids one message carries: the default of
+/// [`RabbitOptions::jobs_per_message`] and its bound.
+pub const MAX_IDS_PER_MESSAGE: usize = 64;
 
 /// How to reach RabbitMQ and how to lay out and bound the queues.
 #[derive(Clone, Debug)]
@@ -100,6 +121,10 @@ pub struct RabbitOptions {
     pub reconnect_max: Duration,
     /// How far a notice subscriber may fall behind before it skips events.
     pub notice_buffer: usize,
+    /// The most job ids a message published under load carries (see the
+    /// module's documentation); 1 publishes each job in a message of its
+    /// own, so that a queue's length counts jobs.
+    pub jobs_per_message: usize,
 }
 
 impl Default for RabbitOptions {
@@ -112,6 +137,7 @@ impl Default for RabbitOptions {
             reconnect_min: Duration::from_millis(100),
             reconnect_max: Duration::from_secs(10),
             notice_buffer: DEFAULT_NOTICE_BUFFER,
+            jobs_per_message: MAX_IDS_PER_MESSAGE,
         }
     }
 }
@@ -162,6 +188,23 @@ fn bucket_ms(delay: Duration) -> u64 {
 #[derive(Clone)]
 pub struct RabbitBroker {
     handle: Arc<CloseOnDrop>,
+    /// Each pool's publishes, grouped into shared messages under load.
+    publishers: Arc<Mutex<HashMap<String, Arc<Publisher>>>>,
+}
+
+/// Publishes job ids to one pool's queue, several to a message under load.
+type Publisher = Group<Publish, (), BrokerError>;
+
+/// One job id to publish.
+struct Publish {
+    job_id: String,
+    trace: Option<TraceContext>,
+}
+
+impl GroupError for BrokerError {
+    fn unanswered(message: String) -> Self {
+        BrokerError::Unavailable(message)
+    }
 }
 
 /// Consumers and the supervisor hold the [`Shared`] state itself, so only
@@ -182,6 +225,7 @@ impl RabbitBroker {
         let shared = Shared::start(url, options).await?;
         Ok(RabbitBroker {
             handle: Arc::new(CloseOnDrop(shared)),
+            publishers: Arc::default(),
         })
     }
 
@@ -218,6 +262,33 @@ impl RabbitBroker {
     fn queues(&self, pool: &str) -> Result<PoolQueues, BrokerError> {
         PoolQueues::new(&self.shared().options.prefix, pool)
     }
+
+    /// The publisher of `pool`, started on its first publish.
+    fn publisher(&self, pool: &str) -> Result<Arc<Publisher>, BrokerError> {
+        let mut publishers = lock(&self.publishers);
+        if let Some(publisher) = publishers.get(pool) {
+            return Ok(publisher.clone());
+        }
+        let queues = Arc::new(self.queues(pool)?);
+        let shared = self.shared().clone();
+        let publisher = Arc::new(Group::spawn(
+            "publishing job ids",
+            PUBLISH_SLOTS,
+            shared
+                .options
+                .jobs_per_message
+                .clamp(1, MAX_IDS_PER_MESSAGE),
+            move |batch: Vec<Publish>| {
+                let (shared, queues) = (shared.clone(), queues.clone());
+                async move {
+                    let sent = shared.publish_ids(&queues, &batch).await;
+                    Ok(vec![sent; batch.len()])
+                }
+            },
+        ));
+        publishers.insert(pool.to_owned(), publisher.clone());
+        Ok(publisher)
+    }
 }
 
 impl std::fmt::Debug for RabbitBroker {
@@ -241,13 +312,11 @@ impl Broker for RabbitBroker {
         job_id: &str,
         trace: Option<&TraceContext>,
     ) -> Result<(), BrokerError> {
-        let queues = self.queues(pool)?;
-        let shared = self.shared();
-        let link = shared.link()?;
-        let sent = shared
-            .publish_job(&link, &queues, &queues.pool, job_id, trace)
-            .await;
-        shared.noting_loss(&link, sent)
+        let publish = Publish {
+            job_id: job_id.to_owned(),
+            trace: trace.cloned(),
+        };
+        self.publisher(pool)?.run(publish).await
     }
 
     async fn publish_delayed_traced(
@@ -268,7 +337,7 @@ impl Broker for RabbitBroker {
                 .ensure_delay(&link, &queues, bucket_ms(delay))
                 .await?;
             shared
-                .publish_job(&link, &queues, &queue, job_id, trace)
+                .publish_job(&link, &queues, &queue, job_id.as_bytes(), trace)
                 .await
         };
         shared.noting_loss(&link, sent.await)
@@ -290,6 +359,7 @@ impl Broker for RabbitBroker {
         Ok(Box::new(RabbitConsumer {
             deliveries,
             timeout: shared.options.operation_timeout,
+            parts: VecDeque::new(),
         }))
     }
 
@@ -505,6 +575,11 @@ struct Link {
     /// What is declared on this connection. Declared again on the next one,
     /// in case the broker came back without it (a fresh node).
     ready: Mutex<HashSet<String>>,
+    /// Held while a pool's queues (or a delay queue) are declared for
+    /// publishing, so that publishes racing to a new queue declare it once:
+    /// RabbitMQ has nacked the first publishes to a quorum queue that
+    /// several declared at once.
+    declaring: tokio::sync::Mutex<()>,
 }
 
 impl Link {
@@ -591,6 +666,7 @@ impl Shared {
             connection,
             publisher,
             ready: Mutex::default(),
+            declaring: tokio::sync::Mutex::default(),
         })
     }
 
@@ -779,15 +855,39 @@ impl Shared {
             .await
     }
 
-    /// Publishes a job id to `queue` of `queues`, persistent, and waits for
-    /// the confirm. The pool queue is declared first: a delay queue
-    /// dead-letters into it.
+    /// Publishes `batch` to the pool queue of `queues` in one message: one
+    /// id with its trace headers, or several, one per line, without.
+    async fn publish_ids(
+        self: &Arc<Self>,
+        queues: &PoolQueues,
+        batch: &[Publish],
+    ) -> Result<(), BrokerError> {
+        let link = self.link()?;
+        let sent = match batch {
+            [one] => {
+                let (body, trace) = (one.job_id.as_bytes(), one.trace.as_ref());
+                self.publish_job(&link, queues, &queues.pool, body, trace)
+                    .await
+            }
+            many => {
+                let ids: Vec<&str> = many.iter().map(|p| p.job_id.as_str()).collect();
+                let body = ids.join("\n");
+                self.publish_job(&link, queues, &queues.pool, body.as_bytes(), None)
+                    .await
+            }
+        };
+        self.noting_loss(&link, sent)
+    }
+
+    /// Publishes a message of job ids (`body`) to `queue` of `queues`,
+    /// persistent, and waits for the confirm. The pool queue is declared
+    /// first: a delay queue dead-letters into it.
     async fn publish_job(
         &self,
         link: &Link,
         queues: &PoolQueues,
         queue: &str,
-        job_id: &str,
+        body: &[u8],
         trace: Option<&TraceContext>,
     ) -> Result<(), BrokerError> {
         self.ensure_pool(link, queues).await?;
@@ -800,10 +900,7 @@ impl Shared {
         if let Some(trace) = trace {
             persistent = persistent.with_headers(trace_headers(trace));
         }
-        match self
-            .confirm(link, route, job_id.as_bytes(), persistent)
-            .await?
-        {
+        match self.confirm(link, route, body, persistent).await? {
             Confirmation::Ack(Some(_)) => {
                 // Returned: the queue was deleted under us.
                 link.forget(queue);
@@ -854,6 +951,10 @@ impl Shared {
         if link.is_ready(&queues.pool) {
             return Ok(());
         }
+        let _declaring = link.declaring.lock().await;
+        if link.is_ready(&queues.pool) {
+            return Ok(());
+        }
         self.declare_pool(link, queues).await
     }
 
@@ -888,6 +989,10 @@ impl Shared {
         ms: u64,
     ) -> Result<String, BrokerError> {
         let queue = queues.delay(ms);
+        if link.is_ready(&queue) {
+            return Ok(queue);
+        }
+        let _declaring = link.declaring.lock().await;
         if !link.is_ready(&queue) {
             self.declare_queue(link, &queue, self.delay_args(queues, ms))
                 .await?;
@@ -1213,6 +1318,8 @@ impl Feed for PoolFeed {
 struct RabbitConsumer {
     deliveries: mpsc::UnboundedReceiver<LapinDelivery>,
     timeout: Duration,
+    /// The ids of a message of several not handed out yet.
+    parts: VecDeque<Delivery>,
 }
 
 #[async_trait]
@@ -1220,29 +1327,133 @@ impl Consumer for RabbitConsumer {
     /// Cancel-safe: a delivery leaves the channel only when `recv` returns,
     /// and nothing is awaited after that.
     async fn next(&mut self) -> Option<Delivery> {
+        if let Some(part) = self.parts.pop_front() {
+            return Some(part);
+        }
         loop {
             let delivery = self.deliveries.recv().await?;
             // One from a channel that has since closed is back in its queue
             // and comes again; handing it out would only fail its ack.
             if delivery.acker.usable() {
-                return Some(self.delivery(delivery));
+                self.parts = self.deliveries_of(delivery);
+                if let Some(first) = self.parts.pop_front() {
+                    return Some(first);
+                }
             }
         }
     }
 }
 
 impl RabbitConsumer {
-    fn delivery(&self, delivery: LapinDelivery) -> Delivery {
-        // A body that is not UTF-8 is no job id; the worker finds no such
-        // job and rejects it into the dead-letter queue.
-        let job_id = String::from_utf8_lossy(&delivery.data).into_owned();
-        let trace = delivery.properties.headers().as_ref().and_then(trace_of);
+    /// The deliveries of one message: one, or one per id of a message of
+    /// several (their acks settle the message together).
+    fn deliveries_of(&self, delivery: LapinDelivery) -> VecDeque<Delivery> {
         let acker = RabbitAcker {
             acker: delivery.acker,
             timeout: self.timeout,
             settled: false,
         };
-        Delivery::new(job_id, delivery.redelivered, Box::new(acker)).with_trace(trace)
+        // A body that is not UTF-8 is no job id; the worker finds no such
+        // job and rejects it into the dead-letter queue.
+        let body = String::from_utf8_lossy(&delivery.data);
+        let ids: Vec<&str> = body.split('\n').filter(|id| !id.is_empty()).collect();
+        if ids.len() <= 1 {
+            let trace = delivery.properties.headers().as_ref().and_then(trace_of);
+            let one = Delivery::new(body.into_owned(), delivery.redelivered, Box::new(acker))
+                .with_trace(trace);
+            return VecDeque::from([one]);
+        }
+        let message = Arc::new(Mutex::new(SharedMessage {
+            acker: Some(acker),
+            unsettled: ids.len(),
+            requeue: false,
+            reject: false,
+        }));
+        ids.into_iter()
+            .map(|id| {
+                let part = PartAcker {
+                    message: message.clone(),
+                    settled: false,
+                };
+                Delivery::new(id.to_owned(), delivery.redelivered, Box::new(part))
+            })
+            .collect()
+    }
+}
+
+/// A message of several job ids, settled once each of its deliveries is.
+struct SharedMessage {
+    /// Taken by the last delivery settled.
+    acker: Option<RabbitAcker>,
+    unsettled: usize,
+    /// A delivery asked for the message back (or was dropped unsettled).
+    requeue: bool,
+    /// A delivery could not be processed.
+    reject: bool,
+}
+
+/// The acker of one job id of a message of several.
+struct PartAcker {
+    message: Arc<Mutex<SharedMessage>>,
+    settled: bool,
+}
+
+impl PartAcker {
+    /// Notes how this part is settled; the last part takes the message's
+    /// acker and how the message is to be settled: requeued if any part
+    /// asked, else rejected if any was, else acknowledged.
+    fn note(&mut self, how: Settle) -> Option<(RabbitAcker, Settle)> {
+        self.settled = true;
+        let mut message = lock(&self.message);
+        match how {
+            Settle::Ack => {}
+            Settle::Requeue => message.requeue = true,
+            Settle::Reject => message.reject = true,
+        }
+        message.unsettled = message.unsettled.saturating_sub(1);
+        if message.unsettled > 0 {
+            return None;
+        }
+        let how = if message.requeue {
+            Settle::Requeue
+        } else if message.reject {
+            Settle::Reject
+        } else {
+            Settle::Ack
+        };
+        message.acker.take().map(|acker| (acker, how))
+    }
+
+    async fn settle(mut self: Box<Self>, how: Settle) -> Result<(), BrokerError> {
+        match self.note(how) {
+            Some((acker, how)) => Box::new(acker).settle(how).await,
+            None => Ok(()),
+        }
+    }
+}
+
+#[async_trait]
+impl Acker for PartAcker {
+    async fn ack(self: Box<Self>) -> Result<(), BrokerError> {
+        self.settle(Settle::Ack).await
+    }
+
+    async fn requeue(self: Box<Self>) -> Result<(), BrokerError> {
+        self.settle(Settle::Requeue).await
+    }
+
+    async fn reject(self: Box<Self>) -> Result<(), BrokerError> {
+        self.settle(Settle::Reject).await
+    }
+}
+
+/// A part dropped unsettled asks for the message back; the last one
+/// dropped drops the message's acker unsettled, which requeues it.
+impl Drop for PartAcker {
+    fn drop(&mut self) {
+        if !self.settled {
+            drop(self.note(Settle::Requeue));
+        }
     }
 }
 

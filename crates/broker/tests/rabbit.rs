@@ -19,7 +19,9 @@ use async_trait::async_trait;
 use lapin::options::{BasicAckOptions, BasicGetOptions};
 use lapin::{Connection, ConnectionProperties};
 use tokio::time::{Instant, sleep, timeout};
-use toolfleet_broker::conformance::{ARRIVAL, QUIET, next_delivery, unique};
+use toolfleet_broker::conformance::{
+    ARRIVAL, QUIET, assert_nothing_delivered, next_delivery, unique,
+};
 use toolfleet_broker::fanout::Fanout;
 use toolfleet_broker::rabbit::{RabbitBroker, RabbitNotices, RabbitOptions};
 use toolfleet_broker::{Broker, BrokerError, Consumer, Delivery, Event, Notices, Subscription};
@@ -719,4 +721,136 @@ async fn a_subscription_for_some_states_hears_only_those() {
             ("job-b".to_owned(), "cancelled".to_owned())
         ]
     );
+}
+
+/// Publishes `body` to `queue` over a connection of the test's own, as
+/// another program (or an older one) could, and waits for the confirm.
+async fn raw_publish(connection: &Connection, queue: &str, body: &str) {
+    use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+    let channel = connection.create_channel().await.expect("a channel");
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .expect("confirms");
+    let confirm = channel
+        .basic_publish(
+            "".into(),
+            queue.into(),
+            BasicPublishOptions::default(),
+            body.as_bytes(),
+            lapin::BasicProperties::default().with_delivery_mode(2),
+        )
+        .await
+        .expect("published");
+    assert!(
+        confirm.await.expect("confirmed").is_ack(),
+        "RabbitMQ took {body}"
+    );
+}
+
+/// The next `count` deliveries' job ids, and the deliveries.
+async fn next_deliveries(consumer: &mut dyn Consumer, count: usize, what: &str) -> Vec<Delivery> {
+    let mut deliveries = Vec::new();
+    for _ in 0..count {
+        deliveries.push(next_delivery(consumer, what).await);
+    }
+    deliveries
+}
+
+fn ids_of(deliveries: &[Delivery]) -> Vec<&str> {
+    deliveries.iter().map(|d| d.job_id.as_str()).collect()
+}
+
+/// Ids published while every publishing slot of a pool waits for its
+/// confirm share messages: the queue holds fewer messages than ids, and
+/// each id is in exactly one of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publishes_made_together_share_messages() {
+    let options = options();
+    let broker = broker_with(options.clone()).await;
+    let pool = unique("shared");
+    let ids: Vec<String> = (0..300).map(|n| format!("job-{n}")).collect();
+    let published =
+        futures_util::future::join_all(ids.iter().map(|id| broker.0.publish(&pool, id))).await;
+    assert!(published.iter().all(Result::is_ok), "{published:?}");
+
+    let connection = raw_connection().await;
+    let queue = format!("{}.pool.{pool}", options.prefix);
+    let (mut messages, mut seen) = (0, Vec::new());
+    while seen.len() < ids.len() {
+        let body = get_from(&connection, &queue).await;
+        messages += 1;
+        seen.extend(body.split('\n').map(str::to_owned));
+    }
+    assert!(
+        messages < ids.len(),
+        "{} ids took {messages} messages",
+        ids.len()
+    );
+    seen.sort();
+    let mut expected = ids;
+    expected.sort();
+    assert_eq!(seen, expected, "each id in exactly one message");
+}
+
+/// A message of several ids is handed out one delivery per id, and settled
+/// as a whole once each is: acknowledged when all are, requeued (all of it)
+/// when one was requeued or dropped, dead-lettered when one was rejected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_of_several_ids_is_settled_once_each_id_is() {
+    let options = options();
+    let broker = broker_with(options.clone()).await;
+    let pool = unique("several");
+    let queue = format!("{}.pool.{pool}", options.prefix);
+    let dead = format!("{}.dead.{pool}", options.prefix);
+    publish(&broker.0, &pool, "first").await;
+    // A prefetch of one message: the ids of one come all the same.
+    let mut consumer = consume(&broker.0, &pool, 1).await;
+    let first = next_delivery(consumer.as_mut(), "the first").await;
+    assert_eq!(first.ack().await, Ok(()));
+    let connection = raw_connection().await;
+    raw_publish(&connection, &queue, "id-1\nid-2\nid-3").await;
+
+    let parts = next_deliveries(consumer.as_mut(), 3, "the ids of one message").await;
+    assert_eq!(ids_of(&parts), ["id-1", "id-2", "id-3"]);
+    assert!(parts.iter().all(|d| !d.redelivered && d.trace.is_none()));
+    let mut parts = parts.into_iter();
+    let (a, b, c) = (
+        parts.next().unwrap(),
+        parts.next().unwrap(),
+        parts.next().unwrap(),
+    );
+    assert_eq!(b.requeue().await, Ok(()));
+    assert_eq!(a.ack().await, Ok(()));
+    assert_eq!(c.ack().await, Ok(()));
+
+    let again = next_deliveries(consumer.as_mut(), 3, "after one was requeued").await;
+    assert_eq!(ids_of(&again), ["id-1", "id-2", "id-3"]);
+    assert!(again.iter().all(|d| d.redelivered));
+    let mut again = again.into_iter();
+    drop(again.next());
+    for delivery in again {
+        assert_eq!(delivery.ack().await, Ok(()));
+    }
+
+    let third = next_deliveries(consumer.as_mut(), 3, "after one was dropped").await;
+    assert_eq!(ids_of(&third), ["id-1", "id-2", "id-3"]);
+    let mut third = third.into_iter();
+    let (a, b, c) = (
+        third.next().unwrap(),
+        third.next().unwrap(),
+        third.next().unwrap(),
+    );
+    assert_eq!(c.reject().await, Ok(()));
+    assert_eq!(a.ack().await, Ok(()));
+    assert_nothing_delivered(consumer.as_mut(), "while one id is unsettled").await;
+    assert_eq!(b.ack().await, Ok(()));
+    assert_eq!(get_from(&connection, &dead).await, "id-1\nid-2\nid-3");
+
+    raw_publish(&connection, &queue, "id-4\nid-5").await;
+    for delivery in next_deliveries(consumer.as_mut(), 2, "the ids of another").await {
+        assert_eq!(delivery.ack().await, Ok(()));
+    }
+    assert_nothing_delivered(consumer.as_mut(), "once every id was acknowledged").await;
+    assert_eq!(broker.0.depth(&pool).await, Ok(0));
 }

@@ -122,6 +122,9 @@ pub struct Config {
     /// First part of every RabbitMQ queue and exchange name.
     #[serde(default = "default_broker_prefix")]
     pub broker_prefix: String,
+    /// The most job ids one RabbitMQ message carries under load.
+    #[serde(default = "default_jobs_per_message")]
+    pub jobs_per_message: usize,
     /// How settled work is announced across processes; see
     /// [`Config::notices_backend`] for the default.
     pub notices: Option<NoticesBackend>,
@@ -182,6 +185,9 @@ fn default_database_pool() -> usize {
 }
 fn default_broker_prefix() -> String {
     "toolfleet".to_owned()
+}
+fn default_jobs_per_message() -> usize {
+    toolfleet_broker::rabbit::MAX_IDS_PER_MESSAGE
 }
 fn default_concurrency() -> usize {
     16

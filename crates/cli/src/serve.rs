@@ -12,7 +12,7 @@ use toolfleet_broker::fanout::{Fanout, FanoutOptions};
 use toolfleet_broker::memory::{MemoryBroker, MemoryNotices};
 use toolfleet_broker::metered::{MeteredBroker, MeteredNotices};
 use toolfleet_broker::postgres::{PgNotices, PgOptions};
-use toolfleet_broker::rabbit::{RabbitBroker, RabbitOptions};
+use toolfleet_broker::rabbit::{MAX_IDS_PER_MESSAGE, RabbitBroker, RabbitOptions};
 use toolfleet_broker::tee::Tee;
 use toolfleet_broker::{Broker, Notices};
 use toolfleet_core::Metrics;
@@ -337,13 +337,20 @@ pub struct Backends {
 /// events), since one message carries up to a few hundred events: a ring
 /// of the default depth overflowed in bursts under load, and the events it
 /// skipped never reached SSE streams or webhooks.
-fn rabbit_options(config: &Config, prefetch: u16) -> RabbitOptions {
-    RabbitOptions {
+fn rabbit_options(config: &Config, prefetch: u16) -> Result<RabbitOptions, String> {
+    let jobs_per_message = config.jobs_per_message;
+    if !(1..=MAX_IDS_PER_MESSAGE).contains(&jobs_per_message) {
+        return Err(format!(
+            "jobs_per_message must be 1 to {MAX_IDS_PER_MESSAGE}, got {jobs_per_message}"
+        ));
+    }
+    Ok(RabbitOptions {
         prefix: config.broker_prefix.clone(),
         default_prefetch: prefetch,
         notice_buffer: NOTICE_BUFFER,
+        jobs_per_message,
         ..RabbitOptions::default()
-    }
+    })
 }
 
 /// The states of a settled job and of an answered ticket, as event routing
@@ -388,7 +395,7 @@ pub async fn open_backends(
     };
     let rabbit = match &config.broker_url {
         Some(url) => {
-            let broker = RabbitBroker::connect(url, rabbit_options(config, prefetch))
+            let broker = RabbitBroker::connect(url, rabbit_options(config, prefetch)?)
                 .await
                 .map_err(|e| format!("cannot reach the broker: {e}"))?;
             Some(broker)
@@ -722,8 +729,29 @@ mod tests {
     fn event_subscriptions_hold_as_many_events_as_the_fan_out() {
         let config = Config::parse("", std::path::Path::new("toolfleet.toml"))
             .expect("an empty configuration");
-        assert_eq!(rabbit_options(&config, 16).notice_buffer, NOTICE_BUFFER);
-        assert_eq!(rabbit_options(&config, 16).default_prefetch, 16);
+        let options = rabbit_options(&config, 16).expect("valid options");
+        assert_eq!(options.notice_buffer, NOTICE_BUFFER);
+        assert_eq!(options.default_prefetch, 16);
+    }
+
+    /// Messages carry up to 64 job ids unless `jobs_per_message` says
+    /// otherwise; 0 or more than 64 is refused, saying what is allowed.
+    #[test]
+    fn jobs_per_message_is_64_by_default_and_bounded() {
+        let parse = |text: &str| {
+            Config::parse(text, std::path::Path::new("toolfleet.toml")).expect("a configuration")
+        };
+        let options = rabbit_options(&parse(""), 16).expect("the default");
+        assert_eq!(options.jobs_per_message, 64);
+        let one = rabbit_options(&parse("jobs_per_message = 1"), 16).expect("one");
+        assert_eq!(one.jobs_per_message, 1);
+        for refused in ["jobs_per_message = 0", "jobs_per_message = 65"] {
+            let error = rabbit_options(&parse(refused), 16).expect_err(refused);
+            assert!(
+                error.contains("jobs_per_message must be 1 to 64"),
+                "{error}"
+            );
+        }
     }
 
     /// The job states a worker without the HTTP API hears are exactly the

@@ -46,6 +46,7 @@
 pub mod adapters;
 pub mod config;
 pub mod envelope;
+pub mod group;
 pub mod metrics;
 pub mod middleware;
 pub mod registry;

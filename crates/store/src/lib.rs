@@ -16,7 +16,6 @@ use toolfleet_core::tool::Lineage;
 use toolfleet_core::{AuditRecord, Envelope, JobState, Json, ToolError, TraceContext};
 
 pub mod conformance;
-mod group;
 pub mod metered;
 pub mod postgres;
 pub mod sqlite;
@@ -44,6 +43,12 @@ impl std::fmt::Display for StoreError {
 }
 
 impl std::error::Error for StoreError {}
+
+impl toolfleet_core::group::GroupError for StoreError {
+    fn unanswered(message: String) -> Self {
+        StoreError::Unavailable(message)
+    }
+}
 
 /// A job to record, as the dispatcher accepted it.
 #[derive(Debug, Clone, PartialEq)]

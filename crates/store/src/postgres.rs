@@ -30,11 +30,11 @@ use tokio_postgres::{Config, NoTls, Row};
 use toolfleet_core::middleware::canonical_json;
 use toolfleet_core::{AuditRecord, Envelope, ErrorCode, JobState, Json, ToolError, TraceContext};
 
-use crate::group::Group;
 use crate::{
     Answered, CommitClaim, Inserted, JobFilter, JobPage, JobRecord, Lease, NewJob, NewTicket,
     Store, StoreError, TicketRecord,
 };
+use toolfleet_core::group::Group;
 
 mod embedded {
     refinery::embed_migrations!("../../migrations/postgres");
@@ -363,11 +363,11 @@ pub struct PgStore {
 
 /// One group per operation on every job's path: inserts, claims and
 /// successes. Under load each becomes one statement and one commit for
-/// many jobs; alone, each runs at once (see [`crate::group`]).
+/// many jobs; alone, each runs at once (see [`toolfleet_core::group`]).
 struct Groups {
-    insert: Group<Insert, Inserted>,
-    claim: Group<Claim, Option<JobRecord>>,
-    succeed: Group<Success, Option<JobRecord>>,
+    insert: Group<Insert, Inserted, StoreError>,
+    claim: Group<Claim, Option<JobRecord>, StoreError>,
+    succeed: Group<Success, Option<JobRecord>, StoreError>,
 }
 
 /// A job to record, its JSON columns encoded before it joins a group, so a
@@ -438,7 +438,7 @@ fn grouped<R, O, F, Fut>(
     pool: &Pool,
     place: &Arc<str>,
     run: F,
-) -> Group<R, O>
+) -> Group<R, O, StoreError>
 where
     R: Send + 'static,
     O: Send + 'static,

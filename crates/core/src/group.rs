@@ -1,15 +1,16 @@
-//! Group commit: many callers' operations of one kind share one statement
-//! and one commit.
+//! Grouping: many callers' operations of one kind share one round trip (one
+//! statement and one commit in a store, one message and one confirm on a
+//! broker).
 //!
 //! A [`Group`] takes requests from any number of tasks and runs them in
-//! batches through one function (a multi-row statement). It never waits to
+//! batches through one function (a multi-row statement, say). It never waits to
 //! fill a batch: a request that finds a batch slot free goes at once, alone,
 //! so a lightly loaded store answers as fast as without grouping. Only while
 //! every slot is busy do requests queue, and the next free slot takes all of
 //! them (up to a bound) in one statement. Under load, then, the number of
-//! commits per second stays near `slots` times the commit rate while the
-//! jobs per commit grow with the load, which is what lets a database whose
-//! commit rate binds serve many more jobs than commits.
+//! commits (or confirms) per second stays near `slots` times the commit
+//! rate while the jobs per commit grow with the load, which is what lets a
+//! database whose commit rate binds serve many more jobs than commits.
 //!
 //! Each request gets its own answer; a batch that fails as a whole answers
 //! every request in it with the same error.
@@ -19,26 +20,31 @@ use std::sync::Arc;
 
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use crate::StoreError;
+/// The errors of a grouped operation.
+pub trait GroupError: Clone + Send + 'static {
+    /// The error of a request its group could not answer: the group is
+    /// closed, or its batch was dropped or answered short.
+    fn unanswered(message: String) -> Self;
+}
 
-type Reply<O> = oneshot::Sender<Result<O, StoreError>>;
+type Reply<O, E> = oneshot::Sender<Result<O, E>>;
 
-/// Runs requests of type `R` in batches; each answers an `O`.
-pub(crate) struct Group<R, O> {
-    requests: mpsc::UnboundedSender<(R, Reply<O>)>,
+/// Runs requests of type `R` in batches; each answers an `O` or an `E`.
+pub struct Group<R, O, E> {
+    requests: mpsc::UnboundedSender<(R, Reply<O, E>)>,
     what: &'static str,
 }
 
-impl<R: Send + 'static, O: Send + 'static> Group<R, O> {
+impl<R: Send + 'static, O: Send + 'static, E: GroupError> Group<R, O, E> {
     /// Spawns the batching task. `run` gets a batch and answers one result
     /// per request, in the batch's order. At most `slots` batches run at
     /// once, each of at most `max_batch` requests.
-    pub(crate) fn spawn<F, Fut>(what: &'static str, slots: usize, max_batch: usize, run: F) -> Self
+    pub fn spawn<F, Fut>(what: &'static str, slots: usize, max_batch: usize, run: F) -> Self
     where
         F: Fn(Vec<R>) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<Vec<Result<O, StoreError>>, StoreError>> + Send + 'static,
+        Fut: Future<Output = Result<Vec<Result<O, E>>, E>> + Send + 'static,
     {
-        let (requests, mut queue) = mpsc::unbounded_channel::<(R, Reply<O>)>();
+        let (requests, mut queue) = mpsc::unbounded_channel::<(R, Reply<O, E>)>();
         let slots = Arc::new(Semaphore::new(slots.max(1)));
         let max_batch = max_batch.max(1);
         let run = Arc::new(run);
@@ -55,7 +61,7 @@ impl<R: Send + 'static, O: Send + 'static> Group<R, O> {
                 let batch = std::mem::replace(&mut waiting, Vec::with_capacity(max_batch));
                 let run = run.clone();
                 tokio::spawn(async move {
-                    let (requests, replies): (Vec<R>, Vec<Reply<O>>) = batch.into_iter().unzip();
+                    let (requests, replies): (Vec<R>, Vec<Reply<O, E>>) = batch.into_iter().unzip();
                     let count = requests.len();
                     let answers = run(requests).await;
                     drop(slot);
@@ -66,7 +72,7 @@ impl<R: Send + 'static, O: Send + 'static> Group<R, O> {
                             }
                         }
                         Ok(answers) => {
-                            let error = StoreError::Unavailable(format!(
+                            let error = E::unanswered(format!(
                                 "{what}: a batch of {count} answered {} results",
                                 answers.len()
                             ));
@@ -87,13 +93,13 @@ impl<R: Send + 'static, O: Send + 'static> Group<R, O> {
     }
 
     /// Runs `request` in the next batch and answers its result.
-    pub(crate) async fn run(&self, request: R) -> Result<O, StoreError> {
+    pub async fn run(&self, request: R) -> Result<O, E> {
         let (reply, answer) = oneshot::channel();
         self.requests
             .send((request, reply))
-            .map_err(|_| StoreError::Unavailable(format!("{}: the store is closed", self.what)))?;
+            .map_err(|_| E::unanswered(format!("{}: closed", self.what)))?;
         answer.await.map_err(|_| {
-            StoreError::Unavailable(format!("{}: the batch was dropped unanswered", self.what))
+            E::unanswered(format!("{}: the batch was dropped unanswered", self.what))
         })?
     }
 }
@@ -105,11 +111,22 @@ mod tests {
 
     use super::*;
 
+    #[derive(Debug, Clone, PartialEq)]
+    enum TestError {
+        Unavailable(String),
+    }
+
+    impl GroupError for TestError {
+        fn unanswered(message: String) -> Self {
+            TestError::Unavailable(message)
+        }
+    }
+
     #[tokio::test]
     async fn a_lone_request_runs_at_once_in_a_batch_of_one() {
         let sizes = Arc::new(std::sync::Mutex::new(Vec::new()));
         let seen = sizes.clone();
-        let group = Group::spawn("double", 2, 16, move |batch: Vec<u32>| {
+        let group = Group::<u32, u32, TestError>::spawn("double", 2, 16, move |batch: Vec<u32>| {
             seen.lock().unwrap().push(batch.len());
             async move { Ok(batch.into_iter().map(|n| Ok(n * 2)).collect()) }
         });
@@ -121,13 +138,18 @@ mod tests {
     async fn requests_waiting_for_a_slot_share_one_batch_and_each_gets_its_answer() {
         let batches = Arc::new(AtomicUsize::new(0));
         let counted = batches.clone();
-        let group = Arc::new(Group::spawn("slow", 1, 1000, move |batch: Vec<u32>| {
-            counted.fetch_add(1, Ordering::SeqCst);
-            async move {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                Ok(batch.into_iter().map(|n| Ok(n + 1)).collect())
-            }
-        }));
+        let group = Arc::new(Group::<u32, u32, TestError>::spawn(
+            "slow",
+            1,
+            1000,
+            move |batch: Vec<u32>| {
+                counted.fetch_add(1, Ordering::SeqCst);
+                async move {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    Ok(batch.into_iter().map(|n| Ok(n + 1)).collect())
+                }
+            },
+        ));
         let calls: Vec<_> = (0..100u32)
             .map(|n| {
                 let group = group.clone();
@@ -145,19 +167,20 @@ mod tests {
 
     #[tokio::test]
     async fn a_failed_batch_answers_every_request_with_its_error_and_a_short_one_too() {
-        let group = Group::spawn("broken", 1, 8, |batch: Vec<u32>| async move {
-            if batch.contains(&0) {
-                Err(StoreError::Unavailable("down".into()))
-            } else {
-                Ok(Vec::new())
-            }
-        });
+        let group =
+            Group::<u32, u32, TestError>::spawn("broken", 1, 8, |batch: Vec<u32>| async move {
+                if batch.contains(&0) {
+                    Err(TestError::Unavailable("down".into()))
+                } else {
+                    Ok(Vec::new())
+                }
+            });
         assert_eq!(
             group.run(0).await,
-            Err::<u32, _>(StoreError::Unavailable("down".into()))
+            Err::<u32, _>(TestError::Unavailable("down".into()))
         );
         let short = group.run(1).await;
-        assert!(matches!(short, Err(StoreError::Unavailable(m)) if m.contains("answered 0")));
+        assert!(matches!(short, Err(TestError::Unavailable(m)) if m.contains("answered 0")));
     }
 
     #[tokio::test]
@@ -165,16 +188,21 @@ mod tests {
         let running = Arc::new(AtomicUsize::new(0));
         let most = Arc::new(AtomicUsize::new(0));
         let (r, m) = (running.clone(), most.clone());
-        let group = Arc::new(Group::spawn("bounded", 3, 2, move |batch: Vec<u32>| {
-            let (r, m) = (r.clone(), m.clone());
-            async move {
-                let now = r.fetch_add(1, Ordering::SeqCst) + 1;
-                m.fetch_max(now, Ordering::SeqCst);
-                tokio::time::sleep(Duration::from_millis(10)).await;
-                r.fetch_sub(1, Ordering::SeqCst);
-                Ok(batch.into_iter().map(Ok).collect())
-            }
-        }));
+        let group = Arc::new(Group::<u32, u32, TestError>::spawn(
+            "bounded",
+            3,
+            2,
+            move |batch: Vec<u32>| {
+                let (r, m) = (r.clone(), m.clone());
+                async move {
+                    let now = r.fetch_add(1, Ordering::SeqCst) + 1;
+                    m.fetch_max(now, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    r.fetch_sub(1, Ordering::SeqCst);
+                    Ok(batch.into_iter().map(Ok).collect())
+                }
+            },
+        ));
         let calls: Vec<_> = (0..40u32)
             .map(|n| {
                 let group = group.clone();
