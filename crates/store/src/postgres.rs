@@ -562,13 +562,21 @@ fn unchecked(url: &str, schema: Option<&str>, size: usize) -> Result<PgStore, St
         check_schema_name(schema)?;
         add_option(&mut config, &format!("-c search_path={schema}"));
     }
-    // Plan each execution with the table as it is now. PostgreSQL settles
-    // on a cached generic plan after a connection's first five runs of a
-    // statement, costed for the table as it was then: on a new, near-empty
-    // table that is a sequential scan, which the connection kept as the
-    // table grew (until an ANALYZE). Planning these short statements costs
-    // far less than one such scan.
-    add_option(&mut config, "-c plan_cache_mode=force_custom_plan");
+    // Each statement is planned once per connection, and every statement of
+    // the store finds its rows through an index. Left to itself, PostgreSQL
+    // settles on a cached generic plan after a connection's first five runs
+    // of a statement, costed for the table as it was then: on a new,
+    // near-empty table a sequential scan (or a hash join over one), which
+    // the connection kept as the table grew (until an ANALYZE). Without
+    // sequential scans, hash joins and merge joins (the only plans left are
+    // index lookups), a plan made on an empty table is the one a full table
+    // needs, so it is safe to plan once; planning each execution instead
+    // cost as much as running it.
+    add_option(
+        &mut config,
+        "-c plan_cache_mode=force_generic_plan -c enable_seqscan=off \
+         -c enable_hashjoin=off -c enable_mergejoin=off",
+    );
     if config.get_application_name().is_none() {
         config.application_name("toolfleet");
     }
