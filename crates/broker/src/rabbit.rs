@@ -1562,13 +1562,14 @@ impl Drop for RabbitAcker {
     }
 }
 
-/// The body of a message on the events exchange: one event, or several
-/// that share the message's routing key.
-#[derive(serde::Deserialize)]
-#[serde(untagged)]
-enum Message {
-    One(Event),
-    Many(Vec<Event>),
+/// The events of a message on the events exchange: one event (an object),
+/// or several that share the message's routing key (an array). Told apart
+/// by the first byte, so each is parsed once, straight into events.
+fn events_of(body: &[u8]) -> serde_json::Result<Vec<Event>> {
+    match body.iter().find(|b| !b.is_ascii_whitespace()) {
+        Some(b'[') => serde_json::from_slice(body),
+        _ => serde_json::from_slice(body).map(|event| vec![event]),
+    }
 }
 
 /// A notices subscriber's feed: an exclusive queue bound to every key,
@@ -1618,9 +1619,8 @@ impl Feed for EventFeed {
     }
 
     fn forward(&self, delivery: LapinDelivery) -> bool {
-        match serde_json::from_slice::<Message>(&delivery.data) {
-            Ok(Message::One(event)) => self.sender.send(event).is_ok(),
-            Ok(Message::Many(events)) => events
+        match events_of(&delivery.data) {
+            Ok(events) => events
                 .into_iter()
                 .all(|event| self.sender.send(event).is_ok()),
             Err(error) => {
@@ -1689,6 +1689,35 @@ impl Subscription for RabbitSubscription {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One event or an array of them, whitespace before either, and
+    /// anything else refused.
+    #[test]
+    fn an_events_message_holds_one_event_or_an_array() {
+        let event = |id: &str| Event {
+            kind: "job".into(),
+            id: id.into(),
+            tenant: "t".into(),
+            tool: "x".into(),
+            state: "succeeded".into(),
+            run_id: "r".into(),
+            body: serde_json::json!({"status": "ok"}),
+            callback: false,
+        };
+        let one = serde_json::to_vec(&event("a")).expect("json");
+        assert_eq!(events_of(&one).expect("one"), [event("a")]);
+        let many = serde_json::to_vec(&[event("a"), event("b")]).expect("json");
+        assert_eq!(events_of(&many).expect("many"), [event("a"), event("b")]);
+        let spaced = [b" \n".as_slice(), &many].concat();
+        assert_eq!(events_of(&spaced).expect("spaced").len(), 2);
+        for bad in [&b""[..], b"[1]", b"{}", b"42", b"[{\"id\": 1}]"] {
+            assert!(
+                events_of(bad).is_err(),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
