@@ -357,6 +357,37 @@ fn rabbit_options(config: &Config, prefetch: u16) -> Result<RabbitOptions, Strin
 /// keys end.
 const SETTLED_STATES: [&str; 4] = ["succeeded", "failed", "cancelled", "answered"];
 
+/// What a worker that runs no agent hears: cancels.
+const CANCELLED_STATE: [&str; 1] = ["cancelled"];
+
+/// The states a process without the HTTP API hears over RabbitMQ: cancels
+/// (to stop the executors of cancelled jobs) and, where one of its `pools`
+/// (`None`: every pool) runs an agent tool of the configuration or of
+/// `extra`, settled jobs (an agent awaiting a job tool) and answered tickets
+/// (an agent awaiting a person). Never a job's `queued` or `running`.
+fn heard_states(
+    config: &Config,
+    extra: &[ToolDecl],
+    pools: Option<&[String]>,
+) -> &'static [&'static str] {
+    let default_pool = RuntimeConfig::default().default_agent_pool;
+    let configured = config
+        .tools
+        .iter()
+        .map(|(tool, _)| (tool.shape, &tool.pool));
+    let given = extra.iter().map(|tool| (tool.shape, &tool.pool));
+    let runs_agents = configured
+        .chain(given)
+        .filter(|(shape, _)| *shape == Shape::Agent)
+        .map(|(_, pool)| pool.as_deref().unwrap_or(&default_pool))
+        .any(|pool| pools.is_none_or(|pools| pools.iter().any(|p| p == pool)));
+    if runs_agents {
+        &SETTLED_STATES
+    } else {
+        &CANCELLED_STATE
+    }
+}
+
 /// How far a process's local subscribers (SSE streams, webhooks, long
 /// polls) may fall behind before they skip events: deep enough to keep up
 /// with bursts.
@@ -368,15 +399,12 @@ const NOTICE_BUFFER: usize = 65_536;
 /// or PostgreSQL `LISTEN`/`NOTIFY` behind one fan-out per process, else
 /// in-process. The one place a backend is chosen.
 ///
-/// A process that `settled_only` hears, over RabbitMQ, only events of
-/// settled jobs and answered tickets: a worker without the HTTP API needs
-/// cancels (to stop the executors of cancelled jobs), settled jobs (an
-/// agent awaiting a job tool) and answers (an agent awaiting a person),
-/// never a job's `queued` or `running`, two of each job's three events.
+/// A process given `only_states` hears, over RabbitMQ, only events of those
+/// states (see [`heard_states`]); `None`, every event.
 pub async fn open_backends(
     config: &Config,
     prefetch: u16,
-    settled_only: bool,
+    only_states: Option<&[&str]>,
 ) -> Result<Backends, String> {
     let notices_backend = config.notices_backend()?;
     let store: Arc<dyn Store> = match &config.database_url {
@@ -408,10 +436,9 @@ pub async fn open_backends(
     };
     let notices: Arc<dyn Notices> = match (notices_backend, &rabbit, &config.database_url) {
         (NoticesBackend::Broker, Some(broker), _) => {
-            let notices = if settled_only {
-                broker.notices().only_states(&SETTLED_STATES)
-            } else {
-                broker.notices()
+            let notices = match only_states {
+                Some(states) => broker.notices().only_states(states),
+                None => broker.notices(),
             };
             Arc::new(Fanout::with_options(notices, fanout))
         }
@@ -470,7 +497,12 @@ pub async fn start(config: Config, extra: Vec<ToolDecl>, roles: Roles) -> Result
         broker,
         notices,
         in_process,
-    } = open_backends(&config, prefetch, !roles.dispatcher).await?;
+    } = open_backends(
+        &config,
+        prefetch,
+        (!roles.dispatcher).then(|| heard_states(&config, &extra, roles.pools.as_deref())),
+    )
+    .await?;
     // One registry for every part of this process, and the backends'
     // failures counted in it.
     let metrics = Arc::new(Metrics::for_role(roles.metrics_role()));
@@ -752,6 +784,71 @@ mod tests {
                 "{error}"
             );
         }
+    }
+
+    /// A worker that may run an agent hears settled jobs and answered
+    /// tickets besides cancels; one that runs none of the agent tools (none
+    /// declared, or none in its pools) hears only cancels.
+    #[test]
+    fn a_worker_hears_settled_jobs_only_where_it_runs_an_agent() {
+        let parse = |text: &str| {
+            Config::parse(text, std::path::Path::new("toolfleet.toml")).expect("a configuration")
+        };
+        let job = parse(
+            r#"
+            [[tools]]
+            name = "report"
+            description = "A report."
+            shape = "job"
+            input_schema = { type = "object" }
+            executor = { kind = "builtin", name = "toolfleet.noop" }
+            "#,
+        );
+        assert_eq!(heard_states(&job, &[], None), CANCELLED_STATE);
+        let agent = ToolDecl::agent("helper").description("Helps.");
+        assert_eq!(
+            heard_states(&job, std::slice::from_ref(&agent), None),
+            SETTLED_STATES
+        );
+        let default = ["default".to_owned()];
+        assert_eq!(
+            heard_states(&job, std::slice::from_ref(&agent), Some(&default)),
+            CANCELLED_STATE
+        );
+        let agents = ["agents".to_owned()];
+        assert_eq!(
+            heard_states(&job, std::slice::from_ref(&agent), Some(&agents)),
+            SETTLED_STATES
+        );
+        let elsewhere = agent.pool("research");
+        assert_eq!(
+            heard_states(&job, std::slice::from_ref(&elsewhere), Some(&agents)),
+            CANCELLED_STATE
+        );
+        let research = ["research".to_owned()];
+        assert_eq!(
+            heard_states(&job, &[elsewhere], Some(&research)),
+            SETTLED_STATES
+        );
+        let configured = parse(
+            r#"
+            [[tools]]
+            name = "researcher"
+            description = "Researches."
+            shape = "agent"
+            pool = "research"
+            executor = { kind = "agent", provider = "openai", base_url = "http://127.0.0.1:9/v1", model = "m", system_prompt = "Research.", tools = [] }
+            "#,
+        );
+        assert_eq!(
+            heard_states(&configured, &[], Some(&research)),
+            SETTLED_STATES
+        );
+        assert_eq!(heard_states(&configured, &[], None), SETTLED_STATES);
+        assert_eq!(
+            heard_states(&configured, &[], Some(&agents)),
+            CANCELLED_STATE
+        );
     }
 
     /// The job states a worker without the HTTP API hears are exactly the
