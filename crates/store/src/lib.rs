@@ -334,7 +334,8 @@ pub trait Store: Send + Sync + 'static {
         now: i64,
     ) -> Result<Option<JobRecord>, StoreError>;
     /// Jobs a worker should run now: queued, retrying and due, or running
-    /// with an expired lease; oldest first, at most `limit`.
+    /// with an expired lease; oldest first, at most `limit`, taken from the
+    /// earliest due of each kind (so a long backlog is not read whole).
     async fn due_jobs(&self, now: i64, limit: u32) -> Result<Vec<JobRecord>, StoreError>;
     /// Counts of jobs by state, for metrics.
     async fn job_counts(&self) -> Result<Vec<(JobState, u64)>, StoreError>;

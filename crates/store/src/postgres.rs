@@ -240,14 +240,19 @@ mod sql {
 
     /// Two range scans, one per partial index, rather than an OR the planner
     /// may turn into a walk of the whole table.
+    /// The earliest due of the waiting jobs and of the expired leases (at
+    /// most `$2` of each, read in the order of `jobs_due` and `jobs_lease`,
+    /// so a backlog is not read whole), oldest first.
     pub const DUE: &str = concat!(
-        "SELECT ",
+        "SELECT * FROM (SELECT ",
         job_columns!(),
         " FROM jobs WHERE state IN ('queued', 'retrying') AND run_at <= $1
+            ORDER BY run_at LIMIT $2) waiting
         UNION ALL
-        SELECT ",
+        SELECT * FROM (SELECT ",
         job_columns!(),
         " FROM jobs WHERE state = 'running' AND lease_until < $1
+            ORDER BY lease_until LIMIT $2) expired
         ORDER BY id LIMIT $2"
     );
 

@@ -135,10 +135,14 @@ mod sql {
 
     /// Two range scans, one per index, rather than an OR the planner may
     /// turn into a walk of the whole table.
+    /// The earliest due of the waiting jobs and of the expired leases (at
+    /// most `?2` of each, so a backlog is not read whole), oldest first.
     pub const DUE: &str = "
-        SELECT * FROM jobs WHERE state IN ('queued', 'retrying') AND run_at <= ?1
+        SELECT * FROM (SELECT * FROM jobs WHERE state IN ('queued', 'retrying') AND run_at <= ?1
+            ORDER BY run_at LIMIT ?2)
         UNION ALL
-        SELECT * FROM jobs WHERE state = 'running' AND lease_until < ?1
+        SELECT * FROM (SELECT * FROM jobs WHERE state = 'running' AND lease_until < ?1
+            ORDER BY lease_until LIMIT ?2)
         ORDER BY id LIMIT ?2";
 
     pub const UNNOTIFIED: &str = "

@@ -519,3 +519,67 @@ async fn claims_read_jobs_by_key_whatever_the_table_held_before() {
         "{partial} entries of jobs_due and jobs_lease were read to find jobs by id"
     );
 }
+
+/// The sweeper's search for due jobs reads the earliest of a backlog, not
+/// all of it: a few from `jobs_due` and no sequential scan, however long
+/// the queue.
+#[tokio::test]
+async fn due_jobs_read_the_earliest_of_a_backlog_not_all_of_it() {
+    let schema = Schema::migrated().await;
+    let store = PgStore::connect_in_schema(&url(), &schema.name, 1)
+        .await
+        .expect("connect");
+    const BACKLOG: usize = 2_000;
+    let mut first = None;
+    for _ in 0..BACKLOG {
+        let mut new = job("acme");
+        new.idempotency_key = None;
+        first.get_or_insert_with(|| new.id.clone());
+        store.insert_job(new).await.expect("insert");
+    }
+    let due = store.due_jobs(i64::MAX, 10).await.expect("due jobs");
+    assert_eq!(due.len(), 10);
+    assert_eq!(due.first().map(|j| j.id.clone()), first, "oldest first");
+    store.close();
+    drop(store);
+    let admin = admin().await;
+    let inserted = BACKLOG as i64;
+    let mut read = due_reads(&admin, &schema.name).await;
+    for _ in 0..100 {
+        if read.2 >= inserted {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        read = due_reads(&admin, &schema.name).await;
+    }
+    let (scanned, from_index, counted) = read;
+    assert_eq!(counted, inserted, "every insert was counted");
+    assert_eq!(scanned, 0, "rows read by sequential scans");
+    assert!(
+        from_index <= 20,
+        "{from_index} entries of jobs_due were read for 10 due jobs"
+    );
+}
+
+/// Rows of `jobs` read by sequential scans, entries of `jobs_due` read, and
+/// rows inserted, as the statistics collector has them.
+async fn due_reads(admin: &tokio_postgres::Client, schema: &str) -> (i64, i64, i64) {
+    let table = admin
+        .query_one(
+            "SELECT COALESCE(seq_tup_read, 0), n_tup_ins FROM pg_stat_user_tables
+             WHERE schemaname = $1 AND relname = 'jobs'",
+            &[&schema],
+        )
+        .await
+        .expect("table statistics");
+    let due: i64 = admin
+        .query_one(
+            "SELECT COALESCE(SUM(idx_tup_read), 0)::bigint FROM pg_stat_user_indexes
+             WHERE schemaname = $1 AND indexrelname = 'jobs_due'",
+            &[&schema],
+        )
+        .await
+        .expect("index statistics")
+        .get(0);
+    (table.get(0), due, table.get(1))
+}

@@ -629,7 +629,9 @@ pub fn job_event(job: &JobRecord, poll_after_s: u32) -> Event {
 /// in-process queue is empty after a restart) and then periodically, for
 /// messages never confirmed and leases that expired. Queued jobs younger than
 /// `queued_before` are left alone: their message is most likely still in the
-/// queue. Duplicates are harmless either way.
+/// queue. Duplicates are harmless either way. The publishes go at once, so a
+/// broker that groups publishes (RabbitMQ) carries them in a few messages;
+/// the first failure, if any, is answered once all have been tried.
 pub async fn sweep(
     store: &dyn Store,
     broker: &dyn Broker,
@@ -640,20 +642,22 @@ pub async fn sweep(
         .due_jobs(now_ms(), limit)
         .await
         .map_err(|e| e.to_string())?;
-    let mut published = 0;
-    for job in &due {
+    let stale = due.iter().filter(|job| {
         let fresh =
             job.state == JobState::Queued && queued_before.is_some_and(|t| job.updated_at > t);
-        if fresh {
-            continue;
-        }
-        broker
-            .publish_traced(&job.pool, &job.id, job.trace.as_ref())
-            .await
-            .map_err(|e| e.to_string())?;
-        published += 1;
+        !fresh
+    });
+    let sent = futures_util::future::join_all(
+        stale.map(|job| broker.publish_traced(&job.pool, &job.id, job.trace.as_ref())),
+    )
+    .await;
+    let published = sent.iter().filter(|sent| sent.is_ok()).count();
+    match sent.into_iter().find_map(Result::err) {
+        Some(error) => Err(format!(
+            "{error} ({published} of the due jobs were published)"
+        )),
+        None => Ok(published),
     }
-    Ok(published)
 }
 
 /// Sweeps every `period` until `shutdown`; a queued job is republished once

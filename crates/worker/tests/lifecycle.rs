@@ -860,3 +860,75 @@ async fn a_job_still_running_when_the_grace_ends_is_handed_back() {
         .expect("claimable again");
     assert_eq!(next.attempts, 2);
 }
+
+/// A broker that holds each publish a moment, counting how many are in
+/// flight at once.
+struct Overlapping {
+    inner: MemoryBroker,
+    in_flight: AtomicUsize,
+    most: AtomicUsize,
+}
+
+#[async_trait]
+impl Broker for Overlapping {
+    async fn ping(&self) -> Result<(), BrokerError> {
+        self.inner.ping().await
+    }
+
+    async fn publish_traced(
+        &self,
+        pool: &str,
+        job_id: &str,
+        trace: Option<&toolfleet_core::TraceContext>,
+    ) -> Result<(), BrokerError> {
+        let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most.fetch_max(now, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let sent = self.inner.publish_traced(pool, job_id, trace).await;
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        sent
+    }
+
+    async fn publish_delayed_traced(
+        &self,
+        pool: &str,
+        job_id: &str,
+        delay: Duration,
+        trace: Option<&toolfleet_core::TraceContext>,
+    ) -> Result<(), BrokerError> {
+        self.inner
+            .publish_delayed_traced(pool, job_id, delay, trace)
+            .await
+    }
+
+    async fn consume(
+        &self,
+        pool: &str,
+        prefetch: u16,
+    ) -> Result<Box<dyn toolfleet_broker::Consumer>, BrokerError> {
+        self.inner.consume(pool, prefetch).await
+    }
+
+    async fn depth(&self, pool: &str) -> Result<u64, BrokerError> {
+        self.inner.depth(pool).await
+    }
+}
+
+/// The sweeper publishes what is due all at once, so that a broker that
+/// groups publishes carries a backlog's worth in a few messages, not one
+/// confirm round trip after another; each due job is published once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sweeper_publishes_what_is_due_at_once() {
+    let rig = Rig::new(vec![], worker_config(Duration::from_secs(5), 1)).await;
+    for _ in 0..50 {
+        rig.insert("nothing", 1, 5_000).await;
+    }
+    let broker = Overlapping {
+        inner: MemoryBroker::new(),
+        in_flight: AtomicUsize::new(0),
+        most: AtomicUsize::new(0),
+    };
+    assert_eq!(sweep(rig.store.as_ref(), &broker, 100, None).await, Ok(50));
+    assert_eq!(broker.most.load(Ordering::SeqCst), 50);
+    assert_eq!(broker.inner.depth(POOL).await, Ok(50));
+}
