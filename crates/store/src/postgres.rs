@@ -276,6 +276,9 @@ mod sql {
     pub const COUNTS: &str = "SELECT state, COUNT(*) AS n FROM jobs GROUP BY state";
 
     /// A range of `jobs_callbacks`, each probed in the commit log by key.
+    /// The key is built in the commit log's collation: built from `j.id`
+    /// alone it would take the ids' ("C"), under which `commits_pkey` cannot
+    /// be searched, and each job would read the whole log.
     pub const UNNOTIFIED: &str = concat!(
         "SELECT ",
         job_columns!(),
@@ -283,7 +286,8 @@ mod sql {
         WHERE callback_url IS NOT NULL
           AND state IN ('succeeded', 'failed', 'cancelled')
           AND updated_at >= $2 AND updated_at < $3
-          AND NOT EXISTS (SELECT 1 FROM commits c WHERE c.key = $1 || j.id || ':' || j.state)
+          AND NOT EXISTS (SELECT 1 FROM commits c
+            WHERE c.key = ($1 || j.id || ':' || j.state) COLLATE \"default\")
         ORDER BY updated_at, id LIMIT $4"
     );
 

@@ -583,3 +583,76 @@ async fn due_reads(admin: &tokio_postgres::Client, schema: &str) -> (i64, i64, i
         .get(0);
     (table.get(0), due, table.get(1))
 }
+
+/// The webhook search probes the commit log by key for each settled job:
+/// a commit log of thousands of entries is not read for every job.
+#[tokio::test]
+async fn unnotified_jobs_probe_the_commit_log_by_key() {
+    let schema = Schema::migrated().await;
+    let admin = admin().await;
+    admin
+        .batch_execute(&format!(
+            r#"INSERT INTO "{}".commits (key, state, lease_until)
+               SELECT 'command:' || g, 'pending', 0 FROM generate_series(1, 3000) g"#,
+            schema.name
+        ))
+        .await
+        .expect("a commit log of 3,000 entries");
+    let store = PgStore::connect_in_schema(&url(), &schema.name, 1)
+        .await
+        .expect("connect");
+    let now = 1_700_000_000_000;
+    for _ in 0..5 {
+        let mut new = job("acme");
+        new.idempotency_key = None;
+        new.callback_url = Some("http://127.0.0.1:9/hook".to_owned());
+        let id = new.id.clone();
+        store.insert_job(new).await.expect("insert");
+        store.claim(&id, "w", now, 30_000).await.expect("claim");
+        store
+            .succeed(&id, "w", &json!({}).into(), now + 1)
+            .await
+            .expect("succeed")
+            .expect("settled");
+    }
+    let found = store
+        .unnotified_jobs("webhook:job:", now, now + 10, 100)
+        .await
+        .expect("unnotified jobs");
+    assert_eq!(found.len(), 5);
+    store.close();
+    drop(store);
+    let read = || async {
+        admin
+            .query_one(
+                "SELECT COALESCE(t.seq_tup_read, 0), COALESCE(i.idx_tup_read, 0), i.idx_scan
+                 FROM pg_stat_user_tables t JOIN pg_stat_user_indexes i USING (relid)
+                 WHERE t.schemaname = $1 AND t.relname = 'commits'
+                   AND i.indexrelname = 'commits_pkey'",
+                &[&schema.name],
+            )
+            .await
+            .expect("commit log statistics")
+    };
+    let mut row = read().await;
+    for _ in 0..100 {
+        if row.get::<_, i64>(2) > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        row = read().await;
+    }
+    let (scanned, from_index): (i64, i64) = (row.get(0), row.get(1));
+    assert!(
+        row.get::<_, i64>(2) > 0,
+        "the commit log was searched by key"
+    );
+    assert_eq!(
+        scanned, 0,
+        "entries of the commit log read by sequential scans"
+    );
+    assert!(
+        from_index < 50,
+        "{from_index} entries of commits_pkey were read to probe 5 keys"
+    );
+}
