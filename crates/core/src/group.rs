@@ -58,6 +58,19 @@ impl<R: Send + 'static, O: Send + 'static, E: GroupError> Group<R, O, E> {
                 if queue.recv_many(&mut waiting, max_batch).await == 0 {
                     return; // Every handle is gone.
                 }
+                // Requests made together (the ids of one message, the calls
+                // a commit released) reach the queue a moment apart: one
+                // yield lets the tasks already running add theirs, without
+                // waiting on a timer.
+                if waiting.len() < max_batch {
+                    tokio::task::yield_now().await;
+                    while waiting.len() < max_batch {
+                        match queue.try_recv() {
+                            Ok(request) => waiting.push(request),
+                            Err(_) => break,
+                        }
+                    }
+                }
                 let batch = std::mem::replace(&mut waiting, Vec::with_capacity(max_batch));
                 let run = run.clone();
                 tokio::spawn(async move {
