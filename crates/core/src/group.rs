@@ -147,6 +147,53 @@ mod tests {
         assert_eq!(*sizes.lock().unwrap(), vec![1]);
     }
 
+    /// A request sent a moment after the one that woke the group (by a task
+    /// that was already running, as the ids of one message are) joins its
+    /// batch rather than going in the next.
+    #[tokio::test(flavor = "current_thread")]
+    async fn requests_made_together_share_a_batch_though_one_woke_the_group() {
+        let sizes = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = sizes.clone();
+        let group = Arc::new(Group::<u32, u32, TestError>::spawn(
+            "together",
+            1,
+            16,
+            move |batch: Vec<u32>| {
+                seen.lock().unwrap().push(batch.len());
+                async move { Ok(batch.into_iter().map(Ok).collect()) }
+            },
+        ));
+        // Let the group wait for its first request.
+        tokio::task::yield_now().await;
+        let calls = {
+            let group = group.clone();
+            tokio::spawn(async move {
+                // The first request is sent (its call polled once), which
+                // wakes the group; only then are the others' tasks started,
+                // behind the group.
+                let mut first = Box::pin(group.run(1));
+                std::future::poll_fn(|cx| {
+                    let _ = first.as_mut().poll(cx);
+                    std::task::Poll::Ready(())
+                })
+                .await;
+                let later: Vec<_> = (2..=3u32)
+                    .map(|n| {
+                        let group = group.clone();
+                        tokio::spawn(async move { group.run(n).await })
+                    })
+                    .collect();
+                let mut answers = vec![first.await];
+                for call in later {
+                    answers.push(call.await.unwrap());
+                }
+                answers
+            })
+        };
+        assert_eq!(calls.await.unwrap(), [Ok(1), Ok(2), Ok(3)]);
+        assert_eq!(*sizes.lock().unwrap(), vec![3]);
+    }
+
     #[tokio::test]
     async fn requests_waiting_for_a_slot_share_one_batch_and_each_gets_its_answer() {
         let batches = Arc::new(AtomicUsize::new(0));
