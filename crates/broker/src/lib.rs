@@ -86,7 +86,8 @@ impl Delivery {
         self.acker.ack().await
     }
 
-    /// Give the message back to the queue for another worker (shutdown).
+    /// Give the message back to the queue for another worker (shutdown). A
+    /// message of several ids goes back whole once each of them is settled.
     pub async fn requeue(self) -> Result<(), BrokerError> {
         self.acker.requeue().await
     }
@@ -128,7 +129,9 @@ pub trait Broker: Send + Sync + 'static {
     /// Checks that the broker answers (readiness).
     async fn ping(&self) -> Result<(), BrokerError>;
     /// Publishes `job_id` to `pool`, its message carrying `trace` (which
-    /// its [`Delivery::trace`] gives back); returns once the broker has it
+    /// its [`Delivery::trace`] gives back; a message that carries several
+    /// ids, as RabbitMQ's do under load, carries none, and the worker takes
+    /// the trace stored with the job); returns once the broker has it
     /// (confirmed).
     async fn publish_traced(
         &self,

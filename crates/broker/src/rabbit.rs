@@ -19,23 +19,29 @@
 //! It must never be the record of a job: a message carries a job id (and, in
 //! its `traceparent` and `tracestate` headers, the job's W3C trace context,
 //! which dead-lettering out of a delay queue keeps) and the store decides
-//! what it means, so a lost confirm may be retried and a
-//! duplicate is harmless.
+//! what it means, so a lost confirm may be retried and a duplicate is
+//! harmless. It must never block a caller on an unreachable broker (every
+//! call to RabbitMQ is bounded by [`RabbitOptions::operation_timeout`]), nor
+//! hold a worker for a delay (delays wait in RabbitMQ, not here).
 //!
 //! Publishes to a pool share messages under load, as claims share a commit
 //! in the store: a publish that finds one of [`PUBLISH_SLOTS`] free goes at
 //! once in a message of its own, with its trace headers; while every slot
 //! waits for its confirm, the job ids published meanwhile wait too, and the
-//! next free slot sends them together (up to [`RabbitOptions::jobs_per_message`]), one id
-//! per line and no trace headers (the worker takes each job's trace from the
-//! store). A consumer hands out each id of such a message as a delivery of
-//! its own; the message is acknowledged once every one of them is, requeued
-//! if any of them was (the ones already settled are then refused by their
-//! claim), else dead-lettered if any was rejected. So RabbitMQ carries one
-//! message per confirm round trip, not one per job, and a queue's depth and
-//! bound count messages, each of one or more jobs. It must never block a caller on an unreachable
-//! broker (every call is bounded by [`RabbitOptions::operation_timeout`]), nor
-//! hold a worker for a delay (delays wait in RabbitMQ, not here).
+//! next free slot sends them together (up to
+//! [`RabbitOptions::jobs_per_message`]), one id per line and no trace headers
+//! (the worker takes each job's trace from the store). A consumer hands out
+//! each id of such a message as a delivery of its own; the message is
+//! acknowledged once every one of them is, requeued (all of it) if any of
+//! them was requeued or dropped (the ones already settled are then refused by
+//! their claim), else dead-lettered if any was rejected. So RabbitMQ carries
+//! one message per confirm round trip, not one per job, and a queue's depth
+//! and bound count messages, each of one or more jobs. A consumer's prefetch
+//! counts messages too, so a worker may hold more ids than it has slots, the
+//! last of a message waiting for the others: pools of long jobs (the pools
+//! in [`RabbitOptions::one_job_per_message`], or every pool with
+//! `jobs_per_message` 1) publish each job alone, so that no message waits
+//! unacknowledged past RabbitMQ's `consumer_timeout`.
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::future::Future;
@@ -125,6 +131,10 @@ pub struct RabbitOptions {
     /// module's documentation); 1 publishes each job in a message of its
     /// own, so that a queue's length counts jobs.
     pub jobs_per_message: usize,
+    /// Pools whose jobs are each published in a message of their own
+    /// whatever `jobs_per_message` says: pools of long jobs (agents), whose
+    /// ids would otherwise wait in a worker behind each other's runs.
+    pub one_job_per_message: BTreeSet<String>,
 }
 
 impl Default for RabbitOptions {
@@ -138,6 +148,7 @@ impl Default for RabbitOptions {
             reconnect_max: Duration::from_secs(10),
             notice_buffer: DEFAULT_NOTICE_BUFFER,
             jobs_per_message: MAX_IDS_PER_MESSAGE,
+            one_job_per_message: BTreeSet::new(),
         }
     }
 }
@@ -263,11 +274,16 @@ impl RabbitBroker {
         PoolQueues::new(&self.shared().options.prefix, pool)
     }
 
-    /// The publisher of `pool`, started on its first publish.
-    fn publisher(&self, pool: &str) -> Result<Arc<Publisher>, BrokerError> {
+    /// The publisher of `pool`, started on its first publish; `None` where
+    /// each job goes in a message of its own.
+    fn publisher(&self, pool: &str) -> Result<Option<Arc<Publisher>>, BrokerError> {
+        let options = &self.shared().options;
+        if options.jobs_per_message <= 1 || options.one_job_per_message.contains(pool) {
+            return Ok(None);
+        }
         let mut publishers = lock(&self.publishers);
         if let Some(publisher) = publishers.get(pool) {
-            return Ok(publisher.clone());
+            return Ok(Some(publisher.clone()));
         }
         let queues = Arc::new(self.queues(pool)?);
         let shared = self.shared().clone();
@@ -287,7 +303,7 @@ impl RabbitBroker {
             },
         ));
         publishers.insert(pool.to_owned(), publisher.clone());
-        Ok(publisher)
+        Ok(Some(publisher))
     }
 }
 
@@ -316,7 +332,13 @@ impl Broker for RabbitBroker {
             job_id: job_id.to_owned(),
             trace: trace.cloned(),
         };
-        self.publisher(pool)?.run(publish).await
+        match self.publisher(pool)? {
+            Some(publisher) => publisher.run(publish).await,
+            None => {
+                let queues = self.queues(pool)?;
+                self.shared().publish_ids(&queues, &[publish]).await
+            }
+        }
     }
 
     async fn publish_delayed_traced(
@@ -360,6 +382,7 @@ impl Broker for RabbitBroker {
             deliveries,
             timeout: shared.options.operation_timeout,
             parts: VecDeque::new(),
+            message: None,
         }))
     }
 
@@ -575,9 +598,9 @@ struct Link {
     /// What is declared on this connection. Declared again on the next one,
     /// in case the broker came back without it (a fresh node).
     ready: Mutex<HashSet<String>>,
-    /// Held while a pool's queues (or a delay queue) are declared for
-    /// publishing, so that publishes racing to a new queue declare it once:
-    /// RabbitMQ has nacked the first publishes to a quorum queue that
+    /// Held while a pool's queues (or a delay queue) are declared, so that
+    /// publishes and consumers racing to a new queue declare it one at a
+    /// time: RabbitMQ has nacked the first publishes to a quorum queue that
     /// several declared at once.
     declaring: tokio::sync::Mutex<()>,
 }
@@ -951,11 +974,26 @@ impl Shared {
         if link.is_ready(&queues.pool) {
             return Ok(());
         }
-        let _declaring = link.declaring.lock().await;
+        let _declaring = self.declaring(link).await?;
         if link.is_ready(&queues.pool) {
             return Ok(());
         }
         self.declare_pool(link, queues).await
+    }
+
+    /// The link's declaring lock, waited for at most an operation's time.
+    async fn declaring<'a>(
+        &self,
+        link: &'a Link,
+    ) -> Result<tokio::sync::MutexGuard<'a, ()>, BrokerError> {
+        tokio::time::timeout(self.options.operation_timeout, link.declaring.lock())
+            .await
+            .map_err(|_| {
+                BrokerError::Unavailable(format!(
+                    "declaring queues took over {:?}",
+                    self.options.operation_timeout
+                ))
+            })
     }
 
     async fn declare_pool(&self, link: &Link, queues: &PoolQueues) -> Result<(), BrokerError> {
@@ -992,7 +1030,7 @@ impl Shared {
         if link.is_ready(&queue) {
             return Ok(queue);
         }
-        let _declaring = link.declaring.lock().await;
+        let _declaring = self.declaring(link).await?;
         if !link.is_ready(&queue) {
             self.declare_queue(link, &queue, self.delay_args(queues, ms))
                 .await?;
@@ -1286,7 +1324,10 @@ impl Feed for PoolFeed {
     async fn subscribe(&self, shared: &Shared, link: &Link) -> Result<Subscribed, BrokerError> {
         // Declared on every subscribe: the consumer may have ended because
         // the queue was deleted.
-        shared.declare_pool(link, &self.queues).await?;
+        {
+            let _declaring = shared.declaring(link).await?;
+            shared.declare_pool(link, &self.queues).await?;
+        }
         let channel = shared.channel(link).await?;
         let qos = channel.basic_qos(self.prefetch, BasicQosOptions::default());
         shared.bounded("setting the prefetch", qos).await?;
@@ -1318,8 +1359,10 @@ impl Feed for PoolFeed {
 struct RabbitConsumer {
     deliveries: mpsc::UnboundedReceiver<LapinDelivery>,
     timeout: Duration,
-    /// The ids of a message of several not handed out yet.
+    /// The ids of a message of several not handed out yet, and that
+    /// message.
     parts: VecDeque<Delivery>,
+    message: Option<Arc<Mutex<SharedMessage>>>,
 }
 
 #[async_trait]
@@ -1327,16 +1370,28 @@ impl Consumer for RabbitConsumer {
     /// Cancel-safe: a delivery leaves the channel only when `recv` returns,
     /// and nothing is awaited after that.
     async fn next(&mut self) -> Option<Delivery> {
-        if let Some(part) = self.parts.pop_front() {
+        // The rest of a message whose channel has since closed is back in
+        // its queue with the message: dropped here, not handed out twice.
+        let usable = self.message.as_ref().is_some_and(|message| {
+            lock(message)
+                .acker
+                .as_ref()
+                .is_some_and(|acker| acker.acker.usable())
+        });
+        if usable && let Some(part) = self.parts.pop_front() {
             return Some(part);
         }
+        self.parts.clear();
+        self.message = None;
         loop {
             let delivery = self.deliveries.recv().await?;
             // One from a channel that has since closed is back in its queue
             // and comes again; handing it out would only fail its ack.
             if delivery.acker.usable() {
-                self.parts = self.deliveries_of(delivery);
-                if let Some(first) = self.parts.pop_front() {
+                let (mut parts, message) = self.deliveries_of(delivery);
+                if let Some(first) = parts.pop_front() {
+                    self.parts = parts;
+                    self.message = message;
                     return Some(first);
                 }
             }
@@ -1346,8 +1401,11 @@ impl Consumer for RabbitConsumer {
 
 impl RabbitConsumer {
     /// The deliveries of one message: one, or one per id of a message of
-    /// several (their acks settle the message together).
-    fn deliveries_of(&self, delivery: LapinDelivery) -> VecDeque<Delivery> {
+    /// several (their acks settle the message together, which comes too).
+    fn deliveries_of(
+        &self,
+        delivery: LapinDelivery,
+    ) -> (VecDeque<Delivery>, Option<Arc<Mutex<SharedMessage>>>) {
         let acker = RabbitAcker {
             acker: delivery.acker,
             timeout: self.timeout,
@@ -1361,7 +1419,7 @@ impl RabbitConsumer {
             let trace = delivery.properties.headers().as_ref().and_then(trace_of);
             let one = Delivery::new(body.into_owned(), delivery.redelivered, Box::new(acker))
                 .with_trace(trace);
-            return VecDeque::from([one]);
+            return (VecDeque::from([one]), None);
         }
         let message = Arc::new(Mutex::new(SharedMessage {
             acker: Some(acker),
@@ -1369,7 +1427,8 @@ impl RabbitConsumer {
             requeue: false,
             reject: false,
         }));
-        ids.into_iter()
+        let parts = ids
+            .into_iter()
             .map(|id| {
                 let part = PartAcker {
                     message: message.clone(),
@@ -1377,7 +1436,8 @@ impl RabbitConsumer {
                 };
                 Delivery::new(id.to_owned(), delivery.redelivered, Box::new(part))
             })
-            .collect()
+            .collect();
+        (parts, Some(message))
     }
 }
 

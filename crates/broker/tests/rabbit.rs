@@ -854,3 +854,59 @@ async fn a_message_of_several_ids_is_settled_once_each_id_is() {
     assert_nothing_delivered(consumer.as_mut(), "once every id was acknowledged").await;
     assert_eq!(broker.0.depth(&pool).await, Ok(0));
 }
+
+/// A pool of long jobs (and every pool with `jobs_per_message` 1) has each
+/// job published alone, however many are published together.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pools_of_one_job_per_message_publish_each_alone() {
+    for (grouped, alone) in [(64, true), (1, false)] {
+        let pool = unique("alone");
+        let options = RabbitOptions {
+            jobs_per_message: grouped,
+            one_job_per_message: if alone {
+                std::collections::BTreeSet::from([pool.clone()])
+            } else {
+                std::collections::BTreeSet::new()
+            },
+            ..options()
+        };
+        let broker = broker_with(options.clone()).await;
+        let ids: Vec<String> = (0..50).map(|n| format!("job-{n}")).collect();
+        let published =
+            futures_util::future::join_all(ids.iter().map(|id| broker.0.publish(&pool, id))).await;
+        assert!(published.iter().all(Result::is_ok), "{published:?}");
+        let connection = raw_connection().await;
+        let queue = format!("{}.pool.{pool}", options.prefix);
+        for _ in &ids {
+            let body = get_from(&connection, &queue).await;
+            assert!(!body.contains('\n'), "one id per message: {body:?}");
+        }
+        assert_eq!(broker.0.depth(&pool).await, Ok(0));
+    }
+}
+
+/// The ids of a message not yet handed out when its channel closes are
+/// not handed out: the message is back in its queue and comes again whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rest_of_a_message_goes_back_with_it_when_its_channel_closes() {
+    let options = options();
+    let broker = broker_with(options.clone()).await;
+    let pool = unique("stale-parts");
+    publish(&broker.0, &pool, "first").await;
+    let mut consumer = consume(&broker.0, &pool, 1).await;
+    let first = next_delivery(consumer.as_mut(), "the first").await;
+    assert_eq!(first.ack().await, Ok(()));
+    let connection = raw_connection().await;
+    let queue = format!("{}.pool.{pool}", options.prefix);
+    raw_publish(&connection, &queue, "id-1\nid-2\nid-3").await;
+    let held = next_delivery(consumer.as_mut(), "the first id").await;
+    assert_eq!(held.job_id, "id-1");
+    broker.0.force_reconnect().await;
+    drop(held);
+    let again = next_deliveries(consumer.as_mut(), 3, "after the reconnect").await;
+    assert_eq!(ids_of(&again), ["id-1", "id-2", "id-3"]);
+    assert!(again.iter().all(|d| d.redelivered), "the message came back");
+    for delivery in again {
+        assert_eq!(delivery.ack().await, Ok(()));
+    }
+}

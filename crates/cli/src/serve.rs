@@ -337,7 +337,13 @@ pub struct Backends {
 /// events), since one message carries up to a few hundred events: a ring
 /// of the default depth overflowed in bursts under load, and the events it
 /// skipped never reached SSE streams or webhooks.
-fn rabbit_options(config: &Config, prefetch: u16) -> Result<RabbitOptions, String> {
+/// RabbitMQ's options: agents' pools publish one job per message (an agent
+/// runs for minutes; its ids must not wait behind each other in a worker).
+fn rabbit_options(
+    config: &Config,
+    prefetch: u16,
+    agent_pools: &BTreeSet<String>,
+) -> Result<RabbitOptions, String> {
     let jobs_per_message = config.jobs_per_message;
     if !(1..=MAX_IDS_PER_MESSAGE).contains(&jobs_per_message) {
         return Err(format!(
@@ -349,6 +355,7 @@ fn rabbit_options(config: &Config, prefetch: u16) -> Result<RabbitOptions, Strin
         default_prefetch: prefetch,
         notice_buffer: NOTICE_BUFFER,
         jobs_per_message,
+        one_job_per_message: agent_pools.clone(),
         ..RabbitOptions::default()
     })
 }
@@ -360,27 +367,33 @@ const SETTLED_STATES: [&str; 4] = ["succeeded", "failed", "cancelled", "answered
 /// What a worker that runs no agent hears: cancels.
 const CANCELLED_STATE: [&str; 1] = ["cancelled"];
 
-/// The states a process without the HTTP API hears over RabbitMQ: cancels
-/// (to stop the executors of cancelled jobs) and, where one of its `pools`
-/// (`None`: every pool) runs an agent tool of the configuration or of
-/// `extra`, settled jobs (an agent awaiting a job tool) and answered tickets
-/// (an agent awaiting a person). Never a job's `queued` or `running`.
-fn heard_states(
-    config: &Config,
-    extra: &[ToolDecl],
-    pools: Option<&[String]>,
-) -> &'static [&'static str] {
+/// The pools where agent tools of the configuration or of `extra` run.
+fn agent_pools(config: &Config, extra: &[ToolDecl]) -> BTreeSet<String> {
     let default_pool = RuntimeConfig::default().default_agent_pool;
     let configured = config
         .tools
         .iter()
         .map(|(tool, _)| (tool.shape, &tool.pool));
     let given = extra.iter().map(|tool| (tool.shape, &tool.pool));
-    let runs_agents = configured
+    configured
         .chain(given)
         .filter(|(shape, _)| *shape == Shape::Agent)
-        .map(|(_, pool)| pool.as_deref().unwrap_or(&default_pool))
-        .any(|pool| pools.is_none_or(|pools| pools.iter().any(|p| p == pool)));
+        .map(|(_, pool)| pool.clone().unwrap_or_else(|| default_pool.clone()))
+        .collect()
+}
+
+/// The states a process without the HTTP API hears over RabbitMQ: cancels
+/// (to stop the executors of cancelled jobs) and, where one of its `pools`
+/// (`None`: every pool) is one of the `agent_pools`, settled jobs (an agent
+/// awaiting a job tool) and answered tickets (an agent awaiting a person).
+/// Never a job's `queued` or `running`.
+fn heard_states(
+    agent_pools: &BTreeSet<String>,
+    pools: Option<&[String]>,
+) -> &'static [&'static str] {
+    let runs_agents = agent_pools
+        .iter()
+        .any(|pool| pools.is_none_or(|pools| pools.contains(pool)));
     if runs_agents {
         &SETTLED_STATES
     } else {
@@ -405,6 +418,7 @@ pub async fn open_backends(
     config: &Config,
     prefetch: u16,
     only_states: Option<&[&str]>,
+    agent_pools: &BTreeSet<String>,
 ) -> Result<Backends, String> {
     let notices_backend = config.notices_backend()?;
     let store: Arc<dyn Store> = match &config.database_url {
@@ -423,7 +437,8 @@ pub async fn open_backends(
     };
     let rabbit = match &config.broker_url {
         Some(url) => {
-            let broker = RabbitBroker::connect(url, rabbit_options(config, prefetch)?)
+            let options = rabbit_options(config, prefetch, agent_pools)?;
+            let broker = RabbitBroker::connect(url, options)
                 .await
                 .map_err(|e| format!("cannot reach the broker: {e}"))?;
             Some(broker)
@@ -497,12 +512,11 @@ pub async fn start(config: Config, extra: Vec<ToolDecl>, roles: Roles) -> Result
         broker,
         notices,
         in_process,
-    } = open_backends(
-        &config,
-        prefetch,
-        (!roles.dispatcher).then(|| heard_states(&config, &extra, roles.pools.as_deref())),
-    )
-    .await?;
+    } = {
+        let agent_pools = agent_pools(&config, &extra);
+        let heard = (!roles.dispatcher).then(|| heard_states(&agent_pools, roles.pools.as_deref()));
+        open_backends(&config, prefetch, heard, &agent_pools).await?
+    };
     // One registry for every part of this process, and the backends'
     // failures counted in it.
     let metrics = Arc::new(Metrics::for_role(roles.metrics_role()));
@@ -761,7 +775,7 @@ mod tests {
     fn event_subscriptions_hold_as_many_events_as_the_fan_out() {
         let config = Config::parse("", std::path::Path::new("toolfleet.toml"))
             .expect("an empty configuration");
-        let options = rabbit_options(&config, 16).expect("valid options");
+        let options = rabbit_options(&config, 16, &BTreeSet::new()).expect("valid options");
         assert_eq!(options.notice_buffer, NOTICE_BUFFER);
         assert_eq!(options.default_prefetch, 16);
     }
@@ -773,12 +787,16 @@ mod tests {
         let parse = |text: &str| {
             Config::parse(text, std::path::Path::new("toolfleet.toml")).expect("a configuration")
         };
-        let options = rabbit_options(&parse(""), 16).expect("the default");
+        let options = rabbit_options(&parse(""), 16, &BTreeSet::new()).expect("the default");
         assert_eq!(options.jobs_per_message, 64);
-        let one = rabbit_options(&parse("jobs_per_message = 1"), 16).expect("one");
+        let one =
+            rabbit_options(&parse("jobs_per_message = 1"), 16, &BTreeSet::new()).expect("one");
         assert_eq!(one.jobs_per_message, 1);
+        let agents = BTreeSet::from(["agents".to_owned()]);
+        let options = rabbit_options(&parse(""), 16, &agents).expect("agents");
+        assert_eq!(options.one_job_per_message, agents, "agents' jobs go alone");
         for refused in ["jobs_per_message = 0", "jobs_per_message = 65"] {
-            let error = rabbit_options(&parse(refused), 16).expect_err(refused);
+            let error = rabbit_options(&parse(refused), 16, &BTreeSet::new()).expect_err(refused);
             assert!(
                 error.contains("jobs_per_message must be 1 to 64"),
                 "{error}"
@@ -804,30 +822,39 @@ mod tests {
             executor = { kind = "builtin", name = "toolfleet.noop" }
             "#,
         );
-        assert_eq!(heard_states(&job, &[], None), CANCELLED_STATE);
+        assert_eq!(heard_states(&agent_pools(&job, &[]), None), CANCELLED_STATE);
         let agent = ToolDecl::agent("helper").description("Helps.");
         assert_eq!(
-            heard_states(&job, std::slice::from_ref(&agent), None),
+            heard_states(&agent_pools(&job, std::slice::from_ref(&agent)), None),
             SETTLED_STATES
         );
         let default = ["default".to_owned()];
         assert_eq!(
-            heard_states(&job, std::slice::from_ref(&agent), Some(&default)),
+            heard_states(
+                &agent_pools(&job, std::slice::from_ref(&agent)),
+                Some(&default)
+            ),
             CANCELLED_STATE
         );
         let agents = ["agents".to_owned()];
         assert_eq!(
-            heard_states(&job, std::slice::from_ref(&agent), Some(&agents)),
+            heard_states(
+                &agent_pools(&job, std::slice::from_ref(&agent)),
+                Some(&agents)
+            ),
             SETTLED_STATES
         );
         let elsewhere = agent.pool("research");
         assert_eq!(
-            heard_states(&job, std::slice::from_ref(&elsewhere), Some(&agents)),
+            heard_states(
+                &agent_pools(&job, std::slice::from_ref(&elsewhere)),
+                Some(&agents)
+            ),
             CANCELLED_STATE
         );
         let research = ["research".to_owned()];
         assert_eq!(
-            heard_states(&job, &[elsewhere], Some(&research)),
+            heard_states(&agent_pools(&job, &[elsewhere]), Some(&research)),
             SETTLED_STATES
         );
         let configured = parse(
@@ -841,19 +868,22 @@ mod tests {
             "#,
         );
         assert_eq!(
-            heard_states(&configured, &[], Some(&research)),
+            heard_states(&agent_pools(&configured, &[]), Some(&research)),
             SETTLED_STATES
         );
-        assert_eq!(heard_states(&configured, &[], None), SETTLED_STATES);
         assert_eq!(
-            heard_states(&configured, &[], Some(&agents)),
+            heard_states(&agent_pools(&configured, &[]), None),
+            SETTLED_STATES
+        );
+        assert_eq!(
+            heard_states(&agent_pools(&configured, &[]), Some(&agents)),
             CANCELLED_STATE
         );
     }
 
-    /// The job states a worker without the HTTP API hears are exactly the
-    /// settled ones, cancelled among them (its executors stop on it), and
-    /// it hears answered tickets.
+    /// The job states a worker running agents hears are exactly the settled
+    /// ones, cancelled among them (its executors stop on it), and it hears
+    /// answered tickets.
     #[test]
     fn settled_states_are_the_settled_job_states() {
         for state in JobState::ALL {

@@ -136,7 +136,9 @@ mod sql {
     /// Two range scans, one per index, rather than an OR the planner may
     /// turn into a walk of the whole table.
     /// The earliest due of the waiting jobs and of the expired leases (at
-    /// most `?2` of each, so a backlog is not read whole), oldest first.
+    /// most `?2` of each), oldest first. (SQLite's `jobs_due` leads with the
+    /// state, so the waiting jobs of both states are sorted by `run_at`: the
+    /// embedded store's backlogs are one machine's.)
     pub const DUE: &str = "
         SELECT * FROM (SELECT * FROM jobs WHERE state IN ('queued', 'retrying') AND run_at <= ?1
             ORDER BY run_at LIMIT ?2)
