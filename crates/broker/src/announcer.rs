@@ -28,6 +28,7 @@ impl Announcer {
             // event is paid one round trip per batch, not per event; the
             // events of a batch are sent in queue order.
             while events.recv_many(&mut batch, BATCH).await > 0 {
+                coalesce(&mut batch);
                 if let Err(error) = notices.publish_all(&batch).await {
                     // Some of the batch may have gone; say which could not.
                     for event in &batch {
@@ -49,6 +50,26 @@ impl Announcer {
             tracing_warn(event, "the announcement queue is full or closed");
         }
     }
+}
+
+/// Leaves, of a job's events waiting together, only the last: a job that
+/// ran and settled while the previous batch was out is announced settled,
+/// not running and then settled, so under load each job costs one event
+/// instead of two. Tickets' events are all kept.
+fn coalesce(batch: &mut Vec<Event>) {
+    use std::collections::HashSet;
+    if batch.len() < 2 {
+        return;
+    }
+    let mut later: HashSet<(String, String)> = HashSet::new();
+    let mut keep = vec![true; batch.len()];
+    for (at, event) in batch.iter().enumerate().rev() {
+        if event.kind == "job" && !later.insert((event.tenant.clone(), event.id.clone())) {
+            keep[at] = false;
+        }
+    }
+    let mut flags = keep.into_iter();
+    batch.retain(|_| flags.next().unwrap_or(true));
 }
 
 fn tracing_warn(event: &Event, why: &str) {
@@ -75,6 +96,40 @@ mod tests {
             body: serde_json::Value::Null,
             callback: false,
         }
+    }
+
+    /// Of a job's events waiting together only the last goes; other jobs'
+    /// and tickets' events all go, in order.
+    #[test]
+    fn a_jobs_events_waiting_together_leave_only_the_last() {
+        let with = |n: usize, kind: &str, state: &str| Event {
+            kind: kind.into(),
+            state: state.into(),
+            ..event(n)
+        };
+        let mut batch = vec![
+            with(1, "job", "running"),
+            with(2, "job", "running"),
+            with(7, "ticket", "open"),
+            with(1, "job", "succeeded"),
+            with(7, "ticket", "answered"),
+            with(3, "job", "queued"),
+        ];
+        coalesce(&mut batch);
+        let left: Vec<(&str, &str)> = batch
+            .iter()
+            .map(|e| (e.id.as_str(), e.state.as_str()))
+            .collect();
+        assert_eq!(
+            left,
+            [
+                ("2", "running"),
+                ("7", "open"),
+                ("1", "succeeded"),
+                ("7", "answered"),
+                ("3", "queued")
+            ]
+        );
     }
 
     #[tokio::test]
