@@ -1483,27 +1483,15 @@ impl PartAcker {
         };
         message.acker.take().map(|acker| (acker, how))
     }
+}
 
+#[async_trait]
+impl Settles for PartAcker {
     async fn settle(mut self: Box<Self>, how: Settle) -> Result<(), BrokerError> {
         match self.note(how) {
             Some((acker, how)) => Box::new(acker).settle(how).await,
             None => Ok(()),
         }
-    }
-}
-
-#[async_trait]
-impl Acker for PartAcker {
-    async fn ack(self: Box<Self>) -> Result<(), BrokerError> {
-        self.settle(Settle::Ack).await
-    }
-
-    async fn requeue(self: Box<Self>) -> Result<(), BrokerError> {
-        self.settle(Settle::Requeue).await
-    }
-
-    async fn reject(self: Box<Self>) -> Result<(), BrokerError> {
-        self.settle(Settle::Reject).await
     }
 }
 
@@ -1558,7 +1546,8 @@ struct RabbitAcker {
     settled: bool,
 }
 
-impl RabbitAcker {
+#[async_trait]
+impl Settles for RabbitAcker {
     /// `Closed` when the delivery's channel is gone: RabbitMQ has already
     /// put the message back, and another consumer may hold it now.
     async fn settle(mut self: Box<Self>, how: Settle) -> Result<(), BrokerError> {
@@ -1589,8 +1578,14 @@ fn requeue() -> BasicNackOptions {
     }
 }
 
+/// Settles a delivery one way or another; each is an [`Acker`].
 #[async_trait]
-impl Acker for RabbitAcker {
+trait Settles: Send + Sync {
+    async fn settle(self: Box<Self>, how: Settle) -> Result<(), BrokerError>;
+}
+
+#[async_trait]
+impl<T: Settles + 'static> Acker for T {
     async fn ack(self: Box<Self>) -> Result<(), BrokerError> {
         self.settle(Settle::Ack).await
     }
