@@ -10,6 +10,8 @@ use tokio::sync::mpsc;
 /// Events published together at most.
 const BATCH: usize = 256;
 
+use toolfleet_core::JobState;
+
 use crate::{Event, Notices};
 
 /// Hands events to the publishing task.
@@ -55,7 +57,8 @@ impl Announcer {
 /// Leaves, of a job's events waiting together, only the last: a job that
 /// ran and settled while the previous batch was out is announced settled,
 /// not running and then settled, so under load each job costs one event
-/// instead of two. Tickets' events are all kept.
+/// instead of two. An event of a settled job always goes (an event read
+/// back from the store may follow a newer one), and tickets' events all go.
 fn coalesce(batch: &mut Vec<Event>) {
     use std::collections::HashSet;
     if batch.len() < 2 {
@@ -64,7 +67,12 @@ fn coalesce(batch: &mut Vec<Event>) {
     let mut later: HashSet<(String, String)> = HashSet::new();
     let mut keep = vec![true; batch.len()];
     for (at, event) in batch.iter().enumerate().rev() {
-        if event.kind == "job" && !later.insert((event.tenant.clone(), event.id.clone())) {
+        if event.kind != "job" {
+            continue;
+        }
+        let seen_later = !later.insert((event.tenant.clone(), event.id.clone()));
+        let settled = JobState::parse(&event.state).is_some_and(JobState::is_settled);
+        if seen_later && !settled {
             keep[at] = false;
         }
     }
@@ -98,8 +106,9 @@ mod tests {
         }
     }
 
-    /// Of a job's events waiting together only the last goes; other jobs'
-    /// and tickets' events all go, in order.
+    /// Of a job's events waiting together only the last goes, but a settled
+    /// job's event always does; other jobs' and tickets' events all go, in
+    /// order.
     #[test]
     fn a_jobs_events_waiting_together_leave_only_the_last() {
         let with = |n: usize, kind: &str, state: &str| Event {
@@ -114,6 +123,8 @@ mod tests {
             with(1, "job", "succeeded"),
             with(7, "ticket", "answered"),
             with(3, "job", "queued"),
+            with(4, "job", "failed"),
+            with(4, "job", "retrying"),
         ];
         coalesce(&mut batch);
         let left: Vec<(&str, &str)> = batch
@@ -127,7 +138,9 @@ mod tests {
                 ("7", "open"),
                 ("1", "succeeded"),
                 ("7", "answered"),
-                ("3", "queued")
+                ("3", "queued"),
+                ("4", "failed"),
+                ("4", "retrying")
             ]
         );
     }

@@ -26,7 +26,8 @@
 //!
 //! Publishes to a pool share messages under load, as claims share a commit
 //! in the store: a publish that finds one of [`PUBLISH_SLOTS`] free goes at
-//! once in a message of its own, with its trace headers; while every slot
+//! once (with any made while its task yields once), a lone one in a message
+//! of its own with its trace headers; while every slot
 //! waits for its confirm, the job ids published meanwhile wait too, and the
 //! next free slot sends them together (up to
 //! [`RabbitOptions::jobs_per_message`]), one id per line and no trace headers
@@ -981,19 +982,17 @@ impl Shared {
         self.declare_pool(link, queues).await
     }
 
-    /// The link's declaring lock, waited for at most an operation's time.
+    /// The link's declaring lock, waited for at most a few operations' time
+    /// (after a reconnect every consumer declares its pool again, one at a
+    /// time).
     async fn declaring<'a>(
         &self,
         link: &'a Link,
     ) -> Result<tokio::sync::MutexGuard<'a, ()>, BrokerError> {
-        tokio::time::timeout(self.options.operation_timeout, link.declaring.lock())
+        let wait = self.options.operation_timeout * 4;
+        tokio::time::timeout(wait, link.declaring.lock())
             .await
-            .map_err(|_| {
-                BrokerError::Unavailable(format!(
-                    "declaring queues took over {:?}",
-                    self.options.operation_timeout
-                ))
-            })
+            .map_err(|_| BrokerError::Unavailable(format!("declaring queues took over {wait:?}")))
     }
 
     async fn declare_pool(&self, link: &Link, queues: &PoolQueues) -> Result<(), BrokerError> {

@@ -902,6 +902,9 @@ async fn the_rest_of_a_message_goes_back_with_it_when_its_channel_closes() {
     let held = next_delivery(consumer.as_mut(), "the first id").await;
     assert_eq!(held.job_id, "id-1");
     broker.0.force_reconnect().await;
+    // Once the broker takes a publish again, the old connection is gone
+    // and its channel with it.
+    publish_eventually(&broker.0, &unique("marker"), "marker").await;
     drop(held);
     let again = next_deliveries(consumer.as_mut(), 3, "after the reconnect").await;
     assert_eq!(ids_of(&again), ["id-1", "id-2", "id-3"]);

@@ -3,9 +3,11 @@
 //! broker).
 //!
 //! A [`Group`] takes requests from any number of tasks and runs them in
-//! batches through one function (a multi-row statement, say). It never waits to
-//! fill a batch: a request that finds a batch slot free goes at once, alone,
-//! so a lightly loaded store answers as fast as without grouping. Only while
+//! batches through one function (a multi-row statement, say). It never waits on
+//! a timer to fill a batch: a request that finds a batch slot free goes at
+//! once (with those sent while the batching task yields once, the rest of a
+//! burst already under way), so a lightly loaded store answers as fast as
+//! without grouping. Only while
 //! every slot is busy do requests queue, and the next free slot takes all of
 //! them (up to a bound) in one statement. Under load, then, the number of
 //! commits (or confirms) per second stays near `slots` times the commit
