@@ -64,13 +64,13 @@ fn coalesce(batch: &mut Vec<Event>) {
     if batch.len() < 2 {
         return;
     }
-    let mut later: HashSet<(String, String)> = HashSet::new();
+    let mut later: HashSet<(&str, &str)> = HashSet::new();
     let mut keep = vec![true; batch.len()];
     for (at, event) in batch.iter().enumerate().rev() {
         if event.kind != "job" {
             continue;
         }
-        let seen_later = !later.insert((event.tenant.clone(), event.id.clone()));
+        let seen_later = !later.insert((&event.tenant, &event.id));
         let settled = JobState::parse(&event.state).is_some_and(JobState::is_settled);
         if seen_later && !settled {
             keep[at] = false;

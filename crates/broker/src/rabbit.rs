@@ -27,9 +27,9 @@
 //! Publishes to a pool share messages under load, as claims share a commit
 //! in the store: a publish that finds one of [`PUBLISH_SLOTS`] free goes at
 //! once (with any made while its task yields once), a lone one in a message
-//! of its own with its trace headers; while every slot
-//! waits for its confirm, the job ids published meanwhile wait too, and the
-//! next free slot sends them together (up to
+//! of its own with its trace headers; while every slot waits for its
+//! confirm, the job ids published meanwhile wait too, and the next free slot
+//! sends them together (up to
 //! [`RabbitOptions::jobs_per_message`]), one id per line and no trace headers
 //! (the worker takes each job's trace from the store). A consumer hands out
 //! each id of such a message as a delivery of its own; the message is
@@ -972,14 +972,30 @@ impl Shared {
     /// Declares a pool's queue, its dead-letter queue and their exchange,
     /// once per connection.
     async fn ensure_pool(&self, link: &Link, queues: &PoolQueues) -> Result<(), BrokerError> {
-        if link.is_ready(&queues.pool) {
+        self.once_declared(link, &queues.pool, || self.declare_pool(link, queues))
+            .await
+    }
+
+    /// Runs `declare` unless `name` is ready on `link`, one declaration at a
+    /// time, and marks it ready.
+    async fn once_declared<F>(
+        &self,
+        link: &Link,
+        name: &str,
+        declare: impl FnOnce() -> F,
+    ) -> Result<(), BrokerError>
+    where
+        F: Future<Output = Result<(), BrokerError>>,
+    {
+        if link.is_ready(name) {
             return Ok(());
         }
         let _declaring = self.declaring(link).await?;
-        if link.is_ready(&queues.pool) {
-            return Ok(());
+        if !link.is_ready(name) {
+            declare().await?;
+            link.mark_ready(name);
         }
-        self.declare_pool(link, queues).await
+        Ok(())
     }
 
     /// The link's declaring lock, waited for at most a few operations' time
@@ -1026,15 +1042,8 @@ impl Shared {
         ms: u64,
     ) -> Result<String, BrokerError> {
         let queue = queues.delay(ms);
-        if link.is_ready(&queue) {
-            return Ok(queue);
-        }
-        let _declaring = self.declaring(link).await?;
-        if !link.is_ready(&queue) {
-            self.declare_queue(link, &queue, self.delay_args(queues, ms))
-                .await?;
-            link.mark_ready(&queue);
-        }
+        let declare = || self.declare_queue(link, &queue, self.delay_args(queues, ms));
+        self.once_declared(link, &queue, declare).await?;
         Ok(queue)
     }
 
@@ -1626,7 +1635,7 @@ fn events_of(body: &[u8]) -> serde_json::Result<Vec<Event>> {
     }
 }
 
-/// A notices subscriber's feed: an exclusive queue bound to every key,
+/// A notices subscriber's feed: an exclusive queue bound to its keys,
 /// auto-acked (events are announcements, not work), turned into events.
 struct EventFeed {
     exchange: String,

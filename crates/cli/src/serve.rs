@@ -336,9 +336,10 @@ pub struct Backends {
 /// event subscriptions as deep as the process's fan-out ([`NOTICE_BUFFER`]
 /// events), since one message carries up to a few hundred events: a ring
 /// of the default depth overflowed in bursts under load, and the events it
-/// skipped never reached SSE streams or webhooks.
-/// RabbitMQ's options: agents' pools publish one job per message (an agent
-/// runs for minutes; its ids must not wait behind each other in a worker).
+/// skipped never reached SSE streams or webhooks. Messages carry up to
+/// `jobs_per_message` job ids, but agents' pools publish one job per
+/// message (an agent runs for minutes; its ids must not wait behind each
+/// other in a worker).
 fn rabbit_options(
     config: &Config,
     prefetch: u16,
@@ -770,12 +771,14 @@ mod tests {
     use super::*;
     use toolfleet_core::JobState;
 
+    fn parse(text: &str) -> Config {
+        Config::parse(text, std::path::Path::new("toolfleet.toml")).expect("a configuration")
+    }
+
     /// A process's event subscriptions on RabbitMQ are as deep as its fan-out.
     #[test]
     fn event_subscriptions_hold_as_many_events_as_the_fan_out() {
-        let config = Config::parse("", std::path::Path::new("toolfleet.toml"))
-            .expect("an empty configuration");
-        let options = rabbit_options(&config, 16, &BTreeSet::new()).expect("valid options");
+        let options = rabbit_options(&parse(""), 16, &BTreeSet::new()).expect("valid options");
         assert_eq!(options.notice_buffer, NOTICE_BUFFER);
         assert_eq!(options.default_prefetch, 16);
     }
@@ -784,9 +787,6 @@ mod tests {
     /// otherwise; 0 or more than 64 is refused, saying what is allowed.
     #[test]
     fn jobs_per_message_is_64_by_default_and_bounded() {
-        let parse = |text: &str| {
-            Config::parse(text, std::path::Path::new("toolfleet.toml")).expect("a configuration")
-        };
         let options = rabbit_options(&parse(""), 16, &BTreeSet::new()).expect("the default");
         assert_eq!(options.jobs_per_message, 64);
         let one =
@@ -809,9 +809,6 @@ mod tests {
     /// declared, or none in its pools) hears only cancels.
     #[test]
     fn a_worker_hears_settled_jobs_only_where_it_runs_an_agent() {
-        let parse = |text: &str| {
-            Config::parse(text, std::path::Path::new("toolfleet.toml")).expect("a configuration")
-        };
         let job = parse(
             r#"
             [[tools]]
