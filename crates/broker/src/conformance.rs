@@ -80,6 +80,7 @@ macro_rules! notices_conformance {
             event_arrives_whole_with_its_routing_key,
             lagging_subscriber_skips_and_keeps_up,
             a_batch_arrives_whole_each_jobs_events_in_order,
+            a_settled_subscription_hears_every_outcome_in_order,
         ]);
     };
 }
@@ -713,5 +714,53 @@ pub mod notices {
                 event.state
             );
         }
+    }
+
+    /// `subscribe_settled` hears every settled job and answered ticket, in
+    /// order, whatever else it may hear (an implementation may deliver
+    /// everything); the job's and ticket's other events are not outcomes.
+    pub async fn a_settled_subscription_hears_every_outcome_in_order(notices: &dyn Notices) {
+        let tenant = unique("tenant");
+        let mut outcomes = match within("subscribe_settled", notices.subscribe_settled()).await {
+            Ok(subscription) => subscription,
+            Err(e) => panic!("subscribing to outcomes: {e}"),
+        };
+        let job = |n: usize, state: &str| {
+            let mut e = event(&tenant, n);
+            e.state = state.to_owned();
+            e
+        };
+        let ticket = |state: &str| {
+            let mut e = job(9, state);
+            e.kind = "ticket".to_owned();
+            e.id = "t_1".to_owned();
+            e
+        };
+        let sent = [
+            job(0, "queued"),
+            job(0, "running"),
+            job(0, "succeeded"),
+            job(1, "retrying"),
+            job(1, "failed"),
+            job(2, "queued"),
+            job(2, "cancelled"),
+            ticket("open"),
+            ticket("answered"),
+        ];
+        for event in &sent {
+            publish(notices, event).await;
+        }
+        let expected: Vec<&Event> = sent
+            .iter()
+            .filter(|e| crate::SETTLED_STATES.contains(&e.state.as_str()))
+            .collect();
+        let mut heard = Vec::new();
+        while heard.len() < expected.len() {
+            let got = next_of(outcomes.as_mut(), &tenant, "each outcome").await;
+            if crate::SETTLED_STATES.contains(&got.state.as_str()) {
+                heard.push(got);
+            }
+        }
+        assert_eq!(heard.iter().collect::<Vec<_>>(), expected);
     }
 }

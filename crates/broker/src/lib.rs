@@ -29,6 +29,7 @@ pub mod memory;
 pub mod metered;
 pub mod postgres;
 pub mod rabbit;
+pub mod split;
 pub mod tee;
 
 /// Why a broker operation failed.
@@ -248,7 +249,19 @@ pub trait Notices: Send + Sync + 'static {
     }
     /// Every event published from now on.
     async fn subscribe(&self) -> Result<Box<dyn Subscription>, BrokerError>;
+    /// At least every event of a settled job and of an answered ticket
+    /// ([`SETTLED_STATES`]) published from now on: what a subscriber that
+    /// waits only for outcomes needs. An implementation may deliver only
+    /// those (see [`split::Split`]), so the subscriber still filters; by
+    /// default it delivers everything, as [`Notices::subscribe`].
+    async fn subscribe_settled(&self) -> Result<Box<dyn Subscription>, BrokerError> {
+        self.subscribe().await
+    }
 }
+
+/// The states of a settled job and of an answered ticket, as events carry
+/// them and routing keys on the events exchange end.
+pub const SETTLED_STATES: [&str; 4] = ["succeeded", "failed", "cancelled", "answered"];
 
 /// Splits `events` into groups that share a routing key, so that each group
 /// can travel as one message, without reordering any job's own events: the

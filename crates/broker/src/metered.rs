@@ -110,6 +110,10 @@ impl Notices for MeteredNotices {
     async fn subscribe(&self) -> Result<Box<dyn Subscription>, BrokerError> {
         self.seen(self.inner.subscribe().await)
     }
+
+    async fn subscribe_settled(&self) -> Result<Box<dyn Subscription>, BrokerError> {
+        self.seen(self.inner.subscribe_settled().await)
+    }
 }
 
 #[cfg(test)]

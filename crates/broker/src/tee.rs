@@ -54,6 +54,10 @@ impl<I: Notices, O: Notices> Notices for Tee<I, O> {
     async fn subscribe(&self) -> Result<Box<dyn Subscription>, BrokerError> {
         self.inner.subscribe().await
     }
+
+    async fn subscribe_settled(&self) -> Result<Box<dyn Subscription>, BrokerError> {
+        self.inner.subscribe_settled().await
+    }
 }
 
 #[cfg(test)]

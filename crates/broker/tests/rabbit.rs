@@ -13,6 +13,7 @@
 //! rabbitmqctl`).
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -24,7 +25,10 @@ use toolfleet_broker::conformance::{
 };
 use toolfleet_broker::fanout::Fanout;
 use toolfleet_broker::rabbit::{RabbitBroker, RabbitNotices, RabbitOptions};
-use toolfleet_broker::{Broker, BrokerError, Consumer, Delivery, Event, Notices, Subscription};
+use toolfleet_broker::split::Split;
+use toolfleet_broker::{
+    Broker, BrokerError, Consumer, Delivery, Event, Notices, SETTLED_STATES, Subscription,
+};
 use toolfleet_core::TraceContext;
 
 fn url() -> String {
@@ -177,6 +181,98 @@ impl Notices for FannedOut {
 }
 
 toolfleet_broker::notices_conformance!(mod fanout_conformance, fanned_out());
+
+/// A test's notices split as a dispatcher's are: every event through one
+/// fan-out, outcomes through another bound to their states alone.
+struct SplitUp {
+    split: Split,
+    _isolated: Isolated<RabbitNotices>,
+}
+
+async fn split_up() -> SplitUp {
+    let isolated = notices().await;
+    let all = Fanout::new(isolated.0.clone());
+    let settled = Fanout::new(isolated.0.clone().only_states(&SETTLED_STATES));
+    SplitUp {
+        split: Split::new(Arc::new(all), Arc::new(settled)),
+        _isolated: isolated,
+    }
+}
+
+#[async_trait]
+impl Notices for SplitUp {
+    async fn publish(&self, event: &Event) -> Result<(), BrokerError> {
+        self.split.publish(event).await
+    }
+
+    async fn subscribe(&self) -> Result<Box<dyn Subscription>, BrokerError> {
+        self.split.subscribe().await
+    }
+
+    async fn subscribe_settled(&self) -> Result<Box<dyn Subscription>, BrokerError> {
+        self.split.subscribe_settled().await
+    }
+}
+
+toolfleet_broker::notices_conformance!(mod split_conformance, split_up());
+
+/// Split notices route outcomes alone to a process whose subscribers all
+/// wait for outcomes: a job's `queued` and `running` are not even bound
+/// until a subscriber asks for every event, which then hears them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn split_notices_bind_every_state_only_once_asked() {
+    let options = options();
+    let prefix = options.prefix.clone();
+    let isolated = match RabbitNotices::connect(&url(), options).await {
+        Ok(notices) => Isolated(notices),
+        Err(e) => unreachable(e),
+    };
+    let split = Split::new(
+        Arc::new(Fanout::new(isolated.0.clone())),
+        Arc::new(Fanout::new(isolated.0.clone().only_states(&SETTLED_STATES))),
+    );
+    let mut outcomes = split.subscribe_settled().await.expect("subscribing");
+    let mut others = split.subscribe_settled().await.expect("subscribing again");
+    assert_eq!(
+        event_bindings(&prefix).await,
+        SETTLED_STATES.len(),
+        "one queue, bound to the outcomes' states alone"
+    );
+    let tenant = unique("tenant");
+    let event = |state: &str| Event {
+        kind: "job".to_owned(),
+        id: "job-a".to_owned(),
+        tenant: tenant.clone(),
+        tool: "receipt_ocr".to_owned(),
+        state: state.to_owned(),
+        run_id: "run-1".to_owned(),
+        body: serde_json::json!({"state": state}),
+        callback: false,
+    };
+    for state in ["queued", "running", "succeeded"] {
+        assert_eq!(split.publish(&event(state)).await, Ok(()));
+    }
+    for subscription in [&mut outcomes, &mut others] {
+        let got = timeout(ARRIVAL, subscription.next()).await;
+        assert_eq!(
+            got.ok().flatten().map(|e| e.state),
+            Some("succeeded".to_owned()),
+            "the first event an outcome subscriber hears is the outcome"
+        );
+    }
+    let mut every = split.subscribe().await.expect("subscribing to every event");
+    assert_eq!(
+        event_bindings(&prefix).await,
+        SETTLED_STATES.len() + 1,
+        "a second queue, bound to every key"
+    );
+    assert_eq!(split.publish(&event("running")).await, Ok(()));
+    let got = timeout(ARRIVAL, every.next()).await;
+    assert_eq!(
+        got.ok().flatten().map(|e| e.state),
+        Some("running".to_owned())
+    );
+}
 
 async fn consume(broker: &RabbitBroker, pool: &str, prefetch: u16) -> Box<dyn Consumer> {
     match broker.consume(pool, prefetch).await {
@@ -560,9 +656,9 @@ async fn subscription_comes_back_after_a_reconnect() {
     }
 }
 
-/// The queues bound to the events exchange of `prefix`, as RabbitMQ lists
-/// them.
-async fn event_queues(prefix: &str) -> usize {
+/// The bindings of the events exchange of `prefix` (one per queue and
+/// key), as RabbitMQ lists them.
+async fn event_bindings(prefix: &str) -> usize {
     let exchange = format!("{prefix}.events");
     let listed = rabbitmqctl(&[
         "list_bindings",
@@ -591,13 +687,13 @@ async fn fanout_binds_one_queue_however_many_subscribe() {
         locals.push(fanout.subscribe().await.expect("subscribing"));
     }
     assert_eq!(
-        event_queues(&prefix).await,
+        event_bindings(&prefix).await,
         1,
         "one queue for five subscribers"
     );
     let direct = notices.0.subscribe().await.expect("subscribing directly");
     assert_eq!(
-        event_queues(&prefix).await,
+        event_bindings(&prefix).await,
         2,
         "without the fan-out, a subscriber declares its own"
     );

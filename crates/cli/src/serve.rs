@@ -8,11 +8,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
+use toolfleet_broker::SETTLED_STATES;
 use toolfleet_broker::fanout::{Fanout, FanoutOptions};
 use toolfleet_broker::memory::{MemoryBroker, MemoryNotices};
 use toolfleet_broker::metered::{MeteredBroker, MeteredNotices};
 use toolfleet_broker::postgres::{PgNotices, PgOptions};
 use toolfleet_broker::rabbit::{MAX_IDS_PER_MESSAGE, RabbitBroker, RabbitOptions};
+use toolfleet_broker::split::Split;
 use toolfleet_broker::tee::Tee;
 use toolfleet_broker::{Broker, Notices};
 use toolfleet_core::Metrics;
@@ -361,10 +363,6 @@ fn rabbit_options(
     })
 }
 
-/// The states of a settled job and of an answered ticket, as event routing
-/// keys end.
-const SETTLED_STATES: [&str; 4] = ["succeeded", "failed", "cancelled", "answered"];
-
 /// What a worker that runs no agent hears: cancels.
 const CANCELLED_STATE: [&str; 1] = ["cancelled"];
 
@@ -414,7 +412,8 @@ const NOTICE_BUFFER: usize = 65_536;
 /// in-process. The one place a backend is chosen.
 ///
 /// A process given `only_states` hears, over RabbitMQ, only events of those
-/// states (see [`heard_states`]); `None`, every event.
+/// states (see [`heard_states`]); `None`, every event, with outcomes on a
+/// binding of their own ([`Split`]).
 pub async fn open_backends(
     config: &Config,
     prefetch: u16,
@@ -452,11 +451,22 @@ pub async fn open_backends(
     };
     let notices: Arc<dyn Notices> = match (notices_backend, &rabbit, &config.database_url) {
         (NoticesBackend::Broker, Some(broker), _) => {
-            let notices = match only_states {
-                Some(states) => broker.notices().only_states(states),
-                None => broker.notices(),
-            };
-            Arc::new(Fanout::with_options(notices, fanout))
+            match only_states {
+                Some(states) => Arc::new(Fanout::with_options(
+                    broker.notices().only_states(states),
+                    fanout,
+                )),
+                // Outcomes on a binding of their own: until a subscriber
+                // asks for every event, each job's `queued` and `running`
+                // are not routed here.
+                None => Arc::new(Split::new(
+                    Arc::new(Fanout::with_options(broker.notices(), fanout.clone())),
+                    Arc::new(Fanout::with_options(
+                        broker.notices().only_states(&SETTLED_STATES),
+                        fanout,
+                    )),
+                )),
+            }
         }
         (NoticesBackend::Postgres, _, Some(url)) => {
             // Fleets sharing a database keep apart by schema, else by prefix.

@@ -154,6 +154,8 @@ async fn every_entry_point_answers_bad_input_with_the_contract() {
     for path in [
         "/v1/jobs/01a00000-0000-7000-8000-000000000000?wait_s=99",
         "/v1/jobs?state=bogus",
+        "/v1/events?state=succeeded,bogus",
+        "/v1/events?state=",
         "/v1/jobs?limit=0",
         "/v1/jobs?limit=x",
         "/v1/jobs/01a00000-0000-7000-8000-000000000000?wait_s=soon",

@@ -15,8 +15,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::{
-    OTHER_TOKEN, Server, SharedCleanup, TOKEN, TempDir, events, eventually, hook_receiver, migrate,
-    psql_value, settle, shared_amqp_url, shared_database_url, shared_fleet,
+    OTHER_TOKEN, Server, SharedCleanup, TOKEN, TempDir, events, events_at, eventually,
+    hook_receiver, migrate, psql_value, settle, shared_amqp_url, shared_database_url, shared_fleet,
 };
 use serde_json::json;
 
@@ -123,6 +123,8 @@ async fn two_dispatchers_and_two_workers_share_one_fleet() {
     // Both tenants listen on B, where none of these jobs is called.
     let mallory = b.client(OTHER_TOKEN);
     let (alice_heard, mallory_heard) = (events(&alice_b), events(&mallory));
+    // A stream of outcomes alone, on B's binding of outcomes alone.
+    let alice_outcomes = events_at(&alice_b, "/v1/events?state=succeeded,failed");
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     // Called through A, settled on a worker, long-polled through B.
@@ -176,6 +178,31 @@ async fn two_dispatchers_and_two_workers_share_one_fleet() {
         async move { heard.contains(&first).then_some(()) }
     })
     .await;
+    // The stream of every state heard the jobs queued on A; the stream of
+    // outcomes heard the outcomes and nothing else.
+    assert!(
+        alice_heard
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|e| e["state"] == "queued" && ids.contains(e["id"].as_str().unwrap_or(""))),
+        "B's stream of every state heard no job queued on A"
+    );
+    eventually(Duration::from_secs(10), || {
+        let heard = heard(&alice_outcomes);
+        let ids = ids.clone();
+        async move { ids.iter().all(|id| heard.contains(id)).then_some(()) }
+    })
+    .await;
+    assert!(
+        alice_outcomes
+            .lock()
+            .unwrap()
+            .iter()
+            .all(|e| e["state"] == "succeeded"),
+        "the stream of outcomes heard: {:?}",
+        alice_outcomes.lock().unwrap()
+    );
     assert!(
         mallory_heard
             .lock()

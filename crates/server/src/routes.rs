@@ -527,8 +527,69 @@ async fn wake_parked(store: &dyn Store, broker: &dyn Broker, ticket: &str) {
     }
 }
 
-async fn events(State(state): State<AppState>, Caller(principal): Caller) -> Response {
-    let subscription = match state.notices.subscribe().await {
+#[derive(Deserialize)]
+struct EventsQuery {
+    /// States to hear, comma-separated (none: every state).
+    state: Option<String>,
+}
+
+/// The states a job or ticket event can carry.
+const EVENT_STATES: [&str; 8] = [
+    "queued",
+    "running",
+    "retrying",
+    "succeeded",
+    "failed",
+    "cancelled",
+    "open",
+    "answered",
+];
+
+/// The states of `?state=a,b`: each one of [`EVENT_STATES`]; `None` for
+/// every state.
+fn event_states(query: Option<&str>) -> Result<Option<Vec<&'static str>>, String> {
+    let Some(query) = query else {
+        return Ok(None);
+    };
+    let mut states = Vec::new();
+    for word in query.split(',').map(str::trim) {
+        match EVENT_STATES.iter().find(|s| **s == word) {
+            Some(state) if !states.contains(state) => states.push(*state),
+            Some(_) => {}
+            None => {
+                return Err(format!(
+                    "state `{}` is not one of {}",
+                    toolfleet_core::registry::truncate(word, 32),
+                    EVENT_STATES.join(", ")
+                ));
+            }
+        }
+    }
+    Ok(Some(states))
+}
+
+async fn events(
+    State(state): State<AppState>,
+    Caller(principal): Caller,
+    Query(q): Query<EventsQuery>,
+) -> Response {
+    let states = match event_states(q.state.as_deref()) {
+        Ok(states) => states,
+        Err(message) => return bad_request(message),
+    };
+    // A stream of outcomes alone takes the feed of outcomes, which on
+    // RabbitMQ routes nothing else to this process.
+    let outcomes = states.as_ref().is_some_and(|states| {
+        states
+            .iter()
+            .all(|s| toolfleet_broker::SETTLED_STATES.contains(s))
+    });
+    let subscribed = if outcomes {
+        state.notices.subscribe_settled().await
+    } else {
+        state.notices.subscribe().await
+    };
+    let subscription = match subscribed {
         Ok(s) => s,
         Err(error) => {
             return reply(&Envelope::error(ToolError::new(
@@ -541,6 +602,7 @@ async fn events(State(state): State<AppState>, Caller(principal): Caller) -> Res
     let stopping = state.stopping.clone();
     let stream = futures_util::stream::unfold(subscription, move |mut subscription| {
         let tenant = tenant.clone();
+        let states = states.clone();
         let mut stopping = stopping.clone();
         async move {
             loop {
@@ -551,7 +613,11 @@ async fn events(State(state): State<AppState>, Caller(principal): Caller) -> Res
                     _ = stopping.wait_for(|stop| *stop) => return None,
                 };
                 // Another tenant's events never leave the server.
-                if event.tenant != tenant {
+                if event.tenant != tenant
+                    || states
+                        .as_ref()
+                        .is_some_and(|states| !states.contains(&event.state.as_str()))
+                {
                     continue;
                 }
                 let data = json!({"kind": event.kind, "id": event.id, "tool": event.tool, "state": event.state, "run_id": event.run_id, "body": event.body});

@@ -37,12 +37,21 @@ pub async fn get_job(
     wait: Duration,
 ) -> Envelope {
     let settled = |job: &JobRecord| job.state.is_settled();
-    let settles = |event: &Event| event.is_settled_job();
+    let settles = Wakes::Settled(|event: &Event| event.is_settled_job());
     match wait_until(store, notices, tenant, id, wait, settled, settles).await {
         Ok(Some(job)) => job.envelope(POLL_AFTER_S),
         Ok(None) => Envelope::error(missing(id)),
         Err(error) => Envelope::error(error),
     }
+}
+
+/// Which events of a job end a wait, and so which subscription it takes.
+enum Wakes<F> {
+    /// Only outcomes among those `F` accepts: the wait takes
+    /// [`Notices::subscribe_settled`].
+    Settled(F),
+    /// Any event `F` accepts: the wait hears every event.
+    Any(F),
 }
 
 /// Reads the tenant's job and, unless `done` holds for it already, waits up
@@ -57,16 +66,19 @@ async fn wait_until(
     id: &str,
     wait: Duration,
     done: impl Fn(&JobRecord) -> bool,
-    wakes: impl Fn(&Event) -> bool,
+    wakes: Wakes<impl Fn(&Event) -> bool>,
 ) -> Result<Option<JobRecord>, ToolError> {
     if !plausible(id) {
         return Ok(None);
     }
-    let mut events = if wait.is_zero() {
-        None
-    } else {
-        notices.subscribe().await.ok()
+    let (subscribed, wakes) = match wakes {
+        Wakes::Settled(wakes) if !wait.is_zero() => {
+            (Some(notices.subscribe_settled().await), wakes)
+        }
+        Wakes::Any(wakes) if !wait.is_zero() => (Some(notices.subscribe().await), wakes),
+        Wakes::Settled(wakes) | Wakes::Any(wakes) => (None, wakes),
     };
+    let mut events = subscribed.and_then(Result::ok);
     let current = store.job(tenant, id).await.map_err(store_error)?;
     let Some(job) = current else {
         return Ok(None);
@@ -133,7 +145,16 @@ pub async fn wait_change(
     wait: Duration,
 ) -> Result<Option<JobRecord>, ToolError> {
     let changed = |job: &JobRecord| job.updated_at != since || job.state.is_settled();
-    wait_until(store, notices, tenant, id, wait, changed, |_| true).await
+    wait_until(
+        store,
+        notices,
+        tenant,
+        id,
+        wait,
+        changed,
+        Wakes::Any(|_: &Event| true),
+    )
+    .await
 }
 
 #[derive(Deserialize)]

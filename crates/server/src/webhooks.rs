@@ -103,7 +103,8 @@ pub async fn deliver(
         metrics,
     });
     tokio::spawn(catch_up(sender.clone(), stopped.clone()));
-    let Ok(mut events) = notices.subscribe().await else {
+    // Notices go out for outcomes alone (see `callback_of`).
+    let Ok(mut events) = notices.subscribe_settled().await else {
         tracing::warn!(
             "webhooks: cannot subscribe to events; sending only what the store shows unsent"
         );

@@ -529,13 +529,20 @@ impl Drop for SharedCleanup {
 
 /// Collects the SSE events of one client.
 pub fn events(client: &Client) -> std::sync::Arc<std::sync::Mutex<Vec<Value>>> {
+    events_at(client, "/v1/events")
+}
+
+/// Collects the SSE events of one client on `path` (`/v1/events` with a
+/// query, say).
+pub fn events_at(client: &Client, path: &str) -> std::sync::Arc<std::sync::Mutex<Vec<Value>>> {
     let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let store = seen.clone();
     let client = client.clone();
+    let path = path.to_owned();
     tokio::spawn(async move {
         let mut response = client
             .http
-            .get(format!("{}/v1/events", client.base))
+            .get(format!("{}{path}", client.base))
             .bearer_auth(&client.token)
             .send()
             .await
