@@ -11,7 +11,10 @@
 //! reaches the local subscriber, as the trait promises. If the shared
 //! subscription ends, it is made again (with backoff while that fails), and
 //! a local `subscribe()` that finds none makes it itself, answering the
-//! wrapped notices' error if it cannot. Publishing passes straight through.
+//! wrapped notices' error if it cannot. When an event arrives and no local
+//! subscriber is left, the shared subscription ends (on RabbitMQ its queue
+//! goes, and nothing more is routed to this process for it) until the next
+//! `subscribe()`. Publishing passes straight through.
 //!
 //! What it does not promise: events published while the shared subscription
 //! is being made again are missed (as when the wrapped notices reconnect),
@@ -232,6 +235,23 @@ impl<N: Notices> Shared<N> {
         }
     }
 
+    /// Whether pump `generation` should stop, its shared subscription
+    /// ending with it: no local subscriber is left (the next `subscribe()`
+    /// makes a new one), or another pump has taken over.
+    async fn idle(&self, generation: u64) -> bool {
+        let mut slot = self.slot.lock().await;
+        if slot.generation != generation {
+            return true;
+        }
+        // Local subscribers join the ring while holding the slot: none can
+        // join between this count and marking the subscription gone.
+        if self.ring.receiver_count() > 0 {
+            return false;
+        }
+        slot.live = false;
+        true
+    }
+
     /// Makes the shared subscription of pump `generation` again, unless a
     /// local `subscribe()` already made a newer one or the fan-out closed.
     async fn again(&self, generation: u64) -> Again {
@@ -271,8 +291,15 @@ async fn pump<N: Notices>(shared: Arc<Shared<N>>, generation: u64, first: Box<dy
                 next = current.next() => next,
             };
             match next {
-                // An error only says that no local subscriber is listening.
-                Some(event) => drop(shared.ring.send(event)),
+                Some(event) => {
+                    // An error says that no local subscriber is listening:
+                    // then, unless one has just come, the shared
+                    // subscription ends, so that this process is no longer
+                    // sent what nobody in it hears.
+                    if shared.ring.send(event).is_err() && shared.idle(generation).await {
+                        return;
+                    }
+                }
                 None => break,
             }
         }

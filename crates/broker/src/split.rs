@@ -5,11 +5,14 @@
 //! bindings, so a dispatcher whose subscribers all wait for outcomes
 //! (webhooks, `get_job` long polls, event streams asking for outcomes)
 //! has only those routed to it: each job's `queued` and `running` cost it
-//! no delivery, until a subscriber asks for every event.
+//! no delivery while no subscriber asks for every event (a [`Fanout`]
+//! ends its shared subscription once nobody in the process listens).
 //!
 //! Publishing goes to the notices of every event; the settled ones must
 //! hear what those publish (two views of one exchange), which is what makes
 //! a split of two unrelated notices wrong.
+//!
+//! [`Fanout`]: crate::fanout::Fanout
 
 use std::sync::Arc;
 

@@ -487,3 +487,34 @@ async fn dropping_the_fanout_ends_local_subscriptions() {
     let ended = tokio::time::timeout(ARRIVAL, local.next()).await;
     assert!(matches!(ended, Ok(None)), "{ended:?}");
 }
+
+#[tokio::test]
+async fn fanout_ends_its_subscription_once_nobody_listens_and_makes_it_again() {
+    let flaky = Flaky::new();
+    let fanout = Fanout::new(flaky.clone());
+    let first = subscribe(&fanout).await;
+    drop(first);
+    // Still subscribed until an event shows that nobody listens.
+    assert!(fanout.is_subscribed().await);
+    assert_eq!(fanout.publish(&event("acme", "job-unheard")).await, Ok(()));
+    let deadline = tokio::time::Instant::now() + ARRIVAL;
+    while fanout.is_subscribed().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the shared subscription outlived its last subscriber"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let mut again = subscribe(&fanout).await;
+    assert_eq!(flaky.subscribed(), 2, "made again for the next subscriber");
+    let sent = event("acme", "job-b");
+    assert_eq!(fanout.publish(&sent).await, Ok(()));
+    assert_eq!(next_event(again.as_mut(), "after ending").await, sent);
+    // A subscriber that stays keeps it: events flow, nothing is made again.
+    for n in 0..3 {
+        let sent = event("acme", &format!("job-{n}"));
+        assert_eq!(fanout.publish(&sent).await, Ok(()));
+        assert_eq!(next_event(again.as_mut(), "while listening").await, sent);
+    }
+    assert_eq!(flaky.subscribed(), 2);
+}

@@ -218,7 +218,8 @@ toolfleet_broker::notices_conformance!(mod split_conformance, split_up());
 
 /// Split notices route outcomes alone to a process whose subscribers all
 /// wait for outcomes: a job's `queued` and `running` are not even bound
-/// until a subscriber asks for every event, which then hears them.
+/// until a subscriber asks for every event, which then hears them, and are
+/// unbound again once it is gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn split_notices_bind_every_state_only_once_asked() {
     let options = options();
@@ -271,6 +272,20 @@ async fn split_notices_bind_every_state_only_once_asked() {
     assert_eq!(
         got.ok().flatten().map(|e| e.state),
         Some("running".to_owned())
+    );
+    // Once that subscriber is gone, the next event unheard unbinds every key.
+    drop(every);
+    assert_eq!(split.publish(&event("running")).await, Ok(()));
+    let deadline = Instant::now() + ARRIVAL;
+    while event_bindings(&prefix).await != SETTLED_STATES.len() {
+        assert!(Instant::now() < deadline, "every key stayed bound");
+        sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(split.publish(&event("succeeded")).await, Ok(()));
+    let got = timeout(ARRIVAL, outcomes.next()).await;
+    assert_eq!(
+        got.ok().flatten().map(|e| e.state),
+        Some("succeeded".to_owned())
     );
 }
 

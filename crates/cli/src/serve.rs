@@ -456,7 +456,7 @@ pub async fn open_backends(
                     broker.notices().only_states(states),
                     fanout,
                 )),
-                // Outcomes on a binding of their own: until a subscriber
+                // Outcomes on a binding of their own: while no subscriber
                 // asks for every event, each job's `queued` and `running`
                 // are not routed here.
                 None => Arc::new(Split::new(
