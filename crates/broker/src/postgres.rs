@@ -291,7 +291,7 @@ impl Notices for PgNotices {
     }
 
     /// The chunks of many events in one statement (so one transaction and
-    /// one round trip), in the order given, up to [`BATCH_BYTES`] a
+    /// one round trip), in the order given, up to a mebibyte (`BATCH_BYTES`) a
     /// statement. An event over the size bound is left out and named in the
     /// answer; the others still go.
     async fn publish_all(&self, events: &[Event]) -> Result<(), BrokerError> {

@@ -12,7 +12,7 @@ use crate::serve::DEV_TOKEN_FILE;
 /// Where the server is and who we are.
 #[derive(clap::Args)]
 pub struct ServerArgs {
-    /// The server (default: http://<listen> of the configuration).
+    /// The server (default: http:// and the `listen` address of the configuration).
     #[arg(long, env = "TOOLFLEET_URL")]
     server: Option<String>,
     /// The bearer token (default: the development token in the data directory).

@@ -81,7 +81,7 @@ pub fn notice_body(event: &Event) -> Value {
 
 /// Sends notices until `stopped` turns true, counting them in `metrics`:
 /// each settled job or answered ticket whose event this process hears, and
-/// (every [`CATCH_UP_EVERY`]) each settled job with a callback whose notice
+/// (every `CATCH_UP_EVERY`, ten seconds) each settled job with a callback whose notice
 /// nobody claimed, found in the store: an event that every dispatcher
 /// missed (all were down, or reconnecting to the notices) still gets its
 /// webhook. The commit log keeps every notice to one sender, and records it

@@ -1139,7 +1139,7 @@ pub async fn an_expired_commit_claim_is_taken_over(store: &dyn Store) {
 
 /// An outcome is kept until `keep_until` and not after.
 ///
-/// This test works at [`LATER`], after every time other tests use and
+/// This test works at `LATER`, after every time other tests use and
 /// before their `keep_until`, so expiring outcomes here expires none of theirs.
 pub async fn a_settled_commit_expires_after_keep_until(store: &dyn Store) {
     let key = new_id();
