@@ -631,8 +631,9 @@ impl Run {
         }
         let began = now_ms();
         let answer = loop {
-            // Subscribe before reading, so an answer between the two is seen.
-            let events = self.env.notices.subscribe().await.ok();
+            // Subscribe before reading, so an answer between the two is seen;
+            // an answered ticket is an outcome.
+            let events = self.env.notices.subscribe_settled().await.ok();
             match self.env.store.ticket(ctx.tenant(), ticket).await {
                 Ok(Some(record)) => {
                     if let Some(answer) = record.answer {

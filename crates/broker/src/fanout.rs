@@ -1,9 +1,11 @@
-//! One subscription per process: [`Fanout`] wraps any [`Notices`] so that
-//! every local subscriber (each `get_job` long poll, each SSE stream, the
-//! webhook sender, each worker's cancel follower) shares a single
-//! subscription of the wrapped notices, fanned out through a broadcast ring.
-//! On RabbitMQ that is one queue per process instead of one per subscriber;
-//! on PostgreSQL it is one more ring in front of the one `LISTEN`.
+//! One subscription per process and kind: [`Fanout`] wraps any [`Notices`]
+//! so that every local subscriber (each `get_job` long poll, each SSE
+//! stream, the webhook sender, each worker's cancel follower) shares a
+//! single subscription of the wrapped notices, fanned out through a
+//! broadcast ring. On RabbitMQ that is one queue per process (one for
+//! outcomes and one for every event, where [`crate::split::Split`] puts two
+//! fan-outs side by side) instead of one per subscriber; on PostgreSQL it is
+//! one more ring in front of the one `LISTEN`.
 //!
 //! This module owns the shared subscription and its ring. The shared
 //! subscription is made by the first `subscribe()`, before that call
@@ -12,9 +14,10 @@
 //! subscription ends, it is made again (with backoff while that fails), and
 //! a local `subscribe()` that finds none makes it itself, answering the
 //! wrapped notices' error if it cannot. When an event arrives and no local
-//! subscriber is left, the shared subscription ends (on RabbitMQ its queue
-//! goes, and nothing more is routed to this process for it) until the next
-//! `subscribe()`. Publishing passes straight through.
+//! subscriber has been left for [`FanoutOptions::linger`], the shared
+//! subscription ends (on RabbitMQ its queue goes, and nothing more is routed
+//! to this process for it) until the next `subscribe()`. Publishing passes
+//! straight through.
 //!
 //! What it does not promise: events published while the shared subscription
 //! is being made again are missed (as when the wrapped notices reconnect),
@@ -49,6 +52,10 @@ pub struct FanoutOptions {
     pub retry_min: Duration,
     /// The longest pause between those attempts.
     pub retry_max: Duration,
+    /// How long the shared subscription outlives its last local
+    /// subscriber: it ends at the first event after this long with none,
+    /// so that subscribers coming and going do not make it again each time.
+    pub linger: Duration,
 }
 
 impl Default for FanoutOptions {
@@ -58,6 +65,7 @@ impl Default for FanoutOptions {
             subscribe_timeout: Duration::from_secs(10),
             retry_min: Duration::from_millis(100),
             retry_max: Duration::from_secs(10),
+            linger: Duration::from_secs(30),
         }
     }
 }
@@ -117,6 +125,9 @@ struct Slot {
     generation: u64,
     /// A pump is forwarding a shared subscription.
     live: bool,
+    /// Since when an event found no local subscriber, none having joined
+    /// since.
+    unheard_since: Option<tokio::time::Instant>,
 }
 
 /// What an attempt to make the shared subscription again came to.
@@ -206,6 +217,7 @@ impl<N: Notices> Notices for Fanout<N> {
         }
         // Only now: the shared subscription hears everything from here on.
         let events = shared.ring.subscribe();
+        slot.unheard_since = None;
         drop(slot);
         Ok(Box::new(FanoutSubscription {
             events,
@@ -236,8 +248,9 @@ impl<N: Notices> Shared<N> {
     }
 
     /// Whether pump `generation` should stop, its shared subscription
-    /// ending with it: no local subscriber is left (the next `subscribe()`
-    /// makes a new one), or another pump has taken over.
+    /// ending with it: no local subscriber has been left for
+    /// [`FanoutOptions::linger`] (the next `subscribe()` makes a new one),
+    /// or another pump has taken over.
     async fn idle(&self, generation: u64) -> bool {
         let mut slot = self.slot.lock().await;
         if slot.generation != generation {
@@ -246,6 +259,11 @@ impl<N: Notices> Shared<N> {
         // Local subscribers join the ring while holding the slot: none can
         // join between this count and marking the subscription gone.
         if self.ring.receiver_count() > 0 {
+            return false;
+        }
+        let now = tokio::time::Instant::now();
+        let since = *slot.unheard_since.get_or_insert(now);
+        if now.duration_since(since) < self.options.linger {
             return false;
         }
         slot.live = false;

@@ -13,7 +13,9 @@
 //! that every implementation runs. Across processes, jobs move over RabbitMQ
 //! ([`rabbit`]) and events over RabbitMQ's events exchange or PostgreSQL's
 //! `LISTEN`/`NOTIFY` ([`postgres`]), each behind a [`fanout::Fanout`] so a
-//! process holds one subscription however many local subscribers it has.
+//! process holds one subscription however many local subscribers it has
+//! (on RabbitMQ, two where the HTTP API runs: outcomes and every event, see
+//! [`split`]).
 
 use std::time::Duration;
 

@@ -491,20 +491,35 @@ async fn dropping_the_fanout_ends_local_subscriptions() {
 #[tokio::test]
 async fn fanout_ends_its_subscription_once_nobody_listens_and_makes_it_again() {
     let flaky = Flaky::new();
-    let fanout = Fanout::new(flaky.clone());
+    let linger = Duration::from_millis(200);
+    let fanout = Fanout::with_options(
+        flaky.clone(),
+        FanoutOptions {
+            linger,
+            ..FanoutOptions::default()
+        },
+    );
     let first = subscribe(&fanout).await;
     drop(first);
-    // Still subscribed until an event shows that nobody listens.
-    assert!(fanout.is_subscribed().await);
-    assert_eq!(fanout.publish(&event("acme", "job-unheard")).await, Ok(()));
+    // Still subscribed while events come within the linger.
+    for n in 0..3 {
+        let unheard = event("acme", &format!("job-unheard-{n}"));
+        assert_eq!(fanout.publish(&unheard).await, Ok(()));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(fanout.is_subscribed().await, "ended within the linger");
+    // Past it, the next event shows that nobody listens.
+    tokio::time::sleep(linger).await;
     let deadline = tokio::time::Instant::now() + ARRIVAL;
     while fanout.is_subscribed().await {
+        assert_eq!(fanout.publish(&event("acme", "job-late")).await, Ok(()));
         assert!(
             tokio::time::Instant::now() < deadline,
             "the shared subscription outlived its last subscriber"
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+    assert_eq!(flaky.subscribed(), 1, "not made again meanwhile");
     let mut again = subscribe(&fanout).await;
     assert_eq!(flaky.subscribed(), 2, "made again for the next subscriber");
     let sent = event("acme", "job-b");

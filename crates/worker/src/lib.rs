@@ -235,7 +235,8 @@ impl Worker {
         );
         // Listening for cancels before the first job is taken, so none is
         // announced unheard (the heartbeat would find it, a lease later).
-        let cancels = match self.notices.subscribe().await {
+        // A cancel is an outcome: the feed of outcomes carries it.
+        let cancels = match self.notices.subscribe_settled().await {
             Ok(events) => Some(events),
             Err(error) => {
                 tracing::warn!(pool = %self.config.pool, %error, "cannot follow cancels; heartbeats will find them");
