@@ -80,7 +80,8 @@ pub fn notice_body(event: &Event) -> Value {
 }
 
 /// Sends notices until `stopped` turns true, counting them in `metrics`:
-/// each settled job or answered ticket whose event this process hears, and
+/// each settled job or answered ticket whose event this process hears (its
+/// subscription made again, with backoff, whenever it fails or ends), and
 /// (every `CATCH_UP_EVERY`, ten seconds) each settled job with a callback whose notice
 /// nobody claimed, found in the store: an event that every dispatcher
 /// missed (all were down, or reconnecting to the notices) still gets its
@@ -103,23 +104,59 @@ pub async fn deliver(
         metrics,
     });
     tokio::spawn(catch_up(sender.clone(), stopped.clone()));
-    // Notices go out for outcomes alone (see `callback_of`).
-    let Ok(mut events) = notices.subscribe_settled().await else {
-        tracing::warn!(
-            "webhooks: cannot subscribe to events; sending only what the store shows unsent"
-        );
-        return;
-    };
+    let pauses = ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(100))
+        .with_max_delay(Duration::from_secs(10))
+        .with_jitter()
+        .without_max_times();
     loop {
-        let event = tokio::select! {
-            event = events.next() => event,
-            _ = stopped.changed() => None,
+        let Some(mut events) = subscribe(notices.as_ref(), pauses, &mut stopped).await else {
+            return;
         };
-        let Some(event) = event else { return };
-        let Some(url) = callback_of(sender.store.as_ref(), &event).await else {
-            continue;
+        loop {
+            let event = tokio::select! {
+                event = events.next() => event,
+                _ = stopped.changed() => return,
+            };
+            // Ended (the notices closed for now): subscribe again.
+            let Some(event) = event else { break };
+            let Some(url) = callback_of(sender.store.as_ref(), &event).await else {
+                continue;
+            };
+            sender.notify(&event, url).await;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_millis(100)) => {}
+            _ = stopped.changed() => return,
+        }
+    }
+}
+
+/// The webhooks' subscription, to outcomes alone (see `callback_of`):
+/// tried again after `pauses` while the notices refuse it (the store's
+/// unsent notices are still sent meanwhile); `None` once `stopped` or once
+/// the notices are closed for good.
+async fn subscribe(
+    notices: &dyn Notices,
+    pauses: ExponentialBuilder,
+    stopped: &mut watch::Receiver<bool>,
+) -> Option<Box<dyn toolfleet_broker::Subscription>> {
+    let mut pauses = pauses.build();
+    loop {
+        if *stopped.borrow() {
+            return None;
+        }
+        let error = match notices.subscribe_settled().await {
+            Ok(events) => return Some(events),
+            Err(toolfleet_broker::BrokerError::Closed) => return None,
+            Err(error) => error,
         };
-        sender.notify(&event, url).await;
+        let pause = pauses.next().unwrap_or(Duration::from_secs(10));
+        tracing::warn!(%error, ?pause, "webhooks: cannot subscribe to events yet; sending what the store shows unsent meanwhile");
+        tokio::select! {
+            () = tokio::time::sleep(pause) => {}
+            _ = stopped.changed() => return None,
+        }
     }
 }
 
@@ -426,5 +463,120 @@ mod tests {
             sample(&metrics, "toolfleet_webhook_abandoned_total"),
             Some(1.0)
         );
+    }
+
+    /// Notices that refuse the first `refusals` subscriptions.
+    struct Refusing {
+        inner: toolfleet_broker::memory::MemoryNotices,
+        refusals: std::sync::atomic::AtomicUsize,
+    }
+
+    #[async_trait::async_trait]
+    impl Notices for Refusing {
+        async fn publish(&self, event: &Event) -> Result<(), toolfleet_broker::BrokerError> {
+            self.inner.publish(event).await
+        }
+
+        async fn subscribe(
+            &self,
+        ) -> Result<Box<dyn toolfleet_broker::Subscription>, toolfleet_broker::BrokerError>
+        {
+            use std::sync::atomic::Ordering;
+            let refuse = self
+                .refusals
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+            match refuse {
+                Ok(_) => Err(toolfleet_broker::BrokerError::Unavailable(
+                    "refusing, for the test".into(),
+                )),
+                Err(_) => self.inner.subscribe().await,
+            }
+        }
+    }
+
+    /// One HTTP endpoint answering 200 to everything; each request's
+    /// text goes to the channel.
+    async fn hooks() -> (String, tokio::sync::mpsc::UnboundedReceiver<String>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a port");
+        let url = format!("http://{}/hook", listener.local_addr().expect("an address"));
+        let (heard, hooks) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let heard = heard.clone();
+                tokio::spawn(async move {
+                    let mut request = vec![0u8; 64 * 1024];
+                    let mut read = 0;
+                    while let Ok(n) = stream.read(&mut request[read..]).await {
+                        if n == 0 {
+                            return;
+                        }
+                        read += n;
+                        let text = String::from_utf8_lossy(&request[..read]).into_owned();
+                        if text.contains("\r\n\r\n{") && text.trim_end().ends_with('}') {
+                            let _ = heard.send(text);
+                            let _ = stream
+                                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+                                .await;
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (url, hooks)
+    }
+
+    /// Notices that refuse the webhooks' first subscriptions do not leave
+    /// them deaf: they subscribe again, and a settled job's event heard
+    /// afterwards is sent.
+    #[tokio::test]
+    async fn webhooks_subscribe_again_until_the_notices_take_them() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let store: Arc<dyn Store> = Arc::new(
+            toolfleet_store::sqlite::SqliteStore::open_in_memory()
+                .await
+                .expect("a store"),
+        );
+        let refusing = Arc::new(Refusing {
+            inner: toolfleet_broker::memory::MemoryNotices::new(),
+            refusals: 2.into(),
+        });
+        let (url, mut hooks) = hooks().await;
+        let id = settled_at(store.as_ref(), &url, now_ms()).await;
+        let job = store.job_by_id(&id).await.expect("read").expect("the job");
+        let (stop, stopped) = watch::channel(false);
+        tokio::spawn(deliver(
+            store.clone(),
+            refusing.clone(),
+            reqwest::Client::new(),
+            b"key".to_vec(),
+            Arc::new(Metrics::new()),
+            stopped,
+        ));
+        // Announced until heard: the first announcements find nobody
+        // subscribed, and the notice is claimed once, so it is sent once.
+        // Within the store search's grace: only the event can send it.
+        let heard = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                assert_eq!(refusing.publish(&job_event(&job)).await, Ok(()));
+                tokio::select! {
+                    heard = hooks.recv() => return heard,
+                    () = tokio::time::sleep(Duration::from_millis(50)) => {}
+                }
+            }
+        })
+        .await
+        .expect("a notice within 5 s")
+        .expect("a request");
+        assert!(heard.contains(&id), "{heard}");
+        assert_eq!(
+            refusing.refusals.load(std::sync::atomic::Ordering::SeqCst),
+            0,
+            "subscribed only after both refusals"
+        );
+        stop.send_replace(true);
     }
 }
