@@ -317,6 +317,15 @@ mod tests {
         ) -> Result<Vec<JobRecord>, StoreError> {
             unreachable!()
         }
+        async fn unnotified_tickets(
+            &self,
+            _: &str,
+            _: i64,
+            _: i64,
+            _: u32,
+        ) -> Result<Vec<TicketRecord>, StoreError> {
+            unreachable!()
+        }
         async fn insert_job(&self, _: NewJob) -> Result<Inserted, StoreError> {
             unreachable!()
         }

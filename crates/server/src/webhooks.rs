@@ -20,9 +20,9 @@ use sha2::Sha256;
 use tokio::sync::watch;
 use toolfleet_broker::{Event, Notices};
 use toolfleet_core::{Envelope, Json, Metrics};
-use toolfleet_store::{CommitClaim, Store};
+use toolfleet_store::{CommitClaim, Store, StoreError};
 
-use crate::dispatch::{job_event, now_ms};
+use crate::dispatch::{job_event, now_ms, ticket_event};
 
 /// Attempts per delivery before it is given up (and logged).
 const MAX_ATTEMPTS: usize = 12;
@@ -82,13 +82,13 @@ pub fn notice_body(event: &Event) -> Value {
 /// Sends notices until `stopped` turns true, counting them in `metrics`:
 /// each settled job or answered ticket whose event this process hears (its
 /// subscription made again, with backoff, whenever it fails or ends), and
-/// (every `CATCH_UP_EVERY`, ten seconds) each settled job with a callback whose notice
-/// nobody claimed, found in the store: an event that every dispatcher
-/// missed (all were down, or reconnecting to the notices) still gets its
-/// webhook. The commit log keeps every notice to one sender, and records it
-/// delivered or given up. Not covered: an answered ticket whose event was
-/// missed, and a notice whose sender died while it held the claim (30
-/// minutes), which only a dispatcher starting within the hour after finds.
+/// (every `CATCH_UP_EVERY`, ten seconds) each settled job and answered
+/// ticket with a callback whose notice nobody claimed, found in the store:
+/// an event that every dispatcher missed (all were down, or reconnecting to
+/// the notices) still gets its webhook. The commit log keeps every notice
+/// to one sender, and records it delivered or given up. Not covered: a
+/// notice whose sender died while it held the claim (30 minutes), which
+/// only a dispatcher starting within the hour after finds.
 pub async fn deliver(
     store: Arc<dyn Store>,
     notices: Arc<dyn Notices>,
@@ -177,6 +177,9 @@ const CATCH_UP_LOOKBACK_MS: i64 = 3_600_000;
 const CATCH_UP_PAGE: u32 = 200;
 /// The commit-log key prefix of a job's notice: `webhook:job:<id>:<state>`.
 const JOB_NOTICE: &str = "webhook:job:";
+/// The commit-log key prefix of a ticket's notice:
+/// `webhook:ticket:<id>:answered`.
+const TICKET_NOTICE: &str = "webhook:ticket:";
 
 /// Sends the notices of settled jobs that nobody claimed, oldest first,
 /// until `stopped`.
@@ -192,40 +195,73 @@ async fn catch_up(sender: Arc<Sender>, mut stopped: watch::Receiver<bool>) {
 }
 
 impl Sender {
-    /// One search at `now` for notices nobody claimed, of jobs settled from
-    /// `since` until the grace before `now`, page after page, each notice
-    /// claimed and sent; answers where the next search starts. A claimed
-    /// notice leaves the search's answers, so each page is a search from
-    /// the same `since` again. A page whose notices could not be claimed
-    /// (the commit log failed) ends the search with `since` unchanged, so
-    /// nothing behind it is skipped.
+    /// One search at `now` for notices nobody claimed, of jobs settled and
+    /// tickets answered from `since` until the grace before `now`, page
+    /// after page, each notice claimed and sent; answers where the next
+    /// search starts. A page whose notices could not be claimed (the commit
+    /// log failed) ends the search with `since` unchanged, so nothing
+    /// behind it is skipped.
     async fn catch_up_once(&self, since: i64, now: i64) -> i64 {
         let until = now - CATCH_UP_GRACE_MS;
+        let store = self.store.as_ref();
+        let jobs = self
+            .catch_up_pages(|| async {
+                let jobs = store
+                    .unnotified_jobs(JOB_NOTICE, since, until, CATCH_UP_PAGE)
+                    .await?;
+                Ok(jobs
+                    .iter()
+                    .map(|job| (job_event(job), job.callback_url.clone()))
+                    .collect())
+            })
+            .await;
+        let tickets = self
+            .catch_up_pages(|| async {
+                let tickets = store
+                    .unnotified_tickets(TICKET_NOTICE, since, until, CATCH_UP_PAGE)
+                    .await?;
+                Ok(tickets
+                    .iter()
+                    .map(|ticket| (ticket_event(ticket), ticket.callback_url.clone()))
+                    .collect())
+            })
+            .await;
+        if jobs && tickets {
+            since.max(until - CATCH_UP_OVERLAP_MS)
+        } else {
+            since
+        }
+    }
+
+    /// Claims and sends the notices of each page `search` finds (the events
+    /// of settled jobs or answered tickets with their callbacks) until a
+    /// page is short; true when every one found was claimed. A claimed
+    /// notice leaves the search's answers, so each page is the same search
+    /// again.
+    async fn catch_up_pages<F, Fut>(&self, search: F) -> bool
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = Result<Vec<(Event, Option<String>)>, StoreError>>,
+    {
         loop {
-            let found = self
-                .store
-                .unnotified_jobs(JOB_NOTICE, since, until, CATCH_UP_PAGE)
-                .await;
-            let jobs = match found {
-                Ok(jobs) => jobs,
+            let found = match search().await {
+                Ok(found) => found,
                 Err(error) => {
                     tracing::warn!(%error, "webhooks: cannot search the store for unsent notices");
-                    return since;
+                    return false;
                 }
             };
             let mut claimed = true;
-            for job in &jobs {
-                let Some(url) = job.callback_url.clone() else {
-                    continue;
-                };
-                tracing::info!(job_id = %job.id, state = %job.state, "webhooks: sending a notice no listener sent");
-                claimed &= self.notify(&job_event(job), url).await;
+            for (event, url) in &found {
+                let Some(url) = url.clone() else { continue };
+                tracing::info!(kind = %event.kind, id = %event.id, state = %event.state, "webhooks: sending a notice no listener sent");
+                claimed &= self.notify(event, url).await;
             }
             if !claimed {
-                return since;
+                return false;
             }
-            if jobs.len() < CATCH_UP_PAGE as usize {
-                return since.max(until - CATCH_UP_OVERLAP_MS);
+            if found.len() < CATCH_UP_PAGE as usize {
+                return true;
             }
         }
     }
@@ -578,5 +614,60 @@ mod tests {
             "subscribed only after both refusals"
         );
         stop.send_replace(true);
+    }
+
+    /// A ticket answered while nobody listened is found by the store
+    /// search, its notice sent once and claimed, so the next search leaves
+    /// it.
+    #[tokio::test]
+    async fn a_search_sends_the_notice_of_a_ticket_answered_unheard() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let store: Arc<dyn Store> = Arc::new(
+            toolfleet_store::sqlite::SqliteStore::open_in_memory()
+                .await
+                .expect("a store"),
+        );
+        let (url, mut hooks) = hooks().await;
+        let answered = now_ms() - 60_000;
+        let ticket = toolfleet_store::NewTicket {
+            id: format!("t_{}", toolfleet_core::new_id()),
+            tenant: "acme".to_owned(),
+            user: "alice".to_owned(),
+            tool: "ask_user".to_owned(),
+            question: "travel or meals?".to_owned(),
+            options: Vec::new(),
+            args: json!({}),
+            run_id: toolfleet_core::new_id(),
+            call_id: toolfleet_core::new_id(),
+            callback_url: Some(url),
+            now: answered - 1,
+        };
+        let id = store.insert_ticket(ticket).await.expect("insert").id;
+        store
+            .answer_ticket("acme", &id, &json!("travel"), answered)
+            .await
+            .expect("answer")
+            .expect("answered");
+        let sender = Sender {
+            store: store.clone(),
+            client: reqwest::Client::new(),
+            key: Arc::new(b"key".to_vec()),
+            metrics: Arc::new(Metrics::new()),
+        };
+        let now = now_ms();
+        sender.catch_up_once(answered - 1, now).await;
+        let heard = tokio::time::timeout(Duration::from_secs(5), hooks.recv())
+            .await
+            .expect("a notice within 5 s")
+            .expect("a request");
+        assert!(heard.contains(&id) && heard.contains("answered"), "{heard}");
+        let unsent = store
+            .unnotified_tickets(TICKET_NOTICE, 0, i64::MAX, 10)
+            .await
+            .expect("search");
+        assert!(unsent.is_empty(), "the notice is claimed");
+        sender.catch_up_once(answered - 1, now).await;
+        let again = tokio::time::timeout(Duration::from_millis(300), hooks.recv()).await;
+        assert!(again.is_err(), "sent twice: {again:?}");
     }
 }

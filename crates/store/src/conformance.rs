@@ -19,7 +19,7 @@ use toolfleet_core::{
 
 use crate::{
     Answered, CommitClaim, Inserted, JobFilter, JobRecord, Lease, NewJob, NewTicket, Store,
-    StoreError,
+    StoreError, TicketRecord,
 };
 
 /// The time the tests start at (November 2023), in Unix milliseconds.
@@ -63,6 +63,7 @@ macro_rules! store_conformance {
             cancel_leaves_a_settled_job_as_it_is,
             due_jobs_lists_what_should_run_oldest_first,
             unnotified_jobs_are_settled_jobs_with_callbacks_nobody_notified,
+            unnotified_tickets_are_answered_tickets_with_callbacks_nobody_notified,
             list_jobs_pages_newest_first,
             list_jobs_filters_by_state_and_tool,
             list_jobs_clamps_the_limit,
@@ -1822,6 +1823,89 @@ pub async fn unnotified_jobs_are_settled_jobs_with_callbacks_nobody_notified(sto
     assert_eq!(
         mine(listed),
         [(cancelled.id.clone(), JobState::Cancelled)],
+        "a claimed notice is no longer listed"
+    );
+}
+
+/// The answered tickets with a callback whose notice key has no commit
+/// record, in a range of answer times, oldest first: an answered ticket not
+/// yet notified is listed until its notice is claimed; open tickets,
+/// tickets without a callback and answers outside the range are not.
+///
+/// This test works three months before [`BASE`], where no other test's
+/// ticket is answered, and looks only at its own tenant's tickets.
+pub async fn unnotified_tickets_are_answered_tickets_with_callbacks_nobody_notified(
+    store: &dyn Store,
+) {
+    const PREFIX: &str = "webhook:ticket:";
+    let t = tenant();
+    let t0 = BASE - 90 * 24 * 3_600_000;
+    let add = |callback: bool| {
+        let mut new = ticket_for(&t);
+        new.now = t0;
+        new.callback_url = callback.then(|| "http://127.0.0.1:9/hook".to_owned());
+        async move { store.insert_ticket(new).await.expect("insert_ticket") }
+    };
+    let answer = |id: String, at: i64| {
+        let t = t.clone();
+        async move {
+            store
+                .answer_ticket(&t, &id, &json!("travel"), at)
+                .await
+                .expect("answer")
+                .expect("answered");
+        }
+    };
+    let second = add(true).await;
+    answer(second.id.clone(), t0 + 20).await;
+    let first = add(true).await;
+    answer(first.id.clone(), t0 + 10).await;
+    let notified = add(true).await;
+    answer(notified.id.clone(), t0 + 30).await;
+    let key = format!("{PREFIX}{}:answered", notified.id);
+    assert_eq!(
+        store.claim_commit(&key, t0 + 31, LEASE).await,
+        Ok(CommitClaim::Run)
+    );
+    let _open = add(true).await;
+    let silent = add(false).await;
+    answer(silent.id.clone(), t0 + 40).await;
+    let late = add(true).await;
+    answer(late.id.clone(), t0 + 200).await;
+
+    let mine = |tickets: Vec<TicketRecord>| -> Vec<String> {
+        tickets
+            .into_iter()
+            .filter(|r| r.tenant == t)
+            .map(|r| r.id)
+            .collect()
+    };
+    let listed = store
+        .unnotified_tickets(PREFIX, t0, t0 + 100, 1000)
+        .await
+        .expect("unnotified tickets");
+    assert_eq!(
+        mine(listed),
+        [first.id.clone(), second.id.clone()],
+        "answered, with a callback, not yet notified, in the range, oldest first"
+    );
+    let one = store
+        .unnotified_tickets(PREFIX, t0, t0 + 100, 1)
+        .await
+        .expect("unnotified tickets");
+    assert_eq!(one.len(), 1, "at most the limit");
+    let key = format!("{PREFIX}{}:answered", first.id);
+    assert_eq!(
+        store.claim_commit(&key, t0 + 50, LEASE).await,
+        Ok(CommitClaim::Run)
+    );
+    let listed = store
+        .unnotified_tickets(PREFIX, t0, t0 + 100, 1000)
+        .await
+        .expect("unnotified tickets");
+    assert_eq!(
+        mine(listed),
+        [second.id],
         "a claimed notice is no longer listed"
     );
 }

@@ -353,6 +353,18 @@ pub trait Store: Send + Sync + 'static {
 
     // Tickets.
 
+    /// Answered tickets that named a `callback_url`, answered at or after
+    /// `since` and before `until`, whose notice has no record in the commit
+    /// log under the key `<notice_prefix><id>:answered`: notices nobody has
+    /// claimed. Oldest first (then by id), at most `limit` (bounded).
+    async fn unnotified_tickets(
+        &self,
+        notice_prefix: &str,
+        since: i64,
+        until: i64,
+        limit: u32,
+    ) -> Result<Vec<TicketRecord>, StoreError>;
+
     async fn insert_ticket(&self, ticket: NewTicket) -> Result<TicketRecord, StoreError>;
     /// A ticket of `tenant`; another tenant's ticket is `None`.
     async fn ticket(&self, tenant: &str, id: &str) -> Result<Option<TicketRecord>, StoreError>;

@@ -180,6 +180,20 @@ impl Store for MeteredStore {
         )
     }
 
+    async fn unnotified_tickets(
+        &self,
+        notice_prefix: &str,
+        since: i64,
+        until: i64,
+        limit: u32,
+    ) -> Result<Vec<TicketRecord>, StoreError> {
+        self.seen(
+            self.inner
+                .unnotified_tickets(notice_prefix, since, until, limit)
+                .await,
+        )
+    }
+
     async fn insert_ticket(&self, ticket: NewTicket) -> Result<TicketRecord, StoreError> {
         self.seen(self.inner.insert_ticket(ticket).await)
     }

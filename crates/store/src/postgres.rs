@@ -291,6 +291,17 @@ mod sql {
         ORDER BY updated_at, id LIMIT $4"
     );
 
+    pub const UNNOTIFIED_TICKETS: &str = concat!(
+        "SELECT ",
+        ticket_columns!(),
+        " FROM tickets t
+        WHERE callback_url IS NOT NULL AND answer IS NOT NULL
+          AND answered_at >= $2 AND answered_at < $3
+          AND NOT EXISTS (SELECT 1 FROM commits c
+            WHERE c.key = ($1 || t.id || ':answered') COLLATE \"default\")
+        ORDER BY answered_at, id LIMIT $4"
+    );
+
     pub const INSERT_TICKET: &str = concat!(
         r#"
         INSERT INTO tickets (id, tenant, "user", tool, question, options, args,
@@ -1456,6 +1467,19 @@ impl Store for PgStore {
 
     async fn job_counts(&self) -> Result<Vec<(JobState, u64)>, StoreError> {
         job_counts(&*self.client().await?).await
+    }
+
+    async fn unnotified_tickets(
+        &self,
+        notice_prefix: &str,
+        since: i64,
+        until: i64,
+        limit: u32,
+    ) -> Result<Vec<TicketRecord>, StoreError> {
+        let limit = i64::from(limit.min(MAX_BATCH));
+        let c = self.client().await?;
+        let params: Params<'_> = &[&notice_prefix, &since, &until, &limit];
+        query_all(&c, sql::UNNOTIFIED_TICKETS, params, ticket_from_row).await
     }
 
     async fn insert_ticket(&self, ticket: NewTicket) -> Result<TicketRecord, StoreError> {

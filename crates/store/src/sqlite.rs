@@ -155,6 +155,13 @@ mod sql {
           AND NOT EXISTS (SELECT 1 FROM commits c WHERE c.key = ?1 || j.id || ':' || j.state)
         ORDER BY updated_at, id LIMIT ?4";
 
+    pub const UNNOTIFIED_TICKETS: &str = "
+        SELECT * FROM tickets t
+        WHERE callback_url IS NOT NULL AND answer IS NOT NULL
+          AND answered_at >= ?2 AND answered_at < ?3
+          AND NOT EXISTS (SELECT 1 FROM commits c WHERE c.key = ?1 || t.id || ':answered')
+        ORDER BY answered_at, id LIMIT ?4";
+
     pub const LIST: &str = "
         SELECT * FROM jobs
         WHERE tenant = ?1 AND id < ?4
@@ -1024,6 +1031,22 @@ impl Store for SqliteStore {
         self.call(move |c| {
             let params = params![prefix, since, until, limit];
             query_all(c, sql::UNNOTIFIED, params, job_from_row)
+        })
+        .await
+    }
+
+    async fn unnotified_tickets(
+        &self,
+        notice_prefix: &str,
+        since: i64,
+        until: i64,
+        limit: u32,
+    ) -> Result<Vec<TicketRecord>, StoreError> {
+        let limit = limit.min(MAX_BATCH);
+        let prefix = notice_prefix.to_owned();
+        self.call(move |c| {
+            let params = params![prefix, since, until, limit];
+            query_all(c, sql::UNNOTIFIED_TICKETS, params, ticket_from_row)
         })
         .await
     }

@@ -584,10 +584,11 @@ async fn due_reads(admin: &tokio_postgres::Client, schema: &str) -> (i64, i64, i
     (table.get(0), due, table.get(1))
 }
 
-/// The webhook search probes the commit log by key for each settled job:
-/// a commit log of thousands of entries is not read for every job.
+/// The webhook searches probe the commit log by key for each settled job
+/// and each answered ticket: a commit log of thousands of entries is not
+/// read for every one.
 #[tokio::test]
-async fn unnotified_jobs_probe_the_commit_log_by_key() {
+async fn webhook_searches_probe_the_commit_log_by_key() {
     let schema = Schema::migrated().await;
     let admin = admin().await;
     admin
@@ -619,6 +620,32 @@ async fn unnotified_jobs_probe_the_commit_log_by_key() {
         .unnotified_jobs("webhook:job:", now, now + 10, 100)
         .await
         .expect("unnotified jobs");
+    assert_eq!(found.len(), 5);
+    for _ in 0..5 {
+        let ticket = toolfleet_store::NewTicket {
+            id: toolfleet_core::new_id(),
+            tenant: "acme".to_owned(),
+            user: "alice".to_owned(),
+            tool: "ask_user".to_owned(),
+            question: "travel or meals?".to_owned(),
+            options: Vec::new(),
+            args: json!({}),
+            run_id: toolfleet_core::new_id(),
+            call_id: toolfleet_core::new_id(),
+            callback_url: Some("http://127.0.0.1:9/hook".to_owned()),
+            now,
+        };
+        let id = store.insert_ticket(ticket).await.expect("insert").id;
+        store
+            .answer_ticket("acme", &id, &json!("travel"), now + 1)
+            .await
+            .expect("answer")
+            .expect("answered");
+    }
+    let found = store
+        .unnotified_tickets("webhook:ticket:", now, now + 10, 100)
+        .await
+        .expect("unnotified tickets");
     assert_eq!(found.len(), 5);
     store.close();
     drop(store);
@@ -652,7 +679,7 @@ async fn unnotified_jobs_probe_the_commit_log_by_key() {
         "entries of the commit log read by sequential scans"
     );
     assert!(
-        from_index < 50,
-        "{from_index} entries of commits_pkey were read to probe 5 keys"
+        from_index < 100,
+        "{from_index} entries of commits_pkey were read to probe 10 keys"
     );
 }
