@@ -162,18 +162,20 @@ async fn subscribe(
 
 /// How often the store is searched for notices nobody sent.
 const CATCH_UP_EVERY: Duration = Duration::from_secs(10);
-/// How long after a job settles its notice is left to the event's
-/// listeners before the store search takes it.
+/// How long after a job settles (or a ticket is answered) its notice is
+/// left to the event's listeners before the store search takes it.
 const CATCH_UP_GRACE_MS: i64 = 10_000;
 /// How far each search reaches back over the last one's range: a job's
 /// settling time comes from its worker's clock and its commit may come
 /// later, so a job can appear behind a range already searched. Searching
 /// again costs a walk of the settled jobs with callbacks in this span.
 const CATCH_UP_OVERLAP_MS: i64 = 60_000;
-/// How far back the first search looks: notices of jobs settled while no
-/// dispatcher ran. Within the day a sent notice's record is kept.
+/// How far back a search looks at most: the first one, for notices of jobs
+/// settled while no dispatcher ran, and any after searches that failed.
+/// Well within the day a sent notice's record is kept, so none is sent
+/// twice.
 const CATCH_UP_LOOKBACK_MS: i64 = 3_600_000;
-/// Jobs taken per search.
+/// Jobs or tickets taken per page of a search.
 const CATCH_UP_PAGE: u32 = 200;
 /// The commit-log key prefix of a job's notice: `webhook:job:<id>:<state>`.
 const JOB_NOTICE: &str = "webhook:job:";
@@ -181,52 +183,71 @@ const JOB_NOTICE: &str = "webhook:job:";
 /// `webhook:ticket:<id>:answered`.
 const TICKET_NOTICE: &str = "webhook:ticket:";
 
-/// Sends the notices of settled jobs that nobody claimed, oldest first,
-/// until `stopped`.
+/// What a store search for notices nobody sent looks at.
+#[derive(Clone, Copy, Debug)]
+enum Unsent {
+    /// Settled jobs, by the time they settled.
+    Jobs,
+    /// Answered tickets, by the time they were answered.
+    Tickets,
+}
+
+/// Sends the notices of settled jobs and answered tickets that nobody
+/// claimed, oldest first, until `stopped`; each kind's search goes on from
+/// where its own last one ended.
 async fn catch_up(sender: Arc<Sender>, mut stopped: watch::Receiver<bool>) {
-    let mut since = now_ms() - CATCH_UP_LOOKBACK_MS;
+    let start = now_ms() - CATCH_UP_LOOKBACK_MS;
+    let (mut jobs, mut tickets) = (start, start);
     loop {
         tokio::select! {
             _ = tokio::time::sleep(CATCH_UP_EVERY) => {}
             _ = stopped.changed() => return,
         }
-        since = sender.catch_up_once(since, now_ms()).await;
+        let now = now_ms();
+        jobs = sender.catch_up_once(Unsent::Jobs, jobs, now).await;
+        tickets = sender.catch_up_once(Unsent::Tickets, tickets, now).await;
     }
 }
 
 impl Sender {
-    /// One search at `now` for notices nobody claimed, of jobs settled and
-    /// tickets answered from `since` until the grace before `now`, page
-    /// after page, each notice claimed and sent; answers where the next
-    /// search starts. A page whose notices could not be claimed (the commit
-    /// log failed) ends the search with `since` unchanged, so nothing
-    /// behind it is skipped.
-    async fn catch_up_once(&self, since: i64, now: i64) -> i64 {
+    /// One search at `now` for notices of `kind` nobody claimed, from
+    /// `since` (or the lookback before `now`, if later) until the grace
+    /// before `now`, page after page, each notice claimed and sent;
+    /// answers where the next search of that kind starts. A search that
+    /// failed, or a page whose notices could not be claimed (the commit log
+    /// failed), leaves `since` where it was, so nothing behind it is
+    /// skipped.
+    async fn catch_up_once(&self, kind: Unsent, since: i64, now: i64) -> i64 {
+        let since = since.max(now - CATCH_UP_LOOKBACK_MS);
         let until = now - CATCH_UP_GRACE_MS;
         let store = self.store.as_ref();
-        let jobs = self
-            .catch_up_pages(|| async {
-                let jobs = store
-                    .unnotified_jobs(JOB_NOTICE, since, until, CATCH_UP_PAGE)
-                    .await?;
-                Ok(jobs
-                    .iter()
-                    .map(|job| (job_event(job), job.callback_url.clone()))
-                    .collect())
-            })
-            .await;
-        let tickets = self
-            .catch_up_pages(|| async {
-                let tickets = store
-                    .unnotified_tickets(TICKET_NOTICE, since, until, CATCH_UP_PAGE)
-                    .await?;
-                Ok(tickets
-                    .iter()
-                    .map(|ticket| (ticket_event(ticket), ticket.callback_url.clone()))
-                    .collect())
-            })
-            .await;
-        if jobs && tickets {
+        let done = match kind {
+            Unsent::Jobs => {
+                self.catch_up_pages(|| async {
+                    let jobs = store
+                        .unnotified_jobs(JOB_NOTICE, since, until, CATCH_UP_PAGE)
+                        .await?;
+                    Ok(jobs
+                        .iter()
+                        .map(|job| (job_event(job), job.callback_url.clone()))
+                        .collect())
+                })
+                .await
+            }
+            Unsent::Tickets => {
+                self.catch_up_pages(|| async {
+                    let tickets = store
+                        .unnotified_tickets(TICKET_NOTICE, since, until, CATCH_UP_PAGE)
+                        .await?;
+                    Ok(tickets
+                        .iter()
+                        .map(|ticket| (ticket_event(ticket), ticket.callback_url.clone()))
+                        .collect())
+                })
+                .await
+            }
+        };
+        if done {
             since.max(until - CATCH_UP_OVERLAP_MS)
         } else {
             since
@@ -440,7 +461,7 @@ mod tests {
         };
         let unsent = || store.unnotified_jobs(JOB_NOTICE, 0, i64::MAX, 1000);
         let now = base + 100_000;
-        let next = sender.catch_up_once(base - 1, now).await;
+        let next = sender.catch_up_once(Unsent::Jobs, base - 1, now).await;
         assert_eq!(unsent().await.expect("search").len(), 0, "every page taken");
         assert_eq!(next, now - CATCH_UP_GRACE_MS - CATCH_UP_OVERLAP_MS);
         // Settled behind the last search's end, within the overlap.
@@ -448,7 +469,7 @@ mod tests {
         // Settled within the next search's grace.
         let later = now + 10_000;
         let fresh = settled_at(store.as_ref(), url, later - CATCH_UP_GRACE_MS + 1).await;
-        sender.catch_up_once(next, later).await;
+        sender.catch_up_once(Unsent::Jobs, next, later).await;
         let left: Vec<String> = unsent()
             .await
             .expect("search")
@@ -501,10 +522,21 @@ mod tests {
         );
     }
 
-    /// Notices that refuse the first `refusals` subscriptions.
+    /// Notices that refuse the first `refusals` subscriptions, then hand
+    /// out `endings` that end at once, then work.
     struct Refusing {
         inner: toolfleet_broker::memory::MemoryNotices,
         refusals: std::sync::atomic::AtomicUsize,
+        endings: std::sync::atomic::AtomicUsize,
+    }
+
+    struct Ended;
+
+    #[async_trait::async_trait]
+    impl toolfleet_broker::Subscription for Ended {
+        async fn next(&mut self) -> Option<Event> {
+            None
+        }
     }
 
     #[async_trait::async_trait]
@@ -521,10 +553,16 @@ mod tests {
             let refuse = self
                 .refusals
                 .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+            let end = || {
+                self.endings
+                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                    .is_ok()
+            };
             match refuse {
                 Ok(_) => Err(toolfleet_broker::BrokerError::Unavailable(
                     "refusing, for the test".into(),
                 )),
+                Err(_) if end() => Ok(Box::new(Ended)),
                 Err(_) => self.inner.subscribe().await,
             }
         }
@@ -565,9 +603,9 @@ mod tests {
         (url, hooks)
     }
 
-    /// Notices that refuse the webhooks' first subscriptions do not leave
-    /// them deaf: they subscribe again, and a settled job's event heard
-    /// afterwards is sent.
+    /// Notices that refuse the webhooks' first subscriptions, then give
+    /// them one that ends at once, do not leave them deaf: they subscribe
+    /// again, and a settled job's event heard afterwards is sent.
     #[tokio::test]
     async fn webhooks_subscribe_again_until_the_notices_take_them() {
         let _ = rustls::crypto::ring::default_provider().install_default();
@@ -579,6 +617,7 @@ mod tests {
         let refusing = Arc::new(Refusing {
             inner: toolfleet_broker::memory::MemoryNotices::new(),
             refusals: 2.into(),
+            endings: 1.into(),
         });
         let (url, mut hooks) = hooks().await;
         let id = settled_at(store.as_ref(), &url, now_ms()).await;
@@ -612,6 +651,11 @@ mod tests {
             refusing.refusals.load(std::sync::atomic::Ordering::SeqCst),
             0,
             "subscribed only after both refusals"
+        );
+        assert_eq!(
+            refusing.endings.load(std::sync::atomic::Ordering::SeqCst),
+            0,
+            "and after the subscription that ended"
         );
         stop.send_replace(true);
     }
@@ -655,7 +699,9 @@ mod tests {
             metrics: Arc::new(Metrics::new()),
         };
         let now = now_ms();
-        sender.catch_up_once(answered - 1, now).await;
+        sender
+            .catch_up_once(Unsent::Tickets, answered - 1, now)
+            .await;
         let heard = tokio::time::timeout(Duration::from_secs(5), hooks.recv())
             .await
             .expect("a notice within 5 s")
@@ -666,7 +712,9 @@ mod tests {
             .await
             .expect("search");
         assert!(unsent.is_empty(), "the notice is claimed");
-        sender.catch_up_once(answered - 1, now).await;
+        sender
+            .catch_up_once(Unsent::Tickets, answered - 1, now)
+            .await;
         let again = tokio::time::timeout(Duration::from_millis(300), hooks.recv()).await;
         assert!(again.is_err(), "sent twice: {again:?}");
     }
