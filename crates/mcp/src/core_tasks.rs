@@ -285,7 +285,7 @@ impl ToolServer {
         let jobs = self.jobs()?.clone();
         let mut job = self.job(&principal.tenant, id).await?;
         while !job.state.is_settled() {
-            let round = jobs.wait(&principal.tenant, id, job.updated_at, RESULT_ROUND);
+            let round = jobs.wait_settled(&principal.tenant, id, job.updated_at, RESULT_ROUND);
             job = match self.unless_stopping(round).await {
                 None => {
                     return Err(ErrorData::internal_error(

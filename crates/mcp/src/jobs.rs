@@ -54,6 +54,19 @@ pub trait Jobs: Send + Sync + 'static {
         since: i64,
         wait: Duration,
     ) -> BoxFuture<'a, Result<Option<JobView>, ToolError>>;
+    /// Waits up to `wait` for the job to settle, then answers it as it
+    /// stands: what a caller waiting only for the outcome asks, which an
+    /// implementation may serve with fewer wake-ups. By default, as
+    /// [`Jobs::wait`] from `since` (its `updated_at`).
+    fn wait_settled<'a>(
+        &'a self,
+        tenant: &'a str,
+        id: &'a str,
+        since: i64,
+        wait: Duration,
+    ) -> BoxFuture<'a, Result<Option<JobView>, ToolError>> {
+        self.wait(tenant, id, since, wait)
+    }
     /// Cancels a queued or running job; answers it as it now stands.
     fn cancel<'a>(
         &'a self,

@@ -22,7 +22,7 @@ use toolfleet_mcp::{BoxFuture, HttpEndpoint, JobList, JobView, Jobs, Options};
 use toolfleet_store::{JobFilter, JobRecord, Store};
 
 use crate::AppState;
-use crate::status::{POLL_AFTER_S, cancel_record, wait_change};
+use crate::status::{POLL_AFTER_S, cancel_record, wait_change, wait_settled};
 
 /// MCP tasks and elicitation over the fleet's store: a task is its job, so
 /// every dispatcher answers for every task, always within the caller's tenant.
@@ -91,6 +91,22 @@ impl Jobs for McpJobs {
                 wait,
             )
             .await?;
+            Ok(job.map(view))
+        })
+    }
+
+    /// Woken by the job's outcome alone (see
+    /// [`toolfleet_broker::Notices::subscribe_settled`]).
+    fn wait_settled<'a>(
+        &'a self,
+        tenant: &'a str,
+        id: &'a str,
+        _since: i64,
+        wait: Duration,
+    ) -> BoxFuture<'a, Result<Option<JobView>, ToolError>> {
+        Box::pin(async move {
+            let job =
+                wait_settled(self.store.as_ref(), self.notices.as_ref(), tenant, id, wait).await?;
             Ok(job.map(view))
         })
     }
@@ -385,5 +401,128 @@ mod tests {
             "http://localhost"
         );
         assert_eq!(base_url(&HeaderMap::new()), "http://localhost");
+    }
+
+    /// Notices that count the subscriptions of each kind.
+    #[derive(Default)]
+    struct Counting {
+        inner: toolfleet_broker::memory::MemoryNotices,
+        every: std::sync::atomic::AtomicUsize,
+        outcomes: std::sync::atomic::AtomicUsize,
+    }
+
+    #[async_trait::async_trait]
+    impl Notices for Counting {
+        async fn publish(
+            &self,
+            event: &toolfleet_broker::Event,
+        ) -> Result<(), toolfleet_broker::BrokerError> {
+            self.inner.publish(event).await
+        }
+
+        async fn subscribe(
+            &self,
+        ) -> Result<Box<dyn toolfleet_broker::Subscription>, toolfleet_broker::BrokerError>
+        {
+            self.every.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.inner.subscribe().await
+        }
+
+        async fn subscribe_settled(
+            &self,
+        ) -> Result<Box<dyn toolfleet_broker::Subscription>, toolfleet_broker::BrokerError>
+        {
+            self.outcomes
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.inner.subscribe().await
+        }
+    }
+
+    /// `tasks/result`'s wait takes the outcomes' feed and is woken by the
+    /// outcome, not by the job starting; `tasks/get`'s wait hears every
+    /// change.
+    #[tokio::test]
+    async fn a_wait_for_the_outcome_hears_outcomes_alone() {
+        let store: Arc<dyn Store> = Arc::new(
+            toolfleet_store::sqlite::SqliteStore::open_in_memory()
+                .await
+                .expect("a store"),
+        );
+        let notices = Arc::new(Counting::default());
+        let jobs = McpJobs::new(
+            store.clone(),
+            Arc::new(toolfleet_broker::memory::MemoryBroker::new()),
+            notices.clone(),
+        );
+        let id = toolfleet_core::new_id();
+        let new = toolfleet_store::NewJob {
+            id: id.clone(),
+            tenant: "acme".to_owned(),
+            user: "alice".to_owned(),
+            tool: "ocr".to_owned(),
+            pool: "default".to_owned(),
+            args: json!({}),
+            idempotency_key: None,
+            run_id: toolfleet_core::new_id(),
+            call_id: toolfleet_core::new_id(),
+            callback_url: None,
+            lineage: None,
+            scopes: Vec::new(),
+            trace: None,
+            max_attempts: 3,
+            timeout_ms: 60_000,
+            now: 1,
+        };
+        store.insert_job(new).await.expect("insert");
+        let waiting = {
+            let jobs = Arc::new(jobs);
+            let id = id.clone();
+            let waiter = jobs.clone();
+            (
+                tokio::spawn(async move {
+                    waiter
+                        .wait_settled("acme", &id, 1, Duration::from_secs(10))
+                        .await
+                }),
+                jobs,
+            )
+        };
+        let (waiting, jobs) = waiting;
+        // Subscribed before it reads; then the job starts, then settles.
+        while notices.outcomes.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let running = store
+            .claim(&id, "w", 2, 30_000)
+            .await
+            .expect("claim")
+            .expect("claimed");
+        let event = crate::dispatch::job_event(&running);
+        assert_eq!(notices.publish(&event).await, Ok(()));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(!waiting.is_finished(), "woken by the job starting");
+        let done = store
+            .succeed(&id, "w", &json!({}).into(), 3)
+            .await
+            .expect("succeed")
+            .expect("settled");
+        assert_eq!(
+            notices.publish(&crate::dispatch::job_event(&done)).await,
+            Ok(())
+        );
+        let view = tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("woken by the outcome")
+            .expect("the wait")
+            .expect("read")
+            .expect("the job");
+        assert_eq!(view.state, toolfleet_core::JobState::Succeeded);
+        assert_eq!(notices.every.load(std::sync::atomic::Ordering::SeqCst), 0);
+        let changed = jobs
+            .wait("acme", &id, 0, Duration::from_millis(50))
+            .await
+            .expect("read");
+        assert!(changed.is_some());
+        assert_eq!(notices.every.load(std::sync::atomic::Ordering::SeqCst), 1);
     }
 }

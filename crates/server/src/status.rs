@@ -36,13 +36,25 @@ pub async fn get_job(
     id: &str,
     wait: Duration,
 ) -> Envelope {
-    let settled = |job: &JobRecord| job.state.is_settled();
-    let settles = Wakes::Settled(|event: &Event| event.is_settled_job());
-    match wait_until(store, notices, tenant, id, wait, settled, settles).await {
+    match wait_settled(store, notices, tenant, id, wait).await {
         Ok(Some(job)) => job.envelope(POLL_AFTER_S),
         Ok(None) => Envelope::error(missing(id)),
         Err(error) => Envelope::error(error),
     }
+}
+
+/// Reads the tenant's job, waiting up to `wait` for it to settle, woken by
+/// the outcomes' feed alone; the job as it then stands.
+pub async fn wait_settled(
+    store: &dyn Store,
+    notices: &dyn Notices,
+    tenant: &str,
+    id: &str,
+    wait: Duration,
+) -> Result<Option<JobRecord>, ToolError> {
+    let settled = |job: &JobRecord| job.state.is_settled();
+    let settles = Wakes::Settled(|event: &Event| event.is_settled_job());
+    wait_until(store, notices, tenant, id, wait, settled, settles).await
 }
 
 /// Which events of a job end a wait, and so which subscription it takes.
