@@ -125,6 +125,10 @@ pub struct Config {
     /// The most job ids one RabbitMQ message carries under load.
     #[serde(default = "default_jobs_per_message")]
     pub jobs_per_message: usize,
+    /// Pools whose jobs each travel in a message of their own whatever
+    /// `jobs_per_message` says (pools of long jobs); agents' pools always do.
+    #[serde(default)]
+    pub one_job_per_message: Vec<String>,
     /// How settled work is announced across processes; see
     /// [`Config::notices_backend`] for the default.
     pub notices: Option<NoticesBackend>,

@@ -353,15 +353,31 @@ fn rabbit_options(
             "jobs_per_message must be 1 to {MAX_IDS_PER_MESSAGE}, got {jobs_per_message}"
         ));
     }
+    if let Some(bad) = config
+        .one_job_per_message
+        .iter()
+        .find(|pool| pool.is_empty() || pool.len() > MAX_POOL_NAME)
+    {
+        return Err(format!(
+            "one_job_per_message names pools (1 to {MAX_POOL_NAME} bytes each), not `{}`",
+            toolfleet_core::registry::truncate(bad, 32)
+        ));
+    }
+    let mut one_job_per_message = agent_pools.clone();
+    one_job_per_message.extend(config.one_job_per_message.iter().cloned());
     Ok(RabbitOptions {
         prefix: config.broker_prefix.clone(),
         default_prefetch: prefetch,
         notice_buffer: NOTICE_BUFFER,
         jobs_per_message,
-        one_job_per_message: agent_pools.clone(),
+        one_job_per_message,
         ..RabbitOptions::default()
     })
 }
+
+/// The longest pool name `one_job_per_message` takes: a RabbitMQ name's
+/// bound (the pool's queues add the prefix to it, and say so if too long).
+const MAX_POOL_NAME: usize = 255;
 
 /// What a worker that runs no agent hears: cancels.
 const CANCELLED_STATE: [&str; 1] = ["cancelled"];
@@ -805,6 +821,19 @@ mod tests {
         let agents = BTreeSet::from(["agents".to_owned()]);
         let options = rabbit_options(&parse(""), 16, &agents).expect("agents");
         assert_eq!(options.one_job_per_message, agents, "agents' jobs go alone");
+        let named = rabbit_options(&parse(r#"one_job_per_message = ["reports"]"#), 16, &agents)
+            .expect("named pools");
+        assert_eq!(
+            named.one_job_per_message,
+            BTreeSet::from(["agents".to_owned(), "reports".to_owned()]),
+            "named pools' jobs go alone too"
+        );
+        assert_eq!(named.jobs_per_message, 64, "the others' are grouped");
+        let long = format!(r#"one_job_per_message = ["{}"]"#, "p".repeat(300));
+        for refused in [r#"one_job_per_message = [""]"#, long.as_str()] {
+            let error = rabbit_options(&parse(refused), 16, &agents).expect_err(refused);
+            assert!(error.contains("one_job_per_message names pools"), "{error}");
+        }
         for refused in ["jobs_per_message = 0", "jobs_per_message = 65"] {
             let error = rabbit_options(&parse(refused), 16, &BTreeSet::new()).expect_err(refused);
             assert!(
