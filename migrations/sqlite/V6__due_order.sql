@@ -5,5 +5,7 @@
 -- ORDER BY run_at LIMIT ?2". On (state, run_at) the two states are two
 -- ranges that SQLite merges by sorting every waiting job; partial on exactly
 -- that state list, this index is one range in run_at order, read up to the
--- limit. Settled jobs, the bulk of the table, are never in it.
+-- limit. Settled jobs, the bulk of the table, are never in it. SQLite uses
+-- a partial index only where the query's WHERE implies its predicate: the
+-- query names this index (INDEXED BY) and repeats this state list as it is.
 CREATE INDEX jobs_waiting_due ON jobs (run_at) WHERE state IN ('queued', 'retrying');

@@ -339,9 +339,9 @@ pub struct Backends {
 /// events), since one message carries up to a few hundred events: a ring
 /// of the default depth overflowed in bursts under load, and the events it
 /// skipped never reached SSE streams or webhooks. Messages carry up to
-/// `jobs_per_message` job ids, but agents' pools publish one job per
-/// message (an agent runs for minutes; its ids must not wait behind each
-/// other in a worker).
+/// `jobs_per_message` job ids, but agents' pools and the pools named in
+/// `one_job_per_message` publish one job per message (an agent runs for
+/// minutes; its ids must not wait behind each other in a worker).
 fn rabbit_options(
     config: &Config,
     prefetch: u16,

@@ -489,9 +489,14 @@ mod tests {
         };
         let (waiting, jobs) = waiting;
         // Subscribed before it reads; then the job starts, then settles.
-        while notices.outcomes.load(std::sync::atomic::Ordering::SeqCst) == 0 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        let subscribed = async {
+            while notices.outcomes.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(5), subscribed)
+            .await
+            .expect("the wait took the outcomes' feed");
         let running = store
             .claim(&id, "w", 2, 30_000)
             .await
@@ -524,5 +529,80 @@ mod tests {
             .expect("read");
         assert!(changed.is_some());
         assert_eq!(notices.every.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+
+    /// Notices that refuse every subscription, as RabbitMQ's do while
+    /// reconnecting.
+    struct Down;
+
+    #[async_trait::async_trait]
+    impl Notices for Down {
+        async fn publish(
+            &self,
+            _: &toolfleet_broker::Event,
+        ) -> Result<(), toolfleet_broker::BrokerError> {
+            Err(toolfleet_broker::BrokerError::Unavailable("down".into()))
+        }
+
+        async fn subscribe(
+            &self,
+        ) -> Result<Box<dyn toolfleet_broker::Subscription>, toolfleet_broker::BrokerError>
+        {
+            Err(toolfleet_broker::BrokerError::Unavailable("down".into()))
+        }
+    }
+
+    /// With the notices down, a wait for an unsettled job pauses before it
+    /// answers (a task's result, waiting again at once, polls the store
+    /// instead of spinning), and answers long before its deadline.
+    #[tokio::test]
+    async fn a_wait_without_notices_pauses_instead_of_spinning() {
+        let store: Arc<dyn Store> = Arc::new(
+            toolfleet_store::sqlite::SqliteStore::open_in_memory()
+                .await
+                .expect("a store"),
+        );
+        let jobs = McpJobs::new(
+            store.clone(),
+            Arc::new(toolfleet_broker::memory::MemoryBroker::new()),
+            Arc::new(Down),
+        );
+        let id = toolfleet_core::new_id();
+        let new = toolfleet_store::NewJob {
+            id: id.clone(),
+            tenant: "acme".to_owned(),
+            user: "alice".to_owned(),
+            tool: "ocr".to_owned(),
+            pool: "default".to_owned(),
+            args: json!({}),
+            idempotency_key: None,
+            run_id: toolfleet_core::new_id(),
+            call_id: toolfleet_core::new_id(),
+            callback_url: None,
+            lineage: None,
+            scopes: Vec::new(),
+            trace: None,
+            max_attempts: 3,
+            timeout_ms: 60_000,
+            now: 1,
+        };
+        store.insert_job(new).await.expect("insert");
+        for wait in [
+            jobs.wait_settled("acme", &id, 1, Duration::from_secs(30)),
+            jobs.wait("acme", &id, 1, Duration::from_secs(30)),
+        ] {
+            let began = std::time::Instant::now();
+            let view = tokio::time::timeout(Duration::from_secs(20), wait)
+                .await
+                .expect("an answer before the deadline")
+                .expect("read")
+                .expect("the job");
+            assert_eq!(view.state, toolfleet_core::JobState::Queued);
+            assert!(
+                began.elapsed() >= Duration::from_millis(900),
+                "answered after {:?}, without a pause",
+                began.elapsed()
+            );
+        }
     }
 }

@@ -57,6 +57,10 @@ pub async fn wait_settled(
     wait_until(store, notices, tenant, id, wait, settled, settles).await
 }
 
+/// How long a wait whose subscription was refused waits before it reads the
+/// job again.
+const REFUSED_POLL: Duration = Duration::from_secs(1);
+
 /// Which events of a job end a wait, and so which subscription it takes.
 enum Wakes<F> {
     /// Only outcomes among those `F` accepts: the wait takes
@@ -69,8 +73,9 @@ enum Wakes<F> {
 /// Reads the tenant's job and, unless `done` holds for it already, waits up
 /// to `wait` for an event of it that `wakes`, then reads it again: the one
 /// long poll behind `get_job` and MCP's task waits. Subscribes before
-/// reading, so a change between the two is not missed; without events it
-/// waits out the deadline rather than spin.
+/// reading, so a change between the two is not missed; without events (the
+/// subscription ended, or could not be made) it waits out the deadline, or
+/// a second when subscribing failed, and reads again, rather than spin.
 async fn wait_until(
     store: &dyn Store,
     notices: &dyn Notices,
@@ -90,11 +95,18 @@ async fn wait_until(
         Wakes::Any(wakes) if !wait.is_zero() => (Some(notices.subscribe().await), wakes),
         Wakes::Settled(wakes) | Wakes::Any(wakes) => (None, wakes),
     };
+    let refused = subscribed.as_ref().is_some_and(Result::is_err);
     let mut events = subscribed.and_then(Result::ok);
     let current = store.job(tenant, id).await.map_err(store_error)?;
     let Some(job) = current else {
         return Ok(None);
     };
+    if refused && !done(&job) {
+        // Notices down: a caller that waits again at once (a task's
+        // result) polls the store once a second instead of spinning.
+        tokio::time::sleep(wait.min(REFUSED_POLL)).await;
+        return store.job(tenant, id).await.map_err(store_error);
+    }
     let Some(events) = events.as_mut().filter(|_| !done(&job)) else {
         return Ok(Some(job));
     };

@@ -136,9 +136,10 @@ mod sql {
     /// Two range scans, one per index, rather than an OR the planner may
     /// turn into a walk of the whole table.
     /// The earliest due of the waiting jobs and of the expired leases (at
-    /// most `?2` of each), oldest first. (SQLite's `jobs_due` leads with the
-    /// state, so the waiting jobs of both states are sorted by `run_at`: the
-    /// embedded store's backlogs are one machine's.)
+    /// most `?2` of each), oldest first, each read off an index in its
+    /// order. `jobs_waiting_due` is partial: SQLite uses it only for a
+    /// WHERE that implies its predicate, so the state list here must stay
+    /// as it is in migration 6, literally (the plan test checks).
     pub const DUE: &str = "
         SELECT * FROM (SELECT * FROM jobs INDEXED BY jobs_waiting_due
             WHERE state IN ('queued', 'retrying') AND run_at <= ?1
