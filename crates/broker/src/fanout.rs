@@ -311,7 +311,7 @@ async fn pump<N: Notices>(shared: Arc<Shared<N>>, generation: u64, first: Box<dy
             match next {
                 Some(event) => {
                     // An error says that no local subscriber is listening:
-                    // then, unless one has just come, the shared
+                    // once none has been for the linger, the shared
                     // subscription ends, so that this process is no longer
                     // sent what nobody in it hears.
                     if shared.ring.send(event).is_err() && shared.idle(generation).await {

@@ -252,16 +252,7 @@ async fn split_notices_bind_every_state_only_once_asked() {
         "one queue, bound to the outcomes' states alone"
     );
     let tenant = unique("tenant");
-    let event = |state: &str| Event {
-        kind: "job".to_owned(),
-        id: "job-a".to_owned(),
-        tenant: tenant.clone(),
-        tool: "receipt_ocr".to_owned(),
-        state: state.to_owned(),
-        run_id: "run-1".to_owned(),
-        body: serde_json::json!({"state": state}),
-        callback: false,
-    };
+    let event = |state: &str| job_event(&tenant, state);
     for state in ["queued", "running", "succeeded"] {
         assert_eq!(split.publish(&event(state)).await, Ok(()));
     }
@@ -300,6 +291,20 @@ async fn split_notices_bind_every_state_only_once_asked() {
         got.ok().flatten().map(|e| e.state),
         Some("succeeded".to_owned())
     );
+}
+
+/// The event of job `job-a` of `tenant` in `state`.
+fn job_event(tenant: &str, state: &str) -> Event {
+    Event {
+        kind: "job".to_owned(),
+        id: "job-a".to_owned(),
+        tenant: tenant.to_owned(),
+        tool: "receipt_ocr".to_owned(),
+        state: state.to_owned(),
+        run_id: "run-1".to_owned(),
+        body: serde_json::json!({"state": state}),
+        callback: false,
+    }
 }
 
 async fn consume(broker: &RabbitBroker, pool: &str, prefetch: u16) -> Box<dyn Consumer> {
@@ -661,16 +666,7 @@ async fn subscription_comes_back_after_a_reconnect() {
     let mut subscription = notices.0.subscribe().await.expect("subscribing");
     notices.0.force_reconnect().await;
     let tenant = unique("tenant");
-    let event = Event {
-        kind: "job".to_owned(),
-        id: "job-a".to_owned(),
-        tenant: tenant.clone(),
-        tool: "receipt_ocr".to_owned(),
-        state: "succeeded".to_owned(),
-        run_id: "run-1".to_owned(),
-        body: serde_json::json!({"status": "ok"}),
-        callback: false,
-    };
+    let event = job_event(&tenant, "succeeded");
     // Events published while the subscription rebinds are missed, so keep
     // publishing until one arrives.
     let deadline = Instant::now() + ARRIVAL * 2;
@@ -727,16 +723,7 @@ async fn fanout_binds_one_queue_however_many_subscribe() {
     );
     drop(direct);
     let tenant = unique("tenant");
-    let event = Event {
-        kind: "job".to_owned(),
-        id: "job-a".to_owned(),
-        tenant: tenant.clone(),
-        tool: "receipt_ocr".to_owned(),
-        state: "succeeded".to_owned(),
-        run_id: "run-1".to_owned(),
-        body: serde_json::json!({"status": "ok"}),
-        callback: false,
-    };
+    let event = job_event(&tenant, "succeeded");
     assert_eq!(fanout.publish(&event).await, Ok(()));
     for local in &mut locals {
         loop {
@@ -760,16 +747,7 @@ async fn fanout_carries_on_after_a_reconnect() {
     let mut subscription = fanout.subscribe().await.expect("subscribing");
     notices.0.force_reconnect().await;
     let tenant = unique("tenant");
-    let event = Event {
-        kind: "job".to_owned(),
-        id: "job-a".to_owned(),
-        tenant: tenant.clone(),
-        tool: "receipt_ocr".to_owned(),
-        state: "succeeded".to_owned(),
-        run_id: "run-1".to_owned(),
-        body: serde_json::json!({"status": "ok"}),
-        callback: false,
-    };
+    let event = job_event(&tenant, "succeeded");
     // Events published while the subscription rebinds are missed, so keep
     // publishing until one arrives.
     let deadline = Instant::now() + ARRIVAL * 2;

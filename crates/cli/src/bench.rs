@@ -69,6 +69,9 @@ fn noop_tool() -> ToolDecl {
         .run(|_: CallCtx, _: Value| async { Ok::<_, ToolError>(json!({})) })
 }
 
+/// The states of a settled job: the events the bench reads.
+const OUTCOMES: [&str; 3] = ["succeeded", "failed", "cancelled"];
+
 /// What the bench reads of an event on `/v1/events`.
 #[derive(serde::Deserialize)]
 struct Seen<'a> {
@@ -224,8 +227,9 @@ impl Probe {
             // Outcomes alone: what the bench reads, and on RabbitMQ all
             // that is routed to a dispatcher for it.
             .get(format!(
-                "{}/v1/events?state=succeeded,failed,cancelled",
-                self.bases[0]
+                "{}/v1/events?state={}",
+                self.bases[0],
+                OUTCOMES.join(",")
             ))
             .bearer_auth(&self.token)
             .send()
@@ -248,9 +252,7 @@ impl Probe {
                 let Ok(event) = serde_json::from_str::<Seen>(data) else {
                     continue;
                 };
-                if event.kind != "job"
-                    || !matches!(event.state.as_ref(), "succeeded" | "failed" | "cancelled")
-                {
+                if event.kind != "job" || !OUTCOMES.contains(&event.state.as_ref()) {
                     continue;
                 }
                 let now = Instant::now();

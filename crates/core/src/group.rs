@@ -8,10 +8,11 @@
 //! once (with those sent while the batching task yields once, the rest of a
 //! burst already under way), so a lightly loaded store answers as fast as
 //! without grouping. Only while every slot is busy do requests queue, and
-//! the next free slot takes all of them (up to a bound) in one statement. Under load, then, the number of
-//! commits (or confirms) per second stays near `slots` times the commit
-//! rate while the jobs per commit grow with the load, which is what lets a
-//! database whose commit rate binds serve many more jobs than commits.
+//! the next free slot takes all of them (up to a bound) in one statement.
+//! Under load, then, the number of commits (or confirms) per second stays
+//! near `slots` times the commit rate while the jobs per commit grow with
+//! the load, which is what lets a database whose commit rate binds serve
+//! many more jobs than commits.
 //!
 //! Each request gets its own answer; a batch that fails as a whole answers
 //! every request in it with the same error.

@@ -13,6 +13,8 @@ mod mcp;
 mod metrics;
 mod routes;
 mod status;
+#[cfg(test)]
+mod testing;
 pub mod webhooks;
 
 use std::sync::Arc;

@@ -443,36 +443,15 @@ mod tests {
     /// change.
     #[tokio::test]
     async fn a_wait_for_the_outcome_hears_outcomes_alone() {
-        let store: Arc<dyn Store> = Arc::new(
-            toolfleet_store::sqlite::SqliteStore::open_in_memory()
-                .await
-                .expect("a store"),
-        );
+        let store = crate::testing::memory_store().await;
         let notices = Arc::new(Counting::default());
         let jobs = McpJobs::new(
             store.clone(),
             Arc::new(toolfleet_broker::memory::MemoryBroker::new()),
             notices.clone(),
         );
-        let id = toolfleet_core::new_id();
-        let new = toolfleet_store::NewJob {
-            id: id.clone(),
-            tenant: "acme".to_owned(),
-            user: "alice".to_owned(),
-            tool: "ocr".to_owned(),
-            pool: "default".to_owned(),
-            args: json!({}),
-            idempotency_key: None,
-            run_id: toolfleet_core::new_id(),
-            call_id: toolfleet_core::new_id(),
-            callback_url: None,
-            lineage: None,
-            scopes: Vec::new(),
-            trace: None,
-            max_attempts: 3,
-            timeout_ms: 60_000,
-            now: 1,
-        };
+        let new = crate::testing::new_job(None, 1);
+        let id = new.id.clone();
         store.insert_job(new).await.expect("insert");
         let waiting = {
             let jobs = Arc::new(jobs);
@@ -557,35 +536,14 @@ mod tests {
     /// instead of spinning), and answers long before its deadline.
     #[tokio::test]
     async fn a_wait_without_notices_pauses_instead_of_spinning() {
-        let store: Arc<dyn Store> = Arc::new(
-            toolfleet_store::sqlite::SqliteStore::open_in_memory()
-                .await
-                .expect("a store"),
-        );
+        let store = crate::testing::memory_store().await;
         let jobs = McpJobs::new(
             store.clone(),
             Arc::new(toolfleet_broker::memory::MemoryBroker::new()),
             Arc::new(Down),
         );
-        let id = toolfleet_core::new_id();
-        let new = toolfleet_store::NewJob {
-            id: id.clone(),
-            tenant: "acme".to_owned(),
-            user: "alice".to_owned(),
-            tool: "ocr".to_owned(),
-            pool: "default".to_owned(),
-            args: json!({}),
-            idempotency_key: None,
-            run_id: toolfleet_core::new_id(),
-            call_id: toolfleet_core::new_id(),
-            callback_url: None,
-            lineage: None,
-            scopes: Vec::new(),
-            trace: None,
-            max_attempts: 3,
-            timeout_ms: 60_000,
-            now: 1,
-        };
+        let new = crate::testing::new_job(None, 1);
+        let id = new.id.clone();
         store.insert_job(new).await.expect("insert");
         for wait in [
             jobs.wait_settled("acme", &id, 1, Duration::from_secs(30)),

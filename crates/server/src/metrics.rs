@@ -249,7 +249,6 @@ mod tests {
     use toolfleet_broker::memory::MemoryBroker;
     use toolfleet_broker::{BrokerError, Consumer};
     use toolfleet_core::{AuditRecord, Envelope, JobState, Json, ToolError, TraceContext};
-    use toolfleet_store::sqlite::SqliteStore;
     use toolfleet_store::{
         Answered, CommitClaim, Inserted, JobFilter, JobPage, JobRecord, Lease, NewJob, NewTicket,
         StoreError, TicketRecord,
@@ -453,10 +452,6 @@ mod tests {
             .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
     }
 
-    async fn store() -> Arc<dyn Store> {
-        Arc::new(SqliteStore::open_in_memory().await.expect("a store"))
-    }
-
     #[tokio::test]
     async fn a_scrape_reads_jobs_and_queue_depths() {
         let metrics = Arc::new(Metrics::new());
@@ -465,7 +460,7 @@ mod tests {
         broker.publish("default", "j2").await.unwrap();
         let ops = Ops::new(
             metrics,
-            store().await,
+            crate::testing::memory_store().await,
             Arc::new(broker),
             vec!["default".into(), "agents".into()],
         );
@@ -587,7 +582,7 @@ mod tests {
         let metrics = Arc::new(Metrics::new());
         let ops = Ops::new(
             metrics,
-            store().await,
+            crate::testing::memory_store().await,
             Arc::new(Hung),
             vec!["default".into()],
         )

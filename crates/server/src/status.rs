@@ -53,8 +53,7 @@ pub async fn wait_settled(
     wait: Duration,
 ) -> Result<Option<JobRecord>, ToolError> {
     let settled = |job: &JobRecord| job.state.is_settled();
-    let settles = Wakes::Settled(|event: &Event| event.is_settled_job());
-    wait_until(store, notices, tenant, id, wait, settled, settles).await
+    wait_until(store, notices, tenant, id, wait, settled, Wakes::Settled).await
 }
 
 /// How long a wait whose subscription was refused waits before it reads the
@@ -62,12 +61,21 @@ pub async fn wait_settled(
 const REFUSED_POLL: Duration = Duration::from_secs(1);
 
 /// Which events of a job end a wait, and so which subscription it takes.
-enum Wakes<F> {
-    /// Only outcomes among those `F` accepts: the wait takes
-    /// [`Notices::subscribe_settled`].
-    Settled(F),
-    /// Any event `F` accepts: the wait hears every event.
-    Any(F),
+#[derive(Clone, Copy)]
+enum Wakes {
+    /// Its outcome: the wait takes [`Notices::subscribe_settled`].
+    Settled,
+    /// Any of its events: the wait hears every event.
+    Any,
+}
+
+impl Wakes {
+    fn by(self, event: &Event) -> bool {
+        match self {
+            Wakes::Settled => event.is_settled_job(),
+            Wakes::Any => true,
+        }
+    }
 }
 
 /// Reads the tenant's job and, unless `done` holds for it already, waits up
@@ -83,17 +91,15 @@ async fn wait_until(
     id: &str,
     wait: Duration,
     done: impl Fn(&JobRecord) -> bool,
-    wakes: Wakes<impl Fn(&Event) -> bool>,
+    wakes: Wakes,
 ) -> Result<Option<JobRecord>, ToolError> {
     if !plausible(id) {
         return Ok(None);
     }
-    let (subscribed, wakes) = match wakes {
-        Wakes::Settled(wakes) if !wait.is_zero() => {
-            (Some(notices.subscribe_settled().await), wakes)
-        }
-        Wakes::Any(wakes) if !wait.is_zero() => (Some(notices.subscribe().await), wakes),
-        Wakes::Settled(wakes) | Wakes::Any(wakes) => (None, wakes),
+    let subscribed = match wakes {
+        _ if wait.is_zero() => None,
+        Wakes::Settled => Some(notices.subscribe_settled().await),
+        Wakes::Any => Some(notices.subscribe().await),
     };
     let refused = subscribed.as_ref().is_some_and(Result::is_err);
     let mut events = subscribed.and_then(Result::ok);
@@ -112,7 +118,7 @@ async fn wait_until(
     };
     let _ = tokio::time::timeout(wait, async {
         while let Some(event) = events.next().await {
-            if event.kind == "job" && event.id == id && event.tenant == tenant && wakes(&event) {
+            if event.kind == "job" && event.id == id && event.tenant == tenant && wakes.by(&event) {
                 return;
             }
         }
@@ -169,16 +175,7 @@ pub async fn wait_change(
     wait: Duration,
 ) -> Result<Option<JobRecord>, ToolError> {
     let changed = |job: &JobRecord| job.updated_at != since || job.state.is_settled();
-    wait_until(
-        store,
-        notices,
-        tenant,
-        id,
-        wait,
-        changed,
-        Wakes::Any(|_: &Event| true),
-    )
-    .await
+    wait_until(store, notices, tenant, id, wait, changed, Wakes::Any).await
 }
 
 #[derive(Deserialize)]

@@ -404,27 +404,20 @@ mod tests {
         assert_ne!(signature(b"other", 1, "{}"), sig);
     }
 
+    /// A sender of notices recorded in `store`, signed with a test key.
+    fn sender_to(store: &Arc<dyn Store>) -> Sender {
+        Sender {
+            store: store.clone(),
+            client: reqwest::Client::new(),
+            key: Arc::new(b"key".to_vec()),
+            metrics: Arc::new(Metrics::new()),
+        }
+    }
+
     /// A settled job of `store` with a callback to `url`, settled at `at`.
     async fn settled_at(store: &dyn Store, url: &str, at: i64) -> String {
-        let id = toolfleet_core::new_id();
-        let job = toolfleet_store::NewJob {
-            id: id.clone(),
-            tenant: "acme".to_owned(),
-            user: "alice".to_owned(),
-            tool: "ocr".to_owned(),
-            pool: "default".to_owned(),
-            args: json!({}),
-            idempotency_key: None,
-            run_id: toolfleet_core::new_id(),
-            call_id: toolfleet_core::new_id(),
-            callback_url: Some(url.to_owned()),
-            lineage: None,
-            scopes: Vec::new(),
-            trace: None,
-            max_attempts: 3,
-            timeout_ms: 60_000,
-            now: at - 1,
-        };
+        let job = crate::testing::new_job(Some(url), at - 1);
+        let id = job.id.clone();
         store.insert_job(job).await.expect("insert");
         store.claim(&id, "w", at - 1, 30_000).await.expect("claim");
         let result = Json::from(json!({}));
@@ -440,11 +433,7 @@ mod tests {
     #[tokio::test]
     async fn a_search_pages_through_every_unsent_notice_and_the_next_overlaps_it() {
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let store: Arc<dyn Store> = Arc::new(
-            toolfleet_store::sqlite::SqliteStore::open_in_memory()
-                .await
-                .expect("a store"),
-        );
+        let store = crate::testing::memory_store().await;
         // Nobody listens there: the sends fail in the background, after
         // the claims this test looks at.
         let url = "http://127.0.0.1:9/hook";
@@ -453,12 +442,7 @@ mod tests {
         for n in 0..backlog {
             settled_at(store.as_ref(), url, base + n as i64).await;
         }
-        let sender = Sender {
-            store: store.clone(),
-            client: reqwest::Client::new(),
-            key: Arc::new(b"key".to_vec()),
-            metrics: Arc::new(Metrics::new()),
-        };
+        let sender = sender_to(&store);
         let unsent = || store.unnotified_jobs(JOB_NOTICE, 0, i64::MAX, 1000);
         let now = base + 100_000;
         let next = sender.catch_up_once(Unsent::Jobs, base - 1, now).await;
@@ -609,11 +593,7 @@ mod tests {
     #[tokio::test]
     async fn webhooks_subscribe_again_until_the_notices_take_them() {
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let store: Arc<dyn Store> = Arc::new(
-            toolfleet_store::sqlite::SqliteStore::open_in_memory()
-                .await
-                .expect("a store"),
-        );
+        let store = crate::testing::memory_store().await;
         let refusing = Arc::new(Refusing {
             inner: toolfleet_broker::memory::MemoryNotices::new(),
             refusals: 2.into(),
@@ -666,38 +646,17 @@ mod tests {
     #[tokio::test]
     async fn a_search_sends_the_notice_of_a_ticket_answered_unheard() {
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let store: Arc<dyn Store> = Arc::new(
-            toolfleet_store::sqlite::SqliteStore::open_in_memory()
-                .await
-                .expect("a store"),
-        );
+        let store = crate::testing::memory_store().await;
         let (url, mut hooks) = hooks().await;
         let answered = now_ms() - 60_000;
-        let ticket = toolfleet_store::NewTicket {
-            id: format!("t_{}", toolfleet_core::new_id()),
-            tenant: "acme".to_owned(),
-            user: "alice".to_owned(),
-            tool: "ask_user".to_owned(),
-            question: "travel or meals?".to_owned(),
-            options: Vec::new(),
-            args: json!({}),
-            run_id: toolfleet_core::new_id(),
-            call_id: toolfleet_core::new_id(),
-            callback_url: Some(url),
-            now: answered - 1,
-        };
+        let ticket = crate::testing::new_ticket(Some(&url), answered - 1);
         let id = store.insert_ticket(ticket).await.expect("insert").id;
         store
             .answer_ticket("acme", &id, &json!("travel"), answered)
             .await
             .expect("answer")
             .expect("answered");
-        let sender = Sender {
-            store: store.clone(),
-            client: reqwest::Client::new(),
-            key: Arc::new(b"key".to_vec()),
-            metrics: Arc::new(Metrics::new()),
-        };
+        let sender = sender_to(&store);
         let now = now_ms();
         sender
             .catch_up_once(Unsent::Tickets, answered - 1, now)

@@ -1127,16 +1127,12 @@ mod tests {
 
     /// The steps of SQLite's plan for `statement`.
     async fn plan(store: &SqliteStore, statement: &'static str) -> Vec<String> {
+        let explain = format!("EXPLAIN QUERY PLAN {statement}");
         store
             .call(move |c| {
-                let mut query = c
-                    .prepare(&format!("EXPLAIN QUERY PLAN {statement}"))
-                    .map_err(|e| StoreError::Unavailable(e.to_string()))?;
-                let rows = query
-                    .query_map(params![0i64, 10i64], |row| row.get::<_, String>(3))
-                    .map_err(|e| StoreError::Unavailable(e.to_string()))?;
-                rows.collect::<Result<Vec<_>, _>>()
-                    .map_err(|e| StoreError::Unavailable(e.to_string()))
+                query_all(c, &explain, params![0i64, 10i64], |row| {
+                    Ok(row.get::<_, String>(3)?)
+                })
             })
             .await
             .expect("a plan")
