@@ -103,6 +103,7 @@ mod tests {
             run_id: "r".into(),
             body: serde_json::Value::Null,
             callback: false,
+            ..Default::default()
         }
     }
 

@@ -572,6 +572,7 @@ pub mod notices {
             run_id: "run-1".to_owned(),
             body: json!({"status": "ok", "n": n}),
             callback: n % 2 == 1,
+            ..Default::default()
         }
     }
 

@@ -174,12 +174,20 @@ pub trait Broker: Send + Sync + 'static {
 }
 
 /// What is announced when a job or ticket changes.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Event {
     /// `job` or `ticket`.
     pub kind: String,
     pub id: String,
     pub tenant: String,
+    /// The user of the tenant who made the job or ticket: its owner, who
+    /// (with the tenant's operators) may hear of it.
+    #[serde(default)]
+    pub user: String,
+    /// A scope whose holders in the tenant may hear of it too: for a ticket,
+    /// the scope its answerers hold.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audience: Option<String>,
     pub tool: String,
     /// For jobs, the job state; for tickets, `open` or `answered`.
     pub state: String,
@@ -193,11 +201,11 @@ pub struct Event {
 }
 
 impl Event {
-    /// The event of a job: who it belongs to, its state, and the envelope
-    /// `get_job` answers now.
+    /// The event of a job: who it belongs to (tenant and user), its state,
+    /// and the envelope `get_job` answers now.
     pub fn job(
         id: &str,
-        tenant: &str,
+        (tenant, user): (&str, &str),
         tool: &str,
         state: JobState,
         run_id: &str,
@@ -207,6 +215,8 @@ impl Event {
             kind: "job".to_owned(),
             id: id.to_owned(),
             tenant: tenant.to_owned(),
+            user: user.to_owned(),
+            audience: None,
             tool: tool.to_owned(),
             state: state.as_str().to_owned(),
             run_id: run_id.to_owned(),
@@ -312,6 +322,7 @@ mod batch_tests {
             run_id: "r".into(),
             body: Value::Null,
             callback: false,
+            ..Default::default()
         }
     }
 

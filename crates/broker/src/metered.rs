@@ -149,6 +149,7 @@ mod tests {
             run_id: "r".into(),
             body: serde_json::Value::Null,
             callback: false,
+            ..Default::default()
         };
         notices
             .publish_all(std::slice::from_ref(&event))

@@ -1074,6 +1074,7 @@ mod tests {
             run_id: "run-1".into(),
             body,
             callback: true,
+            ..Default::default()
         }
     }
 

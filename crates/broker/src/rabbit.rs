@@ -1766,6 +1766,7 @@ mod tests {
             run_id: "r".into(),
             body: serde_json::json!({"status": "ok"}),
             callback: false,
+            ..Default::default()
         };
         let one = serde_json::to_vec(&event("a")).expect("json");
         assert_eq!(events_of(&one).expect("one"), [event("a")]);

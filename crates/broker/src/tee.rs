@@ -79,6 +79,7 @@ mod tests {
             run_id: "r".into(),
             body: json!({"n": n}),
             callback: false,
+            ..Default::default()
         }
     }
 

@@ -281,6 +281,7 @@ async fn notices_take_any_buffer_and_need_no_subscriber() {
             run_id: "run-1".to_owned(),
             body: serde_json::json!({}),
             callback: false,
+            ..Default::default()
         };
         assert_eq!(notices.publish(&event).await, Ok(()), "buffer {buffer}");
     }
@@ -377,6 +378,7 @@ fn event(tenant: &str, id: &str) -> Event {
         run_id: "run-1".to_owned(),
         body: serde_json::json!({}),
         callback: false,
+        ..Default::default()
     }
 }
 

@@ -20,12 +20,12 @@ use toolfleet_broker::{Broker, Notices};
 use toolfleet_core::Metrics;
 use toolfleet_core::metrics::Role;
 use toolfleet_core::{
-    CallCtx, Principal, Runtime, RuntimeConfig, Shape, ToolDecl, ToolError, executor_fn,
+    AuditSink, CallCtx, Principal, Runtime, RuntimeConfig, Shape, ToolDecl, ToolError, executor_fn,
 };
 use toolfleet_executors::{Binder, http_client};
 use toolfleet_server::{
-    AppState, Auth, Dispatcher, Limits, McpSettings, Ops, StoreAuditSink, StoreCommitLog,
-    ops_router, status_tools, token_sha256,
+    Access, AppState, Auth, Dispatcher, Limits, McpSettings, Ops, Status, StoreAuditSink,
+    StoreCommitLog, ops_router, status_tools, token_sha256,
 };
 use toolfleet_store::Store;
 use toolfleet_store::metered::MeteredStore;
@@ -143,12 +143,11 @@ fn authentication(config: &Config, runtime: &Runtime) -> Result<Auth, String> {
 fn register_tools(
     runtime: &mut Runtime,
     config: &Config,
-    store: &Arc<dyn Store>,
-    notices: &Arc<dyn Notices>,
+    status: Status,
     agents: &Arc<AgentEnv>,
 ) -> Result<(), String> {
     runtime
-        .register_all(status_tools(store.clone(), notices.clone()))
+        .register_all(status_tools(status))
         .map_err(|e| e.to_string())?;
     let mut builtins =
         toolfleet_expenses::builtins(Arc::new(toolfleet_expenses::ExpenseBook::default()));
@@ -550,6 +549,9 @@ pub async fn start(config: Config, extra: Vec<ToolDecl>, roles: Roles) -> Result
     let store: Arc<dyn Store> = Arc::new(MeteredStore::new(store, metrics.clone()));
     let broker: Arc<dyn Broker> = Arc::new(MeteredBroker::new(broker, metrics.clone()));
     let notices: Arc<dyn Notices> = Arc::new(MeteredNotices::new(notices, metrics.clone()));
+    // Answers and cancels are audited beside the tools' calls.
+    let audit: Arc<dyn AuditSink> = Arc::new(StoreAuditSink::spawn(store.clone(), 10_000));
+    let access = Access::new(audit.clone());
     let mut runtime = Runtime::builder()
         .config(RuntimeConfig::default())
         .secret(signing_key(&config)?)
@@ -559,12 +561,14 @@ pub async fn start(config: Config, extra: Vec<ToolDecl>, roles: Roles) -> Result
                 .with_metrics(metrics.clone()),
         ))
         .commit_log(Arc::new(StoreCommitLog::new(store.clone())))
-        .audit_sink(Arc::new(StoreAuditSink::spawn(store.clone(), 10_000)))
+        .audit_sink(audit.clone())
         .build();
     let agents = AgentEnv::with_max_depth(store.clone(), notices.clone(), config.max_agent_depth);
-    register_tools(&mut runtime, &config, &store, &notices, &agents)?;
+    let status = Status::new(store.clone(), notices.clone(), access.clone());
+    register_tools(&mut runtime, &config, status, &agents)?;
     runtime.register_all(extra).map_err(|e| e.to_string())?;
     check_agents(&runtime, &config)?;
+    access.learn(runtime.registry());
     let runtime = Arc::new(runtime);
     agents.set_runtime(&runtime);
     let (stop, stopped) = watch::channel(false);
@@ -678,6 +682,7 @@ pub async fn start(config: Config, extra: Vec<ToolDecl>, roles: Roles) -> Result
                 page_size: config.mcp.page_size,
             },
             stopping: stopped.clone(),
+            access,
         };
         mcp_jobs = Some(Arc::new(toolfleet_server::McpJobs::of(&state)));
         if roles.http {

@@ -15,7 +15,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::middleware::RateLimit;
-use crate::tool::{Executor, Hints, MiddlewareSpec, Shape, ToolDecl};
+use crate::tool::{AnsweredBy, Executor, Hints, MiddlewareSpec, Shape, ToolDecl};
 
 /// A configuration that could not be read, with where and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -182,6 +182,8 @@ pub struct ToolConfig {
     /// The result is MCP content blocks (see [`ToolDecl::content_blocks`]).
     #[serde(default)]
     pub content_blocks: bool,
+    /// Human tools: who may answer their tickets (see [`AnsweredBy`]).
+    pub answered_by: Option<AnsweredBy>,
 }
 
 #[derive(Deserialize)]
@@ -237,6 +239,11 @@ impl ToolConfig {
         let input = schema(self.input_schema, self.input_schema_file, "input_schema")?
             .unwrap_or_else(|| serde_json::json!({"type": "object"}));
         let output = schema(self.output_schema, self.output_schema_file, "output_schema")?;
+        if self.answered_by.is_some() && self.shape != Shape::Human {
+            return Err(ConfigError::new(format!(
+                "tool `{name}`: answered_by is for human tools, whose tickets a person answers"
+            )));
+        }
         let m = self.middleware;
         let middleware = MiddlewareSpec {
             audit: m.audit,
@@ -277,6 +284,7 @@ impl ToolConfig {
             max_attempts: self.max_attempts,
             content_blocks: self.content_blocks,
             long_poll: None,
+            answered_by: self.answered_by.unwrap_or_default(),
         })
     }
 }

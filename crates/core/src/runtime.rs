@@ -437,6 +437,7 @@ impl Runtime {
             options: options.clone(),
             args: call.args,
             ctx: ctx.clone(),
+            answered_by: tool.declaration().answered_by.clone(),
         };
         match self.fleet.open_ticket(request).await {
             Ok(ticket) => Envelope::Suspended {

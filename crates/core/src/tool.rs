@@ -121,6 +121,93 @@ impl Principal {
     pub fn has_scope(&self, scope: &str) -> bool {
         self.scopes.contains(scope)
     }
+
+    /// Holds [`FLEET_READ`] or [`FLEET_OPERATE`]: sees every job and
+    /// ticket of its tenant, not only its own.
+    pub fn reads_fleet(&self) -> bool {
+        self.has_scope(FLEET_READ) || self.has_scope(FLEET_OPERATE)
+    }
+
+    /// Holds [`FLEET_OPERATE`]: also cancels every job and answers every
+    /// ticket of its tenant.
+    pub fn operates_fleet(&self) -> bool {
+        self.has_scope(FLEET_OPERATE)
+    }
+}
+
+/// The scope that lets a principal read, list and stream every job and
+/// ticket of its tenant; without it, a principal sees only its own.
+pub const FLEET_READ: &str = "fleet:read";
+/// The scope of [`FLEET_READ`] that also lets a principal cancel every job
+/// and answer every ticket of its tenant.
+pub const FLEET_OPERATE: &str = "fleet:operate";
+
+/// Who may answer the tickets of a human tool, beside holders of
+/// [`FLEET_OPERATE`], who always may. Written `"caller"` or
+/// `{ scope = "expenses:approve" }`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "AnsweredByText", into = "AnsweredByText")]
+pub enum AnsweredBy {
+    /// The user whose call made the ticket.
+    #[default]
+    Caller,
+    /// Any holder of this scope in the tenant.
+    Scope {
+        /// The scope an answerer holds.
+        scope: String,
+    },
+}
+
+/// [`AnsweredBy`] as configuration writes it.
+#[derive(Serialize, Deserialize)]
+#[serde(untagged)]
+enum AnsweredByText {
+    Word(String),
+    Scope { scope: String },
+}
+
+impl TryFrom<AnsweredByText> for AnsweredBy {
+    type Error = String;
+
+    fn try_from(text: AnsweredByText) -> Result<Self, String> {
+        match text {
+            AnsweredByText::Word(word) if word == "caller" => Ok(AnsweredBy::Caller),
+            AnsweredByText::Word(other) => Err(format!(
+                "answered_by = {other:?} is not known: use \"caller\" or {{ scope = \"...\" }}"
+            )),
+            AnsweredByText::Scope { scope } if scope.is_empty() || scope.len() > 128 => {
+                Err("answered_by.scope must name a scope of 1 to 128 characters".to_owned())
+            }
+            AnsweredByText::Scope { scope } => Ok(AnsweredBy::Scope { scope }),
+        }
+    }
+}
+
+impl From<AnsweredBy> for AnsweredByText {
+    fn from(who: AnsweredBy) -> Self {
+        match who {
+            AnsweredBy::Caller => AnsweredByText::Word("caller".to_owned()),
+            AnsweredBy::Scope { scope } => AnsweredByText::Scope { scope },
+        }
+    }
+}
+
+impl AnsweredBy {
+    /// The scope an answerer needs, `None` for the caller alone.
+    pub fn scope(&self) -> Option<&str> {
+        match self {
+            AnsweredBy::Caller => None,
+            AnsweredBy::Scope { scope } => Some(scope),
+        }
+    }
+
+    /// From a stored scope: `None` is the caller.
+    pub fn from_scope(scope: Option<String>) -> Self {
+        match scope {
+            None => AnsweredBy::Caller,
+            Some(scope) => AnsweredBy::Scope { scope },
+        }
+    }
 }
 
 /// The context of one call: principal, run and call ids, and the keys a
@@ -391,6 +478,8 @@ pub struct ToolDecl {
     /// `toolfleet_calls_total` but not timed in
     /// `toolfleet_call_duration_seconds`, whose time is work, not waiting.
     pub long_poll: Option<String>,
+    /// Human tools: who may answer their tickets.
+    pub answered_by: AnsweredBy,
 }
 
 impl fmt::Debug for ToolDecl {
@@ -423,6 +512,7 @@ impl ToolDecl {
             max_attempts: None,
             content_blocks: false,
             long_poll: None,
+            answered_by: AnsweredBy::Caller,
         }
     }
 
@@ -443,6 +533,12 @@ impl ToolDecl {
     }
     pub fn human(name: impl Into<String>) -> Self {
         ToolDecl::new(name, Shape::Human)
+    }
+
+    /// Human tools: who may answer their tickets (the caller by default).
+    pub fn answered_by(mut self, who: AnsweredBy) -> Self {
+        self.answered_by = who;
+        self
     }
 
     pub fn title(mut self, title: impl Into<String>) -> Self {

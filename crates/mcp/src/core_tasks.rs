@@ -190,7 +190,7 @@ impl ToolServer {
                 "tools/call" => self.call_as_task(principal, &params, progress, trace).await,
                 "tasks/get" => match task_id(&params) {
                     Ok(id) => self
-                        .job(&principal.tenant, id)
+                        .job(&principal, id)
                         .await
                         .map(|job| task(&job, self.poll_after(&job.tool))),
                     Err(error) => Err(error),
@@ -258,7 +258,7 @@ impl ToolServer {
                 ));
             }
         };
-        let job = self.job(&principal.tenant, &job_id).await?;
+        let job = self.job(&principal, &job_id).await?;
         let token = params
             .get("_meta")
             .and_then(|m| m.get("progressToken"))
@@ -267,7 +267,7 @@ impl ToolServer {
             (token, progress, self.options.jobs.clone())
         {
             let server = self.clone();
-            let (tenant, id) = (principal.tenant.clone(), job.id.clone());
+            let (tenant, id) = (principal.clone(), job.id.clone());
             tokio::spawn(async move {
                 server
                     .follow(jobs.as_ref(), &tenant, &id, &token, &progress)
@@ -283,9 +283,9 @@ impl ToolServer {
     async fn task_result(&self, principal: &Principal, params: &Value) -> Result<Value, ErrorData> {
         let id = task_id(params)?;
         let jobs = self.jobs()?.clone();
-        let mut job = self.job(&principal.tenant, id).await?;
+        let mut job = self.job(principal, id).await?;
         while !job.state.is_settled() {
-            let round = jobs.wait_settled(&principal.tenant, id, job.updated_at, RESULT_ROUND);
+            let round = jobs.wait_settled(principal, id, job.updated_at, RESULT_ROUND);
             job = match self.unless_stopping(round).await {
                 None => {
                     return Err(ErrorData::internal_error(
@@ -338,7 +338,7 @@ impl ToolServer {
         };
         let page = self
             .jobs()?
-            .list(&principal.tenant, cursor, LIST_PAGE)
+            .list(principal, cursor, LIST_PAGE)
             .await
             .map_err(|e| {
                 if e.code == toolfleet_core::ErrorCode::InvalidArguments {
@@ -369,11 +369,11 @@ impl ToolServer {
         params: &Value,
     ) -> Result<Value, ErrorData> {
         let id = task_id(params)?;
-        let job = self.job(&principal.tenant, id).await?;
+        let job = self.job(principal, id).await?;
         if job.state.is_settled() {
             return Err(not_cancellable(id, job.state));
         }
-        match self.jobs()?.cancel(&principal.tenant, id).await {
+        match self.jobs()?.cancel(principal, id).await {
             Ok(Some(job)) if job.state.is_settled() && job.state != JobState::Cancelled => {
                 Err(not_cancellable(id, job.state))
             }

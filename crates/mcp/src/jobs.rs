@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use rmcp::model::{DetailedTask, Task, TaskPayload, TaskStatus};
 use serde_json::{Map, Value, json};
-use toolfleet_core::{Envelope, JobState, ToolError};
+use toolfleet_core::{Envelope, JobState, Principal, ToolError};
 
 /// A boxed future, as the fleet's traits use.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -36,20 +36,21 @@ pub struct JobList {
     pub next_cursor: Option<String>,
 }
 
-/// Jobs and tickets, always within one tenant: another tenant's job or
-/// ticket reads as a missing one (`Ok(None)`).
+/// Jobs and tickets as one principal may see and touch them: its own, or
+/// its whole tenant's where its scopes say so; another tenant's or another
+/// user's job or ticket reads as a missing one (`Ok(None)`).
 pub trait Jobs: Send + Sync + 'static {
     /// The tenant's job `id`.
     fn job<'a>(
         &'a self,
-        tenant: &'a str,
+        principal: &'a Principal,
         id: &'a str,
     ) -> BoxFuture<'a, Result<Option<JobView>, ToolError>>;
     /// Waits up to `wait` for the job to change after `since` (its
     /// `updated_at`) or to settle, then answers it as it stands.
     fn wait<'a>(
         &'a self,
-        tenant: &'a str,
+        principal: &'a Principal,
         id: &'a str,
         since: i64,
         wait: Duration,
@@ -60,24 +61,24 @@ pub trait Jobs: Send + Sync + 'static {
     /// [`Jobs::wait`] from `since` (its `updated_at`).
     fn wait_settled<'a>(
         &'a self,
-        tenant: &'a str,
+        principal: &'a Principal,
         id: &'a str,
         since: i64,
         wait: Duration,
     ) -> BoxFuture<'a, Result<Option<JobView>, ToolError>> {
-        self.wait(tenant, id, since, wait)
+        self.wait(principal, id, since, wait)
     }
     /// Cancels a queued or running job; answers it as it now stands.
     fn cancel<'a>(
         &'a self,
-        tenant: &'a str,
+        principal: &'a Principal,
         id: &'a str,
     ) -> BoxFuture<'a, Result<Option<JobView>, ToolError>>;
     /// One page of the tenant's jobs, newest first, at most `limit`, after
     /// `cursor` (one this method gave); with the cursor of the next page.
     fn list<'a>(
         &'a self,
-        tenant: &'a str,
+        principal: &'a Principal,
         cursor: Option<&'a str>,
         limit: u32,
     ) -> BoxFuture<'a, Result<JobList, ToolError>>;
@@ -85,7 +86,7 @@ pub trait Jobs: Send + Sync + 'static {
     /// the answered ticket, or the error that route would answer.
     fn answer<'a>(
         &'a self,
-        tenant: &'a str,
+        principal: &'a Principal,
         ticket: &'a str,
         answer: Value,
     ) -> BoxFuture<'a, Envelope>;

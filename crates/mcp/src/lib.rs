@@ -414,7 +414,7 @@ impl ToolServer {
     async fn follow(
         &self,
         jobs: &dyn Jobs,
-        tenant: &str,
+        principal: &Principal,
         job_id: &str,
         token: &ProgressToken,
         progress: &core_tasks::Progress,
@@ -426,7 +426,7 @@ impl ToolServer {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             // Bounded rounds: a missed event costs a round, not the wait.
             let round = left.min(Duration::from_secs(2));
-            let job = match jobs.wait(tenant, job_id, since, round).await {
+            let job = match jobs.wait(principal, job_id, since, round).await {
                 Ok(Some(job)) => job,
                 _ => return None,
             };
@@ -454,7 +454,7 @@ impl ToolServer {
     async fn elicit(
         &self,
         jobs: &dyn Jobs,
-        tenant: &str,
+        principal: &Principal,
         call: &ProviderCall,
         (ticket, question, options): (&str, &str, &[String]),
         peer: &rmcp::Peer<RoleServer>,
@@ -464,7 +464,7 @@ impl ToolServer {
             Err(error) => return render_result(Format::Mcp, call, &Envelope::error(error)),
         };
         let envelope = match peer.create_elicitation(params).await {
-            Ok(answer) => answered(jobs, tenant, ticket, answer).await,
+            Ok(answer) => answered(jobs, principal, ticket, answer).await,
             Err(error) => {
                 tracing::warn!(%error, ticket, "mcp: elicitation failed; the ticket stays open");
                 Envelope::error(
@@ -538,7 +538,12 @@ fn log_message(
 }
 
 /// Writes an elicitation's answer to the ticket; a decline leaves it open.
-async fn answered(jobs: &dyn Jobs, tenant: &str, ticket: &str, answer: ElicitResult) -> Envelope {
+async fn answered(
+    jobs: &dyn Jobs,
+    principal: &Principal,
+    ticket: &str,
+    answer: ElicitResult,
+) -> Envelope {
     match answer.action {
         ElicitationAction::Accept => {
             let value = answer
@@ -547,7 +552,7 @@ async fn answered(jobs: &dyn Jobs, tenant: &str, ticket: &str, answer: ElicitRes
                 .and_then(|c| c.get(ANSWER_KEY))
                 .cloned()
                 .unwrap_or(Value::Null);
-            jobs.answer(tenant, ticket, value).await
+            jobs.answer(principal, ticket, value).await
         }
         _ => Envelope::error(
             ToolError::new(
@@ -649,7 +654,7 @@ impl ServerHandler for ToolServer {
                 .get(ANSWER_KEY)
                 .and_then(|r| serde_json::from_value::<ElicitResult>(r.clone()).ok())
             {
-                Some(answer) => answered(jobs.as_ref(), &principal.tenant, ticket, answer).await,
+                Some(answer) => answered(jobs.as_ref(), &principal, ticket, answer).await,
                 None => Envelope::error(ToolError::invalid_arguments(format!(
                     "inputResponses must carry `{ANSWER_KEY}`, the answer to the question asked"
                 ))),
@@ -669,7 +674,7 @@ impl ServerHandler for ToolServer {
                 if shape.is_some_and(Shape::is_enqueued)
                     && capabilities.as_ref().is_some_and(|c| c.supports_tasks()) =>
             {
-                let job = match jobs.job(&principal.tenant, job_id).await {
+                let job = match jobs.job(&principal, job_id).await {
                     Ok(Some(job)) => job,
                     Ok(None) => return Err(jobs::no_task(job_id)),
                     Err(error) => return Err(internal("reading a new job", error.message)),
@@ -679,7 +684,7 @@ impl ServerHandler for ToolServer {
                 {
                     // Progress while the client polls the task.
                     let (server, jobs, peer) = (self.clone(), jobs.clone(), context.peer.clone());
-                    let (tenant, id) = (principal.tenant.clone(), job.id.clone());
+                    let (tenant, id) = (principal.clone(), job.id.clone());
                     let progress = core_tasks::Progress::Peer(peer);
                     tokio::spawn(async move {
                         server
@@ -696,7 +701,7 @@ impl ServerHandler for ToolServer {
                 let token = token.unwrap_or(ProgressToken(rmcp::model::NumberOrString::Number(0)));
                 let progress = core_tasks::Progress::Peer(context.peer.clone());
                 let envelope = self
-                    .follow(jobs.as_ref(), &principal.tenant, job_id, &token, &progress)
+                    .follow(jobs.as_ref(), &principal, job_id, &token, &progress)
                     .await
                     .unwrap_or(envelope.clone());
                 complete(render_result(Format::Mcp, &call, &envelope))
@@ -747,7 +752,7 @@ impl ServerHandler for ToolServer {
                 let result = self
                     .elicit(
                         jobs.as_ref(),
-                        &principal.tenant,
+                        &principal,
                         &call,
                         (ticket, question, options),
                         &context.peer,
@@ -784,7 +789,7 @@ impl ServerHandler for ToolServer {
         context: RequestContext<RoleServer>,
     ) -> Result<GetTaskResult, ErrorData> {
         let principal = self.principal(&context)?;
-        let job = self.job(&principal.tenant, &request.task_id).await?;
+        let job = self.job(&principal, &request.task_id).await?;
         Ok(GetTaskResult::new(self.task(&job)))
     }
 
@@ -794,7 +799,7 @@ impl ServerHandler for ToolServer {
         context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
         let principal = self.principal(&context)?;
-        self.job(&principal.tenant, &request.task_id).await?;
+        self.job(&principal, &request.task_id).await?;
         Err(ErrorData::invalid_params(
             "this task asks for no input; its questions are tickets a person answers",
             None,
@@ -811,7 +816,7 @@ impl ServerHandler for ToolServer {
         if !jobs::plausible(&request.task_id) {
             return Err(jobs::no_task(&request.task_id));
         }
-        match jobs.cancel(&principal.tenant, &request.task_id).await {
+        match jobs.cancel(&principal, &request.task_id).await {
             Ok(Some(_)) => Ok(()),
             Ok(None) => Err(jobs::no_task(&request.task_id)),
             Err(error) => Err(internal("cancelling a job", error.message)),
@@ -831,12 +836,12 @@ impl ToolServer {
     }
 
     /// The tenant's job named by a task id.
-    async fn job(&self, tenant: &str, id: &str) -> Result<JobView, ErrorData> {
+    async fn job(&self, principal: &Principal, id: &str) -> Result<JobView, ErrorData> {
         let jobs = self.jobs()?;
         if !jobs::plausible(id) {
             return Err(jobs::no_task(id));
         }
-        match jobs.job(tenant, id).await {
+        match jobs.job(principal, id).await {
             Ok(Some(job)) => Ok(job),
             Ok(None) => Err(jobs::no_task(id)),
             Err(error) => Err(internal("reading a job", error.message)),

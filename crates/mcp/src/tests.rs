@@ -223,7 +223,7 @@ mod tasks {
 
     use rmcp::model::TaskStatus;
     use serde_json::{Value, json};
-    use toolfleet_core::{Envelope, ErrorCode, JobState, ToolError};
+    use toolfleet_core::{Envelope, ErrorCode, JobState, Principal, ToolError};
 
     use crate::jobs::{BoxFuture, JobView, Jobs, iso8601, plausible, task_of, task_status};
 
@@ -301,17 +301,17 @@ mod tasks {
     impl Jobs for OneJob {
         fn job<'a>(
             &'a self,
-            tenant: &'a str,
+            principal: &'a Principal,
             id: &'a str,
         ) -> BoxFuture<'a, Result<Option<JobView>, ToolError>> {
             Box::pin(async move {
-                Ok((tenant == "acme" && id == ID)
+                Ok((principal.tenant == "acme" && id == ID)
                     .then(|| job(JobState::Queued, Envelope::running(ID, 5))))
             })
         }
         fn wait<'a>(
             &'a self,
-            tenant: &'a str,
+            principal: &'a Principal,
             id: &'a str,
             _since: i64,
             wait: Duration,
@@ -319,12 +319,12 @@ mod tasks {
             // Nothing changes here: a wait lasts (a little of) its time.
             Box::pin(async move {
                 tokio::time::sleep(wait.min(Duration::from_millis(20))).await;
-                self.job(tenant, id).await
+                self.job(principal, id).await
             })
         }
         fn cancel<'a>(
             &'a self,
-            tenant: &'a str,
+            principal: &'a Principal,
             id: &'a str,
         ) -> BoxFuture<'a, Result<Option<JobView>, ToolError>> {
             Box::pin(async move {
@@ -332,17 +332,17 @@ mod tasks {
                     JobState::Succeeded => Envelope::ok(json!({}).into(), "c"),
                     _ => Envelope::error(ToolError::new(ErrorCode::Cancelled, "cancelled")),
                 };
-                Ok((tenant == "acme" && id == ID).then(|| job(self.0, envelope)))
+                Ok((principal.tenant == "acme" && id == ID).then(|| job(self.0, envelope)))
             })
         }
         fn list<'a>(
             &'a self,
-            tenant: &'a str,
+            principal: &'a Principal,
             _cursor: Option<&'a str>,
             _limit: u32,
         ) -> BoxFuture<'a, Result<crate::JobList, ToolError>> {
             Box::pin(async move {
-                let jobs = self.job(tenant, ID).await?;
+                let jobs = self.job(principal, ID).await?;
                 Ok(crate::JobList {
                     jobs: jobs.into_iter().collect(),
                     next_cursor: None,
@@ -351,7 +351,7 @@ mod tasks {
         }
         fn answer<'a>(
             &'a self,
-            _tenant: &'a str,
+            _principal: &'a Principal,
             _ticket: &'a str,
             answer: Value,
         ) -> BoxFuture<'a, Envelope> {
@@ -369,9 +369,10 @@ mod tasks {
                 ..crate::Options::default()
             },
         );
-        assert!(server.job("acme", ID).await.is_ok());
+        let of = |tenant: &str| Principal::new(tenant, "alice", Vec::<String>::new());
+        assert!(server.job(&of("acme"), ID).await.is_ok());
         for (tenant, id) in [("globex", ID), ("acme", "not-a-uuid")] {
-            let error = server.job(tenant, id).await.unwrap_err();
+            let error = server.job(&of(tenant), id).await.unwrap_err();
             assert!(error.message.contains("no task"), "{tenant} {id}");
         }
         use rmcp::ServerHandler;
@@ -603,14 +604,15 @@ mod tasks {
 
     #[tokio::test]
     async fn an_accepted_elicitation_answers_the_ticket_and_a_decline_does_not() {
+        let acme = Principal::new("acme", "alice", Vec::<String>::new());
         let accept: rmcp::model::ElicitResult =
             serde_json::from_value(json!({"action": "accept", "content": {"answer": "travel"}}))
                 .unwrap();
-        let answered = crate::answered(&ONE_JOB, "acme", "t1", accept).await;
+        let answered = crate::answered(&ONE_JOB, &acme, "t1", accept).await;
         assert_eq!(answered.status(), "ok");
         let decline: rmcp::model::ElicitResult =
             serde_json::from_value(json!({"action": "decline"})).unwrap();
-        let declined = crate::answered(&ONE_JOB, "acme", "t1", decline).await;
+        let declined = crate::answered(&ONE_JOB, &acme, "t1", decline).await;
         let Envelope::Error { error, .. } = declined else {
             panic!("a decline answered the ticket");
         };

@@ -92,6 +92,8 @@ pub fn ticket_event(ticket: &TicketRecord) -> Event {
         kind: "ticket".to_owned(),
         id: ticket.id.clone(),
         tenant: ticket.tenant.clone(),
+        user: ticket.user.clone(),
+        audience: ticket.answered_by.scope().map(str::to_owned),
         tool: ticket.tool.clone(),
         state: if ticket.answer.is_some() {
             "answered"
@@ -114,6 +116,7 @@ pub fn ticket_view(ticket: &TicketRecord) -> serde_json::Value {
         "options": ticket.options,
         "state": if ticket.answer.is_some() { "answered" } else { "open" },
         "answer": ticket.answer,
+        "answered_by": ticket.answered_by,
         "run_id": ticket.run_id,
         "created_at": ticket.created_at,
         "answered_at": ticket.answered_at,
@@ -208,6 +211,7 @@ impl Fleet for Dispatcher {
                 run_id: ctx.run_id.clone(),
                 call_id: ctx.call_id.clone(),
                 callback_url: ctx.callback_url.clone(),
+                answered_by: ticket.answered_by,
                 now: now_ms(),
             };
             let record = self.store.insert_ticket(new).await.map_err(store_error)?;
@@ -222,7 +226,7 @@ pub fn job_event(job: &toolfleet_store::JobRecord) -> Event {
     let envelope = job.envelope(crate::status::POLL_AFTER_S);
     let mut event = Event::job(
         &job.id,
-        &job.tenant,
+        (&job.tenant, &job.user),
         &job.tool,
         job.state,
         &job.run_id,

@@ -7,6 +7,7 @@
 //! untrusted: bodies are bounded, parsed without panics, and every failure
 //! answers the contract's error envelope.
 
+pub mod access;
 pub mod auth;
 pub mod dispatch;
 mod mcp;
@@ -23,12 +24,13 @@ use toolfleet_broker::{Broker, Notices};
 use toolfleet_core::Runtime;
 use toolfleet_store::Store;
 
+pub use access::Access;
 pub use auth::{Auth, token_sha256};
 pub use dispatch::{Dispatcher, StoreAuditSink, StoreCommitLog};
 pub use mcp::McpJobs;
 pub use metrics::{Ops, ops_router};
 pub use routes::router;
-pub use status::status_tools;
+pub use status::{Status, status_tools};
 
 /// Limits on what a client may send.
 #[derive(Debug, Clone)]
@@ -84,4 +86,17 @@ pub struct AppState {
     pub mcp: McpSettings,
     /// Turns true when the server stops; long-lived answers end then.
     pub stopping: tokio::sync::watch::Receiver<bool>,
+    /// Who may see and touch which job and ticket, and their audit.
+    pub access: Access,
+}
+
+impl AppState {
+    /// The status API over this state's store and notices.
+    pub fn status(&self) -> Status {
+        Status::new(
+            self.store.clone(),
+            self.notices.clone(),
+            self.access.clone(),
+        )
+    }
 }

@@ -15,83 +15,69 @@ use serde_json::json;
 use std::time::Duration;
 
 use serde_json::Value;
-use toolfleet_broker::{Broker, Notices};
+use toolfleet_broker::Broker;
 use toolfleet_core::metrics::{Denial, UNKNOWN_TOOL};
-use toolfleet_core::{Envelope, ErrorCode, ToolError};
+use toolfleet_core::{Envelope, ErrorCode, Principal, ToolError};
 use toolfleet_mcp::{BoxFuture, HttpEndpoint, JobList, JobView, Jobs, Options};
-use toolfleet_store::{JobFilter, JobRecord, Store};
+use toolfleet_store::{JobFilter, JobRecord};
 
 use crate::AppState;
-use crate::status::{POLL_AFTER_S, cancel_record, wait_change, wait_settled};
+use crate::access;
+use crate::status::Status;
 
 /// MCP tasks and elicitation over the fleet's store: a task is its job, so
-/// every dispatcher answers for every task, always within the caller's tenant.
+/// every dispatcher answers for every task, always by the rules of
+/// [`crate::access`] for the caller.
 #[derive(Clone)]
 pub struct McpJobs {
-    store: Arc<dyn Store>,
+    status: Status,
     broker: Arc<dyn Broker>,
-    notices: Arc<dyn Notices>,
 }
 
 impl McpJobs {
-    pub fn new(store: Arc<dyn Store>, broker: Arc<dyn Broker>, notices: Arc<dyn Notices>) -> Self {
-        McpJobs {
-            store,
-            broker,
-            notices,
-        }
+    pub fn new(status: Status, broker: Arc<dyn Broker>) -> Self {
+        McpJobs { status, broker }
     }
 
     /// Those of `state`.
     pub fn of(state: &AppState) -> Self {
-        McpJobs::new(
-            state.store.clone(),
-            state.broker.clone(),
-            state.notices.clone(),
-        )
+        McpJobs::new(state.status(), state.broker.clone())
     }
-}
 
-fn view(job: JobRecord) -> JobView {
-    JobView {
-        envelope: job.envelope(POLL_AFTER_S),
-        id: job.id,
-        tool: job.tool,
-        state: job.state,
-        progress: job.progress,
-        created_at: job.created_at,
-        updated_at: job.updated_at,
+    /// The view of `job` `principal` reads.
+    fn view(&self, principal: &Principal, job: JobRecord) -> JobView {
+        JobView {
+            envelope: self.status.answer(principal, &job),
+            id: job.id,
+            tool: job.tool,
+            state: job.state,
+            progress: job.progress,
+            created_at: job.created_at,
+            updated_at: job.updated_at,
+        }
     }
 }
 
 impl Jobs for McpJobs {
     fn job<'a>(
         &'a self,
-        tenant: &'a str,
+        principal: &'a Principal,
         id: &'a str,
     ) -> BoxFuture<'a, Result<Option<JobView>, ToolError>> {
         // A wait that is over at once: the job as it stands.
-        self.wait(tenant, id, i64::MIN, Duration::ZERO)
+        self.wait(principal, id, i64::MIN, Duration::ZERO)
     }
 
     fn wait<'a>(
         &'a self,
-        tenant: &'a str,
+        principal: &'a Principal,
         id: &'a str,
         since: i64,
         wait: Duration,
     ) -> BoxFuture<'a, Result<Option<JobView>, ToolError>> {
         Box::pin(async move {
-            let job = wait_change(
-                self.store.as_ref(),
-                self.notices.as_ref(),
-                tenant,
-                id,
-                since,
-                wait,
-            )
-            .await?;
-            Ok(job.map(view))
+            let job = self.status.wait_change(principal, id, since, wait).await?;
+            Ok(job.map(|job| self.view(principal, job)))
         })
     }
 
@@ -99,43 +85,51 @@ impl Jobs for McpJobs {
     /// [`toolfleet_broker::Notices::subscribe_settled`]).
     fn wait_settled<'a>(
         &'a self,
-        tenant: &'a str,
+        principal: &'a Principal,
         id: &'a str,
         _since: i64,
         wait: Duration,
     ) -> BoxFuture<'a, Result<Option<JobView>, ToolError>> {
         Box::pin(async move {
-            let job =
-                wait_settled(self.store.as_ref(), self.notices.as_ref(), tenant, id, wait).await?;
-            Ok(job.map(view))
+            let job = self.status.wait_settled(principal, id, wait).await?;
+            Ok(job.map(|job| self.view(principal, job)))
         })
     }
 
     fn cancel<'a>(
         &'a self,
-        tenant: &'a str,
+        principal: &'a Principal,
         id: &'a str,
     ) -> BoxFuture<'a, Result<Option<JobView>, ToolError>> {
         Box::pin(async move {
-            let job = cancel_record(self.store.as_ref(), self.notices.as_ref(), tenant, id).await?;
-            Ok(job.map(view))
+            let job = self.status.cancel_record(principal, id).await?;
+            Ok(job.map(|job| self.view(principal, job)))
         })
     }
 
     fn list<'a>(
         &'a self,
-        tenant: &'a str,
+        principal: &'a Principal,
         cursor: Option<&'a str>,
         limit: u32,
     ) -> BoxFuture<'a, Result<JobList, ToolError>> {
         Box::pin(async move {
+            let filter = JobFilter {
+                user: access::listed_user(principal),
+                ..JobFilter::default()
+            };
             let page = self
+                .status
                 .store
-                .list_jobs(tenant, &JobFilter::default(), limit, cursor)
+                .list_jobs(&principal.tenant, &filter, limit, cursor)
                 .await
                 .map_err(crate::dispatch::store_error)?;
             Ok(JobList {
-                jobs: page.jobs.into_iter().map(view).collect(),
+                jobs: page
+                    .jobs
+                    .into_iter()
+                    .map(|job| self.view(principal, job))
+                    .collect(),
                 next_cursor: page.next_cursor,
             })
         })
@@ -143,20 +137,18 @@ impl Jobs for McpJobs {
 
     fn answer<'a>(
         &'a self,
-        tenant: &'a str,
+        principal: &'a Principal,
         ticket: &'a str,
         answer: Value,
     ) -> BoxFuture<'a, Envelope> {
         Box::pin(async move {
-            crate::routes::answer_ticket_as(
-                self.store.as_ref(),
-                self.broker.as_ref(),
-                self.notices.as_ref(),
-                tenant,
-                ticket,
-                &answer,
-            )
-            .await
+            let answerer = crate::routes::Answerer {
+                store: self.status.store.as_ref(),
+                broker: self.broker.as_ref(),
+                notices: self.status.notices.as_ref(),
+                access: &self.status.access,
+            };
+            answerer.answer(principal, ticket, &answer).await
         })
     }
 }
@@ -325,6 +317,7 @@ fn is_loopback(authority: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use toolfleet_broker::Notices;
 
     fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
         let mut map = HeaderMap::new();
@@ -446,9 +439,8 @@ mod tests {
         let store = crate::testing::memory_store().await;
         let notices = Arc::new(Counting::default());
         let jobs = McpJobs::new(
-            store.clone(),
+            crate::testing::status(store.clone(), notices.clone()),
             Arc::new(toolfleet_broker::memory::MemoryBroker::new()),
-            notices.clone(),
         );
         let new = crate::testing::new_job(None, 1);
         let id = new.id.clone();
@@ -460,7 +452,7 @@ mod tests {
             (
                 tokio::spawn(async move {
                     waiter
-                        .wait_settled("acme", &id, 1, Duration::from_secs(10))
+                        .wait_settled(&crate::testing::alice(), &id, 1, Duration::from_secs(10))
                         .await
                 }),
                 jobs,
@@ -503,7 +495,7 @@ mod tests {
         assert_eq!(view.state, toolfleet_core::JobState::Succeeded);
         assert_eq!(notices.every.load(std::sync::atomic::Ordering::SeqCst), 0);
         let changed = jobs
-            .wait("acme", &id, 0, Duration::from_millis(50))
+            .wait(&crate::testing::alice(), &id, 0, Duration::from_millis(50))
             .await
             .expect("read");
         assert!(changed.is_some());
@@ -538,16 +530,15 @@ mod tests {
     async fn a_wait_without_notices_pauses_instead_of_spinning() {
         let store = crate::testing::memory_store().await;
         let jobs = McpJobs::new(
-            store.clone(),
+            crate::testing::status(store.clone(), Arc::new(Down)),
             Arc::new(toolfleet_broker::memory::MemoryBroker::new()),
-            Arc::new(Down),
         );
         let new = crate::testing::new_job(None, 1);
         let id = new.id.clone();
         store.insert_job(new).await.expect("insert");
         for wait in [
-            jobs.wait_settled("acme", &id, 1, Duration::from_secs(30)),
-            jobs.wait("acme", &id, 1, Duration::from_secs(30)),
+            jobs.wait_settled(&crate::testing::alice(), &id, 1, Duration::from_secs(30)),
+            jobs.wait(&crate::testing::alice(), &id, 1, Duration::from_secs(30)),
         ] {
             let began = std::time::Instant::now();
             let view = tokio::time::timeout(Duration::from_secs(20), wait)

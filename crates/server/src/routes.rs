@@ -19,13 +19,15 @@ use serde_json::{Value, json};
 use toolfleet_broker::{Broker, Notices};
 use toolfleet_core::adapters::{Format, tool_specs};
 use toolfleet_core::metrics::{Denial, UNKNOWN_TOOL};
-use toolfleet_core::{CallCtx, Envelope, ErrorCode, JobState, Json, Principal, ToolError};
-use toolfleet_store::{Answered, JobFilter, Store};
+use toolfleet_core::{
+    CallCtx, Envelope, ErrorCode, FLEET_OPERATE, JobState, Json, Principal, ToolError,
+};
+use toolfleet_store::{Answered, JobFilter, Store, TicketRecord};
 
 use crate::AppState;
+use crate::access::{self, Access};
 use crate::dispatch::{now_ms, store_error, ticket_event, ticket_view};
 use crate::metrics::{health_response, metrics_response, ready_response};
-use crate::status::{cancel_job, get_job};
 
 /// The router of every route.
 pub fn router(state: AppState) -> Router {
@@ -327,14 +329,10 @@ async fn read_job(
             ));
         }
     };
-    let envelope = get_job(
-        state.store.as_ref(),
-        state.notices.as_ref(),
-        &principal.tenant,
-        &id,
-        Duration::from_secs(wait_s),
-    )
-    .await;
+    let envelope = state
+        .status()
+        .get_job(&principal, &id, Duration::from_secs(wait_s))
+        .await;
     reply(&envelope)
 }
 
@@ -343,15 +341,7 @@ async fn cancel(
     Caller(principal): Caller,
     Path(id): Path<String>,
 ) -> Response {
-    reply(
-        &cancel_job(
-            state.store.as_ref(),
-            state.notices.as_ref(),
-            &principal.tenant,
-            &id,
-        )
-        .await,
-    )
+    reply(&state.status().cancel_job(&principal, &id).await)
 }
 
 #[derive(Deserialize)]
@@ -390,6 +380,7 @@ async fn list_jobs(
     let filter = JobFilter {
         state: job_state,
         tool: q.tool,
+        user: access::listed_user(&principal),
     };
     match state
         .store
@@ -426,11 +417,11 @@ async fn read_ticket(
     Path(id): Path<String>,
 ) -> Response {
     match state.store.ticket(&principal.tenant, &id).await {
-        Ok(Some(ticket)) => reply(&Envelope::ok(
+        Ok(Some(ticket)) if access::sees_ticket(&principal, &ticket) => reply(&Envelope::ok(
             Json::from(ticket_view(&ticket)),
             ticket.call_id.clone(),
         )),
-        Ok(None) => reply(&ticket_missing(&id)),
+        Ok(_) => reply(&ticket_missing(&id)),
         Err(error) => reply(&Envelope::error(store_error(error))),
     }
 }
@@ -451,36 +442,72 @@ async fn answer_ticket(
         Ok(r) => r,
         Err(refusal) => return refusal.into_response(),
     };
-    reply(
-        &answer_ticket_as(
-            state.store.as_ref(),
-            state.broker.as_ref(),
-            state.notices.as_ref(),
-            &principal.tenant,
-            &id,
-            &request.answer,
-        )
-        .await,
-    )
+    let answerer = Answerer {
+        store: state.store.as_ref(),
+        broker: state.broker.as_ref(),
+        notices: state.notices.as_ref(),
+        access: &state.access,
+    };
+    reply(&answerer.answer(&principal, &id, &request.answer).await)
 }
 
-/// Answers the tenant's ticket `id` with `answer` (one of its options, when
-/// it has them), tells subscribers, and wakes the jobs parked on it: the
-/// answered ticket, or why not. `POST /v1/tickets/{id}/answer` and MCP
-/// elicitation both answer through here.
-pub async fn answer_ticket_as(
+/// What answering a ticket touches: the store, the broker that wakes the
+/// jobs parked on it, the notices and the audit.
+pub struct Answerer<'a> {
+    pub store: &'a dyn Store,
+    pub broker: &'a dyn Broker,
+    pub notices: &'a dyn Notices,
+    pub access: &'a Access,
+}
+
+impl Answerer<'_> {
+    /// Answers ticket `id` as `principal` (see [`access::answers_ticket`])
+    /// and audits who did: `POST /v1/tickets/{id}/answer` and MCP
+    /// elicitation both answer through here.
+    pub async fn answer(&self, principal: &Principal, id: &str, answer: &Value) -> Envelope {
+        let envelope = self.answer_unaudited(principal, id, answer).await;
+        let args = json!({
+            "ticket": toolfleet_core::registry::truncate(id, 64),
+            "answer": answer,
+        });
+        self.access
+            .audit(principal, "answer_ticket", args, &envelope);
+        envelope
+    }
+
+    async fn answer_unaudited(&self, principal: &Principal, id: &str, answer: &Value) -> Envelope {
+        let ticket = match self.store.ticket(&principal.tenant, id).await {
+            Ok(Some(ticket)) if access::sees_ticket(principal, &ticket) => ticket,
+            Ok(_) => return ticket_missing(id),
+            Err(error) => return Envelope::error(store_error(error)),
+        };
+        if !access::answers_ticket(principal, &ticket) {
+            let who = match ticket.answered_by.scope() {
+                Some(scope) => format!("a holder of scope `{scope}`"),
+                None => "the user whose call opened it".to_owned(),
+            };
+            return Envelope::error(ToolError::new(
+                ErrorCode::Forbidden,
+                format!(
+                    "ticket `{id}` is answered by {who}, or by an operator (`{FLEET_OPERATE}`)"
+                ),
+            ));
+        }
+        answer_ticket_as(self.store, self.broker, self.notices, &ticket, answer).await
+    }
+}
+
+/// Answers `ticket` (one the caller may answer) with `answer` (one of its
+/// options, when it has them), tells subscribers, and wakes the jobs parked
+/// on it: the answered ticket, or why not.
+async fn answer_ticket_as(
     store: &dyn Store,
     broker: &dyn Broker,
     notices: &dyn Notices,
-    tenant: &str,
-    id: &str,
+    ticket: &TicketRecord,
     answer: &Value,
 ) -> Envelope {
-    let ticket = match store.ticket(tenant, id).await {
-        Ok(Some(ticket)) => ticket,
-        Ok(None) => return ticket_missing(id),
-        Err(error) => return Envelope::error(store_error(error)),
-    };
+    let (tenant, id) = (ticket.tenant.as_str(), ticket.id.as_str());
     if !ticket.options.is_empty()
         && !answer
             .as_str()
@@ -598,10 +625,9 @@ async fn events(
             )));
         }
     };
-    let tenant = principal.tenant.clone();
-    let stopping = state.stopping.clone();
+    let (access, stopping) = (state.access.clone(), state.stopping.clone());
     let stream = futures_util::stream::unfold(subscription, move |mut subscription| {
-        let tenant = tenant.clone();
+        let (principal, access) = (principal.clone(), access.clone());
         let states = states.clone();
         let mut stopping = stopping.clone();
         async move {
@@ -612,15 +638,23 @@ async fn events(
                     event = subscription.next() => event?,
                     _ = stopping.wait_for(|stop| *stop) => return None,
                 };
-                // Another tenant's events never leave the server.
-                if event.tenant != tenant
+                // Another tenant's or another user's events never leave
+                // the server.
+                if !access::hears(&principal, &event)
                     || states
                         .as_ref()
                         .is_some_and(|states| !states.contains(&event.state.as_str()))
                 {
                     continue;
                 }
-                let data = json!({"kind": event.kind, "id": event.id, "tool": event.tool, "state": event.state, "run_id": event.run_id, "body": event.body});
+                // A job's result only to those who may read it.
+                let body = match access.result_refused(&principal, &event.tool) {
+                    Some(refusal) if event.kind == "job" => {
+                        serde_json::to_value(Envelope::error(refusal)).unwrap_or_default()
+                    }
+                    _ => event.body,
+                };
+                let data = json!({"kind": event.kind, "id": event.id, "tool": event.tool, "state": event.state, "run_id": event.run_id, "body": body});
                 let sse = SseEvent::default()
                     .event(event.kind.clone())
                     .id(event.id.clone())

@@ -1,6 +1,7 @@
 //! The status API: `get_job` (with long-poll) and cancel, shared by the HTTP
-//! routes and by the `get_job` and `cancel_job` tools a model calls. Another
-//! tenant's job reads exactly as a missing one does.
+//! routes, MCP's tasks and the `get_job` and `cancel_job` tools a model
+//! calls. Another tenant's or another user's job reads exactly as a missing
+//! one does (see [`crate::access`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,9 +9,12 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use toolfleet_broker::{Event, Notices};
-use toolfleet_core::{CallCtx, Envelope, ToolDecl, ToolError};
+use toolfleet_core::{
+    CallCtx, Envelope, ErrorCode, FLEET_OPERATE, JobState, Json, Principal, ToolDecl, ToolError,
+};
 use toolfleet_store::{JobRecord, Store};
 
+use crate::access::{self, Access};
 use crate::dispatch::{now_ms, store_error};
 
 /// The poll hint of `running` answers from the status API.
@@ -28,32 +32,205 @@ pub(crate) fn plausible(id: &str) -> bool {
     toolfleet_mcp::jobs::plausible(id)
 }
 
-/// Reads a job, waiting up to `wait` for it to settle.
-pub async fn get_job(
-    store: &dyn Store,
-    notices: &dyn Notices,
-    tenant: &str,
-    id: &str,
-    wait: Duration,
-) -> Envelope {
-    match wait_settled(store, notices, tenant, id, wait).await {
-        Ok(Some(job)) => job.envelope(POLL_AFTER_S),
-        Ok(None) => Envelope::error(missing(id)),
-        Err(error) => Envelope::error(error),
-    }
+/// The status API over one store and its notices, keeping to the rules of
+/// [`crate::access`]: what `get_job`, `cancel_job`, their routes and MCP's
+/// tasks share.
+#[derive(Clone)]
+pub struct Status {
+    pub store: Arc<dyn Store>,
+    pub notices: Arc<dyn Notices>,
+    pub access: Access,
 }
 
-/// Reads the tenant's job, waiting up to `wait` for it to settle, woken by
-/// the outcomes' feed alone; the job as it then stands.
-pub async fn wait_settled(
-    store: &dyn Store,
-    notices: &dyn Notices,
-    tenant: &str,
-    id: &str,
-    wait: Duration,
-) -> Result<Option<JobRecord>, ToolError> {
-    let settled = |job: &JobRecord| job.state.is_settled();
-    wait_until(store, notices, tenant, id, wait, settled, Wakes::Settled).await
+impl Status {
+    pub fn new(store: Arc<dyn Store>, notices: Arc<dyn Notices>, access: Access) -> Self {
+        Status {
+            store,
+            notices,
+            access,
+        }
+    }
+
+    /// Reads a job of `principal`'s, waiting up to `wait` for it to settle:
+    /// its envelope, if `principal` may read its result.
+    pub async fn get_job(&self, principal: &Principal, id: &str, wait: Duration) -> Envelope {
+        match self.wait_settled(principal, id, wait).await {
+            Ok(Some(job)) => self.answer(principal, &job),
+            Ok(None) => Envelope::error(missing(id)),
+            Err(error) => Envelope::error(error),
+        }
+    }
+
+    /// What `principal` reads of `job`: its envelope, or why its result is
+    /// not for this caller.
+    pub fn answer(&self, principal: &Principal, job: &JobRecord) -> Envelope {
+        self.access
+            .screen(principal, &job.tool, job.envelope(POLL_AFTER_S))
+    }
+
+    /// Reads a job `principal` may see, waiting up to `wait` for it to
+    /// settle, woken by the outcomes' feed alone; the job as it then stands.
+    pub async fn wait_settled(
+        &self,
+        principal: &Principal,
+        id: &str,
+        wait: Duration,
+    ) -> Result<Option<JobRecord>, ToolError> {
+        let settled = |job: &JobRecord| job.state.is_settled();
+        self.wait_until(principal, id, wait, settled, Wakes::Settled)
+            .await
+    }
+
+    /// Waits up to `wait` for any news of a job `principal` may see after
+    /// `since` (its `updated_at`), or for it to settle; the job as it then
+    /// stands.
+    pub async fn wait_change(
+        &self,
+        principal: &Principal,
+        id: &str,
+        since: i64,
+        wait: Duration,
+    ) -> Result<Option<JobRecord>, ToolError> {
+        let changed = |job: &JobRecord| job.updated_at != since || job.state.is_settled();
+        self.wait_until(principal, id, wait, changed, Wakes::Any)
+            .await
+    }
+
+    /// The job `id` if `principal` may see it: another tenant's or another
+    /// user's reads as a missing one.
+    async fn read(&self, principal: &Principal, id: &str) -> Result<Option<JobRecord>, ToolError> {
+        if !plausible(id) {
+            return Ok(None);
+        }
+        let job = self
+            .store
+            .job(&principal.tenant, id)
+            .await
+            .map_err(store_error)?;
+        Ok(job.filter(|job| access::sees_job(principal, job)))
+    }
+
+    /// Reads the job and, unless `done` holds for it already, waits up to
+    /// `wait` for an event of it that `wakes`, then reads it again: the one
+    /// long poll behind `get_job` and MCP's task waits. Subscribes before
+    /// reading, so a change between the two is not missed; without events
+    /// (the subscription ended, or could not be made) it waits out the
+    /// deadline, or a second when subscribing failed, and reads again,
+    /// rather than spin.
+    async fn wait_until(
+        &self,
+        principal: &Principal,
+        id: &str,
+        wait: Duration,
+        done: impl Fn(&JobRecord) -> bool,
+        wakes: Wakes,
+    ) -> Result<Option<JobRecord>, ToolError> {
+        if !plausible(id) {
+            return Ok(None);
+        }
+        let subscribed = match wakes {
+            _ if wait.is_zero() => None,
+            Wakes::Settled => Some(self.notices.subscribe_settled().await),
+            Wakes::Any => Some(self.notices.subscribe().await),
+        };
+        let refused = subscribed.as_ref().is_some_and(Result::is_err);
+        let mut events = subscribed.and_then(Result::ok);
+        let Some(job) = self.read(principal, id).await? else {
+            return Ok(None);
+        };
+        if refused && !done(&job) {
+            // Notices down: a caller that waits again at once (a task's
+            // result) polls the store once a second instead of spinning.
+            tokio::time::sleep(wait.min(REFUSED_POLL)).await;
+            return self.read(principal, id).await;
+        }
+        let Some(events) = events.as_mut().filter(|_| !done(&job)) else {
+            return Ok(Some(job));
+        };
+        let tenant = &principal.tenant;
+        let _ = tokio::time::timeout(wait, async {
+            while let Some(event) = events.next().await {
+                if event.kind == "job"
+                    && event.id == id
+                    && &event.tenant == tenant
+                    && wakes.by(&event)
+                {
+                    return;
+                }
+            }
+            std::future::pending::<()>().await
+        })
+        .await;
+        self.read(principal, id).await
+    }
+
+    /// Cancels a queued or running job `principal` may cancel; answers the
+    /// job as it now stands.
+    pub async fn cancel_job(&self, principal: &Principal, id: &str) -> Envelope {
+        match self.cancel_record(principal, id).await {
+            // An operator without the tool's scopes learns that the cancel
+            // took, and nothing of what the job had done.
+            Ok(Some(job))
+                if job.state == JobState::Cancelled
+                    && self.access.result_refused(principal, &job.tool).is_some() =>
+            {
+                Envelope::Error {
+                    error: ToolError::new(ErrorCode::Cancelled, format!("job `{id}` is cancelled")),
+                    state: Some(JobState::Cancelled),
+                }
+            }
+            Ok(Some(job)) => self.answer(principal, &job),
+            Ok(None) => Envelope::error(missing(id)),
+            Err(error) => Envelope::error(error),
+        }
+    }
+
+    /// Cancels a queued or running job and tells subscribers, auditing who
+    /// asked; the job as it now stands, `None` when `principal` cannot see
+    /// such a job. One who sees it but may not cancel it (a reader of the
+    /// tenant) is refused with `forbidden`.
+    pub async fn cancel_record(
+        &self,
+        principal: &Principal,
+        id: &str,
+    ) -> Result<Option<JobRecord>, ToolError> {
+        let outcome = self.cancel_unaudited(principal, id).await;
+        let envelope = match &outcome {
+            Ok(Some(job)) => Envelope::ok(Json::from(json!({"state": job.state})), ""),
+            Ok(None) => Envelope::error(missing(id)),
+            Err(error) => Envelope::error(error.clone()),
+        };
+        let args = json!({"job_id": toolfleet_core::registry::truncate(id, 64)});
+        self.access.audit(principal, "cancel_job", args, &envelope);
+        outcome
+    }
+
+    async fn cancel_unaudited(
+        &self,
+        principal: &Principal,
+        id: &str,
+    ) -> Result<Option<JobRecord>, ToolError> {
+        let Some(job) = self.read(principal, id).await? else {
+            return Ok(None);
+        };
+        if !access::operates_job(principal, &job) {
+            return Err(ToolError::new(
+                ErrorCode::Forbidden,
+                format!(
+                    "job `{id}` is another user's; cancelling it needs scope `{FLEET_OPERATE}`"
+                ),
+            ));
+        }
+        match self.store.cancel(&principal.tenant, id, now_ms()).await {
+            Ok(Some(job)) => {
+                let event = crate::dispatch::job_event(&job);
+                let _ = self.notices.publish(&event).await;
+                Ok(Some(job))
+            }
+            Ok(None) => Ok(None),
+            Err(error) => Err(store_error(error)),
+        }
+    }
 }
 
 /// How long a wait whose subscription was refused waits before it reads the
@@ -78,106 +255,6 @@ impl Wakes {
     }
 }
 
-/// Reads the tenant's job and, unless `done` holds for it already, waits up
-/// to `wait` for an event of it that `wakes`, then reads it again: the one
-/// long poll behind `get_job` and MCP's task waits. Subscribes before
-/// reading, so a change between the two is not missed; without events (the
-/// subscription ended, or could not be made) it waits out the deadline, or
-/// a second when subscribing failed, and reads again, rather than spin.
-async fn wait_until(
-    store: &dyn Store,
-    notices: &dyn Notices,
-    tenant: &str,
-    id: &str,
-    wait: Duration,
-    done: impl Fn(&JobRecord) -> bool,
-    wakes: Wakes,
-) -> Result<Option<JobRecord>, ToolError> {
-    if !plausible(id) {
-        return Ok(None);
-    }
-    let subscribed = match wakes {
-        _ if wait.is_zero() => None,
-        Wakes::Settled => Some(notices.subscribe_settled().await),
-        Wakes::Any => Some(notices.subscribe().await),
-    };
-    let refused = subscribed.as_ref().is_some_and(Result::is_err);
-    let mut events = subscribed.and_then(Result::ok);
-    let current = store.job(tenant, id).await.map_err(store_error)?;
-    let Some(job) = current else {
-        return Ok(None);
-    };
-    if refused && !done(&job) {
-        // Notices down: a caller that waits again at once (a task's
-        // result) polls the store once a second instead of spinning.
-        tokio::time::sleep(wait.min(REFUSED_POLL)).await;
-        return store.job(tenant, id).await.map_err(store_error);
-    }
-    let Some(events) = events.as_mut().filter(|_| !done(&job)) else {
-        return Ok(Some(job));
-    };
-    let _ = tokio::time::timeout(wait, async {
-        while let Some(event) = events.next().await {
-            if event.kind == "job" && event.id == id && event.tenant == tenant && wakes.by(&event) {
-                return;
-            }
-        }
-        std::future::pending::<()>().await
-    })
-    .await;
-    store.job(tenant, id).await.map_err(store_error)
-}
-
-/// Cancels a queued or running job; answers the job as it now stands.
-pub async fn cancel_job(
-    store: &dyn Store,
-    notices: &dyn Notices,
-    tenant: &str,
-    id: &str,
-) -> Envelope {
-    match cancel_record(store, notices, tenant, id).await {
-        Ok(Some(job)) => job.envelope(POLL_AFTER_S),
-        Ok(None) => Envelope::error(missing(id)),
-        Err(error) => Envelope::error(error),
-    }
-}
-
-/// Cancels a queued or running job and tells subscribers; the job as it
-/// now stands, `None` when the tenant has no such job.
-pub async fn cancel_record(
-    store: &dyn Store,
-    notices: &dyn Notices,
-    tenant: &str,
-    id: &str,
-) -> Result<Option<JobRecord>, ToolError> {
-    if !plausible(id) {
-        return Ok(None);
-    }
-    match store.cancel(tenant, id, now_ms()).await {
-        Ok(Some(job)) => {
-            let event = crate::dispatch::job_event(&job);
-            let _ = notices.publish(&event).await;
-            Ok(Some(job))
-        }
-        Ok(None) => Ok(None),
-        Err(error) => Err(store_error(error)),
-    }
-}
-
-/// Waits up to `wait` for any news of the tenant's job after `since` (its
-/// `updated_at`), or for it to settle; the job as it then stands.
-pub async fn wait_change(
-    store: &dyn Store,
-    notices: &dyn Notices,
-    tenant: &str,
-    id: &str,
-    since: i64,
-    wait: Duration,
-) -> Result<Option<JobRecord>, ToolError> {
-    let changed = |job: &JobRecord| job.updated_at != since || job.state.is_settled();
-    wait_until(store, notices, tenant, id, wait, changed, Wakes::Any).await
-}
-
 #[derive(Deserialize)]
 struct GetJobArgs {
     job_id: String,
@@ -200,8 +277,8 @@ fn as_result(envelope: Envelope) -> Result<Value, ToolError> {
 }
 
 /// `get_job` and `cancel_job` as tools a model calls.
-pub fn status_tools(store: Arc<dyn Store>, notices: Arc<dyn Notices>) -> Vec<ToolDecl> {
-    let (s, n) = (store.clone(), notices.clone());
+pub fn status_tools(status: Status) -> Vec<ToolDecl> {
+    let for_get = status.clone();
     let get = ToolDecl::query("get_job")
         .title("Get a job")
         .description("Read a job started by another tool: `running` with its state until it settles, then its result or final error. `wait_s` (0 to 30) waits for it to settle.")
@@ -218,10 +295,10 @@ pub fn status_tools(store: Arc<dyn Store>, notices: Arc<dyn Notices>) -> Vec<Too
         .long_poll("wait_s")
         .timeout(Duration::from_secs(35))
         .run(move |ctx: CallCtx, args: GetJobArgs| {
-            let (store, notices) = (s.clone(), n.clone());
+            let status = for_get.clone();
             async move {
                 let wait = Duration::from_secs(args.wait_s.min(30));
-                as_result(get_job(store.as_ref(), notices.as_ref(), ctx.tenant(), &args.job_id, wait).await)
+                as_result(status.get_job(&ctx.principal, &args.job_id, wait).await)
             }
         });
     let cancel = ToolDecl::command("cancel_job")
@@ -238,13 +315,13 @@ pub fn status_tools(store: Arc<dyn Store>, notices: Arc<dyn Notices>) -> Vec<Too
         }))
         .idempotent(true)
         .run(move |ctx: CallCtx, args: CancelArgs| {
-            let (store, notices) = (store.clone(), notices.clone());
+            let status = status.clone();
             async move {
                 if args.dry_run {
-                    return as_result(get_job(store.as_ref(), notices.as_ref(), ctx.tenant(), &args.job_id, Duration::ZERO).await)
+                    return as_result(status.get_job(&ctx.principal, &args.job_id, Duration::ZERO).await)
                         .map(|job| json!({"job": job, "effect": "a queued or running job becomes cancelled; a settled one is left as it is"}));
                 }
-                as_result(cancel_job(store.as_ref(), notices.as_ref(), ctx.tenant(), &args.job_id).await)
+                as_result(status.cancel_job(&ctx.principal, &args.job_id).await)
             }
         });
     vec![get, cancel]

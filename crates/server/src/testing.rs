@@ -4,7 +4,11 @@
 use std::sync::Arc;
 
 use serde_json::json;
-use toolfleet_store::{NewJob, NewTicket, Store};
+use toolfleet_core::{AnsweredBy, JobState};
+use toolfleet_store::{JobRecord, NewJob, NewTicket, Store, TicketRecord};
+
+/// The tenant of the jobs and tickets built here.
+pub const TENANT: &str = "acme";
 
 /// A store of a test's own, in memory.
 pub async fn memory_store() -> Arc<dyn Store> {
@@ -19,7 +23,7 @@ pub async fn memory_store() -> Arc<dyn Store> {
 pub fn new_job(callback_url: Option<&str>, now: i64) -> NewJob {
     NewJob {
         id: toolfleet_core::new_id(),
-        tenant: "acme".to_owned(),
+        tenant: TENANT.to_owned(),
         user: "alice".to_owned(),
         tool: "ocr".to_owned(),
         pool: "default".to_owned(),
@@ -41,7 +45,7 @@ pub fn new_job(callback_url: Option<&str>, now: i64) -> NewJob {
 pub fn new_ticket(callback_url: Option<&str>, now: i64) -> NewTicket {
     NewTicket {
         id: format!("t_{}", toolfleet_core::new_id()),
-        tenant: "acme".to_owned(),
+        tenant: TENANT.to_owned(),
         user: "alice".to_owned(),
         tool: "ask_user".to_owned(),
         question: "travel or meals?".to_owned(),
@@ -50,6 +54,71 @@ pub fn new_ticket(callback_url: Option<&str>, now: i64) -> NewTicket {
         run_id: toolfleet_core::new_id(),
         call_id: toolfleet_core::new_id(),
         callback_url: callback_url.map(str::to_owned),
+        answered_by: AnsweredBy::Caller,
         now,
     }
+}
+
+/// `job` as the store records it, queued.
+pub fn record_of(job: NewJob) -> JobRecord {
+    JobRecord {
+        id: job.id,
+        tenant: job.tenant,
+        user: job.user,
+        tool: job.tool,
+        pool: job.pool,
+        args: job.args,
+        state: JobState::Queued,
+        attempts: 0,
+        max_attempts: job.max_attempts,
+        timeout_ms: job.timeout_ms,
+        run_at: job.now,
+        lease_owner: None,
+        lease_until: None,
+        progress: None,
+        result: None,
+        error: None,
+        idempotency_key: job.idempotency_key,
+        run_id: job.run_id,
+        call_id: job.call_id,
+        callback_url: job.callback_url,
+        lineage: job.lineage,
+        scopes: job.scopes,
+        trace: job.trace,
+        created_at: job.now,
+        updated_at: job.now,
+    }
+}
+
+/// `ticket` as the store records it, open.
+pub fn ticket_record(ticket: NewTicket) -> TicketRecord {
+    TicketRecord {
+        id: ticket.id,
+        tenant: ticket.tenant,
+        user: ticket.user,
+        tool: ticket.tool,
+        question: ticket.question,
+        options: ticket.options,
+        args: ticket.args,
+        run_id: ticket.run_id,
+        call_id: ticket.call_id,
+        callback_url: ticket.callback_url,
+        answer: None,
+        answered_by: ticket.answered_by,
+        created_at: ticket.now,
+        answered_at: None,
+    }
+}
+
+/// The user who makes the jobs and tickets built here.
+pub fn alice() -> toolfleet_core::Principal {
+    toolfleet_core::Principal::new(TENANT, "alice", Vec::<String>::new())
+}
+
+/// The status API over `store` and `notices`, knowing no tool's scopes (a
+/// job's result needs none) and auditing into memory.
+pub fn status(store: Arc<dyn Store>, notices: Arc<dyn toolfleet_broker::Notices>) -> crate::Status {
+    let access = crate::Access::new(Arc::new(toolfleet_core::MemoryAuditSink::default()));
+    access.learn(toolfleet_core::Runtime::builder().build().registry());
+    crate::Status::new(store, notices, access)
 }

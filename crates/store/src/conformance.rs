@@ -14,7 +14,7 @@
 use serde_json::{Value, json};
 use toolfleet_core::tool::{Budget, Lineage};
 use toolfleet_core::{
-    AuditRecord, Envelope, ErrorCode, JobState, Json, ToolError, TraceContext, new_id,
+    AnsweredBy, AuditRecord, Envelope, ErrorCode, JobState, Json, ToolError, TraceContext, new_id,
 };
 
 use crate::{
@@ -67,6 +67,8 @@ macro_rules! store_conformance {
             list_jobs_pages_newest_first,
             list_jobs_filters_by_state_and_tool,
             list_jobs_clamps_the_limit,
+            list_jobs_filters_by_user,
+            a_ticket_keeps_who_may_answer_it,
             job_counts_count_each_state_once,
             tickets_are_read_by_their_tenant_only,
             a_ticket_is_answered_once,
@@ -812,6 +814,7 @@ pub async fn list_jobs_filters_by_state_and_tool(store: &dyn Store) {
         let filter = JobFilter {
             state,
             tool: tool.map(str::to_owned),
+            user: None,
         };
         async move {
             store
@@ -917,8 +920,99 @@ fn ticket_for(tenant: &str) -> NewTicket {
         run_id: new_id(),
         call_id: new_id(),
         callback_url: None,
+        answered_by: AnsweredBy::Caller,
         now: BASE,
     }
+}
+
+/// Who may answer a ticket is kept with it: the caller alone, or holders
+/// of a scope.
+pub async fn a_ticket_keeps_who_may_answer_it(store: &dyn Store) {
+    let t = tenant();
+    let by_scope = AnsweredBy::Scope {
+        scope: "expenses:approve".to_owned(),
+    };
+    for who in [AnsweredBy::Caller, by_scope] {
+        let new = NewTicket {
+            answered_by: who.clone(),
+            ..ticket_for(&t)
+        };
+        let written = store.insert_ticket(new.clone()).await.expect("insert");
+        assert_eq!(written.answered_by, who);
+        let read = store.ticket(&t, &new.id).await.expect("ticket");
+        assert_eq!(read.map(|r| r.answered_by), Some(who.clone()));
+        let answered = store
+            .answer_ticket(&t, &new.id, &json!("travel"), BASE + 1)
+            .await
+            .expect("answer");
+        let Some(Answered::Now(answered)) = answered else {
+            panic!("expected an answer, got {answered:?}");
+        };
+        assert_eq!(answered.answered_by, who);
+    }
+}
+
+/// A user's own list holds that user's jobs alone, with the state and tool
+/// filters and the cursor as the tenant's list has them.
+pub async fn list_jobs_filters_by_user(store: &dyn Store) {
+    let t = tenant();
+    let mut mine = Vec::new();
+    for n in 0..6 {
+        let user = if n % 2 == 0 { "alice" } else { "bob" };
+        let job = insert(
+            store,
+            NewJob {
+                user: user.to_owned(),
+                ..job_for(&t, "ocr", json!({ "n": n }), None, BASE)
+            },
+        )
+        .await;
+        if user == "bob" {
+            mine.push(job.id);
+        }
+    }
+    mine.reverse();
+    let bobs = |cursor: Option<String>, limit: u32| {
+        let t = t.clone();
+        async move {
+            let filter = JobFilter {
+                user: Some("bob".to_owned()),
+                ..JobFilter::default()
+            };
+            store
+                .list_jobs(&t, &filter, limit, cursor.as_deref())
+                .await
+                .expect("list_jobs")
+        }
+    };
+    let first = bobs(None, 2).await;
+    let second = bobs(first.next_cursor.clone(), 2).await;
+    let ids: Vec<String> = first
+        .jobs
+        .iter()
+        .chain(&second.jobs)
+        .map(|j| j.id.clone())
+        .collect();
+    assert_eq!(ids, mine);
+    assert_eq!(second.next_cursor, None);
+    assert!(
+        first
+            .jobs
+            .iter()
+            .chain(&second.jobs)
+            .all(|j| j.user == "bob")
+    );
+    let nobody = JobFilter {
+        user: Some("carol".to_owned()),
+        ..JobFilter::default()
+    };
+    let none = store.list_jobs(&t, &nobody, 10, None).await.expect("list");
+    assert!(none.jobs.is_empty());
+    let everyone = store
+        .list_jobs(&t, &JobFilter::default(), 10, None)
+        .await
+        .expect("list");
+    assert_eq!(everyone.jobs.len(), 6);
 }
 
 /// A ticket reads back as written, to its tenant only.

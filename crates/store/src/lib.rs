@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use toolfleet_core::tool::Lineage;
-use toolfleet_core::{AuditRecord, Envelope, JobState, Json, ToolError, TraceContext};
+use toolfleet_core::{AnsweredBy, AuditRecord, Envelope, JobState, Json, ToolError, TraceContext};
 
 pub mod conformance;
 pub mod metered;
@@ -148,6 +148,8 @@ impl Inserted {
 pub struct JobFilter {
     pub state: Option<JobState>,
     pub tool: Option<String>,
+    /// Only the jobs this user of the tenant made (a caller's own list).
+    pub user: Option<String>,
 }
 
 /// One page of the job list, newest first.
@@ -182,6 +184,8 @@ pub struct NewTicket {
     pub run_id: String,
     pub call_id: String,
     pub callback_url: Option<String>,
+    /// Who may answer it beside the tenant's operators.
+    pub answered_by: AnsweredBy,
     pub now: i64,
 }
 
@@ -200,6 +204,9 @@ pub struct TicketRecord {
     pub callback_url: Option<String>,
     /// `None` while open.
     pub answer: Option<Value>,
+    /// Who may answer it beside the tenant's operators.
+    #[serde(default)]
+    pub answered_by: AnsweredBy,
     pub created_at: i64,
     pub answered_at: Option<i64>,
 }
@@ -240,7 +247,8 @@ pub trait Store: Send + Sync + 'static {
     async fn job(&self, tenant: &str, id: &str) -> Result<Option<JobRecord>, StoreError>;
     /// A job by id alone, for workers.
     async fn job_by_id(&self, id: &str) -> Result<Option<JobRecord>, StoreError>;
-    /// The tenant's jobs, newest first, at most `limit`, after `cursor`.
+    /// The tenant's jobs (of [`JobFilter::user`] alone, if given), newest
+    /// first, at most `limit`, after `cursor`.
     async fn list_jobs(
         &self,
         tenant: &str,

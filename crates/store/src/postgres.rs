@@ -28,7 +28,9 @@ use tokio_postgres::config::Host;
 use tokio_postgres::types::{FromSql, ToSql};
 use tokio_postgres::{Config, NoTls, Row};
 use toolfleet_core::middleware::canonical_json;
-use toolfleet_core::{AuditRecord, Envelope, ErrorCode, JobState, Json, ToolError, TraceContext};
+use toolfleet_core::{
+    AnsweredBy, AuditRecord, Envelope, ErrorCode, JobState, Json, ToolError, TraceContext,
+};
 
 use crate::{
     Answered, CommitClaim, Inserted, JobFilter, JobPage, JobRecord, Lease, NewJob, NewTicket,
@@ -84,7 +86,7 @@ mod sql {
     macro_rules! ticket_columns {
         () => {
             r#"id, tenant, "user", tool, question, options, args, run_id, call_id,
-            callback_url, answer, created_at, answered_at"#
+            callback_url, answer, answered_by, created_at, answered_at"#
         };
     }
 
@@ -265,6 +267,16 @@ mod sql {
         ORDER BY id DESC LIMIT $5"
     );
 
+    /// [`LIST`] of one user's jobs, off `jobs_owner`.
+    pub const LIST_OWNED: &str = concat!(
+        "SELECT ",
+        job_columns!(),
+        r#" FROM jobs
+        WHERE tenant = $1 AND "user" = $6 AND id < $4
+          AND ($2::text IS NULL OR state = $2) AND ($3::text IS NULL OR tool = $3)
+        ORDER BY id DESC LIMIT $5"#
+    );
+
     pub const JOB: &str = concat!(
         "SELECT ",
         job_columns!(),
@@ -305,8 +317,8 @@ mod sql {
     pub const INSERT_TICKET: &str = concat!(
         r#"
         INSERT INTO tickets (id, tenant, "user", tool, question, options, args,
-            run_id, call_id, callback_url, created_at)
-        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+            run_id, call_id, callback_url, created_at, answered_by)
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
         ON CONFLICT DO NOTHING
         RETURNING "#,
         ticket_columns!()
@@ -862,6 +874,7 @@ fn ticket_from_row(row: &Row) -> Result<TicketRecord, StoreError> {
         call_id: f.get("call_id")?,
         callback_url: f.get("callback_url")?,
         answer: f.json_opt("answer")?,
+        answered_by: AnsweredBy::from_scope(f.get("answered_by")?),
         created_at: f.get("created_at")?,
         answered_at: f.get("answered_at")?,
     })
@@ -1134,8 +1147,16 @@ async fn list_jobs(
     // One row more than the page tells whether there is a next page.
     let fetch = limit as i64 + 1;
     let cursor = cursor.unwrap_or(NO_CURSOR);
-    let params: Params<'_> = &[&tenant, &state, &filter.tool, &cursor, &fetch];
-    let mut jobs = query_all(c, sql::LIST, params, job_from_row).await?;
+    let mut jobs = match &filter.user {
+        None => {
+            let params: Params<'_> = &[&tenant, &state, &filter.tool, &cursor, &fetch];
+            query_all(c, sql::LIST, params, job_from_row).await?
+        }
+        Some(user) => {
+            let params: Params<'_> = &[&tenant, &state, &filter.tool, &cursor, &fetch, user];
+            query_all(c, sql::LIST_OWNED, params, job_from_row).await?
+        }
+    };
     let next_cursor = if jobs.len() > limit {
         jobs.truncate(limit);
         jobs.last().map(|job| job.id.clone())
@@ -1175,6 +1196,7 @@ async fn insert_ticket(c: &ClientWrapper, t: &NewTicket) -> Result<TicketRecord,
         &t.call_id,
         &t.callback_url,
         &t.now,
+        &t.answered_by.scope(),
     ];
     query_one(c, sql::INSERT_TICKET, params, ticket_from_row)
         .await?

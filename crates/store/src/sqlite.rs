@@ -23,7 +23,9 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use toolfleet_core::middleware::canonical_json;
-use toolfleet_core::{AuditRecord, Envelope, ErrorCode, JobState, Json, ToolError, TraceContext};
+use toolfleet_core::{
+    AnsweredBy, AuditRecord, Envelope, ErrorCode, JobState, Json, ToolError, TraceContext,
+};
 
 use crate::{
     Answered, CommitClaim, Inserted, JobFilter, JobPage, JobRecord, Lease, NewJob, NewTicket,
@@ -170,11 +172,18 @@ mod sql {
           AND (?2 IS NULL OR state = ?2) AND (?3 IS NULL OR tool = ?3)
         ORDER BY id DESC LIMIT ?5";
 
+    /// [`LIST`] of one user's jobs, off `jobs_owner`.
+    pub const LIST_OWNED: &str = "
+        SELECT * FROM jobs INDEXED BY jobs_owner
+        WHERE tenant = ?1 AND user = ?6 AND id < ?4
+          AND (?2 IS NULL OR state = ?2) AND (?3 IS NULL OR tool = ?3)
+        ORDER BY id DESC LIMIT ?5";
+
     pub const INSERT_TICKET: &str = "
         INSERT INTO tickets (id, tenant, user, tool, question, options, args,
-            run_id, call_id, callback_url, created_at)
+            run_id, call_id, callback_url, answered_by, created_at)
         VALUES (:id, :tenant, :user, :tool, :question, :options, :args,
-            :run_id, :call_id, :callback_url, :now)
+            :run_id, :call_id, :callback_url, :answered_by, :now)
         ON CONFLICT DO NOTHING
         RETURNING *";
 
@@ -500,6 +509,7 @@ fn ticket_from_row(row: &Row<'_>) -> Result<TicketRecord, StoreError> {
         call_id: f.get("call_id")?,
         callback_url: f.get("callback_url")?,
         answer: f.json_opt("answer")?,
+        answered_by: AnsweredBy::from_scope(f.get("answered_by")?),
         created_at: f.get("created_at")?,
         answered_at: f.get("answered_at")?,
         id: f.id,
@@ -680,14 +690,21 @@ fn list_jobs(
     let limit = limit.clamp(1, MAX_PAGE) as usize;
     let state = filter.state.map(JobState::as_str);
     // One row more than the page tells whether there is a next page.
-    let params = params![
-        tenant,
-        state,
-        filter.tool,
-        cursor.unwrap_or(NO_CURSOR),
-        limit + 1
-    ];
-    let mut jobs = query_all(c, sql::LIST, params, job_from_row)?;
+    let (tool, cursor, rows) = (&filter.tool, cursor.unwrap_or(NO_CURSOR), limit + 1);
+    let mut jobs = match &filter.user {
+        None => query_all(
+            c,
+            sql::LIST,
+            params![tenant, state, tool, cursor, rows],
+            job_from_row,
+        )?,
+        Some(user) => query_all(
+            c,
+            sql::LIST_OWNED,
+            params![tenant, state, tool, cursor, rows, user],
+            job_from_row,
+        )?,
+    };
     let next_cursor = if jobs.len() > limit {
         jobs.truncate(limit);
         jobs.last().map(|job| job.id.clone())
@@ -719,7 +736,8 @@ fn insert_ticket(c: &Connection, t: &NewTicket) -> Result<TicketRecord, StoreErr
     let params = named_params! {
         ":id": t.id, ":tenant": t.tenant, ":user": t.user, ":tool": t.tool,
         ":question": t.question, ":options": encode(&t.options)?, ":args": encode(&t.args)?,
-        ":run_id": t.run_id, ":call_id": t.call_id, ":callback_url": t.callback_url, ":now": t.now,
+        ":run_id": t.run_id, ":call_id": t.call_id, ":callback_url": t.callback_url,
+        ":answered_by": t.answered_by.scope(), ":now": t.now,
     };
     query_one(c, sql::INSERT_TICKET, params, ticket_from_row)?
         .ok_or_else(|| StoreError::Conflict(format!("a ticket with id {} already exists", t.id)))

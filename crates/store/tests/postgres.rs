@@ -633,6 +633,7 @@ async fn webhook_searches_probe_the_commit_log_by_key() {
             run_id: toolfleet_core::new_id(),
             call_id: toolfleet_core::new_id(),
             callback_url: Some("http://127.0.0.1:9/hook".to_owned()),
+            answered_by: toolfleet_core::AnsweredBy::Caller,
             now,
         };
         let id = store.insert_ticket(ticket).await.expect("insert").id;

@@ -616,7 +616,7 @@ pub fn job_event(job: &JobRecord, poll_after_s: u32) -> Event {
     let envelope = job.envelope(poll_after_s);
     let mut event = Event::job(
         &job.id,
-        &job.tenant,
+        (&job.tenant, &job.user),
         &job.tool,
         job.state,
         &job.run_id,

@@ -36,6 +36,8 @@ pub struct TicketRequest {
     pub options: Vec<String>,
     pub args: Value,
     pub ctx: CallCtx,
+    /// Who may answer it, as its tool declares.
+    pub answered_by: crate::AnsweredBy,
 }
 
 /// Accepts jobs and tickets.

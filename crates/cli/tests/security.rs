@@ -1,0 +1,466 @@
+//! Hostile probes against real processes: another user of the tenant on
+//! every route and MCP method, tickets answered by the wrong user, the
+//! tenant's operators by their scopes, another tenant's operator, and the
+//! audit of every answer and cancel. Each probe fails if its rule breaks.
+//!
+//! The ownership probes run twice: against `toolfleet serve` (SQLite, the
+//! in-process queue) and against a dispatcher and a worker on the shared
+//! PostgreSQL and RabbitMQ.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Client, Server, TOKEN, TempDir, config_with, eventually, sha};
+use serde_json::{Value, json};
+
+const BOB: &str = "tf_test_bob";
+const NOBODY: &str = "tf_test_nobody";
+const CAROL: &str = "tf_test_carol";
+const READER: &str = "tf_test_reader";
+const AUDITOR: &str = "tf_test_auditor";
+const OPERATOR: &str = "tf_test_operator";
+const GLOBEX_OPERATOR: &str = "tf_test_globex_operator";
+
+/// The tokens and tools of the probes, beside alice (acme) and mallory
+/// (globex) of `config_with`.
+fn probe_tables() -> String {
+    let token = |token: &str, tenant: &str, user: &str, scopes: &str| {
+        format!(
+            "\n[[auth.tokens]]\nsha256 = \"{}\"\ntenant = \"{tenant}\"\nuser = \"{user}\"\nscopes = [{scopes}]\n",
+            sha(token)
+        )
+    };
+    [
+        // Bob holds exactly alice's scopes: only the user differs.
+        token(BOB, "acme", "bob", r#""expenses:read", "expenses:submit""#),
+        token(NOBODY, "acme", "nobody", ""),
+        token(CAROL, "acme", "carol", r#""expenses:approve""#),
+        token(READER, "acme", "reader", r#""fleet:read""#),
+        token(AUDITOR, "acme", "auditor", r#""fleet:read", "expenses:read""#),
+        token(OPERATOR, "acme", "operator", r#""fleet:operate""#),
+        token(
+            GLOBEX_OPERATOR,
+            "globex",
+            "globex-operator",
+            r#""fleet:operate", "expenses:read", "expenses:approve""#,
+        ),
+        r#"
+[[tools]]
+name = "slow_ocr"
+description = "Reads receipts slowly, as a job."
+shape = "job"
+input_schema = { type = "object" }
+max_attempts = 1
+middleware = { audit = true, require_scope = ["expenses:read"] }
+executor = { kind = "exec", program = "/bin/sh", args = ["-c", "sleep 30; echo '{}'"], timeout_s = 60 }
+
+[[tools]]
+name = "approve_expense"
+description = "Asks an approver whether an expense may be paid."
+shape = "human"
+answered_by = { scope = "expenses:approve" }
+input_schema = { type = "object", properties = { question = { type = "string" } } }
+"#
+        .to_owned(),
+    ]
+    .concat()
+}
+
+/// Where the audit records of the process under test are read.
+enum AuditAt {
+    /// The SQLite file of a `serve`.
+    Sqlite(std::path::PathBuf),
+    /// A PostgreSQL schema.
+    Postgres(String, String),
+}
+
+impl AuditAt {
+    /// The audit records of `tool` as `user:status:error_code` lines.
+    fn records(&self, tool: &str) -> Vec<String> {
+        let sql = format!(
+            "SELECT user || ':' || status || ':' || COALESCE(error_code, '') FROM audit WHERE tool = '{tool}' ORDER BY seq"
+        );
+        let text = match self {
+            AuditAt::Sqlite(path) => {
+                let output = std::process::Command::new("sqlite3")
+                    .arg(path)
+                    .arg(&sql)
+                    .output()
+                    .expect("sqlite3 runs");
+                assert!(output.status.success(), "{output:?}");
+                String::from_utf8_lossy(&output.stdout).into_owned()
+            }
+            AuditAt::Postgres(url, schema) => common::psql_value(
+                url,
+                &format!(
+                    "SET search_path = {schema}; {}",
+                    sql.replace("user ||", "\"user\" ||")
+                ),
+            ),
+        };
+        text.lines().map(str::to_owned).collect()
+    }
+}
+
+/// A JSON-RPC request to `/mcp` as `client`, at protocol `version`.
+async fn mcp(client: &Client, version: &str, method: &str, params: Value) -> Value {
+    let response = client
+        .http
+        .post(format!("{}/mcp", client.base))
+        .bearer_auth(&client.token)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", version)
+        .body(json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).to_string())
+        .send()
+        .await
+        .expect("/mcp answers");
+    let text = response.text().await.expect("a body");
+    // A JSON answer, or one SSE event carrying it.
+    let json = text
+        .lines()
+        .find_map(|line| line.strip_prefix("data: "))
+        .unwrap_or(&text);
+    serde_json::from_str(json).unwrap_or_else(|_| panic!("{method}: not JSON: {text}"))
+}
+
+/// The error code of an envelope.
+fn code(envelope: &Value) -> &str {
+    envelope["error"]["code"].as_str().unwrap_or_default()
+}
+
+/// The envelope's message with `id` written as `ID`, to compare the answer
+/// about a real id with the one about a missing id.
+fn message_without(envelope: &Value, id: &str) -> String {
+    envelope["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .replace(id, "ID")
+}
+
+/// Every probe of ownership, against the dispatcher at `base`.
+async fn ownership_probes(base: &str, audit: AuditAt) {
+    let client = |token: &str| Client {
+        http: toolfleet_executors::http_client().expect("client"),
+        base: base.to_owned(),
+        token: token.to_owned(),
+    };
+    let (alice, bob, nobody, carol) = (client(TOKEN), client(BOB), client(NOBODY), client(CAROL));
+    let (reader, auditor, operator) = (client(READER), client(AUDITOR), client(OPERATOR));
+    let stranger = client(GLOBEX_OPERATOR);
+    let streams: Vec<_> = [&alice, &bob, &reader, &auditor]
+        .into_iter()
+        .map(common::events)
+        .collect();
+
+    // Alice's job (running for 30 s) and her two tickets.
+    let started = alice.call("slow_ocr", json!({})).await;
+    let job = started["job_id"].as_str().expect("a job").to_owned();
+    let asked = alice
+        .call(
+            "ask_user",
+            json!({"question": "travel or meals?", "options": ["travel", "meals"]}),
+        )
+        .await;
+    let ticket = asked["ticket"].as_str().expect("a ticket").to_owned();
+    let approval = alice
+        .call("approve_expense", json!({"question": "pay exp-007?"}))
+        .await;
+    let approval = approval["ticket"].as_str().expect("a ticket").to_owned();
+    // Bob's own job, so his stream is known to be live.
+    let bobs = bob.call("slow_ocr", json!({})).await;
+    let bobs = bobs["job_id"].as_str().expect("a job").to_owned();
+
+    // Another user of the tenant, whatever its scopes, reads alice's job
+    // exactly as a missing one.
+    let missing_id = uuid::Uuid::now_v7().to_string();
+    let missing = bob.get(&format!("/v1/jobs/{missing_id}")).await;
+    assert_eq!(code(&missing), "not_found", "{missing}");
+    for intruder in [&bob, &nobody, &carol, &stranger] {
+        for path in [
+            format!("/v1/jobs/{job}"),
+            format!("/v1/jobs/{job}?wait_s=1"),
+        ] {
+            let read = intruder.get(&path).await;
+            assert_eq!(
+                code(&read),
+                "not_found",
+                "{path} as {}: {read}",
+                intruder.token
+            );
+            assert_eq!(
+                message_without(&read, &job),
+                message_without(&missing, &missing_id)
+            );
+        }
+        let tool = intruder
+            .call("get_job", json!({"job_id": job, "wait_s": 1}))
+            .await;
+        assert_eq!(
+            code(&tool),
+            "not_found",
+            "get_job as {}: {tool}",
+            intruder.token
+        );
+        let cancel = intruder
+            .post(&format!("/v1/jobs/{job}/cancel"), json!({}))
+            .await;
+        assert_eq!(
+            code(&cancel),
+            "not_found",
+            "cancel as {}: {cancel}",
+            intruder.token
+        );
+        let listed = intruder.get("/v1/jobs?limit=100").await;
+        assert!(
+            !listed.to_string().contains(&job),
+            "{} lists alice's job: {listed}",
+            intruder.token
+        );
+        let filtered = intruder.get("/v1/jobs?tool=slow_ocr&state=running").await;
+        assert!(!filtered.to_string().contains(&job), "{filtered}");
+        let read = intruder.get(&format!("/v1/tickets/{ticket}")).await;
+        assert_eq!(
+            code(&read),
+            "not_found",
+            "ticket as {}: {read}",
+            intruder.token
+        );
+        let answered = intruder
+            .post(
+                &format!("/v1/tickets/{ticket}/answer"),
+                json!({"answer": "travel"}),
+            )
+            .await;
+        assert_eq!(
+            code(&answered),
+            "not_found",
+            "answer as {}: {answered}",
+            intruder.token
+        );
+    }
+    // The cancel tool's two steps find nothing either.
+    let dry = bob
+        .call("cancel_job", json!({"job_id": job, "dry_run": true}))
+        .await;
+    assert_eq!(code(&dry), "not_found", "{dry}");
+    // Nothing changed: the job runs, the ticket is open.
+    let still = alice.get(&format!("/v1/jobs/{job}")).await;
+    assert_eq!(
+        (still["status"].as_str(), still["state"].as_str()),
+        (Some("running"), Some("running")),
+        "{still}"
+    );
+    let open = alice.get(&format!("/v1/tickets/{ticket}")).await;
+    assert_eq!(open["result"]["state"], "open", "{open}");
+
+    // MCP: tasks are jobs, by the same rules.
+    for method in ["tasks/get", "tasks/result", "tasks/cancel"] {
+        let answer = mcp(&bob, "2025-11-25", method, json!({"taskId": job})).await;
+        assert!(answer["error"].is_object(), "{method}: {answer}");
+        assert!(
+            !answer.to_string().contains("slow_ocr"),
+            "{method}: {answer}"
+        );
+    }
+    let tasks = mcp(&bob, "2025-11-25", "tasks/list", json!({})).await;
+    assert!(tasks["result"].is_object(), "{tasks}");
+    assert!(!tasks.to_string().contains(&job), "{tasks}");
+    assert!(
+        tasks.to_string().contains(&bobs),
+        "bob lists his own task: {tasks}"
+    );
+    let alices = mcp(&alice, "2025-11-25", "tasks/get", json!({"taskId": job})).await;
+    assert!(alices["result"].is_object(), "{alices}");
+    // A retried MCP call carrying an answer to alice's ticket, as bob.
+    let retry = mcp(
+        &bob,
+        "2026-07-28",
+        "tools/call",
+        json!({
+            "name": "ask_user",
+            "arguments": {"question": "travel or meals?", "options": ["travel", "meals"]},
+            "inputResponses": {"answer": {"action": "accept", "content": {"answer": "travel"}}},
+            "requestState": format!("ticket:{ticket}"),
+        }),
+    )
+    .await;
+    assert!(
+        retry.to_string().contains("not_found") || retry["error"].is_object(),
+        "{retry}"
+    );
+    let open = alice.get(&format!("/v1/tickets/{ticket}")).await;
+    assert_eq!(open["result"]["state"], "open", "{open}");
+
+    // Readers: every job of the tenant, but a result only with the tool's
+    // scopes; no cancel, no answer.
+    let read = reader.get(&format!("/v1/jobs/{job}")).await;
+    assert_eq!(code(&read), "forbidden", "{read}");
+    assert!(
+        read["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("expenses:read")),
+        "{read}"
+    );
+    let read = auditor.get(&format!("/v1/jobs/{job}")).await;
+    assert_eq!(read["status"], "running", "{read}");
+    for watcher in [&reader, &auditor] {
+        let listed = watcher.get("/v1/jobs?limit=100").await;
+        assert!(listed.to_string().contains(&job), "{listed}");
+        assert!(listed.to_string().contains(&bobs), "{listed}");
+        let seen = watcher.get(&format!("/v1/tickets/{ticket}")).await;
+        assert_eq!(seen["status"], "ok", "{seen}");
+        let cancel = watcher
+            .post(&format!("/v1/jobs/{job}/cancel"), json!({}))
+            .await;
+        assert_eq!(code(&cancel), "forbidden", "{cancel}");
+        let answered = watcher
+            .post(
+                &format!("/v1/tickets/{ticket}/answer"),
+                json!({"answer": "meals"}),
+            )
+            .await;
+        assert_eq!(code(&answered), "forbidden", "{answered}");
+    }
+    let still = alice.get(&format!("/v1/jobs/{job}")).await;
+    assert_eq!(still["status"], "running", "{still}");
+
+    // A ticket its tool gives to approvers: its caller reads it and cannot
+    // answer; another user neither; an approver answers.
+    let theirs = alice.get(&format!("/v1/tickets/{approval}")).await;
+    assert_eq!(theirs["status"], "ok", "{theirs}");
+    let own_answer = alice
+        .post(
+            &format!("/v1/tickets/{approval}/answer"),
+            json!({"answer": "yes"}),
+        )
+        .await;
+    assert_eq!(code(&own_answer), "forbidden", "{own_answer}");
+    for intruder in [&bob, &nobody, &stranger] {
+        let read = intruder.get(&format!("/v1/tickets/{approval}")).await;
+        assert_eq!(code(&read), "not_found", "{read}");
+        let answered = intruder
+            .post(
+                &format!("/v1/tickets/{approval}/answer"),
+                json!({"answer": "yes"}),
+            )
+            .await;
+        assert_eq!(code(&answered), "not_found", "{answered}");
+    }
+    let approved = carol
+        .post(
+            &format!("/v1/tickets/{approval}/answer"),
+            json!({"answer": "yes"}),
+        )
+        .await;
+    assert_eq!(approved["status"], "ok", "{approved}");
+    assert_eq!(approved["result"]["answer"], "yes", "{approved}");
+
+    // The operator cancels alice's job and answers her ticket.
+    let cancelled = operator
+        .post(&format!("/v1/jobs/{job}/cancel"), json!({}))
+        .await;
+    assert_eq!(code(&cancelled), "cancelled", "{cancelled}");
+    let answered = operator
+        .post(
+            &format!("/v1/tickets/{ticket}/answer"),
+            json!({"answer": "travel"}),
+        )
+        .await;
+    assert_eq!(answered["result"]["answer"], "travel", "{answered}");
+    let cancelled = bob
+        .post(&format!("/v1/jobs/{bobs}/cancel"), json!({}))
+        .await;
+    assert_eq!(code(&cancelled), "cancelled", "{cancelled}");
+
+    // Streams: alice and the readers hear her job settle; bob never hears
+    // of it; the reader without the tool's scope gets no result in it.
+    let [alice_seen, bob_seen, reader_seen, auditor_seen] = &streams[..] else {
+        unreachable!("four streams");
+    };
+    let settled_of = |seen: &std::sync::Arc<std::sync::Mutex<Vec<Value>>>, id: &str| {
+        seen.lock()
+            .expect("events")
+            .iter()
+            .find(|e| e["id"] == id && e["state"] == "cancelled")
+            .cloned()
+    };
+    for seen in [alice_seen, reader_seen, auditor_seen, bob_seen] {
+        let id = if std::ptr::eq(seen, bob_seen) {
+            &bobs
+        } else {
+            &job
+        };
+        eventually(Duration::from_secs(10), || async { settled_of(seen, id) }).await;
+    }
+    let heard = bob_seen.lock().expect("events").clone();
+    assert!(
+        heard
+            .iter()
+            .all(|e| e["id"] != job.as_str() && e["id"] != ticket.as_str()),
+        "bob heard of alice's work: {heard:?}"
+    );
+    let to_reader = settled_of(reader_seen, &job).expect("the reader heard it");
+    assert_eq!(
+        to_reader["body"]["error"]["code"], "forbidden",
+        "{to_reader}"
+    );
+    let to_auditor = settled_of(auditor_seen, &job).expect("the auditor heard it");
+    assert_eq!(
+        to_auditor["body"]["error"]["code"], "cancelled",
+        "{to_auditor}"
+    );
+
+    // Every answer and cancel is audited with who made it, refusals too.
+    let cancels = eventually(Duration::from_secs(10), || async {
+        let records = audit.records("cancel_job");
+        records
+            .iter()
+            .any(|r| r.starts_with("operator:ok"))
+            .then_some(records)
+    })
+    .await;
+    assert!(
+        cancels.iter().any(|r| r == "bob:error:not_found"),
+        "{cancels:?}"
+    );
+    assert!(
+        cancels.iter().any(|r| r == "reader:error:forbidden"),
+        "{cancels:?}"
+    );
+    let answers = eventually(Duration::from_secs(10), || async {
+        let records = audit.records("answer_ticket");
+        (records.iter().any(|r| r.starts_with("operator:ok"))
+            && records.iter().any(|r| r.starts_with("carol:ok")))
+        .then_some(records)
+    })
+    .await;
+    assert!(
+        answers.iter().any(|r| r == "bob:error:not_found"),
+        "{answers:?}"
+    );
+    assert!(
+        answers.iter().any(|r| r == "alice:error:forbidden"),
+        "{answers:?}"
+    );
+}
+
+#[tokio::test]
+async fn serve_keeps_each_users_jobs_and_tickets_to_them() {
+    let dir = TempDir::new("security-serve");
+    let server = Server::start(&dir.0, &config_with(&dir.0, "", &probe_tables()));
+    let db = dir.0.join("data").join("toolfleet.db");
+    ownership_probes(&server.base, AuditAt::Sqlite(db)).await;
+}
+
+#[tokio::test]
+async fn a_fleet_keeps_each_users_jobs_and_tickets_to_them() {
+    let (_dir, config, _cleanup, id) =
+        common::shared_fleet("security-fleet", "", |_| probe_tables());
+    common::migrate(&config);
+    let dispatcher = Server::start_role(&config, "dispatcher", "toolfleet serving on ");
+    let _worker = Server::start_role(&config, "worker", "toolfleet worker running");
+    let audit = AuditAt::Postgres(common::shared_database_url(), format!("tf_{id}"));
+    ownership_probes(&dispatcher.base, audit).await;
+}

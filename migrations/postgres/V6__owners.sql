@@ -1,0 +1,16 @@
+-- toolfleet's PostgreSQL schema, version 6: jobs and tickets belong to the
+-- user who made them, inside their tenant.
+--
+-- Applied by `toolfleet migrate`; a process of version 5 keeps running (it
+-- reads no new column), and a process of this version refuses a schema
+-- still at version 5. Building the index reads the whole `jobs` table and
+-- holds writes to it until it is built.
+
+-- Who may answer a ticket beside its caller's own user and the tenant's
+-- operators: a scope its tool declared (`answered_by = { scope = "..." }`);
+-- NULL for the caller alone, as every ticket made before this version.
+ALTER TABLE tickets ADD COLUMN answered_by text;
+
+-- A user's own job list, newest first, paged by "id < cursor": a walk down
+-- this index, never over the tenant's other users' jobs.
+CREATE INDEX jobs_owner ON jobs (tenant, "user", id DESC);
