@@ -29,12 +29,13 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/* \
     && groupadd --system --gid 10001 toolfleet \
     && useradd --system --uid 10001 --gid 10001 --home-dir /var/lib/toolfleet --no-create-home toolfleet \
-    && install -d -o 10001 -g 10001 -m 0750 /var/lib/toolfleet
+    && install -d -o 10001 -g 10001 -m 0700 /var/lib/toolfleet
 COPY --from=build /usr/local/bin/toolfleet /usr/local/bin/toolfleet
 # The expense pack, for configurations to include (deploy/compose/toolfleet.toml does).
 COPY examples/expenses/toolfleet.toml /usr/share/toolfleet/expenses/toolfleet.toml
 USER 10001:10001
-# The data directory (.toolfleet: SQLite, development token, secrets) lands here.
+# The data directory (.toolfleet: SQLite, development token, secrets;
+# owner-only) lands here.
 WORKDIR /var/lib/toolfleet
 # Listen beyond the container's loopback; a configuration file's `listen` is overridden too.
 ENV TOOLFLEET_LISTEN=0.0.0.0:8080

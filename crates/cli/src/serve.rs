@@ -3,7 +3,6 @@
 //! in-process queue). This is the one place the parts are wired together.
 
 use std::collections::BTreeSet;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -37,6 +36,7 @@ use toolfleet_agent::{AgentEnv, Agents};
 use toolfleet_core::config::ExecutorSpec;
 
 use crate::config::{Config, NoticesBackend};
+use crate::files::{data_dir, kept_secret};
 
 /// How long running jobs may finish after a shutdown signal: `shutdown_grace_s`.
 fn shutdown_grace(config: &Config) -> Result<Duration, String> {
@@ -58,30 +58,6 @@ fn random_hex(bytes: usize) -> String {
     }
     out.truncate(bytes * 2);
     out
-}
-
-/// Reads `name` in `dir`, or writes it with `make()` (owner-only on unix).
-fn kept_secret(
-    dir: &Path,
-    name: &str,
-    make: impl FnOnce() -> String,
-) -> Result<(String, bool), String> {
-    let path = dir.join(name);
-    if let Ok(text) = std::fs::read_to_string(&path) {
-        let text = text.trim().to_owned();
-        if !text.is_empty() {
-            return Ok((text, false));
-        }
-    }
-    let value = make();
-    std::fs::write(&path, format!("{value}\n"))
-        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600));
-    }
-    Ok((value, true))
 }
 
 /// The key of confirm tokens: `confirm_secret` (shared by every dispatcher
@@ -247,6 +223,7 @@ pub async fn migrate(config: &Config) -> Result<(), String> {
             eprintln!("the PostgreSQL schema is up to date");
         }
         None => {
+            data_dir(&config.data_dir)?;
             let path = config.data_dir.join("toolfleet.db");
             SqliteStore::open(&path).await.map_err(|e| e.to_string())?;
             eprintln!("the SQLite schema of {} is up to date", path.display());
@@ -445,11 +422,14 @@ pub async fn open_backends(
             }
             .map_err(|e| e.to_string())?,
         ),
-        None => Arc::new(
-            SqliteStore::open(&config.data_dir.join("toolfleet.db"))
-                .await
-                .map_err(|e| e.to_string())?,
-        ),
+        None => {
+            data_dir(&config.data_dir)?;
+            Arc::new(
+                SqliteStore::open(&config.data_dir.join("toolfleet.db"))
+                    .await
+                    .map_err(|e| e.to_string())?,
+            )
+        }
     };
     let rabbit = match &config.broker_url {
         Some(url) => {
@@ -531,8 +511,8 @@ pub async fn open_backends(
 
 /// Starts `roles`, with `extra` tools beside the configured ones.
 pub async fn start(config: Config, extra: Vec<ToolDecl>, roles: Roles) -> Result<Served, String> {
-    std::fs::create_dir_all(&config.data_dir)
-        .map_err(|e| format!("cannot create data_dir {}: {e}", config.data_dir.display()))?;
+    // The data directory is made when something is kept in it (SQLite, a
+    // secret, the development token).
     let prefetch = u16::try_from(config.concurrency.max(1)).unwrap_or(u16::MAX);
     let Backends {
         store,

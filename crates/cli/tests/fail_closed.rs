@@ -1,0 +1,170 @@
+//! toolfleet fails closed, against the real binary: the data directory and
+//! every file in it are owner-only, and a secret file others may read is
+//! refused.
+
+mod common;
+
+use std::io::Read;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{Server, TempDir};
+
+/// The expense pack, for configurations that need tools.
+fn pack() -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../examples/expenses/toolfleet.toml")
+        .display()
+        .to_string()
+}
+
+/// A configuration without `[[auth.tokens]]`: the data directory in `dir`,
+/// the expense pack, then `rest` (keys, then tables).
+fn without_tokens(dir: &Path, rest: &str) -> std::path::PathBuf {
+    let config = dir.join("toolfleet.toml");
+    let text = format!(
+        "data_dir = {:?}\ninclude = [{:?}]\n{rest}\n",
+        dir.join("data").display().to_string(),
+        pack()
+    );
+    std::fs::write(&config, text).expect("config written");
+    config
+}
+
+/// Runs `toolfleet --config <config> <role>` with `env`, which must exit
+/// unsuccessfully (a process still running after a minute is killed and
+/// fails the test): its stderr.
+fn refused(config: &Path, role: &str, env: &[(&str, &str)]) -> String {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_toolfleet"))
+        .env_remove("TOOLFLEET_CONFIG")
+        .env_remove("TOOLFLEET_LISTEN")
+        .env_remove("TOOLFLEET_WEBHOOK_SECRET")
+        .env_remove("TOOLFLEET_CONFIRM_SECRET")
+        .envs(env.iter().copied())
+        .arg("--config")
+        .arg(config)
+        .arg(role)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("toolfleet starts");
+    let mut stderr = child.stderr.take().expect("stderr");
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        text
+    });
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if started.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("`toolfleet {role}` kept running: it did not refuse to start");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let text = reader.join().expect("stderr read");
+    assert!(!status.success(), "`toolfleet {role}` started: {text}");
+    text
+}
+
+fn mode(path: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .permissions()
+        .mode()
+        & 0o7777
+}
+
+fn chmod(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+}
+
+#[test]
+fn the_data_directory_and_every_file_in_it_are_owner_only_and_open_secrets_are_refused() {
+    let dir = TempDir::new("closed-modes");
+    // No token, no confirm_secret, no webhook secret: every one is kept in
+    // data_dir, beside SQLite's files.
+    let config = without_tokens(&dir.0, "listen = \"127.0.0.1:0\"");
+    let data = dir.0.join("data");
+    let mut server = Server::start_with(&config);
+    let token = std::fs::read_to_string(data.join("dev-token")).expect("dev-token");
+    // A call: SQLite's WAL and shared memory in use.
+    let found = common::block_on({
+        let client = server.client(token.trim());
+        async move {
+            client
+                .call("find_expenses", serde_json::json!({"month": "2026-09"}))
+                .await
+        }
+    });
+    assert_eq!(found["status"], "ok", "{found}");
+
+    assert_eq!(mode(&data), 0o700, "data_dir");
+    let mut seen = Vec::new();
+    for entry in std::fs::read_dir(&data).expect("data_dir listed") {
+        let path = entry.expect("an entry").path();
+        assert_eq!(mode(&path), 0o600, "{}", path.display());
+        seen.push(path.file_name().unwrap().to_string_lossy().into_owned());
+    }
+    for name in [
+        "toolfleet.db",
+        "toolfleet.db-wal",
+        "toolfleet.db-shm",
+        "secret",
+        "webhook-secret",
+        "dev-token",
+    ] {
+        assert!(seen.iter().any(|s| s == name), "{name} in {seen:?}");
+    }
+    server.kill();
+
+    // Each secret, made readable by others, keeps the process from starting
+    // with the command that fixes it.
+    for name in ["secret", "webhook-secret", "dev-token"] {
+        let path = data.join(name);
+        chmod(&path, 0o644);
+        let said = refused(&config, "serve", &[]);
+        assert!(
+            said.contains(&format!("chmod 600 {}", path.display())),
+            "{name}: {said}"
+        );
+        chmod(&path, 0o600);
+    }
+    // Fixed as it says, it starts again with the same token.
+    let server = Server::start_with(&config);
+    assert!(
+        server
+            .startup
+            .join("\n")
+            .contains("using the development token"),
+        "{:?}",
+        server.startup
+    );
+}
+
+#[test]
+fn a_data_directory_others_may_write_in_is_refused() {
+    let dir = TempDir::new("closed-shared-dir");
+    let config = without_tokens(&dir.0, "listen = \"127.0.0.1:0\"");
+    let data = dir.0.join("data");
+    std::fs::create_dir(&data).expect("data_dir");
+    chmod(&data, 0o777);
+    let said = refused(&config, "serve", &[]);
+    assert!(
+        said.contains(&format!("chmod 700 {}", data.display())),
+        "{said}"
+    );
+    assert_eq!(
+        std::fs::read_dir(&data).expect("listed").count(),
+        0,
+        "nothing is written there"
+    );
+}
