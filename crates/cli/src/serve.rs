@@ -78,7 +78,48 @@ fn signing_key(config: &Config) -> Result<[u8; 32], String> {
     bytes.try_into().map_err(|_| wrong())
 }
 
-/// The principals of the configuration, or a development token.
+/// Whether `listen` names a loopback address: 127.0.0.0/8, ::1 or `localhost`.
+fn is_loopback(listen: &str) -> bool {
+    match listen.parse::<std::net::SocketAddr>() {
+        Ok(address) => address.ip().to_canonical().is_loopback(),
+        Err(_) => listen
+            .rsplit_once(':')
+            .is_some_and(|(host, _)| host.eq_ignore_ascii_case("localhost")),
+    }
+}
+
+/// Where and how to add a token, for the messages that ask for one.
+const HOW_TO_ADD_A_TOKEN: &str = r#"the configuration file (toolfleet.toml, --config or TOOLFLEET_CONFIG):
+
+  [[auth.tokens]]
+  sha256 = "..."      # printf %s "$TOKEN" | sha256sum
+  tenant = "acme"
+  user = "alice"
+  scopes = ["expenses:read", "expenses:submit"]
+
+where TOKEN is a long random secret (TOKEN=tf_$(openssl rand -hex 24), say) that clients send as `Authorization: Bearer $TOKEN`; the file holds only its SHA-256."#;
+
+/// A process serving the HTTP API needs a configured token, but for
+/// `serve` on a loopback address, which makes a development token;
+/// `toolfleet mcp` (stdio) may use that token, and workers need none.
+fn check_tokens(config: &Config, roles: &Roles) -> Result<(), String> {
+    if !roles.dispatcher || !roles.http || !config.auth.tokens.is_empty() {
+        return Ok(());
+    }
+    match roles.metrics_role() {
+        Role::Serve if is_loopback(&config.listen) => Ok(()),
+        Role::Serve => Err(format!(
+            "serve makes a development token only when it listens on a loopback address (127.0.0.1, ::1, localhost), and listen (or TOOLFLEET_LISTEN) is {}, with no [[auth.tokens]] configured. Listen on 127.0.0.1, or add a token to {HOW_TO_ADD_A_TOKEN}",
+            config.listen
+        )),
+        _ => Err(format!(
+            "the dispatcher needs at least one token in [[auth.tokens]] (it makes no development token). Add one to {HOW_TO_ADD_A_TOKEN}"
+        )),
+    }
+}
+
+/// The principals of the configuration, or a development token (`serve`
+/// on a loopback address and `toolfleet mcp` only, see [`check_tokens`]).
 fn authentication(config: &Config, runtime: &Runtime) -> Result<Auth, String> {
     let mut auth = Auth::default();
     for token in &config.auth.tokens {
@@ -511,8 +552,9 @@ pub async fn open_backends(
 
 /// Starts `roles`, with `extra` tools beside the configured ones.
 pub async fn start(config: Config, extra: Vec<ToolDecl>, roles: Roles) -> Result<Served, String> {
-    // The data directory is made when something is kept in it (SQLite, a
-    // secret, the development token).
+    // Refused before anything is opened. The data directory is made when
+    // something is kept in it (SQLite, a secret, the development token).
+    check_tokens(&config, &roles)?;
     let prefetch = u16::try_from(config.concurrency.max(1)).unwrap_or(u16::MAX);
     let Backends {
         store,
@@ -779,6 +821,72 @@ mod tests {
 
     fn parse(text: &str) -> Config {
         Config::parse(text, std::path::Path::new("toolfleet.toml")).expect("a configuration")
+    }
+
+    #[test]
+    fn loopback_means_127_0_0_0_8_the_ipv6_loopback_and_localhost() {
+        for listen in [
+            "127.0.0.1:8080",
+            "127.1.2.3:0",
+            "[::1]:8080",
+            "[::ffff:127.0.0.1]:80",
+            "localhost:8080",
+            "LocalHost:0",
+        ] {
+            assert!(is_loopback(listen), "{listen}");
+        }
+        for listen in [
+            "0.0.0.0:8080",
+            "[::]:8080",
+            "10.0.0.1:8080",
+            "example.com:8080",
+            "localhost.example.com:80",
+            "localhost",
+        ] {
+            assert!(!is_loopback(listen), "{listen}");
+        }
+    }
+
+    /// Only the HTTP API needs a token; `serve` makes one on loopback only.
+    #[test]
+    fn the_http_api_without_tokens_is_refused_but_serve_on_loopback() {
+        let dispatcher = Roles {
+            no_workers: true,
+            ..Roles::all()
+        };
+        let worker = Roles {
+            dispatcher: false,
+            http: false,
+            ..Roles::all()
+        };
+        let mcp = Roles {
+            http: false,
+            ..Roles::all()
+        };
+        let open = parse("listen = \"0.0.0.0:8080\"");
+        let local = parse("listen = \"127.0.0.1:8080\"");
+        let token = "\n[[auth.tokens]]\nsha256 = \"ab\"\ntenant = \"t\"\nuser = \"u\"\n";
+        let open_with_token = parse(&format!("listen = \"0.0.0.0:8080\"{token}"));
+
+        assert_eq!(check_tokens(&local, &Roles::all()), Ok(()));
+        let serve = check_tokens(&open, &Roles::all()).unwrap_err();
+        assert!(
+            serve.contains("0.0.0.0:8080") && serve.contains("sha256sum"),
+            "{serve}"
+        );
+        assert_eq!(check_tokens(&open_with_token, &Roles::all()), Ok(()));
+
+        for config in [&local, &open] {
+            let refused = check_tokens(config, &dispatcher).unwrap_err();
+            assert!(refused.contains("[[auth.tokens]]"), "{refused}");
+            assert_eq!(
+                check_tokens(config, &worker),
+                Ok(()),
+                "workers serve no API"
+            );
+            assert_eq!(check_tokens(config, &mcp), Ok(()), "mcp speaks on stdio");
+        }
+        assert_eq!(check_tokens(&open_with_token, &dispatcher), Ok(()));
     }
 
     /// A process's event subscriptions on RabbitMQ are as deep as its fan-out.

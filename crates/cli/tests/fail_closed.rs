@@ -1,5 +1,7 @@
-//! toolfleet fails closed, against the real binary: the data directory and
-//! every file in it are owner-only, and a secret file others may read is
+//! toolfleet fails closed, against the real binary: a process serving the
+//! HTTP API without a configured token refuses to start (but `serve` on a
+//! loopback address, which makes a development token), the data directory
+//! and every file in it are owner-only, and a secret file others may read is
 //! refused.
 
 mod common;
@@ -73,6 +75,20 @@ fn refused(config: &Path, role: &str, env: &[(&str, &str)]) -> String {
     text
 }
 
+/// What a message asking for a token must say.
+fn says_how_to_add_a_token(message: &str) {
+    for needed in [
+        "[[auth.tokens]]",
+        "sha256 = ",
+        "printf %s \"$TOKEN\" | sha256sum",
+        "tenant = ",
+        "user = ",
+        "scopes = ",
+    ] {
+        assert!(message.contains(needed), "no `{needed}` in: {message}");
+    }
+}
+
 fn mode(path: &Path) -> u32 {
     use std::os::unix::fs::PermissionsExt;
     std::fs::metadata(path)
@@ -85,6 +101,63 @@ fn mode(path: &Path) -> u32 {
 fn chmod(path: &Path, mode: u32) {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+}
+
+#[test]
+fn a_dispatcher_without_tokens_refuses_to_start_and_says_how_to_add_one() {
+    let dir = TempDir::new("closed-dispatcher");
+    // Servers nobody listens on: the refusal comes before any is reached.
+    // On loopback too: a dispatcher never makes a development token.
+    let config = without_tokens(
+        &dir.0,
+        "listen = \"127.0.0.1:0\"\ndatabase_url = \"postgres://toolfleet@127.0.0.1:1/none\"\nbroker_url = \"amqp://127.0.0.1:1/%2f\"",
+    );
+    let said = refused(&config, "dispatcher", &[]);
+    assert!(
+        said.contains("the dispatcher needs at least one token"),
+        "{said}"
+    );
+    says_how_to_add_a_token(&said);
+    assert!(
+        !dir.0.join("data").exists(),
+        "nothing is made before the refusal"
+    );
+}
+
+#[test]
+fn serve_without_tokens_refuses_beyond_loopback() {
+    let dir = TempDir::new("closed-serve");
+    for (listen, env) in [
+        ("0.0.0.0:0", None),
+        ("[::]:0", None),
+        ("192.0.2.1:0", None),
+        // The image's way: TOOLFLEET_LISTEN over the file's loopback address.
+        ("127.0.0.1:0", Some("0.0.0.0:0")),
+    ] {
+        let config = without_tokens(&dir.0, &format!("listen = {listen:?}"));
+        let env: Vec<(&str, &str)> = env.map(|e| ("TOOLFLEET_LISTEN", e)).into_iter().collect();
+        let said = refused(&config, "serve", &env);
+        assert!(
+            said.contains("only when it listens on a loopback address"),
+            "{listen} {env:?}: {said}"
+        );
+        says_how_to_add_a_token(&said);
+        assert!(
+            !dir.0.join("data").exists(),
+            "{listen}: no development token (nor anything) is made"
+        );
+    }
+}
+
+#[test]
+fn serve_on_localhost_without_tokens_makes_a_development_token() {
+    let dir = TempDir::new("closed-localhost");
+    let config = without_tokens(&dir.0, "listen = \"localhost:0\"");
+    let server = Server::start_with(&config);
+    let said = server.startup.join("\n");
+    assert!(said.contains("made a development token"), "{said}");
+    let token = dir.0.join("data").join("dev-token");
+    assert_eq!(mode(&token), 0o600, "{}", token.display());
 }
 
 #[test]
