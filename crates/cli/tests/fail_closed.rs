@@ -1,8 +1,8 @@
 //! toolfleet fails closed, against the real binary: a process serving the
 //! HTTP API without a configured token refuses to start (but `serve` on a
 //! loopback address, which makes a development token), the data directory
-//! and every file in it are owner-only, and a secret file others may read is
-//! refused.
+//! and every file in it are owner-only, a secret file others may read is
+//! refused, and so are keys too short to be keys.
 
 mod common;
 
@@ -239,5 +239,34 @@ fn a_data_directory_others_may_write_in_is_refused() {
         std::fs::read_dir(&data).expect("listed").count(),
         0,
         "nothing is written there"
+    );
+}
+
+#[test]
+fn a_webhook_secret_shorter_than_32_bytes_is_refused() {
+    let dir = TempDir::new("closed-webhook");
+    let short = "0123456789abcdef0123456789abcde"; // 31 bytes
+    let config = without_tokens(
+        &dir.0,
+        &format!("listen = \"127.0.0.1:0\"\n\n[webhooks]\nsecret = {short:?}\n"),
+    );
+    let said = refused(&config, "serve", &[]);
+    assert!(
+        said.contains("[webhooks] secret") && said.contains("at least 32 bytes"),
+        "{said}"
+    );
+    // From the environment too.
+    let config = without_tokens(&dir.0, "listen = \"127.0.0.1:0\"");
+    let said = refused(&config, "serve", &[("TOOLFLEET_WEBHOOK_SECRET", short)]);
+    assert!(
+        said.contains("TOOLFLEET_WEBHOOK_SECRET") && said.contains("at least 32 bytes"),
+        "{said}"
+    );
+    // And a confirm-token key that is not 32 bytes in hex.
+    let said = refused(&config, "serve", &[("TOOLFLEET_CONFIRM_SECRET", "abcd")]);
+    assert!(said.contains("64 hex characters"), "{said}");
+    assert!(
+        !dir.0.join("data").exists(),
+        "refused before anything is made"
     );
 }
