@@ -3,8 +3,14 @@
 # The toolfleet image: one binary, the expense pack and nothing else.
 #
 #   docker build -t toolfleet .
-#   docker run --rm -p 8080:8080 toolfleet                # serve: SQLite and the in-process queue
+#   docker run --rm -p 8080:8080 -v "$PWD/toolfleet.toml:/etc/toolfleet/toolfleet.toml:ro" \
+#     -e TOOLFLEET_CONFIG=/etc/toolfleet/toolfleet.toml toolfleet   # serve: SQLite and the in-process queue
 #   docker run --rm toolfleet dispatcher --help           # or worker, migrate, call, tools, bench
+#
+# serve listens on 0.0.0.0 here, so it needs a token of [[auth.tokens]] in its
+# configuration (it makes a development token on a loopback address only):
+# the toolfleet.toml above names one, and includes the expense pack
+# (/usr/share/toolfleet/expenses/toolfleet.toml) or tools of its own.
 #
 # docker-compose.yml runs it distributed (migrate, dispatchers, workers).
 
@@ -29,14 +35,16 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/* \
     && groupadd --system --gid 10001 toolfleet \
     && useradd --system --uid 10001 --gid 10001 --home-dir /var/lib/toolfleet --no-create-home toolfleet \
-    && install -d -o 10001 -g 10001 -m 0750 /var/lib/toolfleet
+    && install -d -o 10001 -g 10001 -m 0700 /var/lib/toolfleet
 COPY --from=build /usr/local/bin/toolfleet /usr/local/bin/toolfleet
 # The expense pack, for configurations to include (deploy/compose/toolfleet.toml does).
 COPY examples/expenses/toolfleet.toml /usr/share/toolfleet/expenses/toolfleet.toml
 USER 10001:10001
-# The data directory (.toolfleet: SQLite, development token, secrets) lands here.
+# The data directory (.toolfleet: SQLite, secrets; owner-only) lands here.
 WORKDIR /var/lib/toolfleet
-# Listen beyond the container's loopback; a configuration file's `listen` is overridden too.
+# Listen beyond the container's loopback; a configuration file's `listen` is
+# overridden too. No development token is made on this address: configure
+# [[auth.tokens]].
 ENV TOOLFLEET_LISTEN=0.0.0.0:8080
 EXPOSE 8080
 # Workers serve /metrics, /healthz and /readyz on `metrics_listen` (9091).

@@ -209,6 +209,10 @@ fn default_max_body() -> usize {
     1024 * 1024
 }
 
+/// The shortest webhook key (`[webhooks] secret`, TOOLFLEET_WEBHOOK_SECRET)
+/// taken, in bytes: as long as the HMAC-SHA256 it keys.
+pub const MIN_WEBHOOK_SECRET_BYTES: usize = 32;
+
 fn read(path: &Path) -> Result<String, String> {
     std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
 }
@@ -232,8 +236,33 @@ impl Config {
         };
         config.source = path;
         config.apply_env()?;
+        config.check_secrets()?;
         config.load_includes()?;
         Ok(config)
+    }
+
+    /// Refuses secrets of the configuration or the environment that are too
+    /// short to be keys: the webhook key under [`MIN_WEBHOOK_SECRET_BYTES`],
+    /// a confirm-token key that is not 32 bytes in hex.
+    pub fn check_secrets(&self) -> Result<(), String> {
+        if let Some(secret) = &self.webhooks.secret
+            && secret.len() < MIN_WEBHOOK_SECRET_BYTES
+        {
+            return Err(format!(
+                "[webhooks] secret (or TOOLFLEET_WEBHOOK_SECRET) is {} bytes long; the key webhooks are signed with must be at least {MIN_WEBHOOK_SECRET_BYTES} bytes: make one with `openssl rand -hex 32`, or leave it out and one is kept in data_dir",
+                secret.len()
+            ));
+        }
+        if let Some(secret) = &self.confirm_secret {
+            let secret = secret.trim();
+            if secret.len() != 64 || !secret.chars().all(|c| c.is_ascii_hexdigit()) {
+                return Err(format!(
+                    "confirm_secret (or TOOLFLEET_CONFIRM_SECRET) must be 64 hex characters (a 32-byte key), not {} characters: make one with `openssl rand -hex 32`, or leave it out and one is kept in data_dir",
+                    secret.chars().count()
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Parses one file's text; `path` places its tool schema files.
@@ -412,6 +441,33 @@ input_schema_file = "schemas/t.json"
             "{unknown}"
         );
         assert!("redis".parse::<NoticesBackend>().is_err());
+    }
+
+    #[test]
+    fn secrets_shorter_than_a_key_are_refused() {
+        let check = |text: &str| {
+            Config::parse(text, Path::new("t.toml"))
+                .unwrap()
+                .check_secrets()
+        };
+        assert_eq!(check(""), Ok(()));
+        let short = check("[webhooks]\nsecret = \"0123456789abcdef0123456789abcde\"").unwrap_err();
+        assert!(
+            short.contains("31 bytes") && short.contains("at least 32"),
+            "{short}"
+        );
+        assert_eq!(
+            check(&format!("[webhooks]\nsecret = \"{}\"", "k".repeat(32))),
+            Ok(())
+        );
+        let confirm = check("confirm_secret = \"abcd\"").unwrap_err();
+        assert!(confirm.contains("64 hex characters"), "{confirm}");
+        let not_hex = check(&format!("confirm_secret = \"{}\"", "zz".repeat(32))).unwrap_err();
+        assert!(not_hex.contains("confirm_secret"), "{not_hex}");
+        assert_eq!(
+            check(&format!("confirm_secret = \"{}\"", "ab".repeat(32))),
+            Ok(())
+        );
     }
 
     #[test]

@@ -4,6 +4,7 @@
 mod bench;
 mod client;
 mod config;
+mod files;
 mod serve;
 
 use std::path::PathBuf;

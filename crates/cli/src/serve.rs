@@ -3,7 +3,6 @@
 //! in-process queue). This is the one place the parts are wired together.
 
 use std::collections::BTreeSet;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -37,6 +36,7 @@ use toolfleet_agent::{AgentEnv, Agents};
 use toolfleet_core::config::ExecutorSpec;
 
 use crate::config::{Config, NoticesBackend};
+use crate::files::{data_dir, kept_secret};
 
 /// How long running jobs may finish after a shutdown signal: `shutdown_grace_s`.
 fn shutdown_grace(config: &Config) -> Result<Duration, String> {
@@ -60,30 +60,6 @@ fn random_hex(bytes: usize) -> String {
     out
 }
 
-/// Reads `name` in `dir`, or writes it with `make()` (owner-only on unix).
-fn kept_secret(
-    dir: &Path,
-    name: &str,
-    make: impl FnOnce() -> String,
-) -> Result<(String, bool), String> {
-    let path = dir.join(name);
-    if let Ok(text) = std::fs::read_to_string(&path) {
-        let text = text.trim().to_owned();
-        if !text.is_empty() {
-            return Ok((text, false));
-        }
-    }
-    let value = make();
-    std::fs::write(&path, format!("{value}\n"))
-        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600));
-    }
-    Ok((value, true))
-}
-
 /// The key of confirm tokens: `confirm_secret` (shared by every dispatcher
 /// of a fleet), else one kept in the data directory.
 fn signing_key(config: &Config) -> Result<[u8; 32], String> {
@@ -102,7 +78,48 @@ fn signing_key(config: &Config) -> Result<[u8; 32], String> {
     bytes.try_into().map_err(|_| wrong())
 }
 
-/// The principals of the configuration, or a development token.
+/// Whether `listen` names a loopback address: 127.0.0.0/8, ::1 or `localhost`.
+fn is_loopback(listen: &str) -> bool {
+    match listen.parse::<std::net::SocketAddr>() {
+        Ok(address) => address.ip().to_canonical().is_loopback(),
+        Err(_) => listen
+            .rsplit_once(':')
+            .is_some_and(|(host, _)| host.eq_ignore_ascii_case("localhost")),
+    }
+}
+
+/// Where and how to add a token, for the messages that ask for one.
+const HOW_TO_ADD_A_TOKEN: &str = r#"the configuration file (toolfleet.toml, --config or TOOLFLEET_CONFIG):
+
+  [[auth.tokens]]
+  sha256 = "..."      # printf %s "$TOKEN" | sha256sum
+  tenant = "acme"
+  user = "alice"
+  scopes = ["expenses:read", "expenses:submit"]
+
+where TOKEN is a long random secret (TOKEN=tf_$(openssl rand -hex 24), say) that clients send as `Authorization: Bearer $TOKEN`; the file holds only its SHA-256."#;
+
+/// A process serving the HTTP API needs a configured token, but for
+/// `serve` on a loopback address, which makes a development token;
+/// `toolfleet mcp` (stdio) may use that token, and workers need none.
+fn check_tokens(config: &Config, roles: &Roles) -> Result<(), String> {
+    if !roles.dispatcher || !roles.http || !config.auth.tokens.is_empty() {
+        return Ok(());
+    }
+    match roles.metrics_role() {
+        Role::Serve if is_loopback(&config.listen) => Ok(()),
+        Role::Serve => Err(format!(
+            "serve makes a development token only when it listens on a loopback address (127.0.0.1, ::1, localhost), and listen (or TOOLFLEET_LISTEN) is {}, with no [[auth.tokens]] configured. Listen on 127.0.0.1, or add a token to {HOW_TO_ADD_A_TOKEN}",
+            config.listen
+        )),
+        _ => Err(format!(
+            "the dispatcher needs at least one token in [[auth.tokens]] (it makes no development token). Add one to {HOW_TO_ADD_A_TOKEN}"
+        )),
+    }
+}
+
+/// The principals of the configuration, or a development token (`serve`
+/// on a loopback address and `toolfleet mcp` only, see [`check_tokens`]).
 fn authentication(config: &Config, runtime: &Runtime) -> Result<Auth, String> {
     let mut auth = Auth::default();
     for token in &config.auth.tokens {
@@ -246,6 +263,7 @@ pub async fn migrate(config: &Config) -> Result<(), String> {
             eprintln!("the PostgreSQL schema is up to date");
         }
         None => {
+            data_dir(&config.data_dir)?;
             let path = config.data_dir.join("toolfleet.db");
             SqliteStore::open(&path).await.map_err(|e| e.to_string())?;
             eprintln!("the SQLite schema of {} is up to date", path.display());
@@ -444,11 +462,14 @@ pub async fn open_backends(
             }
             .map_err(|e| e.to_string())?,
         ),
-        None => Arc::new(
-            SqliteStore::open(&config.data_dir.join("toolfleet.db"))
-                .await
-                .map_err(|e| e.to_string())?,
-        ),
+        None => {
+            data_dir(&config.data_dir)?;
+            Arc::new(
+                SqliteStore::open(&config.data_dir.join("toolfleet.db"))
+                    .await
+                    .map_err(|e| e.to_string())?,
+            )
+        }
     };
     let rabbit = match &config.broker_url {
         Some(url) => {
@@ -530,8 +551,9 @@ pub async fn open_backends(
 
 /// Starts `roles`, with `extra` tools beside the configured ones.
 pub async fn start(config: Config, extra: Vec<ToolDecl>, roles: Roles) -> Result<Served, String> {
-    std::fs::create_dir_all(&config.data_dir)
-        .map_err(|e| format!("cannot create data_dir {}: {e}", config.data_dir.display()))?;
+    // Refused before anything is opened. The data directory is made when
+    // something is kept in it (SQLite, a secret, the development token).
+    check_tokens(&config, &roles)?;
     let prefetch = u16::try_from(config.concurrency.max(1)).unwrap_or(u16::MAX);
     let Backends {
         store,
@@ -804,6 +826,72 @@ mod tests {
 
     fn parse(text: &str) -> Config {
         Config::parse(text, std::path::Path::new("toolfleet.toml")).expect("a configuration")
+    }
+
+    #[test]
+    fn loopback_means_127_0_0_0_8_the_ipv6_loopback_and_localhost() {
+        for listen in [
+            "127.0.0.1:8080",
+            "127.1.2.3:0",
+            "[::1]:8080",
+            "[::ffff:127.0.0.1]:80",
+            "localhost:8080",
+            "LocalHost:0",
+        ] {
+            assert!(is_loopback(listen), "{listen}");
+        }
+        for listen in [
+            "0.0.0.0:8080",
+            "[::]:8080",
+            "10.0.0.1:8080",
+            "example.com:8080",
+            "localhost.example.com:80",
+            "localhost",
+        ] {
+            assert!(!is_loopback(listen), "{listen}");
+        }
+    }
+
+    /// Only the HTTP API needs a token; `serve` makes one on loopback only.
+    #[test]
+    fn the_http_api_without_tokens_is_refused_but_serve_on_loopback() {
+        let dispatcher = Roles {
+            no_workers: true,
+            ..Roles::all()
+        };
+        let worker = Roles {
+            dispatcher: false,
+            http: false,
+            ..Roles::all()
+        };
+        let mcp = Roles {
+            http: false,
+            ..Roles::all()
+        };
+        let open = parse("listen = \"0.0.0.0:8080\"");
+        let local = parse("listen = \"127.0.0.1:8080\"");
+        let token = "\n[[auth.tokens]]\nsha256 = \"ab\"\ntenant = \"t\"\nuser = \"u\"\n";
+        let open_with_token = parse(&format!("listen = \"0.0.0.0:8080\"{token}"));
+
+        assert_eq!(check_tokens(&local, &Roles::all()), Ok(()));
+        let serve = check_tokens(&open, &Roles::all()).unwrap_err();
+        assert!(
+            serve.contains("0.0.0.0:8080") && serve.contains("sha256sum"),
+            "{serve}"
+        );
+        assert_eq!(check_tokens(&open_with_token, &Roles::all()), Ok(()));
+
+        for config in [&local, &open] {
+            let refused = check_tokens(config, &dispatcher).unwrap_err();
+            assert!(refused.contains("[[auth.tokens]]"), "{refused}");
+            assert_eq!(
+                check_tokens(config, &worker),
+                Ok(()),
+                "workers serve no API"
+            );
+            assert_eq!(check_tokens(config, &mcp), Ok(()), "mcp speaks on stdio");
+        }
+        assert_eq!(check_tokens(&open_with_token, &dispatcher), Ok(()));
     }
 
     /// A process's event subscriptions on RabbitMQ are as deep as its fan-out.

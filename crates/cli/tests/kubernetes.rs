@@ -2153,7 +2153,7 @@ fn the_binary_serves_the_configmap_configuration_and_the_dispatcher_probes() {
     let confirm = ("TOOLFLEET_CONFIRM_SECRET", "cd".repeat(32));
     let webhook = (
         "TOOLFLEET_WEBHOOK_SECRET",
-        "k8s-test-webhook-key".to_owned(),
+        "k8s-test-webhook-key-0123456789abcdef".to_owned(),
     );
     let listen = ("TOOLFLEET_LISTEN", "127.0.0.1:0".to_owned());
 
@@ -2162,13 +2162,24 @@ fn the_binary_serves_the_configmap_configuration_and_the_dispatcher_probes() {
     std::fs::write(&shipped, local_config(&text, &dir.0, None)).unwrap();
 
     // As shipped, the placeholders keep a dispatcher from starting: the
-    // confirm secret of the Secret, then the token digest of the ConfigMap.
+    // confirm secret and the webhook key of the Secret, then the token
+    // digest of the ConfigMap.
     let placeholder = secret_value(&objects, "toolfleet-secrets", "confirm-secret").unwrap();
+    let webhook_placeholder =
+        secret_value(&objects, "toolfleet-secrets", "webhook-secret").unwrap();
     for (config, env, says) in [
         (
             &path,
             vec![("TOOLFLEET_CONFIRM_SECRET", placeholder), webhook.clone()],
             "confirm_secret",
+        ),
+        (
+            &path,
+            vec![
+                confirm.clone(),
+                ("TOOLFLEET_WEBHOOK_SECRET", webhook_placeholder),
+            ],
+            "TOOLFLEET_WEBHOOK_SECRET",
         ),
         (&shipped, vec![confirm.clone(), webhook.clone()], "sha256"),
     ] {

@@ -268,12 +268,22 @@ impl Drop for Checkpointer {
 impl SqliteStore {
     /// Opens (creating it and its directory if needed) and migrates the
     /// database at `path`. Refuses a database migrated by a newer toolfleet.
+    ///
+    /// On unix the file is owner-only from its first byte, and so are its
+    /// `-wal` and `-shm` files (see `owner_only`); a directory it makes is
+    /// owner-only too.
     pub async fn open(path: &Path) -> Result<SqliteStore, StoreError> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|e| {
+            let mut builder = std::fs::DirBuilder::new();
+            builder.recursive(true);
+            #[cfg(unix)]
+            std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+            builder.create(dir).map_err(|e| {
                 StoreError::Unavailable(format!("cannot create directory {}: {e}", dir.display()))
             })?;
         }
+        #[cfg(unix)]
+        owner_only(path)?;
         let conn = tokio_rusqlite::Connection::open(path)
             .await
             .map_err(|e| StoreError::Unavailable(format!("cannot open {}: {e}", path.display())))?;
@@ -333,6 +343,52 @@ impl From<rusqlite::Error> for StoreError {
     fn from(e: rusqlite::Error) -> Self {
         StoreError::Unavailable(format!("sqlite: {e}"))
     }
+}
+
+/// Makes the database at `path` owner-only (0600) before SQLite opens it:
+/// a new file is created so, empty (SQLite takes an empty file for a new
+/// database), and SQLite creates the `-wal`, `-shm` and `-journal` files
+/// with the database file's permissions, so none of them is ever readable by
+/// others. A file of these that an older toolfleet left readable by others is
+/// made owner-only.
+#[cfg(unix)]
+fn owner_only(path: &Path) -> Result<(), StoreError> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let created = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path);
+    match created {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => {
+            return Err(StoreError::Unavailable(format!(
+                "cannot create {}: {e}",
+                path.display()
+            )));
+        }
+    }
+    for suffix in ["", "-wal", "-shm", "-journal"] {
+        let mut file = path.as_os_str().to_owned();
+        file.push(suffix);
+        let file = std::path::PathBuf::from(file);
+        let Ok(metadata) = std::fs::metadata(&file) else {
+            continue;
+        };
+        if metadata.permissions().mode() & 0o077 != 0 {
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).map_err(
+                |e| {
+                    StoreError::Unavailable(format!(
+                        "{} may be read by others and cannot be made owner-only ({e}): chmod 600 {}",
+                        file.display(),
+                        file.display()
+                    ))
+                },
+            )?;
+        }
+    }
+    Ok(())
 }
 
 /// WAL lets readers run beside the one writer; NORMAL is durable across

@@ -1,5 +1,6 @@
 //! The SQLite store against the conformance suite, plus what only SQLite
-//! has: a file that survives a reopen, refusal of a newer schema, WAL mode.
+//! has: a file that survives a reopen, refusal of a newer schema, WAL mode,
+//! owner-only files.
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -181,6 +182,53 @@ async fn the_file_is_in_wal_mode() {
         .expect("journal_mode");
     assert_eq!(mode, "wal");
     drop(conn);
+    store.close().await.expect("close");
+    remove(&path);
+}
+
+/// The database, its WAL and its shared-memory file are owner-only from
+/// their first byte, in a directory the store made owner-only; files an
+/// older toolfleet left readable by others are made owner-only on open.
+#[cfg(unix)]
+#[tokio::test]
+async fn the_file_its_wal_and_its_shm_are_owner_only() {
+    use std::os::unix::fs::PermissionsExt;
+    let path = temp_db();
+    let beside = |suffix: &str| {
+        let mut file = path.as_os_str().to_owned();
+        file.push(suffix);
+        PathBuf::from(file)
+    };
+    let mode = |file: &std::path::Path| {
+        std::fs::metadata(file)
+            .unwrap_or_else(|e| panic!("{}: {e}", file.display()))
+            .permissions()
+            .mode()
+            & 0o7777
+    };
+    let store = SqliteStore::open(&path).await.expect("open");
+    store
+        .insert_job(job("acme"))
+        .await
+        .expect("a write, in the WAL");
+    let dir = path.parent().expect("a directory");
+    assert_eq!(mode(dir), 0o700, "the directory the store made");
+    for suffix in ["", "-wal", "-shm"] {
+        let file = beside(suffix);
+        assert_eq!(mode(&file), 0o600, "{}", file.display());
+    }
+
+    // As an older toolfleet left them: readable by everyone.
+    for suffix in ["", "-wal", "-shm"] {
+        std::fs::set_permissions(beside(suffix), std::fs::Permissions::from_mode(0o644))
+            .expect("chmod");
+    }
+    let again = SqliteStore::open(&path).await.expect("reopen");
+    for suffix in ["", "-wal", "-shm"] {
+        let file = beside(suffix);
+        assert_eq!(mode(&file), 0o600, "made owner-only: {}", file.display());
+    }
+    again.close().await.expect("close");
     store.close().await.expect("close");
     remove(&path);
 }

@@ -15,6 +15,9 @@ use sha2::{Digest, Sha256};
 
 pub const TOKEN: &str = "tf_test_alice";
 
+/// The webhook key of [`config_with`]: at least 32 bytes, as toolfleet requires.
+pub const WEBHOOK_SECRET: &str = "test-webhook-key-0123456789abcdef";
+
 /// The repository's root directory.
 pub fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -91,13 +94,14 @@ scopes = ["expenses:read", "expenses:submit"]
 
 [webhooks]
 allow = ["127.0.0.1"]
-secret = "test-webhook-key"
+secret = "{webhook_secret}"
 {extra}
 "#,
         data = dir.join("data").display(),
         pack = pack.display(),
         alice = sha(TOKEN),
         mallory = sha(OTHER_TOKEN),
+        webhook_secret = WEBHOOK_SECRET,
     )
 }
 
@@ -380,7 +384,7 @@ pub fn signed(signature: &str, body: &str) -> bool {
     let Some(t) = t.strip_prefix("t=") else {
         return false;
     };
-    let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(b"test-webhook-key").unwrap();
+    let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(WEBHOOK_SECRET.as_bytes()).unwrap();
     mac.update(format!("{t}.{body}").as_bytes());
     hex::encode(mac.finalize().into_bytes()) == v1
 }
