@@ -15,7 +15,22 @@
 //! "..."}` (a syslog level). Such lines are reports, not error text: they
 //! are left out of the excerpt a failure quotes. Anything else after the
 //! prefix, or a line longer than [`MAX_EVENT_LINE`], is ordinary text.
+//!
+//! # What a program sees
+//!
+//! A program starts with an empty environment plus only: `PATH`, `HOME`,
+//! `LANG` and `TZ` as toolfleet has them (`PATH` is [`DEFAULT_PATH`] when
+//! toolfleet has none); the variables its executor names in `pass_env`,
+//! copied from toolfleet's environment where set there; the literal values
+//! of its `env`; and the call's own [`CALL_ENV`] (idempotency key, run, call
+//! and tenant). Nothing else of toolfleet's environment reaches it: not its
+//! database URL, confirm or webhook secret, nor a model's API key. An
+//! operator who names such a variable in `pass_env` or `env` gives it to the
+//! program on purpose; that is allowed. Names are checked when the
+//! configuration is bound ([`ExecExecutor::with_environment`]).
 
+use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::OsString;
 use std::io;
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
@@ -36,6 +51,27 @@ pub const EVENT_PREFIX: &str = "toolfleet-event: ";
 /// The longest report line read as one, in bytes.
 pub const MAX_EVENT_LINE: usize = 4096;
 
+/// The variables of toolfleet's environment every program gets, where set.
+pub const BASE_ENV: [&str; 4] = ["PATH", "HOME", "LANG", "TZ"];
+
+/// A program's `PATH` when toolfleet's environment has none.
+pub const DEFAULT_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
+
+/// The variables toolfleet sets for each call, which configuration may not name.
+pub const CALL_ENV: [&str; 4] = [
+    "TOOLFLEET_IDEMPOTENCY_KEY",
+    "TOOLFLEET_RUN_ID",
+    "TOOLFLEET_CALL_ID",
+    "TOOLFLEET_TENANT",
+];
+
+/// The most variables an executor's `env` and `pass_env` name together.
+pub const MAX_ENV_VARS: usize = 64;
+/// The longest variable name, in bytes.
+pub const MAX_ENV_NAME: usize = 128;
+/// The longest value of an `env` variable, in bytes.
+pub const MAX_ENV_VALUE: usize = 32 * 1024;
+
 /// Runs a program with a call's arguments on standard input.
 #[derive(Debug, Clone)]
 pub struct ExecExecutor {
@@ -43,6 +79,10 @@ pub struct ExecExecutor {
     args: Vec<String>,
     timeout: Duration,
     max_output_bytes: usize,
+    /// Variables set to a literal value.
+    env: Vec<(String, String)>,
+    /// Variables copied from toolfleet's environment.
+    pass_env: Vec<String>,
 }
 
 /// What a finished program left behind.
@@ -66,7 +106,60 @@ impl ExecExecutor {
             args,
             timeout: crate::DEFAULT_TIMEOUT,
             max_output_bytes: DEFAULT_MAX_RESULT_BYTES,
+            env: Vec::new(),
+            pass_env: Vec::new(),
         })
+    }
+
+    /// The program's own variables beyond [`BASE_ENV`]: `env`, set to
+    /// these values, and `pass_env`, copied from toolfleet's environment
+    /// when the program starts (left out where toolfleet has none). A name
+    /// must be 1 to [`MAX_ENV_NAME`] bytes without `=` or NUL, named once,
+    /// and not one of [`CALL_ENV`]; at most [`MAX_ENV_VARS`] in all. An
+    /// `env` value names `PATH`, say, to replace toolfleet's. Values are
+    /// never quoted back: they are often credentials.
+    pub fn with_environment(
+        mut self,
+        env: BTreeMap<String, String>,
+        pass_env: Vec<String>,
+    ) -> Result<Self, String> {
+        let count = env.len() + pass_env.len();
+        if count > MAX_ENV_VARS {
+            return Err(format!(
+                "env and pass_env name {count} variables; at most {MAX_ENV_VARS} are allowed"
+            ));
+        }
+        let mut passed = BTreeSet::new();
+        for name in &pass_env {
+            check_env_name("pass_env", name)?;
+            if !passed.insert(name.as_str()) {
+                return Err(format!("pass_env names `{}` twice", shown(name)));
+            }
+        }
+        for (name, value) in &env {
+            check_env_name("env", name)?;
+            if passed.contains(name.as_str()) {
+                return Err(format!(
+                    "`{}` is both in env and in pass_env; keep one",
+                    shown(name)
+                ));
+            }
+            if value.contains('\0') {
+                return Err(format!(
+                    "the value of env `{}` contains a NUL character",
+                    shown(name)
+                ));
+            }
+            if value.len() > MAX_ENV_VALUE {
+                return Err(format!(
+                    "the value of env `{}` is longer than {MAX_ENV_VALUE} bytes",
+                    shown(name)
+                ));
+            }
+        }
+        self.env = env.into_iter().collect();
+        self.pass_env = pass_env;
+        Ok(self)
     }
 
     /// The wall time of one run, from start to exit.
@@ -106,13 +199,18 @@ impl ExecExecutor {
     }
 
     fn spawn(&self, ctx: &CallCtx) -> Result<Child, ToolError> {
+        let [key, run, call, tenant] = CALL_ENV;
         let mut command = Command::new(&self.program);
         command
             .args(&self.args)
-            .env("TOOLFLEET_IDEMPOTENCY_KEY", idempotency_key(ctx))
-            .env("TOOLFLEET_RUN_ID", &ctx.run_id)
-            .env("TOOLFLEET_CALL_ID", &ctx.call_id)
-            .env("TOOLFLEET_TENANT", ctx.tenant())
+            .env_clear()
+            .envs(program_env(&self.env, &self.pass_env, |name| {
+                std::env::var_os(name)
+            }))
+            .env(key, idempotency_key(ctx))
+            .env(run, &ctx.run_id)
+            .env(call, &ctx.call_id)
+            .env(tenant, ctx.tenant())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -242,6 +340,63 @@ impl ExecExecutor {
 impl Executor for ExecExecutor {
     fn execute(&self, ctx: CallCtx, args: Value) -> BoxFuture<'static, Result<Json, ToolError>> {
         Box::pin(self.clone().call(ctx, args))
+    }
+}
+
+/// The environment of a program but the call's variables: [`BASE_ENV`] and
+/// `pass_env` as `lookup` (toolfleet's environment) has them, `PATH`
+/// defaulting to [`DEFAULT_PATH`], then the literal `env`, which wins.
+fn program_env(
+    env: &[(String, String)],
+    pass_env: &[String],
+    lookup: impl Fn(&str) -> Option<OsString>,
+) -> BTreeMap<OsString, OsString> {
+    let mut vars = BTreeMap::new();
+    vars.insert("PATH".into(), DEFAULT_PATH.into());
+    let passed = BASE_ENV
+        .iter()
+        .copied()
+        .chain(pass_env.iter().map(String::as_str));
+    for name in passed {
+        if let Some(value) = lookup(name) {
+            vars.insert(name.into(), value);
+        }
+    }
+    for (name, value) in env {
+        vars.insert(name.into(), value.into());
+    }
+    vars
+}
+
+/// Why `name`, in `env` or `pass_env` (`key`), cannot name a variable.
+fn check_env_name(key: &str, name: &str) -> Result<(), String> {
+    let problem = if name.is_empty() {
+        "is empty".to_owned()
+    } else if name.len() > MAX_ENV_NAME {
+        format!("is longer than {MAX_ENV_NAME} bytes")
+    } else if name.contains('=') {
+        "contains `=`".to_owned()
+    } else if name.contains('\0') {
+        "contains a NUL character".to_owned()
+    } else if CALL_ENV.contains(&name) {
+        return Err(format!(
+            "{key}: `{name}` is set by toolfleet itself for every call; remove it"
+        ));
+    } else {
+        return Ok(());
+    };
+    Err(format!(
+        "{key}: variable name `{}` {problem}; a name is 1 to {MAX_ENV_NAME} bytes without `=` or NUL",
+        shown(name)
+    ))
+}
+
+/// A name for a message: escaped and, when long, cut.
+fn shown(name: &str) -> String {
+    let escaped = name.escape_debug().to_string();
+    match escaped.char_indices().nth(40) {
+        Some((cut, _)) => format!("{}…", &escaped[..cut]),
+        None => escaped,
     }
 }
 
@@ -409,4 +564,44 @@ fn kill_group(group: i32) {
 #[cfg(not(unix))]
 fn kill_group(_group: i32) {
     // Elsewhere `kill_on_drop` kills the program itself, without its children.
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_environment_is_the_base_the_passed_and_the_set() {
+        let outside = BTreeMap::from([
+            ("HOME", "/home/t"),
+            ("TZ", "UTC"),
+            ("TOOL_TOKEN", "tok"),
+            ("TOOLFLEET_CONFIRM_SECRET", "s3cret"),
+        ]);
+        let lookup = |name: &str| outside.get(name).map(OsString::from);
+        let env = [
+            ("MODE".to_owned(), "fast".to_owned()),
+            ("HOME".to_owned(), "/srv/tool".to_owned()),
+        ];
+        let pass = ["TOOL_TOKEN".to_owned(), "UNSET_HERE".to_owned()];
+        let vars = program_env(&env, &pass, lookup);
+        let expected: BTreeMap<OsString, OsString> = [
+            ("PATH", DEFAULT_PATH),
+            ("HOME", "/srv/tool"),
+            ("TZ", "UTC"),
+            ("TOOL_TOKEN", "tok"),
+            ("MODE", "fast"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.into(), v.into()))
+        .collect();
+        assert_eq!(vars, expected);
+        let with_path = program_env(&[], &[], |name| {
+            (name == "PATH").then(|| OsString::from("/opt/bin"))
+        });
+        assert_eq!(
+            with_path.get(&OsString::from("PATH")),
+            Some(&"/opt/bin".into())
+        );
+    }
 }

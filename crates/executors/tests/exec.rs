@@ -1,5 +1,6 @@
 //! The exec executor against real programs, mostly `/bin/sh -c` scripts.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -7,7 +8,7 @@ use serde_json::{Value, json};
 use toolfleet_core::{
     CallCtx, CallEvent, CallEvents, ErrorCode, Executor, LogLevel, Principal, ToolError,
 };
-use toolfleet_executors::{ExecExecutor, MAX_EVENT_LINE, parse_event};
+use toolfleet_executors::{BASE_ENV, CALL_ENV, ExecExecutor, MAX_EVENT_LINE, parse_event};
 
 fn ctx() -> CallCtx {
     CallCtx::new(Arc::new(Principal::new("acme", "alice", ["x"])))
@@ -56,6 +57,79 @@ async fn the_environment_carries_the_calls_keys() {
     assert_eq!(
         out,
         json!({"key": "key-42", "run": "run-7", "tenant": "acme"})
+    );
+}
+
+/// Prints the environment the program started with (its own, not the
+/// shell's additions), one JSON string `NAME=value` per variable.
+const PRINT_ENV: &str = r#"tr '\0' '\n' < /proc/$$/environ | awk 'BEGIN { printf "[" } { gsub(/\\/, "\\\\"); gsub(/"/, "\\\""); gsub(/\t/, "\\t"); printf "%s\"%s\"", (NR > 1 ? "," : ""), $0 } END { print "]" }'"#;
+
+/// The environment `executor` gives a program, by name.
+async fn environment_of(executor: &ExecExecutor) -> BTreeMap<String, String> {
+    let printed = call(executor, json!({})).await.unwrap();
+    let vars: Vec<String> = serde_json::from_value(printed).unwrap();
+    vars.iter()
+        .map(|var| {
+            let (name, value) = var.split_once('=').unwrap();
+            (name.to_owned(), value.to_owned())
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_program_sees_only_the_base_the_named_and_the_calls_variables() {
+    // A variable of this process that a program may not see unless named:
+    // it is passed once, and every other one must stay out.
+    let passed = std::env::vars_os()
+        .filter_map(|(name, _)| name.into_string().ok())
+        .find(|name| !BASE_ENV.contains(&name.as_str()) && !CALL_ENV.contains(&name.as_str()));
+    let env = BTreeMap::from([
+        ("TOOL_MODE".to_owned(), "fast \"and\" loose".to_owned()),
+        ("LANG".to_owned(), "C.UTF-8".to_owned()),
+    ]);
+    let executor = sh(PRINT_ENV)
+        .with_environment(env, passed.iter().cloned().collect())
+        .unwrap();
+    let seen = environment_of(&executor).await;
+
+    let mut expected: BTreeSet<String> = BASE_ENV
+        .iter()
+        .filter(|name| std::env::var_os(name).is_some())
+        .chain(&["PATH", "TOOL_MODE", "LANG"])
+        .chain(&CALL_ENV)
+        .map(|name| name.to_string())
+        .collect();
+    expected.extend(passed.clone());
+    assert_eq!(seen.keys().cloned().collect::<BTreeSet<_>>(), expected);
+    assert_eq!(seen["TOOL_MODE"], "fast \"and\" loose");
+    assert_eq!(seen["LANG"], "C.UTF-8", "env wins over toolfleet's own");
+    if let Some(name) = passed {
+        assert_eq!(
+            Some(seen[&name].as_str()),
+            std::env::var(&name).ok().as_deref()
+        );
+    }
+    for name in ["PATH", "HOME", "TZ"] {
+        if let Ok(value) = std::env::var(name) {
+            assert_eq!(seen[name], value, "{name} is toolfleet's");
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_program_is_found_on_its_own_path() {
+    let dir = TempDir::new("path");
+    let tool = dir.0.join("my-tool");
+    std::fs::write(&tool, "#!/bin/sh\necho '{\"found\": true}'\n").unwrap();
+    std::fs::set_permissions(&tool, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let path = format!("{}:/usr/bin:/bin", dir.0.display());
+    let executor = ExecExecutor::new("my-tool", vec![])
+        .unwrap()
+        .with_environment(BTreeMap::from([("PATH".to_owned(), path)]), vec![])
+        .unwrap();
+    assert_eq!(
+        call(&executor, json!({})).await.unwrap(),
+        json!({"found": true})
     );
 }
 
@@ -139,6 +213,26 @@ async fn the_programs_children_die_with_it() {
         gone_soon(&pid).await,
         "the grandchild {pid} outlived the call"
     );
+}
+
+/// A temporary directory removed on drop.
+struct TempDir(std::path::PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> TempDir {
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir =
+            std::env::temp_dir().join(format!("toolfleet-exec-{name}-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// True once the process has exited (gone, or a zombie awaiting its reaper).
