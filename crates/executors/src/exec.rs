@@ -3,10 +3,8 @@
 //! It owns one run of the program per attempt: the arguments as JSON on
 //! standard input, one JSON document expected on standard output, the exit
 //! status read as success, a retryable failure (75, `EX_TEMPFAIL`) or a
-//! final one. The program runs in a process group of its own, and the whole
-//! group is killed when the attempt times out, prints too much or is
-//! abandoned, so no process of a call outlives it. It must never wait past
-//! its timeout nor hold more than `max_output_bytes` of output.
+//! final one. It must never wait past its timeout nor hold more than
+//! `max_output_bytes` of output.
 //!
 //! While it runs, a program may report to a caller that listens (an MCP
 //! client) with lines on standard error that start with [`EVENT_PREFIX`]
@@ -28,6 +26,35 @@
 //! operator who names such a variable in `pass_env` or `env` gives it to the
 //! program on purpose; that is allowed. Names are checked when the
 //! configuration is bound ([`ExecExecutor::with_environment`]).
+//!
+//! # Its process tree dies with the attempt
+//!
+//! When an attempt times out, prints too much or is abandoned, every process
+//! the program started is killed, not only the program. On Linux:
+//!
+//! - The program is made a child subreaper (`PR_SET_CHILD_SUBREAPER`, set
+//!   between fork and exec and kept across exec), so a descendant orphaned
+//!   by its parent's exit is adopted by the program rather than by init:
+//!   while the program lives, every process it started, even one that left
+//!   its session with `setsid` or daemonized with a double fork, is below it
+//!   in the parent links of `/proc`. toolfleet itself adopts nothing, so
+//!   tokio's own reaping of its children is untouched.
+//! - The killer freezes before it kills: it stops the program's process
+//!   group and the program with `SIGSTOP`, then reads `/proc` for the
+//!   descendants of the program and stops each new one, again and again
+//!   until a reading finds no new process and all are stopped (a stopped
+//!   process cannot fork; the rounds are bounded). Then it sends `SIGKILL`
+//!   to the group and to every process found. Killing before freezing would
+//!   orphan the grandchildren first and lose their trail.
+//!
+//! Elsewhere on Unix the program's process group is killed, as it runs in a
+//! group of its own. A program that exits of its own accord ends the attempt;
+//! what it left running is its own (toolfleet kills nothing then).
+//!
+//! Processes orphaned after the program exits are adopted by the nearest
+//! subreaper or init, which must reap them: where toolfleet is PID 1 (a
+//! container), an init runs in front of it (the image's `tini`), as
+//! toolfleet reaps only its own children.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsString;
@@ -189,12 +216,12 @@ impl ExecExecutor {
         let mut child = self.spawn(&ctx)?;
         let ctx = &ctx;
         // Declared after `child`, so dropped first: on every early return,
-        // and when the caller abandons the call, the group dies.
-        let group = GroupKiller::of(&child);
+        // and when the caller abandons the call, the tree dies.
+        let tree = TreeKiller::of(&child);
         let finished = tokio::time::timeout(self.timeout, self.converse(&mut child, input, ctx))
             .await
             .map_err(|_| self.timed_out())??;
-        group.disarm();
+        tree.disarm();
         self.judge(finished)
     }
 
@@ -217,6 +244,18 @@ impl ExecExecutor {
             .kill_on_drop(true);
         #[cfg(unix)]
         command.process_group(0);
+        #[cfg(target_os = "linux")]
+        // SAFETY: the closure runs in the child between fork and exec, where
+        // only async-signal-safe calls are allowed: prctl(2) is a plain
+        // system call that allocates nothing and takes no lock. Should it
+        // fail (a kernel before 3.4), the killer still finds what has not
+        // been orphaned, and the group.
+        unsafe {
+            command.pre_exec(|| {
+                libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1 as libc::c_ulong, 0, 0, 0);
+                Ok(())
+            });
+        }
         command.spawn().map_err(|e| self.spawn_error(e))
     }
 
@@ -523,47 +562,149 @@ fn killed_by(_status: ExitStatus) -> String {
     "stopped without an exit status".to_owned()
 }
 
-/// Kills a program's process group when dropped, unless disarmed once the
-/// program has exited of its own accord.
-struct GroupKiller {
-    group: Option<i32>,
+/// Kills a program's whole process tree when dropped, unless disarmed once
+/// the program has exited of its own accord.
+struct TreeKiller {
+    root: Option<i32>,
 }
 
-impl GroupKiller {
+impl TreeKiller {
     fn of(child: &Child) -> Self {
-        // Group ids 0 and 1 would name our own group or init: never signal those.
-        let group = child
+        // Pids 0 and 1 would name our own group or init: never signal those.
+        let root = child
             .id()
             .and_then(|pid| i32::try_from(pid).ok())
             .filter(|&pid| pid > 1);
-        GroupKiller { group }
+        TreeKiller { root }
     }
 
     fn disarm(mut self) {
-        self.group = None;
+        self.root = None;
     }
 }
 
-impl Drop for GroupKiller {
+impl Drop for TreeKiller {
     fn drop(&mut self) {
-        if let Some(group) = self.group {
-            kill_group(group);
+        if let Some(root) = self.root {
+            kill_tree(root);
         }
     }
 }
 
+/// Sends `signal` to `pid` (a process group when negative), never to init,
+/// to every process (-1) nor to our own process or group.
 #[cfg(unix)]
-fn kill_group(group: i32) {
-    // SAFETY: kill(2) only sends a signal; it reads and writes no memory of
-    // ours. A negative pid names the process group the child leads.
+fn signal(pid: i32, signal: i32) {
+    // SAFETY: getpid(2) and getpgrp(2) only read our own ids.
+    let (us, our_group) = unsafe { (libc::getpid(), libc::getpgrp()) };
+    if matches!(pid, -1..=1) || pid == us || pid == -our_group {
+        return;
+    }
+    // SAFETY: kill(2) only sends a signal; it reads and writes no memory of ours.
     unsafe {
-        libc::kill(-group, libc::SIGKILL);
+        libc::kill(pid, signal);
     }
 }
 
+/// Stops the program's group and every descendant found in `/proc` until
+/// none is new and all are stopped, then kills them all (see the module
+/// documentation).
+#[cfg(target_os = "linux")]
+fn kill_tree(root: i32) {
+    /// Readings of `/proc` before the killing starts anyway.
+    const MAX_ROUNDS: usize = 100;
+    signal(-root, libc::SIGSTOP);
+    signal(root, libc::SIGSTOP);
+    let mut tree = BTreeSet::from([root]);
+    for _ in 0..MAX_ROUNDS {
+        let table = processes();
+        let mut grew = false;
+        for pid in descendants(&table, root) {
+            if tree.insert(pid) {
+                signal(pid, libc::SIGSTOP);
+                grew = true;
+            }
+        }
+        // Stopped (T), traced (t), dead (Z, X) or gone: none can fork.
+        let frozen = tree.iter().all(|pid| {
+            table
+                .get(pid)
+                .is_none_or(|&(_, state)| matches!(state, b'T' | b't' | b'Z' | b'X'))
+        });
+        if frozen && !grew {
+            break;
+        }
+        if !grew {
+            // A stop is on its way; give the processes a moment to take it.
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    signal(-root, libc::SIGKILL);
+    for pid in tree {
+        signal(pid, libc::SIGKILL);
+    }
+}
+
+#[cfg(all(unix, not(target_os = "linux")))]
+fn kill_tree(root: i32) {
+    // The program leads a process group of its own.
+    signal(-root, libc::SIGKILL);
+}
+
 #[cfg(not(unix))]
-fn kill_group(_group: i32) {
+fn kill_tree(_root: i32) {
     // Elsewhere `kill_on_drop` kills the program itself, without its children.
+}
+
+/// Every process of `/proc`: its parent and its state letter, by pid.
+#[cfg(target_os = "linux")]
+fn processes() -> BTreeMap<i32, (i32, u8)> {
+    let mut table = BTreeMap::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return table;
+    };
+    for entry in entries.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse().ok()) else {
+            continue;
+        };
+        if let Some(process) = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|stat| parse_stat(&stat))
+        {
+            table.insert(pid, process);
+        }
+    }
+    table
+}
+
+/// The parent pid and state of a `/proc/<pid>/stat` line, read after the
+/// command's closing parenthesis (a command may hold spaces and parentheses).
+#[cfg(target_os = "linux")]
+fn parse_stat(stat: &str) -> Option<(i32, u8)> {
+    let (_, rest) = stat.rsplit_once(')')?;
+    let mut fields = rest.split_ascii_whitespace();
+    let state = *fields.next()?.as_bytes().first()?;
+    let parent = fields.next()?.parse().ok()?;
+    Some((parent, state))
+}
+
+/// The processes below `root` in `table`, by their parent links.
+#[cfg(target_os = "linux")]
+fn descendants(table: &BTreeMap<i32, (i32, u8)>, root: i32) -> BTreeSet<i32> {
+    let mut children: BTreeMap<i32, Vec<i32>> = BTreeMap::new();
+    for (&pid, &(parent, _)) in table {
+        children.entry(parent).or_default().push(pid);
+    }
+    let mut found = BTreeSet::new();
+    let mut next = vec![root];
+    while let Some(pid) = next.pop() {
+        for &child in children.get(&pid).map(Vec::as_slice).unwrap_or_default() {
+            if found.insert(child) {
+                next.push(child);
+            }
+        }
+    }
+    found
 }
 
 #[cfg(test)]
@@ -603,5 +744,29 @@ mod tests {
             with_path.get(&OsString::from("PATH")),
             Some(&"/opt/bin".into())
         );
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn stat_lines_are_read_past_odd_commands() {
+        assert_eq!(parse_stat("42 (a) b (c)) S 7 42 42 0 -1"), Some((7, b'S')));
+        assert_eq!(parse_stat("42 (sh) Z 1 42"), Some((1, b'Z')));
+        assert_eq!(parse_stat("42 (sh"), None);
+        assert_eq!(parse_stat("42 (sh) S x"), None);
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn descendants_follow_parent_links_to_any_depth() {
+        let table = BTreeMap::from([
+            (10, (1, b'S')),
+            (11, (10, b'S')),
+            (12, (11, b'S')),
+            (13, (10, b'Z')),
+            (20, (1, b'S')),
+            (21, (20, b'S')),
+        ]);
+        assert_eq!(descendants(&table, 10), BTreeSet::from([11, 12, 13]));
+        assert_eq!(descendants(&table, 12), BTreeSet::new());
     }
 }

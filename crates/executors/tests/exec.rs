@@ -235,6 +235,68 @@ impl Drop for TempDir {
     }
 }
 
+/// Runs `script` (a directory of its own as `$1`) until its timeout, then
+/// reads what it wrote with [`WRITE_IDS`]: the pid of the process that must
+/// die with the call, its process group and session, and the program's.
+/// Answers that pid and all five.
+async fn timed_out_leaving(script: &str) -> (String, Vec<String>) {
+    let dir = TempDir::new("tree");
+    let file = dir.0.join("pids");
+    let executor = ExecExecutor::new(
+        "/bin/sh",
+        vec![
+            "-c".to_owned(),
+            script.to_owned(),
+            "sh".to_owned(),
+            dir.0.display().to_string(),
+        ],
+    )
+    .unwrap()
+    .with_timeout(Duration::from_secs(3));
+    let err = call(&executor, json!({})).await.unwrap_err();
+    assert_eq!(err.code, ErrorCode::Timeout, "{}", err.message);
+    let text = std::fs::read_to_string(&file)
+        .unwrap_or_else(|e| panic!("the program did not write {}: {e}", file.display()));
+    let ids: Vec<String> = text.split_whitespace().map(str::to_owned).collect();
+    assert_eq!(ids.len(), 5, "{text:?}");
+    (ids[0].clone(), ids)
+}
+
+/// Writes `$$`'s pid, process group and session, then those of `$2`, to
+/// `$1/pids` (all at once, by a rename).
+const WRITE_IDS: &str = r#"
+ids() { set -- $(sed "s/.*) //" /proc/$1/stat); echo "$3 $4"; }
+echo "$$ $(ids $$) $(ids $2)" > "$1/pids.tmp" && mv "$1/pids.tmp" "$1/pids""#;
+
+#[tokio::test]
+async fn a_grandchild_that_left_the_group_with_setsid_dies_at_the_timeout() {
+    // The grandchild starts a session of its own, out of the program's group.
+    let script = format!(r#"setsid sh -c '{WRITE_IDS}; exec sleep 1000' sh "$1" $$ & wait"#);
+    let (pid, ids) = timed_out_leaving(&script).await;
+    assert_ne!(
+        ids[1], ids[3],
+        "the grandchild left the program's group: {ids:?}"
+    );
+    assert!(
+        gone_soon(&pid).await,
+        "the setsid grandchild {pid} outlived the call"
+    );
+}
+
+#[tokio::test]
+async fn a_daemon_whose_parent_exited_dies_at_the_timeout() {
+    // `setsid -f` forks a child into a session of its own and exits at once:
+    // the daemon is orphaned while the program still runs.
+    let script =
+        format!(r#"setsid -f sh -c '{WRITE_IDS}; exec sleep 1000' sh "$1" $$; sleep 1000"#);
+    let (pid, ids) = timed_out_leaving(&script).await;
+    assert_ne!(
+        ids[2], ids[4],
+        "the daemon left the program's session: {ids:?}"
+    );
+    assert!(gone_soon(&pid).await, "the daemon {pid} outlived the call");
+}
+
 /// True once the process has exited (gone, or a zombie awaiting its reaper).
 async fn gone_soon(pid: &str) -> bool {
     for _ in 0..50 {
