@@ -30,8 +30,9 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
 
 FROM debian:bookworm-slim AS runtime
 # ca-certificates: http executors and webhooks verify TLS against the system store.
+# tini: the init in front of toolfleet (see ENTRYPOINT).
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends ca-certificates \
+    && apt-get install -y --no-install-recommends ca-certificates tini \
     && rm -rf /var/lib/apt/lists/* \
     && groupadd --system --gid 10001 toolfleet \
     && useradd --system --uid 10001 --gid 10001 --home-dir /var/lib/toolfleet --no-create-home toolfleet \
@@ -51,5 +52,9 @@ EXPOSE 8080
 EXPOSE 9091
 # No HEALTHCHECK: the image has no HTTP client; docker-compose.yml probes
 # the dispatchers' /readyz itself, and Kubernetes probes every process.
-ENTRYPOINT ["toolfleet"]
+# tini is PID 1: it reaps the processes that exec tools orphan (toolfleet
+# reaps only its own children) and forwards signals to toolfleet, so SIGTERM
+# drains it as anywhere else. No -g: toolfleet alone handles the signal; its
+# tools run in process groups of their own and die with their calls.
+ENTRYPOINT ["/usr/bin/tini", "--", "toolfleet"]
 CMD ["serve"]

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{read_repo as read, repo, toolfleet};
+use common::{dockerfile, exec_form, read_repo as read, repo, toolfleet};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
@@ -197,40 +197,6 @@ fn userinfo(url: &str) -> (String, String) {
 fn compose_config() -> toml::Table {
     toml::from_str(&read(COMPOSE_CONFIG))
         .unwrap_or_else(|e| panic!("{COMPOSE_CONFIG} is not TOML: {e}"))
-}
-
-/// The Dockerfile's instructions, continuation lines joined and comments
-/// dropped: `(INSTRUCTION, arguments)`.
-fn dockerfile() -> Vec<(String, String)> {
-    let mut instructions = Vec::new();
-    let mut current = String::new();
-    for line in read("Dockerfile").lines() {
-        let trimmed = line.trim();
-        if trimmed.starts_with('#') || (trimmed.is_empty() && current.is_empty()) {
-            continue;
-        }
-        match trimmed.strip_suffix('\\') {
-            Some(head) => {
-                current.push_str(head);
-                current.push(' ');
-            }
-            None => {
-                current.push_str(trimmed);
-                let (word, rest) = current
-                    .split_once(char::is_whitespace)
-                    .unwrap_or((&current, ""));
-                instructions.push((word.to_uppercase(), rest.trim().to_owned()));
-                current.clear();
-            }
-        }
-    }
-    instructions
-}
-
-/// A JSON-form (`["a", "b"]`) Dockerfile argument.
-fn exec_form(arguments: &str) -> Vec<String> {
-    serde_json::from_str(arguments)
-        .unwrap_or_else(|_| panic!("`{arguments}` is not the exec (JSON) form"))
 }
 
 /// The text of the README sections that document configuration keys.
@@ -1025,7 +991,10 @@ fn the_dockerfile_builds_the_binary_in_stages_for_a_non_root_user() {
             .find(|(w, _)| w == word)
             .map(|(_, args)| exec_form(args))
     };
-    assert_eq!(last("ENTRYPOINT").unwrap(), ["toolfleet"]);
+    assert_eq!(
+        last("ENTRYPOINT").unwrap(),
+        ["/usr/bin/tini", "--", "toolfleet"]
+    );
     assert_eq!(last("CMD").unwrap(), ["serve"]);
     assert!(
         instructions

@@ -58,6 +58,12 @@ pub enum ExecutorSpec {
         #[serde(default)]
         args: Vec<String>,
         timeout_s: Option<f64>,
+        /// Variables set to these values in the program's environment.
+        #[serde(default)]
+        env: BTreeMap<String, String>,
+        /// Variables copied from toolfleet's own environment, where set.
+        #[serde(default)]
+        pass_env: Vec<String>,
     },
     /// A sub-agent's loop (tools of shape `agent` only).
     Agent(AgentSpec),
@@ -382,6 +388,25 @@ poll_after_s = 20
         assert_eq!(report.input_schema["properties"]["id"]["type"], "integer");
         assert_eq!(report.poll_after_s, Some(20));
         assert!(matches!(tools[1].executor, Some(ExecutorSpec::Http { .. })));
+    }
+
+    #[test]
+    fn an_exec_executor_reads_its_environment() {
+        let text = r#"
+[[tools]]
+name = "x"
+shape = "query"
+executor = { kind = "exec", program = "tool", env = { MODE = "fast" }, pass_env = ["TOOL_TOKEN"] }
+"#;
+        let tools = parse_tools(text).unwrap();
+        let Some(ExecutorSpec::Exec { env, pass_env, .. }) = &tools[0].executor else {
+            panic!("expected an exec executor, got {:?}", tools[0].executor);
+        };
+        assert_eq!(env, &BTreeMap::from([("MODE".into(), "fast".into())]));
+        assert_eq!(pass_env, &["TOOL_TOKEN".to_owned()]);
+        let typo = text.replace("pass_env", "passenv");
+        let err = parse_tools(&typo).unwrap_err();
+        assert!(err.message.contains("passenv"), "{}", err.message);
     }
 
     #[test]

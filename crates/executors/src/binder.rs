@@ -3,8 +3,8 @@
 //! The [`Binder`] knows the builtin functions of the process and its shared
 //! HTTP client, and checks what configuration says before any call is made:
 //! a builtin that exists, a URL that is http or https, headers that HTTP can
-//! carry, a program that is named, a timeout that is a positive number of
-//! seconds. It must never start a program or open a connection.
+//! carry, a program that is named with environment variables of valid
+//! names, a timeout that is a positive number of seconds. It must never start a program or open a connection.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -91,8 +91,11 @@ impl Binder {
                 program,
                 args,
                 timeout_s,
+                env,
+                pass_env,
             } => {
                 let executor = ExecExecutor::new(program.clone(), args.clone())?
+                    .with_environment(env.clone(), pass_env.clone())?
                     .with_timeout(self.timeout(*timeout_s)?)
                     .with_max_output_bytes(self.max_result_bytes);
                 Ok(Arc::new(executor))

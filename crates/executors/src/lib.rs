@@ -17,7 +17,10 @@ mod exec;
 mod http;
 
 pub use binder::{AgentFactory, Binder, DEFAULT_TIMEOUT};
-pub use exec::{EVENT_PREFIX, EX_TEMPFAIL, ExecExecutor, MAX_EVENT_LINE, parse_event};
+pub use exec::{
+    BASE_ENV, CALL_ENV, DEFAULT_PATH, EVENT_PREFIX, EX_TEMPFAIL, ExecExecutor, MAX_ENV_NAME,
+    MAX_ENV_VALUE, MAX_ENV_VARS, MAX_EVENT_LINE, parse_event,
+};
 pub use http::{HttpExecutor, http_client};
 
 use toolfleet_core::CallCtx;

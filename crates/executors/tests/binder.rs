@@ -46,6 +46,8 @@ fn exec(program: &str, args: &[&str], timeout_s: Option<f64>) -> ExecutorSpec {
         program: program.to_owned(),
         args,
         timeout_s,
+        env: BTreeMap::new(),
+        pass_env: Vec::new(),
     }
 }
 
@@ -124,6 +126,88 @@ fn an_exec_executor_needs_a_program() {
             .is_ok()
     );
     assert!(bind_err(exec("", &[], None)).contains("empty"));
+}
+
+fn exec_env(env: &[(&str, &str)], pass_env: &[&str]) -> ExecutorSpec {
+    ExecutorSpec::Exec {
+        program: "/bin/sh".to_owned(),
+        args: Vec::new(),
+        timeout_s: None,
+        env: env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        pass_env: pass_env.iter().map(|n| n.to_string()).collect(),
+    }
+}
+
+#[test]
+fn an_exec_executors_variables_are_checked_without_quoting_values() {
+    let ok = exec_env(
+        &[("MODE", "fast"), ("PATH", "/opt/bin")],
+        &["TOOL_TOKEN", "HOME"],
+    );
+    assert!(binder().bind("t", &ok).is_ok());
+    // The operator may hand a secret of toolfleet's to a program on purpose.
+    let secret = exec_env(&[], &["TOOLFLEET_CONFIRM_SECRET"]);
+    assert!(binder().bind("t", &secret).is_ok());
+
+    let long = "N".repeat(129);
+    for (spec, says) in [
+        (
+            exec_env(&[("", "v")], &[]),
+            "env: variable name `` is empty",
+        ),
+        (exec_env(&[], &[""]), "pass_env: variable name `` is empty"),
+        (exec_env(&[("A=B", "v")], &[]), "`A=B` contains `=`"),
+        (exec_env(&[], &["A\0B"]), "`A\\0B` contains a NUL character"),
+        (exec_env(&[], &[long.as_str()]), "is longer than 128 bytes"),
+        (
+            exec_env(&[("TOOLFLEET_RUN_ID", "mine")], &[]),
+            "`TOOLFLEET_RUN_ID` is set by toolfleet itself",
+        ),
+        (
+            exec_env(&[], &["TOOLFLEET_TENANT"]),
+            "`TOOLFLEET_TENANT` is set by toolfleet itself",
+        ),
+        (
+            exec_env(&[("MODE", "a")], &["MODE"]),
+            "`MODE` is both in env and in pass_env",
+        ),
+        (
+            exec_env(&[], &["MODE", "MODE"]),
+            "pass_env names `MODE` twice",
+        ),
+    ] {
+        let err = bind_err(spec);
+        assert!(err.contains(says), "{says}: {err}");
+    }
+    let err = bind_err(exec_env(&[("TOKEN", "s3cret\0x")], &[]));
+    assert!(
+        err.contains("`TOKEN` contains a NUL") && !err.contains("s3cret"),
+        "{err}"
+    );
+    let big = "v".repeat(32 * 1024 + 1);
+    let err = bind_err(exec_env(&[("BIG", big.as_str())], &[]));
+    assert!(err.contains("`BIG` is longer than 32768 bytes"), "{err}");
+    let names: Vec<String> = (0..65).map(|i| format!("V{i}")).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let err = bind_err(exec_env(&[], &names));
+    assert!(err.contains("65 variables; at most 64"), "{err}");
+}
+
+#[test]
+fn a_bad_variable_name_is_refused_at_load_naming_the_tool() {
+    let text = "[[tools]]\nname = \"leaky\"\nshape = \"query\"\nexecutor = { kind = \"exec\", program = \"/bin/sh\", pass_env = [\"A=B\"] }\n";
+    let err = binder()
+        .load_tools(text, &|_| Err("no files".into()))
+        .unwrap_err();
+    assert!(
+        err.message
+            .contains("tool `leaky`: executor: pass_env: variable name `A=B`"),
+        "{}",
+        err.message
+    );
 }
 
 #[test]

@@ -1,5 +1,6 @@
 //! The exec executor against real programs, mostly `/bin/sh -c` scripts.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -7,7 +8,7 @@ use serde_json::{Value, json};
 use toolfleet_core::{
     CallCtx, CallEvent, CallEvents, ErrorCode, Executor, LogLevel, Principal, ToolError,
 };
-use toolfleet_executors::{ExecExecutor, MAX_EVENT_LINE, parse_event};
+use toolfleet_executors::{BASE_ENV, CALL_ENV, ExecExecutor, MAX_EVENT_LINE, parse_event};
 
 fn ctx() -> CallCtx {
     CallCtx::new(Arc::new(Principal::new("acme", "alice", ["x"])))
@@ -56,6 +57,79 @@ async fn the_environment_carries_the_calls_keys() {
     assert_eq!(
         out,
         json!({"key": "key-42", "run": "run-7", "tenant": "acme"})
+    );
+}
+
+/// Prints the environment the program started with (its own, not the
+/// shell's additions), one JSON string `NAME=value` per variable.
+const PRINT_ENV: &str = r#"tr '\0' '\n' < /proc/$$/environ | awk 'BEGIN { printf "[" } { gsub(/\\/, "\\\\"); gsub(/"/, "\\\""); gsub(/\t/, "\\t"); printf "%s\"%s\"", (NR > 1 ? "," : ""), $0 } END { print "]" }'"#;
+
+/// The environment `executor` gives a program, by name.
+async fn environment_of(executor: &ExecExecutor) -> BTreeMap<String, String> {
+    let printed = call(executor, json!({})).await.unwrap();
+    let vars: Vec<String> = serde_json::from_value(printed).unwrap();
+    vars.iter()
+        .map(|var| {
+            let (name, value) = var.split_once('=').unwrap();
+            (name.to_owned(), value.to_owned())
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_program_sees_only_the_base_the_named_and_the_calls_variables() {
+    // A variable of this process that a program may not see unless named:
+    // it is passed once, and every other one must stay out.
+    let passed = std::env::vars_os()
+        .filter_map(|(name, _)| name.into_string().ok())
+        .find(|name| !BASE_ENV.contains(&name.as_str()) && !CALL_ENV.contains(&name.as_str()));
+    let env = BTreeMap::from([
+        ("TOOL_MODE".to_owned(), "fast \"and\" loose".to_owned()),
+        ("LANG".to_owned(), "C.UTF-8".to_owned()),
+    ]);
+    let executor = sh(PRINT_ENV)
+        .with_environment(env, passed.iter().cloned().collect())
+        .unwrap();
+    let seen = environment_of(&executor).await;
+
+    let mut expected: BTreeSet<String> = BASE_ENV
+        .iter()
+        .filter(|name| std::env::var_os(name).is_some())
+        .chain(&["PATH", "TOOL_MODE", "LANG"])
+        .chain(&CALL_ENV)
+        .map(|name| name.to_string())
+        .collect();
+    expected.extend(passed.clone());
+    assert_eq!(seen.keys().cloned().collect::<BTreeSet<_>>(), expected);
+    assert_eq!(seen["TOOL_MODE"], "fast \"and\" loose");
+    assert_eq!(seen["LANG"], "C.UTF-8", "env wins over toolfleet's own");
+    if let Some(name) = passed {
+        assert_eq!(
+            Some(seen[&name].as_str()),
+            std::env::var(&name).ok().as_deref()
+        );
+    }
+    for name in ["PATH", "HOME", "TZ"] {
+        if let Ok(value) = std::env::var(name) {
+            assert_eq!(seen[name], value, "{name} is toolfleet's");
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_program_is_found_on_its_own_path() {
+    let dir = TempDir::new("path");
+    let tool = dir.0.join("my-tool");
+    std::fs::write(&tool, "#!/bin/sh\necho '{\"found\": true}'\n").unwrap();
+    std::fs::set_permissions(&tool, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let path = format!("{}:/usr/bin:/bin", dir.0.display());
+    let executor = ExecExecutor::new("my-tool", vec![])
+        .unwrap()
+        .with_environment(BTreeMap::from([("PATH".to_owned(), path)]), vec![])
+        .unwrap();
+    assert_eq!(
+        call(&executor, json!({})).await.unwrap(),
+        json!({"found": true})
     );
 }
 
@@ -139,6 +213,88 @@ async fn the_programs_children_die_with_it() {
         gone_soon(&pid).await,
         "the grandchild {pid} outlived the call"
     );
+}
+
+/// A temporary directory removed on drop.
+struct TempDir(std::path::PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> TempDir {
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir =
+            std::env::temp_dir().join(format!("toolfleet-exec-{name}-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Runs `script` (a directory of its own as `$1`) until its timeout, then
+/// reads what it wrote with [`WRITE_IDS`]: the pid of the process that must
+/// die with the call, its process group and session, and the program's.
+/// Answers that pid and all five.
+async fn timed_out_leaving(script: &str) -> (String, Vec<String>) {
+    let dir = TempDir::new("tree");
+    let file = dir.0.join("pids");
+    let executor = ExecExecutor::new(
+        "/bin/sh",
+        vec![
+            "-c".to_owned(),
+            script.to_owned(),
+            "sh".to_owned(),
+            dir.0.display().to_string(),
+        ],
+    )
+    .unwrap()
+    .with_timeout(Duration::from_secs(3));
+    let err = call(&executor, json!({})).await.unwrap_err();
+    assert_eq!(err.code, ErrorCode::Timeout, "{}", err.message);
+    let text = std::fs::read_to_string(&file)
+        .unwrap_or_else(|e| panic!("the program did not write {}: {e}", file.display()));
+    let ids: Vec<String> = text.split_whitespace().map(str::to_owned).collect();
+    assert_eq!(ids.len(), 5, "{text:?}");
+    (ids[0].clone(), ids)
+}
+
+/// Writes `$$`'s pid, process group and session, then those of `$2`, to
+/// `$1/pids` (all at once, by a rename).
+const WRITE_IDS: &str = r#"
+ids() { set -- $(sed "s/.*) //" /proc/$1/stat); echo "$3 $4"; }
+echo "$$ $(ids $$) $(ids $2)" > "$1/pids.tmp" && mv "$1/pids.tmp" "$1/pids""#;
+
+#[tokio::test]
+async fn a_grandchild_that_left_the_group_with_setsid_dies_at_the_timeout() {
+    // The grandchild starts a session of its own, out of the program's group.
+    let script = format!(r#"setsid sh -c '{WRITE_IDS}; exec sleep 1000' sh "$1" $$ & wait"#);
+    let (pid, ids) = timed_out_leaving(&script).await;
+    assert_ne!(
+        ids[1], ids[3],
+        "the grandchild left the program's group: {ids:?}"
+    );
+    assert!(
+        gone_soon(&pid).await,
+        "the setsid grandchild {pid} outlived the call"
+    );
+}
+
+#[tokio::test]
+async fn a_daemon_whose_parent_exited_dies_at_the_timeout() {
+    // `setsid -f` forks a child into a session of its own and exits at once:
+    // the daemon is orphaned while the program still runs.
+    let script =
+        format!(r#"setsid -f sh -c '{WRITE_IDS}; exec sleep 1000' sh "$1" $$; sleep 1000"#);
+    let (pid, ids) = timed_out_leaving(&script).await;
+    assert_ne!(
+        ids[2], ids[4],
+        "the daemon left the program's session: {ids:?}"
+    );
+    assert!(gone_soon(&pid).await, "the daemon {pid} outlived the call");
 }
 
 /// True once the process has exited (gone, or a zombie awaiting its reaper).

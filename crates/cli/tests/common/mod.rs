@@ -32,6 +32,40 @@ pub fn read_repo(relative: &str) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
 }
 
+/// The Dockerfile's instructions, continuation lines joined and comments
+/// dropped: `(INSTRUCTION, arguments)`.
+pub fn dockerfile() -> Vec<(String, String)> {
+    let mut instructions = Vec::new();
+    let mut current = String::new();
+    for line in read_repo("Dockerfile").lines() {
+        let trimmed = line.trim();
+        if trimmed.starts_with('#') || (trimmed.is_empty() && current.is_empty()) {
+            continue;
+        }
+        match trimmed.strip_suffix('\\') {
+            Some(head) => {
+                current.push_str(head);
+                current.push(' ');
+            }
+            None => {
+                current.push_str(trimmed);
+                let (word, rest) = current
+                    .split_once(char::is_whitespace)
+                    .unwrap_or((&current, ""));
+                instructions.push((word.to_uppercase(), rest.trim().to_owned()));
+                current.clear();
+            }
+        }
+    }
+    instructions
+}
+
+/// A JSON-form (`["a", "b"]`) Dockerfile argument.
+pub fn exec_form(arguments: &str) -> Vec<String> {
+    serde_json::from_str(arguments)
+        .unwrap_or_else(|_| panic!("`{arguments}` is not the exec (JSON) form"))
+}
+
 /// `toolfleet <args>` run in the repository's root, with no configuration
 /// named by the environment.
 pub fn toolfleet(args: &[&str]) -> std::process::Output {
@@ -140,16 +174,33 @@ impl Server {
     /// worker's metrics listen on a port of their own unless `env` names one
     /// (`TOOLFLEET_METRICS_LISTEN`), so workers of one machine never collide.
     pub fn start_role_env(config: &Path, role: &str, ready: &str, env: &[(&str, &str)]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_toolfleet"))
-            .env("TOOLFLEET_METRICS_LISTEN", "127.0.0.1:0")
+        let mut command = Command::new(env!("CARGO_BIN_EXE_toolfleet"));
+        command
             .envs(env.iter().copied())
-            .env(
-                "TOOLFLEET_LOG",
-                std::env::var("TOOLFLEET_LOG").unwrap_or_else(|_| "warn".into()),
-            )
             .arg("--config")
             .arg(config)
-            .arg(role)
+            .arg(role);
+        Server::launch(command, config, ready)
+    }
+
+    /// Starts `command`, which runs toolfleet with `config` (through a
+    /// wrapper, say), and waits for the stderr line starting with `ready`.
+    /// toolfleet logs at `warn` unless `TOOLFLEET_LOG` says otherwise, and a
+    /// worker's metrics listen on a port of their own unless `command` names one.
+    pub fn launch(mut command: Command, config: &Path, ready: &str) -> Server {
+        let defaults = [
+            ("TOOLFLEET_METRICS_LISTEN", "127.0.0.1:0".to_owned()),
+            (
+                "TOOLFLEET_LOG",
+                std::env::var("TOOLFLEET_LOG").unwrap_or_else(|_| "warn".into()),
+            ),
+        ];
+        for (name, value) in defaults {
+            if !command.get_envs().any(|(key, _)| key == name) {
+                command.env(name, value);
+            }
+        }
+        let mut child = command
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
