@@ -122,6 +122,9 @@ pub struct Config {
     /// Connections to PostgreSQL per process.
     #[serde(default = "default_database_pool")]
     pub database_pool: usize,
+    /// The PEM file of the CA that signed RabbitMQ's certificate, for an
+    /// `amqps://` `broker_url` without `cacertfile`.
+    pub broker_ca_file: Option<PathBuf>,
     /// First part of every RabbitMQ queue and exchange name.
     #[serde(default = "default_broker_prefix")]
     pub broker_prefix: String,
@@ -275,6 +278,9 @@ impl Config {
         if let Ok(url) = std::env::var("TOOLFLEET_BROKER_URL") {
             self.broker_url = Some(url);
         }
+        if let Ok(path) = std::env::var("TOOLFLEET_BROKER_CA_FILE") {
+            self.broker_ca_file = Some(PathBuf::from(path));
+        }
         if let Ok(secret) = std::env::var("TOOLFLEET_CONFIRM_SECRET") {
             self.confirm_secret = Some(secret);
         }
@@ -361,6 +367,7 @@ data_dir = "/tmp/tf"
 database_url = "postgres://x"
 database_ca_file = "/etc/toolfleet/db-ca.pem"
 broker_url = "amqp://y"
+broker_ca_file = "/etc/toolfleet/rabbit-ca.pem"
 include = ["more.toml"]
 
 [[auth.tokens]]
@@ -383,6 +390,10 @@ input_schema_file = "schemas/t.json"
         assert_eq!(
             config.database_ca_file.as_deref(),
             Some(Path::new("/etc/toolfleet/db-ca.pem"))
+        );
+        assert_eq!(
+            config.broker_ca_file.as_deref(),
+            Some(Path::new("/etc/toolfleet/rabbit-ca.pem"))
         );
         let defaults = Config::parse("", Path::new("t.toml")).unwrap();
         assert_eq!(defaults.metrics_listen, "127.0.0.1:9091");

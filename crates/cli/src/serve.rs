@@ -378,6 +378,7 @@ fn rabbit_options(
         notice_buffer: NOTICE_BUFFER,
         jobs_per_message,
         one_job_per_message,
+        ca_file: config.broker_ca_file.clone(),
         ..RabbitOptions::default()
     })
 }

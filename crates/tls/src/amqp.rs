@@ -17,7 +17,7 @@ use crate::{Advice, Roots, Verify, client_config, query_pairs};
 
 /// What a failed handshake with RabbitMQ points to.
 pub const ADVICE: Advice = Advice {
-    ca: "broker_ca_file (or cacertfile in broker_url)",
+    ca: "broker_ca_file or cacertfile in broker_url",
     name: "connect by a host name the certificate holds",
 };
 

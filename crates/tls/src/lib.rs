@@ -132,7 +132,7 @@ pub fn explain(error: &rustls::Error, advice: Advice) -> String {
         rustls::Error::InvalidCertificate(reason) => match reason {
             CertificateError::UnknownIssuer => format!(
                 "the server's certificate is not signed by a CA toolfleet trusts: name the CA \
-                 that signed it in {} (without one, the platform's roots are trusted)",
+                 that signed it in {}; without one, the platform's roots are trusted",
                 advice.ca
             ),
             CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. } => {

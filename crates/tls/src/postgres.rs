@@ -48,7 +48,7 @@ use crate::{Advice, Roots, Verify, client_config, explain, find_rustls_error};
 
 /// What a failed handshake with PostgreSQL points to.
 pub const ADVICE: Advice = Advice {
-    ca: "database_ca_file (or sslrootcert in database_url)",
+    ca: "database_ca_file or sslrootcert in database_url",
     name: "connect by a host name the certificate holds, or use sslmode=verify-ca to check \
            the chain alone",
 };
