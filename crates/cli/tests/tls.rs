@@ -17,6 +17,11 @@
 //! - A job runs end to end through `toolfleet serve` on both, over TLS
 //!   only, and `toolfleet worker` without the broker's CA stops at once,
 //!   saying what to set.
+//!
+//! Like every test of private servers, these never skip: without `openssl`,
+//! PostgreSQL's server binaries or RabbitMQ's, they fail (so under CI too).
+//! Each server lives in a temporary directory and is stopped and removed
+//! when its test ends, passed or failed.
 
 mod common;
 #[path = "common/private.rs"]
