@@ -24,6 +24,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use toolfleet_core::{JobState, TraceContext};
 
+mod amqps;
 pub mod announcer;
 pub mod conformance;
 pub mod fanout;

@@ -34,9 +34,14 @@
 //! [`PgOptions::operation_timeout`]. An event larger than
 //! [`PgOptions::max_event_bytes`] is refused rather than sent. It must never
 //! be the record of anything: nothing here survives the process.
+//!
+//! Both connections honour the URL's `sslmode` and `sslrootcert` as libpq
+//! does (or [`PgOptions::ca_file`] for the CA), through rustls, as the
+//! store's do: see `toolfleet_tls::postgres`.
 
 use std::collections::HashMap;
 use std::future::{Future, poll_fn};
+use std::path::PathBuf;
 use std::pin::pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
@@ -48,9 +53,9 @@ use serde::Serialize;
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tokio::time::Instant;
 use tokio_postgres::config::Host;
-use tokio_postgres::tls::NoTlsStream;
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{AsyncMessage, Client, Config, NoTls, Socket, Statement};
+use tokio_postgres::{AsyncMessage, Client, Config, Socket, Statement};
+use toolfleet_tls::postgres::{MakeRustlsConnect, RustlsStream};
 
 use crate::memory::{DEFAULT_NOTICE_BUFFER, MAX_NOTICE_BUFFER};
 use crate::{BrokerError, Event, Notices, Subscription};
@@ -108,6 +113,9 @@ pub struct PgOptions {
     /// transaction, so only a listener reconnecting between them leaves one
     /// incomplete.
     pub partial_timeout: Duration,
+    /// The PEM file of the CA that signed the server's certificate, used
+    /// when the URL names no `sslrootcert` (toolfleet's `database_ca_file`).
+    pub ca_file: Option<PathBuf>,
 }
 
 impl Default for PgOptions {
@@ -122,6 +130,7 @@ impl Default for PgOptions {
             max_event_bytes: 8 << 20,
             max_partial_bytes: 32 << 20,
             partial_timeout: Duration::from_secs(30),
+            ca_file: None,
         }
     }
 }
@@ -207,9 +216,9 @@ impl PgNotices {
         options: PgOptions,
     ) -> Result<PgNotices, BrokerError> {
         check_channel(channel)?;
-        let mut config: Config = url.parse().map_err(|e| {
-            BrokerError::Unavailable(format!("the database URL is not valid: {}", pg_error(&e)))
-        })?;
+        let target = toolfleet_tls::postgres::target(url, options.ca_file.as_deref())
+            .map_err(BrokerError::Unavailable)?;
+        let (mut config, tls) = (target.config, target.tls);
         config.application_name(options.application_name.as_str());
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(options.operation_timeout);
@@ -222,6 +231,7 @@ impl PgNotices {
         let (waiting, waiters) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared {
             config,
+            tls,
             place,
             listen: format!("LISTEN \"{channel}\"; LISTEN \"{marker}\""),
             marker,
@@ -382,7 +392,7 @@ impl Subscription for PgSubscription {
     }
 }
 
-type PgConnection = tokio_postgres::Connection<Socket, NoTlsStream>;
+type PgConnection = tokio_postgres::Connection<Socket, RustlsStream<Socket>>;
 
 /// The publishing connection of the moment.
 #[derive(Clone)]
@@ -430,6 +440,7 @@ enum Stopped {
 /// The state behind a [`PgNotices`] handle and its supervisors.
 struct Shared {
     config: Config,
+    tls: MakeRustlsConnect,
     /// "db on host:port", for messages (never the password).
     place: String,
     channel: String,
@@ -489,7 +500,7 @@ impl Shared {
 
     async fn connect(&self, what: &str) -> Result<(Client, PgConnection), BrokerError> {
         let limit = self.options.operation_timeout;
-        match tokio::time::timeout(limit, self.config.connect(NoTls)).await {
+        match tokio::time::timeout(limit, self.config.connect(self.tls.clone())).await {
             Ok(Ok(pair)) => Ok(pair),
             Ok(Err(e)) => Err(BrokerError::Unavailable(format!(
                 "connecting to {} for {what}: {}",
@@ -1039,6 +1050,10 @@ fn pg_error(error: &tokio_postgres::Error) -> String {
         text.push_str(": ");
         text.push_str(&inner.to_string());
         cause = inner.source();
+    }
+    // What to check when the server refused what sslmode asked for.
+    if let Some(hint) = toolfleet_tls::postgres::hint(error) {
+        text.push_str(&format!(" ({hint})"));
     }
     text
 }

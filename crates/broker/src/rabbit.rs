@@ -43,9 +43,15 @@
 //! in [`RabbitOptions::one_job_per_message`], or every pool with
 //! `jobs_per_message` 1) publish each job alone, so that no message waits
 //! unacknowledged past RabbitMQ's `consumer_timeout`.
+//!
+//! An `amqps://` URL connects over TLS through rustls (see `amqps`), the
+//! server's certificate checked in full, its chain and its host name,
+//! against the URL's `cacertfile`, else [`RabbitOptions::ca_file`], else the
+//! platform's roots (`toolfleet_tls::amqp` decides).
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::future::Future;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -65,6 +71,7 @@ use lapin::{
     BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ErrorKind,
     ExchangeKind,
 };
+use rustls::ClientConfig;
 use tokio::sync::{broadcast, mpsc, watch};
 use toolfleet_core::TraceContext;
 use toolfleet_core::group::{Group, GroupError};
@@ -136,6 +143,10 @@ pub struct RabbitOptions {
     /// whatever `jobs_per_message` says: pools of long jobs (agents), whose
     /// ids would otherwise wait in a worker behind each other's runs.
     pub one_job_per_message: BTreeSet<String>,
+    /// The PEM file of the CA that signed RabbitMQ's certificate, for an
+    /// `amqps://` URL without `cacertfile` (toolfleet's `broker_ca_file`);
+    /// `None`: the platform's roots. Refused with an `amqp://` URL.
+    pub ca_file: Option<PathBuf>,
 }
 
 impl Default for RabbitOptions {
@@ -150,6 +161,7 @@ impl Default for RabbitOptions {
             notice_buffer: DEFAULT_NOTICE_BUFFER,
             jobs_per_message: MAX_IDS_PER_MESSAGE,
             one_job_per_message: BTreeSet::new(),
+            ca_file: None,
         }
     }
 }
@@ -230,9 +242,10 @@ impl Drop for CloseOnDrop {
 }
 
 impl RabbitBroker {
-    /// Connects to RabbitMQ at `url` (`amqp://user:password@host:5672/vhost`),
-    /// answering [`BrokerError::Unavailable`] if it cannot. Queues are
-    /// declared when a pool is first used.
+    /// Connects to RabbitMQ at `url` (`amqp://user:password@host:5672/vhost`,
+    /// or `amqps://` and port 5671 for TLS), answering
+    /// [`BrokerError::Unavailable`] if it cannot. Queues are declared when a
+    /// pool is first used.
     pub async fn connect(url: &str, options: RabbitOptions) -> Result<Self, BrokerError> {
         let shared = Shared::start(url, options).await?;
         Ok(RabbitBroker {
@@ -643,6 +656,8 @@ struct Route<'a> {
 /// moment, and the supervisor replacing it.
 struct Shared {
     url: String,
+    /// How to speak TLS to an `amqps://` URL; `None` for `amqp://`.
+    tls: Option<Arc<ClientConfig>>,
     options: RabbitOptions,
     state: watch::Sender<LinkState>,
     generations: AtomicU64,
@@ -660,8 +675,12 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Shared {
     async fn start(url: &str, options: RabbitOptions) -> Result<Arc<Self>, BrokerError> {
         name(&format!("{}.events", options.prefix))?;
+        let tls = toolfleet_tls::amqp::tls_config(url, options.ca_file.as_deref())
+            .map_err(BrokerError::Unavailable)?
+            .map(Arc::new);
         let shared = Arc::new(Shared {
             url: url.to_owned(),
+            tls,
             options,
             state: watch::Sender::new(LinkState::Down),
             generations: AtomicU64::new(0),
@@ -676,9 +695,16 @@ impl Shared {
         let properties = ConnectionProperties::default()
             .with_connection_name(self.options.prefix.as_str().into());
         let what = format!("connecting to RabbitMQ at {}", redact(&self.url));
-        let connection = self
-            .bounded(&what, Connection::connect(&self.url, properties))
-            .await?;
+        let connection = match &self.tls {
+            Some(tls) => {
+                let connect = crate::amqps::connect(&self.url, Arc::clone(tls), properties);
+                self.bounded(&what, connect).await?
+            }
+            None => {
+                self.bounded(&what, Connection::connect(&self.url, properties))
+                    .await?
+            }
+        };
         let publisher = self
             .bounded("opening a channel", connection.create_channel())
             .await?;

@@ -116,9 +116,15 @@ pub struct Config {
     pub broker_url: Option<String>,
     /// The PostgreSQL schema of toolfleet's tables (default: the search path's).
     pub database_schema: Option<String>,
+    /// The PEM file of the CA that signed PostgreSQL's certificate, when
+    /// `database_url` names no `sslrootcert`.
+    pub database_ca_file: Option<PathBuf>,
     /// Connections to PostgreSQL per process.
     #[serde(default = "default_database_pool")]
     pub database_pool: usize,
+    /// The PEM file of the CA that signed RabbitMQ's certificate, for an
+    /// `amqps://` `broker_url` without `cacertfile`.
+    pub broker_ca_file: Option<PathBuf>,
     /// First part of every RabbitMQ queue and exchange name.
     #[serde(default = "default_broker_prefix")]
     pub broker_prefix: String,
@@ -288,6 +294,9 @@ impl Config {
         if let Ok(url) = std::env::var("TOOLFLEET_DATABASE_URL") {
             self.database_url = Some(url);
         }
+        if let Ok(path) = std::env::var("TOOLFLEET_DATABASE_CA_FILE") {
+            self.database_ca_file = Some(PathBuf::from(path));
+        }
         // Dispatchers and workers share a file but not their needs.
         if let Ok(pool) = std::env::var("TOOLFLEET_DATABASE_POOL") {
             self.database_pool = pool
@@ -297,6 +306,9 @@ impl Config {
         }
         if let Ok(url) = std::env::var("TOOLFLEET_BROKER_URL") {
             self.broker_url = Some(url);
+        }
+        if let Ok(path) = std::env::var("TOOLFLEET_BROKER_CA_FILE") {
+            self.broker_ca_file = Some(PathBuf::from(path));
         }
         if let Ok(secret) = std::env::var("TOOLFLEET_CONFIRM_SECRET") {
             self.confirm_secret = Some(secret);
@@ -382,7 +394,9 @@ listen = "127.0.0.1:9999"
 metrics_listen = "0.0.0.0:9191"
 data_dir = "/tmp/tf"
 database_url = "postgres://x"
+database_ca_file = "/etc/toolfleet/db-ca.pem"
 broker_url = "amqp://y"
+broker_ca_file = "/etc/toolfleet/rabbit-ca.pem"
 include = ["more.toml"]
 
 [[auth.tokens]]
@@ -402,6 +416,14 @@ input_schema_file = "schemas/t.json"
         let config = Config::parse(text, Path::new("/etc/toolfleet/toolfleet.toml")).unwrap();
         assert_eq!(config.listen, "127.0.0.1:9999");
         assert_eq!(config.metrics_listen, "0.0.0.0:9191");
+        assert_eq!(
+            config.database_ca_file.as_deref(),
+            Some(Path::new("/etc/toolfleet/db-ca.pem"))
+        );
+        assert_eq!(
+            config.broker_ca_file.as_deref(),
+            Some(Path::new("/etc/toolfleet/rabbit-ca.pem"))
+        );
         let defaults = Config::parse("", Path::new("t.toml")).unwrap();
         assert_eq!(defaults.metrics_listen, "127.0.0.1:9091");
         assert_eq!(config.auth.tokens[0].scopes, ["expenses:read"]);

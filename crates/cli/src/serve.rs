@@ -28,7 +28,7 @@ use toolfleet_server::{
 };
 use toolfleet_store::Store;
 use toolfleet_store::metered::MeteredStore;
-use toolfleet_store::postgres::PgStore;
+use toolfleet_store::postgres::{PgConnectOptions, PgStore};
 use toolfleet_store::sqlite::SqliteStore;
 use toolfleet_worker::{Worker, WorkerConfig, run_sweeper, sweep};
 
@@ -250,16 +250,23 @@ fn all_pools(runtime: &Runtime) -> BTreeSet<String> {
         .collect()
 }
 
+/// How the store reaches PostgreSQL beyond `database_url`: its schema and
+/// the CA of its certificate.
+fn pg_connect_options(config: &Config) -> PgConnectOptions {
+    PgConnectOptions {
+        schema: config.database_schema.clone(),
+        ca_file: config.database_ca_file.clone(),
+    }
+}
+
 /// `toolfleet migrate`: PostgreSQL's migrations with `database_url`, else
 /// the SQLite file's (which `serve` also applies when it opens it).
 pub async fn migrate(config: &Config) -> Result<(), String> {
     match &config.database_url {
         Some(url) => {
-            match &config.database_schema {
-                Some(schema) => toolfleet_store::postgres::migrate_in_schema(url, schema).await,
-                None => toolfleet_store::postgres::migrate(url).await,
-            }
-            .map_err(|e| e.to_string())?;
+            toolfleet_store::postgres::migrate_with(url, &pg_connect_options(config))
+                .await
+                .map_err(|e| e.to_string())?;
             eprintln!("the PostgreSQL schema is up to date");
         }
         None => {
@@ -388,6 +395,7 @@ fn rabbit_options(
         notice_buffer: NOTICE_BUFFER,
         jobs_per_message,
         one_job_per_message,
+        ca_file: config.broker_ca_file.clone(),
         ..RabbitOptions::default()
     })
 }
@@ -456,11 +464,9 @@ pub async fn open_backends(
     let notices_backend = config.notices_backend()?;
     let store: Arc<dyn Store> = match &config.database_url {
         Some(url) => Arc::new(
-            match &config.database_schema {
-                Some(schema) => PgStore::connect_in_schema(url, schema, config.database_pool).await,
-                None => PgStore::connect(url, config.database_pool).await,
-            }
-            .map_err(|e| e.to_string())?,
+            PgStore::connect_with(url, config.database_pool, &pg_connect_options(config))
+                .await
+                .map_err(|e| e.to_string())?,
         ),
         None => {
             data_dir(&config.data_dir)?;
@@ -513,6 +519,7 @@ pub async fn open_backends(
             let channel = toolfleet_broker::postgres::channel_for(namespace);
             let options = PgOptions {
                 notice_buffer: NOTICE_BUFFER,
+                ca_file: config.database_ca_file.clone(),
                 ..PgOptions::default()
             };
             let notices = PgNotices::connect_with(url, &channel, options)

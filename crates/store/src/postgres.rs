@@ -11,9 +11,14 @@
 //! (or `INSERT ... ON CONFLICT`), so two workers or two processes cannot both
 //! win. It must never migrate on connect, and never panic on what it reads:
 //! a row it cannot decode is a [`StoreError::Unavailable`] naming the row.
+//!
+//! Every connection, the pool's and `toolfleet migrate`'s, honours the URL's
+//! `sslmode` and `sslrootcert` as libpq does (or [`PgConnectOptions::ca_file`]
+//! for the CA), through rustls: see `toolfleet_tls::postgres`.
 
 use std::collections::HashMap;
 use std::fmt::Display;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,7 +31,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use tokio_postgres::config::Host;
 use tokio_postgres::types::{FromSql, ToSql};
-use tokio_postgres::{Config, NoTls, Row};
+use tokio_postgres::{Config, Row};
 use toolfleet_core::middleware::canonical_json;
 use toolfleet_core::{
     AnsweredBy, AuditRecord, Envelope, ErrorCode, JobState, Json, ToolError, TraceContext,
@@ -483,13 +488,25 @@ where
     })
 }
 
+/// How to reach the database, beyond its URL.
+#[derive(Clone, Debug, Default)]
+pub struct PgConnectOptions {
+    /// The schema of toolfleet's tables: every connection's `search_path`
+    /// (`None`: the connection's own).
+    pub schema: Option<String>,
+    /// The PEM file of the CA that signed the server's certificate, used
+    /// when the URL names no `sslrootcert` (toolfleet's `database_ca_file`).
+    /// Without `sslmode` in the URL, naming one means `verify-full`.
+    pub ca_file: Option<PathBuf>,
+}
+
 impl PgStore {
     /// Connects to the database at `url` (a `postgres://` URL or a
     /// `key=value` string) with a pool of at most `pool_size` connections.
     /// Refuses a database whose schema `toolfleet migrate` has not brought
     /// to this program's version, or that a newer program migrated.
     pub async fn connect(url: &str, pool_size: usize) -> Result<PgStore, StoreError> {
-        PgStore::open(url, None, pool_size).await
+        PgStore::connect_with(url, pool_size, &PgConnectOptions::default()).await
     }
 
     /// As [`PgStore::connect`], with every connection's `search_path` set
@@ -499,15 +516,20 @@ impl PgStore {
         schema: &str,
         pool_size: usize,
     ) -> Result<PgStore, StoreError> {
-        PgStore::open(url, Some(schema), pool_size).await
+        let options = PgConnectOptions {
+            schema: Some(schema.to_owned()),
+            ..PgConnectOptions::default()
+        };
+        PgStore::connect_with(url, pool_size, &options).await
     }
 
-    async fn open(
+    /// As [`PgStore::connect`], with `options`.
+    pub async fn connect_with(
         url: &str,
-        schema: Option<&str>,
         pool_size: usize,
+        options: &PgConnectOptions,
     ) -> Result<PgStore, StoreError> {
-        let store = unchecked(url, schema, pool_size)?;
+        let store = unchecked(url, options, pool_size)?;
         let client = store.client().await?;
         let applied = applied_version(&client).await?;
         check_version(applied, &store.place)?;
@@ -533,20 +555,27 @@ impl PgStore {
 /// `toolfleet migrate` does. Applying them again changes nothing. Refuses a
 /// database that a newer program migrated.
 pub async fn migrate(url: &str) -> Result<(), StoreError> {
-    run_migrations(url, None).await
+    migrate_with(url, &PgConnectOptions::default()).await
 }
 
 /// As [`migrate`], in `schema`, which is created if missing; refinery's
 /// history table lives there too.
 pub async fn migrate_in_schema(url: &str, schema: &str) -> Result<(), StoreError> {
-    run_migrations(url, Some(schema)).await
+    let options = PgConnectOptions {
+        schema: Some(schema.to_owned()),
+        ..PgConnectOptions::default()
+    };
+    migrate_with(url, &options).await
 }
 
+/// As [`migrate`], with `options` (in its schema, if it names one).
+///
 /// Migrations of one schema run one at a time across processes (an advisory
 /// lock held by this session), and all pending ones commit together, so no
 /// process ever sees tables without their history.
-async fn run_migrations(url: &str, schema: Option<&str>) -> Result<(), StoreError> {
-    let store = unchecked(url, schema, 1)?;
+pub async fn migrate_with(url: &str, options: &PgConnectOptions) -> Result<(), StoreError> {
+    let schema = options.schema.as_deref();
+    let store = unchecked(url, options, 1)?;
     let mut client = store.client().await?;
     let lock = format!("toolfleet migrate {}", schema.unwrap_or_default());
     client
@@ -584,12 +613,13 @@ fn add_option(config: &mut Config, option: &str) {
     config.options(&options);
 }
 
-/// A store for `url`, its connections in `schema`, not yet connected and
-/// its schema not yet checked.
-fn unchecked(url: &str, schema: Option<&str>, size: usize) -> Result<PgStore, StoreError> {
-    let mut config: Config = url
-        .parse()
-        .map_err(|e| StoreError::Unavailable(format!("the database URL is not valid: {e}")))?;
+/// A store for `url`, its connections in the schema of `options`, not yet
+/// connected and its schema not yet checked.
+fn unchecked(url: &str, options: &PgConnectOptions, size: usize) -> Result<PgStore, StoreError> {
+    let schema = options.schema.as_deref();
+    let target = toolfleet_tls::postgres::target(url, options.ca_file.as_deref())
+        .map_err(StoreError::Unavailable)?;
+    let mut config = target.config;
     if let Some(schema) = schema {
         check_schema_name(schema)?;
         add_option(&mut config, &format!("-c search_path={schema}"));
@@ -618,7 +648,7 @@ fn unchecked(url: &str, schema: Option<&str>, size: usize) -> Result<PgStore, St
     let place: Arc<str> = describe(&config, schema).into();
     let manager = Manager::from_config(
         config,
-        NoTls,
+        target.tls,
         ManagerConfig {
             recycling_method: RecyclingMethod::Fast,
         },
@@ -733,15 +763,20 @@ impl From<tokio_postgres::Error> for StoreError {
 /// What went wrong, readably: tokio-postgres's own text is "db error" for
 /// everything the server says.
 fn pg_message(e: &tokio_postgres::Error) -> String {
-    if let Some(db) = e.as_db_error() {
-        return format!("{} {}: {}", db.severity(), db.code().code(), db.message());
-    }
-    if e.is_closed() {
-        return "the connection closed (the server may be restarting); try again".to_owned();
-    }
-    match std::error::Error::source(e) {
-        Some(cause) => format!("{e}: {cause}"),
-        None => e.to_string(),
+    let text = if let Some(db) = e.as_db_error() {
+        format!("{} {}: {}", db.severity(), db.code().code(), db.message())
+    } else if e.is_closed() {
+        "the connection closed (the server may be restarting); try again".to_owned()
+    } else {
+        match std::error::Error::source(e) {
+            Some(cause) => format!("{e}: {cause}"),
+            None => e.to_string(),
+        }
+    };
+    // What to check when the server refused what sslmode asked for.
+    match toolfleet_tls::postgres::hint(e) {
+        Some(hint) => format!("{text} ({hint})"),
+        None => text,
     }
 }
 

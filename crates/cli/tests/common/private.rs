@@ -1,7 +1,9 @@
-//! Private PostgreSQL and RabbitMQ servers for fault tests: each one in a
-//! temporary directory of its own, on free ports, started, stopped and
+//! Private PostgreSQL and RabbitMQ servers for fault and TLS tests: each one
+//! in a temporary directory of its own, on free ports, started, stopped and
 //! restarted by the test that owns it, and removed when dropped. The
-//! machine's shared servers (5432, 5672) are never touched.
+//! machine's shared servers (5432, 5672) are never touched. [`TestCerts`]
+//! makes a CA and a server certificate it signed (with the `openssl`
+//! command line) for the servers' TLS variants.
 //!
 //! Include it with `#[path = "common/private.rs"] mod private;`.
 
@@ -57,6 +59,109 @@ fn tail(path: &Path, max: usize) -> String {
     String::from_utf8_lossy(&text[start..]).into_owned()
 }
 
+/// Runs `openssl <args>` in `dir`, failing the test if it cannot.
+fn openssl(dir: &Path, args: &[&str]) {
+    let output = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot run openssl ({e}); it makes the test certificates: install it \
+                 (these tests never skip)"
+            )
+        });
+    assert!(
+        output.status.success(),
+        "openssl {args:?}: {}",
+        said(&output)
+    );
+}
+
+/// A CA, a server certificate it signed for `localhost` and 127.0.0.1 (and
+/// nothing else), the server's key, and a second CA that signed nothing,
+/// all PEM files in a temporary directory removed when dropped.
+pub struct TestCerts {
+    dir: PathBuf,
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub other_ca: PathBuf,
+}
+
+impl TestCerts {
+    /// ECDSA P-256 keys, valid for two days.
+    pub fn generate() -> TestCerts {
+        let dir = fresh_dir("certs");
+        let ec = [
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+        ];
+        for (name, subject) in [("ca", "toolfleet test CA"), ("other-ca", "another test CA")] {
+            let (key, cert) = (format!("{name}.key"), format!("{name}.pem"));
+            let mut args = vec!["req", "-x509"];
+            args.extend(ec);
+            args.extend(["-keyout", &key, "-out", &cert, "-days", "2"]);
+            let subject = format!("/CN={subject}");
+            args.extend(["-subj", &subject]);
+            args.extend(["-addext", "basicConstraints=critical,CA:TRUE"]);
+            args.extend(["-addext", "keyUsage=critical,keyCertSign,cRLSign"]);
+            openssl(&dir, &args);
+        }
+        let mut args = vec!["req"];
+        args.extend(ec);
+        args.extend(["-keyout", "server.key", "-out", "server.csr"]);
+        args.extend(["-subj", "/CN=localhost"]);
+        openssl(&dir, &args);
+        std::fs::write(
+            dir.join("server.ext"),
+            "subjectAltName = DNS:localhost, IP:127.0.0.1\n\
+             basicConstraints = critical, CA:FALSE\n\
+             keyUsage = critical, digitalSignature\n\
+             extendedKeyUsage = serverAuth\n",
+        )
+        .expect("extensions written");
+        openssl(
+            &dir,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                "server.csr",
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-set_serial",
+                "0x2a",
+                "-days",
+                "2",
+                "-extfile",
+                "server.ext",
+                "-out",
+                "server.pem",
+            ],
+        );
+        TestCerts {
+            ca: dir.join("ca.pem"),
+            cert: dir.join("server.pem"),
+            key: dir.join("server.key"),
+            other_ca: dir.join("other-ca.pem"),
+            dir,
+        }
+    }
+}
+
+impl Drop for TestCerts {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 /// A PostgreSQL cluster of this test alone: `initdb` into a temporary
 /// directory (as the `postgres` OS user when the test runs as root, since
 /// initdb refuses root), served on a free port with trust authentication.
@@ -93,6 +198,52 @@ impl PrivatePostgres {
 
     /// Creates a cluster and starts it.
     pub fn start() -> PrivatePostgres {
+        let pg = PrivatePostgres::init();
+        pg.start_again();
+        pg
+    }
+
+    /// Creates a cluster that speaks TLS with `certs`' server certificate
+    /// and refuses every TCP connection without it (`hostssl` lines only:
+    /// trust, but a password over SCRAM for role `tf_scram`), and starts it.
+    pub fn start_tls(certs: &TestCerts) -> PrivatePostgres {
+        let pg = PrivatePostgres::init();
+        let (cert, key) = (pg.dir.join("server.crt"), pg.dir.join("server.key"));
+        std::fs::copy(&certs.cert, &cert).expect("certificate copied");
+        std::fs::copy(&certs.key, &key).expect("key copied");
+        // PostgreSQL reads a key only its own user may read.
+        let chmod = Command::new("chmod").arg("600").arg(&key).output();
+        assert!(chmod.expect("chmod runs").status.success());
+        if pg.as_postgres {
+            let chown = Command::new("chown")
+                .arg("postgres:postgres")
+                .arg(&cert)
+                .arg(&key)
+                .output()
+                .expect("chown runs");
+            assert!(chown.status.success(), "chown: {}", said(&chown));
+        }
+        let conf = pg.data().join("postgresql.conf");
+        let mut settings = std::fs::read_to_string(&conf).expect("postgresql.conf");
+        settings.push_str(&format!(
+            "\nssl = on\nssl_cert_file = '{}'\nssl_key_file = '{}'\n",
+            cert.display(),
+            key.display()
+        ));
+        std::fs::write(&conf, settings).expect("postgresql.conf written");
+        std::fs::write(
+            pg.data().join("pg_hba.conf"),
+            "local all all trust\n\
+             hostssl all tf_scram 127.0.0.1/32 scram-sha-256\n\
+             hostssl all all 127.0.0.1/32 trust\n",
+        )
+        .expect("pg_hba.conf written");
+        pg.start_again();
+        pg
+    }
+
+    /// Creates a cluster, not yet started.
+    fn init() -> PrivatePostgres {
         let dir = fresh_dir("pg");
         let as_postgres = is_root();
         let pg = PrivatePostgres {
@@ -119,7 +270,6 @@ impl PrivatePostgres {
             .output()
             .expect("initdb runs");
         assert!(initdb.status.success(), "initdb: {}", said(&initdb));
-        pg.start_again();
         pg
     }
 
@@ -232,6 +382,9 @@ pub struct PrivateRabbit {
     dir: PathBuf,
     node: String,
     port: u16,
+    /// The TLS listener's port, on 127.0.0.1 and 127.0.0.2 (a loopback
+    /// address the test certificate does not name), if any.
+    tls_port: Option<u16>,
     dist_port: u16,
     child: Option<Child>,
     starts: u32,
@@ -257,24 +410,46 @@ fn rabbit_script(name: &str) -> PathBuf {
 impl PrivateRabbit {
     /// Starts a fresh node and waits until its AMQP port listens.
     pub fn start() -> PrivateRabbit {
+        PrivateRabbit::start_with(None)
+    }
+
+    /// Starts a fresh node that also listens for AMQP over TLS with
+    /// `certs`' server certificate, and waits until both ports listen.
+    pub fn start_tls(certs: &TestCerts) -> PrivateRabbit {
+        PrivateRabbit::start_with(Some(certs))
+    }
+
+    fn start_with(certs: Option<&TestCerts>) -> PrivateRabbit {
         let dir = fresh_dir("rabbit");
         let id = uuid::Uuid::now_v7().simple().to_string();
         let mut rabbit = PrivateRabbit {
             node: format!("tf-{}@localhost", &id[id.len() - 12..]),
             port: free_port(),
+            tls_port: certs.map(|_| free_port()),
             dist_port: free_port(),
             dir,
             child: None,
             starts: 0,
         };
-        std::fs::write(
-            rabbit.dir.join("rabbitmq.conf"),
-            format!(
-                "listeners.tcp.default = 127.0.0.1:{}\nloopback_users.guest = true\n",
-                rabbit.port
-            ),
-        )
-        .expect("config written");
+        let mut config = format!(
+            "listeners.tcp.default = 127.0.0.1:{}\nloopback_users.guest = true\n",
+            rabbit.port
+        );
+        if let (Some(certs), Some(port)) = (certs, rabbit.tls_port) {
+            config.push_str(&format!(
+                "listeners.ssl.default = 127.0.0.1:{port}\n\
+                 listeners.ssl.unnamed = 127.0.0.2:{port}\n\
+                 ssl_options.cacertfile = {}\n\
+                 ssl_options.certfile = {}\n\
+                 ssl_options.keyfile = {}\n\
+                 ssl_options.verify = verify_none\n\
+                 ssl_options.fail_if_no_peer_cert = false\n",
+                certs.ca.display(),
+                certs.cert.display(),
+                certs.key.display()
+            ));
+        }
+        std::fs::write(rabbit.dir.join("rabbitmq.conf"), config).expect("config written");
         std::fs::write(rabbit.dir.join("enabled_plugins"), "[].\n").expect("plugins written");
         // Not /etc/rabbitmq/rabbitmq-env.conf, which names the shared node.
         std::fs::write(rabbit.dir.join("rabbitmq-env.conf"), "").expect("env written");
@@ -296,6 +471,13 @@ impl PrivateRabbit {
     /// `amqp://guest:guest@127.0.0.1:<port>/%2f`.
     pub fn url(&self) -> String {
         format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.port)
+    }
+
+    /// `amqps://guest:guest@<host>:<TLS port>/%2f` (a node started with
+    /// [`PrivateRabbit::start_tls`]).
+    pub fn tls_url(&self, host: &str) -> String {
+        let port = self.tls_port.expect("a node started with start_tls");
+        format!("amqps://guest:guest@{host}:{port}/%2f")
     }
 
     pub fn node(&self) -> &str {
@@ -330,7 +512,8 @@ impl PrivateRabbit {
         let child = command.spawn().expect("rabbitmq-server starts");
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(90);
-        while !listening(self.port) {
+        let ports = [Some(self.port), self.tls_port];
+        while !ports.into_iter().flatten().all(listening) {
             if let Some(status) = self
                 .child
                 .as_mut()
