@@ -100,6 +100,88 @@ impl TryFrom<String> for NoticesBackend {
     }
 }
 
+/// `[limits]`: how many connections, streams and long polls a process
+/// holds, and how long a request may take to arrive.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsConfig {
+    /// Connections held at once by one process; one more is answered 503.
+    pub connections: usize,
+    /// Seconds a request's head may take to arrive, and a keep-alive
+    /// connection may stay idle between requests.
+    pub header_read_timeout_s: f64,
+    /// Seconds a request's whole body may take to arrive.
+    pub body_read_timeout_s: f64,
+    /// Event streams open at once in one process; past it, 503.
+    pub event_streams: usize,
+    /// Event streams one principal holds open at once; past it, 429.
+    pub event_streams_per_principal: usize,
+    /// Long polls one principal holds at once; past it, 429 (`rate_limited`).
+    pub long_polls_per_principal: usize,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        let limits = toolfleet_server::Limits::default();
+        let connections = toolfleet_server::http::ConnectionLimits::default();
+        LimitsConfig {
+            connections: connections.max_connections,
+            header_read_timeout_s: connections.header_read_timeout.as_secs_f64(),
+            body_read_timeout_s: limits.body_read_timeout.as_secs_f64(),
+            event_streams: limits.max_streams,
+            event_streams_per_principal: limits.max_streams_per_principal,
+            long_polls_per_principal: limits.max_long_polls_per_principal,
+        }
+    }
+}
+
+impl LimitsConfig {
+    /// The limits of the HTTP API with a body of at most `max_body` bytes,
+    /// or what is wrong with them.
+    pub fn api(&self, max_body: usize) -> Result<toolfleet_server::Limits, String> {
+        let at_least_one = [
+            ("event_streams", self.event_streams),
+            (
+                "event_streams_per_principal",
+                self.event_streams_per_principal,
+            ),
+            ("long_polls_per_principal", self.long_polls_per_principal),
+        ];
+        if let Some((key, _)) = at_least_one.iter().find(|(_, n)| *n == 0) {
+            return Err(format!("[limits] {key} must be at least 1"));
+        }
+        Ok(toolfleet_server::Limits {
+            max_body,
+            body_read_timeout: seconds("body_read_timeout_s", self.body_read_timeout_s)?,
+            max_streams: self.event_streams,
+            max_streams_per_principal: self.event_streams_per_principal,
+            max_long_polls_per_principal: self.long_polls_per_principal,
+            ..toolfleet_server::Limits::default()
+        })
+    }
+
+    /// The limits of a process's connections, or what is wrong with them.
+    pub fn connections(&self) -> Result<toolfleet_server::http::ConnectionLimits, String> {
+        if self.connections == 0 {
+            return Err("[limits] connections must be at least 1".to_owned());
+        }
+        Ok(toolfleet_server::http::ConnectionLimits {
+            max_connections: self.connections,
+            header_read_timeout: seconds("header_read_timeout_s", self.header_read_timeout_s)?,
+        })
+    }
+}
+
+/// `s` seconds of `[limits] key`, which must be positive and at most a day.
+fn seconds(key: &str, s: f64) -> Result<std::time::Duration, String> {
+    std::time::Duration::try_from_secs_f64(s)
+        .ok()
+        .filter(|d| !d.is_zero() && d.as_secs() <= 86_400)
+        .ok_or_else(|| {
+            format!("[limits] {key} must be a number of seconds above 0 and at most 86400, got {s}")
+        })
+}
+
 /// The settings of a process.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -108,8 +190,11 @@ pub struct Config {
     pub listen: String,
     /// Where a process without the HTTP API (a worker) serves `/metrics`,
     /// `/healthz` and `/readyz`.
-    #[serde(default = "default_metrics_listen")]
-    pub metrics_listen: String,
+    /// Where `/metrics`, `/healthz` and `/readyz` are served off the API
+    /// port: always for a worker (see [`Config::metrics_address`]), and
+    /// for a dispatcher or `serve` when set, which then serves none of
+    /// them on `listen` beside its API.
+    pub metrics_listen: Option<String>,
     #[serde(default = "default_data_dir")]
     pub data_dir: PathBuf,
     pub database_url: Option<String>,
@@ -164,6 +249,9 @@ pub struct Config {
     /// Largest request body, in bytes.
     #[serde(default = "default_max_body")]
     pub max_body_bytes: usize,
+    /// `[limits]`: what a client may hold of a process.
+    #[serde(default)]
+    pub limits: LimitsConfig,
     /// How deep agents may call agents: 1 lets no agent call another.
     #[serde(default = "default_max_agent_depth")]
     pub max_agent_depth: u32,
@@ -184,9 +272,8 @@ pub struct Config {
 fn default_listen() -> String {
     "127.0.0.1:8080".to_owned()
 }
-fn default_metrics_listen() -> String {
-    "127.0.0.1:9091".to_owned()
-}
+/// Where a worker serves its metrics when `metrics_listen` is not set.
+pub const DEFAULT_METRICS_LISTEN: &str = "127.0.0.1:9091";
 fn default_data_dir() -> PathBuf {
     PathBuf::from(".toolfleet")
 }
@@ -289,7 +376,7 @@ impl Config {
             self.listen = listen;
         }
         if let Ok(listen) = std::env::var("TOOLFLEET_METRICS_LISTEN") {
-            self.metrics_listen = listen;
+            self.metrics_listen = Some(listen);
         }
         if let Ok(url) = std::env::var("TOOLFLEET_DATABASE_URL") {
             self.database_url = Some(url);
@@ -415,7 +502,7 @@ input_schema_file = "schemas/t.json"
 "#;
         let config = Config::parse(text, Path::new("/etc/toolfleet/toolfleet.toml")).unwrap();
         assert_eq!(config.listen, "127.0.0.1:9999");
-        assert_eq!(config.metrics_listen, "0.0.0.0:9191");
+        assert_eq!(config.metrics_listen.as_deref(), Some("0.0.0.0:9191"));
         assert_eq!(
             config.database_ca_file.as_deref(),
             Some(Path::new("/etc/toolfleet/db-ca.pem"))
@@ -425,7 +512,7 @@ input_schema_file = "schemas/t.json"
             Some(Path::new("/etc/toolfleet/rabbit-ca.pem"))
         );
         let defaults = Config::parse("", Path::new("t.toml")).unwrap();
-        assert_eq!(defaults.metrics_listen, "127.0.0.1:9091");
+        assert_eq!(defaults.metrics_listen, None);
         assert_eq!(config.auth.tokens[0].scopes, ["expenses:read"]);
         assert_eq!(config.webhooks.allow, ["127.0.0.1"]);
         assert_eq!(config.tools[0].1, PathBuf::from("/etc/toolfleet"));

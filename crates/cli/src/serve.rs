@@ -22,9 +22,10 @@ use toolfleet_core::{
     AuditSink, CallCtx, Principal, Runtime, RuntimeConfig, Shape, ToolDecl, ToolError, executor_fn,
 };
 use toolfleet_executors::{Binder, http_client};
+use toolfleet_server::bounds::Holds;
 use toolfleet_server::{
-    Access, AppState, Auth, Dispatcher, Limits, McpSettings, Ops, Status, StoreAuditSink,
-    StoreCommitLog, ops_router, status_tools, token_sha256,
+    Access, AppState, Auth, Dispatcher, McpSettings, Ops, Status, StoreAuditSink, StoreCommitLog,
+    ops_router, status_tools, token_sha256,
 };
 use toolfleet_store::Store;
 use toolfleet_store::metered::MeteredStore;
@@ -35,7 +36,7 @@ use toolfleet_worker::{Worker, WorkerConfig, run_sweeper, sweep};
 use toolfleet_agent::{AgentEnv, Agents};
 use toolfleet_core::config::ExecutorSpec;
 
-use crate::config::{Config, NoticesBackend};
+use crate::config::{Config, DEFAULT_METRICS_LISTEN, NoticesBackend};
 use crate::files::{data_dir, kept_secret};
 
 /// How long running jobs may finish after a shutdown signal: `shutdown_grace_s`.
@@ -580,7 +581,9 @@ pub async fn start(config: Config, extra: Vec<ToolDecl>, roles: Roles) -> Result
     let notices: Arc<dyn Notices> = Arc::new(MeteredNotices::new(notices, metrics.clone()));
     // Answers and cancels are audited beside the tools' calls.
     let audit: Arc<dyn AuditSink> = Arc::new(StoreAuditSink::spawn(store.clone(), 10_000));
-    let access = Access::new(audit.clone());
+    let api_limits = config.limits.api(config.max_body_bytes)?;
+    let connection_limits = config.limits.connections()?;
+    let access = Access::new(audit.clone(), api_limits.max_long_polls_per_principal);
     let mut runtime = Runtime::builder()
         .config(RuntimeConfig::default())
         .secret(signing_key(&config)?)
@@ -637,22 +640,34 @@ pub async fn start(config: Config, extra: Vec<ToolDecl>, roles: Roles) -> Result
         broker.clone(),
         shown.into_iter().collect(),
     ));
-    let mut server: Option<Serving> = None;
-    if !roles.dispatcher {
-        // Without the HTTP API, /metrics, /healthz and /readyz are served on
-        // metrics_listen; bound before any work is taken, so a port in use
-        // stops the process with nothing started.
-        let listener = tokio::net::TcpListener::bind(&config.metrics_listen)
-            .await
-            .map_err(|e| {
-                format!(
-                    "cannot listen for metrics on {} (metrics_listen, TOOLFLEET_METRICS_LISTEN): {e}",
-                    config.metrics_listen
-                )
-            })?;
+    let mut servers: Vec<Serving> = Vec::new();
+    // /metrics, /healthz and /readyz off the API port: always without the
+    // API (a worker), and beside it where metrics_listen is set. Bound
+    // before any work is taken, so a port in use stops the process with
+    // nothing started.
+    let metrics_listen = match (roles.dispatcher, roles.http, &config.metrics_listen) {
+        (false, _, listen) => Some(listen.as_deref().unwrap_or(DEFAULT_METRICS_LISTEN)),
+        (true, true, Some(listen)) => Some(listen.as_str()),
+        (true, _, _) => None,
+    };
+    if let Some(listen) = metrics_listen {
+        let listener = tokio::net::TcpListener::bind(listen).await.map_err(|e| {
+            format!(
+                "cannot listen for metrics on {listen} (metrics_listen, TOOLFLEET_METRICS_LISTEN): {e}"
+            )
+        })?;
         let bound = listener.local_addr().map_err(|e| e.to_string())?;
-        eprintln!("toolfleet worker metrics on http://{bound}");
-        server = Some(serving(listener, ops_router(ops.clone()), &stopped));
+        if roles.dispatcher {
+            eprintln!("toolfleet metrics on http://{bound}");
+        } else {
+            eprintln!("toolfleet worker metrics on http://{bound}");
+        }
+        servers.push(serving(
+            listener,
+            ops_router(ops.clone()),
+            connection_limits,
+            &stopped,
+        ));
     }
     for pool in pools {
         let mut worker_config = WorkerConfig::new(pool);
@@ -701,10 +716,9 @@ pub async fn start(config: Config, extra: Vec<ToolDecl>, roles: Roles) -> Result
             notices,
             auth,
             webhook_allow: Arc::new(config.webhooks.allow.clone()),
-            limits: Limits {
-                max_body: config.max_body_bytes,
-                ..Limits::default()
-            },
+            streams: Holds::new(api_limits.max_streams_per_principal, api_limits.max_streams),
+            metrics_on_api: metrics_listen.is_none(),
+            limits: api_limits,
             ops,
             mcp: McpSettings {
                 allowed_origins: Arc::new(config.mcp.allowed_origins.clone()),
@@ -724,14 +738,23 @@ pub async fn start(config: Config, extra: Vec<ToolDecl>, roles: Roles) -> Result
                 config.data_dir.display()
             );
             address = Some(bound);
-            server = Some(serving(listener, toolfleet_server::router(state), &stopped));
+            servers.push(serving(
+                listener,
+                toolfleet_server::router(state),
+                connection_limits,
+                &stopped,
+            ));
         }
     } else {
         eprintln!("toolfleet worker running ({} pools)", workers.len());
     }
     let done = tokio::spawn(async move {
-        if let Some(server) = server {
-            server.await.map_err(|e| e.to_string())?;
+        let servers: Vec<_> = servers.into_iter().map(tokio::spawn).collect();
+        for server in servers {
+            server
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| e.to_string())?;
         }
         for worker in workers {
             let _ = worker.await;
@@ -751,17 +774,19 @@ pub async fn start(config: Config, extra: Vec<ToolDecl>, roles: Roles) -> Result
 /// An HTTP server running until the process stops.
 type Serving = std::pin::Pin<Box<dyn std::future::Future<Output = std::io::Result<()>> + Send>>;
 
-/// Serves `router` on `listener` until `stopped` turns true.
+/// Serves `router` on `listener` within `limits` until `stopped` turns
+/// true.
 fn serving(
     listener: tokio::net::TcpListener,
     router: axum::Router,
+    limits: toolfleet_server::http::ConnectionLimits,
     stopped: &watch::Receiver<bool>,
 ) -> Serving {
-    let mut shutdown = stopped.clone();
-    Box::pin(std::future::IntoFuture::into_future(
-        axum::serve(listener, router).with_graceful_shutdown(async move {
-            let _ = shutdown.changed().await;
-        }),
+    Box::pin(toolfleet_server::http::serve(
+        listener,
+        router,
+        limits,
+        stopped.clone(),
     ))
 }
 

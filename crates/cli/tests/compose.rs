@@ -770,13 +770,14 @@ fn prometheus_scrapes_the_dispatchers_the_workers_and_rabbitmq() {
     let config = yaml("deploy/compose/prometheus.yml");
     let toolfleet = compose_config();
     let (_, listen_port) = host_port(toolfleet["listen"].as_str().unwrap());
-    let listen_port = listen_port.unwrap();
-    // Workers serve /metrics on metrics_listen, beyond their loopback.
+    // Dispatchers and workers serve /metrics on metrics_listen, beyond
+    // their loopback and off the API port.
     let metrics_listen = toolfleet
         .get("metrics_listen")
         .and_then(toml::Value::as_str)
-        .unwrap_or_else(|| panic!("{COMPOSE_CONFIG} sets metrics_listen for the workers"));
+        .unwrap_or_else(|| panic!("{COMPOSE_CONFIG} sets metrics_listen"));
     let (metrics_host, metrics_port) = host_port(metrics_listen);
+    assert_ne!(metrics_port, listen_port, "metrics stay off the API port");
     assert_eq!(
         metrics_host, "0.0.0.0",
         "workers serve metrics beyond their loopback"
@@ -825,8 +826,9 @@ fn prometheus_scrapes_the_dispatchers_the_workers_and_rabbitmq() {
                 "job {name} scrapes `{host}`, which is not a compose service"
             );
             let expected = match host.as_str() {
-                "dispatcher" => listen_port.as_str(),
-                "worker" => metrics_port.as_str(),
+                // Dispatchers and workers serve /metrics on metrics_listen,
+                // off the API port.
+                "dispatcher" | "worker" => metrics_port.as_str(),
                 "rabbitmq" => "15692",
                 _ => port.as_str(),
             };

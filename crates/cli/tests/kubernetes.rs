@@ -1290,6 +1290,17 @@ fn termination_s(workload: &Value) -> f64 {
         .unwrap_or(30.0)
 }
 
+/// The `metrics_listen` of a container: its TOOLFLEET_METRICS_LISTEN, else
+/// the configuration's; empty when neither sets it.
+fn metrics_listen_of<'a>(fleet: &'a Fleet, container: &'a Value) -> &'a str {
+    env_value(container, "TOOLFLEET_METRICS_LISTEN")
+        .or(fleet
+            .config
+            .get("metrics_listen")
+            .and_then(toml::Value::as_str))
+        .unwrap_or_default()
+}
+
 fn dispatcher_problems(
     fleet: &Fleet,
     workload: &Value,
@@ -1323,10 +1334,18 @@ fn dispatcher_problems(
         fleet.listen
     );
     probe_problems(&what, container, port, problems);
+    // /metrics off the API port: on metrics_listen, beyond the loopback.
+    let metrics = metrics_listen_of(fleet, container);
+    let metrics_port = port_of(metrics);
     ensure!(
         problems,
-        scraped_on(workload, port),
-        "{what}: Prometheus scrapes {METRICS} on port {port:?}"
+        matches!(host_of(metrics), "0.0.0.0" | "[::]") && metrics_port != port,
+        "{what}: metrics_listen ({metrics:?}, TOOLFLEET_METRICS_LISTEN) is set, reachable from the kubelet and off the API port"
+    );
+    ensure!(
+        problems,
+        scraped_on(workload, metrics_port),
+        "{what}: Prometheus scrapes {METRICS} on port {metrics_port:?}"
     );
     // A blip of PostgreSQL or RabbitMQ fails every dispatcher's readiness at
     // once; if that took them out of the Service, it would have none.
@@ -1390,12 +1409,7 @@ fn worker_problems(
         .map_err(|e| problems.push(format!("{what}: {e}")))
         .ok()?;
     // /metrics, /healthz and /readyz of the worker: metrics_listen.
-    let metrics = env_value(container, "TOOLFLEET_METRICS_LISTEN")
-        .or(fleet
-            .config
-            .get("metrics_listen")
-            .and_then(toml::Value::as_str))
-        .unwrap_or_default();
+    let metrics = metrics_listen_of(fleet, container);
     ensure!(
         problems,
         matches!(host_of(metrics), "0.0.0.0" | "[::]"),

@@ -464,3 +464,408 @@ async fn a_fleet_keeps_each_users_jobs_and_tickets_to_them() {
     let audit = AuditAt::Postgres(common::shared_database_url(), format!("tf_{id}"));
     ownership_probes(&dispatcher.base, audit).await;
 }
+
+// A server that holds under hostile clients.
+
+/// A `serve` with the probes' tokens and `[limits]` as given.
+fn bounded_serve(dir: &TempDir, limits: &str) -> Server {
+    let tables = format!("{}\n[limits]\n{limits}\n", probe_tables());
+    Server::start(&dir.0, &config_with(&dir.0, "", &tables))
+}
+
+/// The `host:port` of a server's base URL.
+fn address(server: &Server) -> String {
+    server.base.trim_start_matches("http://").to_owned()
+}
+
+/// Reads what `stream` is sent until it is closed, for at most `limit`:
+/// `None` when it is still open then.
+async fn read_until_closed(stream: &mut tokio::net::TcpStream, limit: Duration) -> Option<String> {
+    use tokio::io::AsyncReadExt;
+    let mut seen = Vec::new();
+    let read = tokio::time::timeout(limit, stream.read_to_end(&mut seen)).await;
+    read.ok()
+        .map(|_| String::from_utf8_lossy(&seen).into_owned())
+}
+
+#[tokio::test]
+async fn half_open_connections_never_stall_the_server_and_are_closed() {
+    use tokio::io::AsyncWriteExt;
+    let dir = TempDir::new("security-half-open");
+    let server = bounded_serve(&dir, "header_read_timeout_s = 1");
+    let mut held = Vec::new();
+    for n in 0..500 {
+        let mut stream = tokio::net::TcpStream::connect(address(&server))
+            .await
+            .expect("connect");
+        // Half a request line; every tenth also half a header.
+        let part: &[u8] = if n % 10 == 0 {
+            b"POST /v1/calls HTTP/1.1\r\nHost: x\r\nAuthor"
+        } else {
+            b"GET /v1/jo"
+        };
+        stream.write_all(part).await.expect("sent");
+        held.push(stream);
+    }
+    // A normal call still goes through at once.
+    let alice = server.client(TOKEN);
+    let answer = alice
+        .call("find_expenses", json!({"month": "2026-09"}))
+        .await;
+    assert_eq!(answer["status"], "ok", "{answer}");
+    // And each half-sent request is closed by the server.
+    for stream in &mut held {
+        let closed = read_until_closed(stream, Duration::from_secs(30)).await;
+        assert!(
+            closed.is_some(),
+            "a half-open connection was held past its deadline"
+        );
+    }
+}
+
+#[tokio::test]
+async fn connections_past_the_bound_are_answered_503_and_idle_ones_closed() {
+    use tokio::io::AsyncWriteExt;
+    let dir = TempDir::new("security-connections");
+    let server = bounded_serve(&dir, "connections = 20\nheader_read_timeout_s = 30");
+    let mut held = Vec::new();
+    for _ in 0..20 {
+        let mut stream = tokio::net::TcpStream::connect(address(&server))
+            .await
+            .expect("connect");
+        stream.write_all(b"GET /v1/too").await.expect("sent");
+        held.push(stream);
+    }
+    let (status, body) = common::raw_request(
+        &address(&server),
+        &format!("GET /v1/tools HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n\r\n"),
+    )
+    .await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("\"unavailable\""), "{body}");
+    assert!(
+        body.to_ascii_lowercase().contains("retry-after: 1"),
+        "{body}"
+    );
+    // Freed slots serve again.
+    drop(held);
+    let alice = server.client(TOKEN);
+    let answer = eventually(Duration::from_secs(10), || async {
+        let (status, body) = alice.raw(reqwest::Method::GET, "/v1/tools", None).await;
+        (status == 200).then_some(body)
+    })
+    .await;
+    assert!(answer.is_array(), "{answer}");
+
+    // A keep-alive connection idle past the head timeout is closed.
+    let dir = TempDir::new("security-idle");
+    let server = bounded_serve(&dir, "header_read_timeout_s = 1");
+    let mut idle = tokio::net::TcpStream::connect(address(&server))
+        .await
+        .expect("connect");
+    idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("sent");
+    let answered = read_until_closed(&mut idle, Duration::from_secs(30))
+        .await
+        .expect("an idle keep-alive connection is closed");
+    assert!(answered.starts_with("HTTP/1.1 200"), "{answered}");
+}
+
+#[tokio::test]
+async fn a_body_that_trickles_in_is_refused_408() {
+    use tokio::io::AsyncWriteExt;
+    let dir = TempDir::new("security-slow-body");
+    let server = bounded_serve(&dir, "body_read_timeout_s = 1");
+    let mut slow = tokio::net::TcpStream::connect(address(&server))
+        .await
+        .expect("connect");
+    let head = format!(
+        "POST /v1/calls HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{{\"tool\": "
+    );
+    slow.write_all(head.as_bytes()).await.expect("sent");
+    // One byte now and then, each within any per-read timeout.
+    let answer = tokio::spawn(async move {
+        for _ in 0..20 {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            if slow.write_all(b" ").await.is_err() {
+                break;
+            }
+        }
+        read_until_closed(&mut slow, Duration::from_secs(30)).await
+    });
+    let answer = answer.await.expect("the writer").unwrap_or_default();
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("\"timeout\""), "{answer}");
+}
+
+#[tokio::test]
+async fn event_streams_and_long_polls_are_bounded_per_principal_and_process() {
+    let dir = TempDir::new("security-floods");
+    let server = bounded_serve(
+        &dir,
+        "event_streams = 5\nevent_streams_per_principal = 3\nlong_polls_per_principal = 2",
+    );
+    let open = |token: &'static str| {
+        let client = server.client(token);
+        async move {
+            let response = client
+                .http
+                .get(format!("{}/v1/events", client.base))
+                .bearer_auth(token)
+                .send()
+                .await
+                .expect("answered");
+            let status = response.status().as_u16();
+            let retry = response
+                .headers()
+                .get("retry-after")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned);
+            (status, retry, response)
+        }
+    };
+    let mut streams = Vec::new();
+    for _ in 0..3 {
+        let (status, _, response) = open(TOKEN).await;
+        assert_eq!(status, 200);
+        streams.push(response);
+    }
+    let (status, retry, refused) = open(TOKEN).await;
+    assert_eq!((status, retry.as_deref()), (429, Some("1")));
+    let body: Value =
+        serde_json::from_str(&refused.text().await.expect("a body")).expect("an envelope");
+    assert_eq!(code(&body), "rate_limited", "{body}");
+    for _ in 0..2 {
+        let (status, _, response) = open(BOB).await;
+        assert_eq!(status, 200, "another principal has its own bound");
+        streams.push(response);
+    }
+    let (status, retry, _) = open(CAROL).await;
+    assert_eq!((status, retry.as_deref()), (503, Some("1")));
+    // A stream closed gives its hold back, once the server finds it closed
+    // (at its next keep-alive comment, every 15 s).
+    streams.remove(0);
+    eventually(Duration::from_secs(45), || async {
+        let (status, _, response) = open(TOKEN).await;
+        (status == 200).then_some(response)
+    })
+    .await;
+
+    // Long polls: two of alice's wait on a running job; a third is refused.
+    let alice = server.client(TOKEN);
+    let started = alice.call("slow_ocr", json!({})).await;
+    let job = started["job_id"].as_str().expect("a job").to_owned();
+    let poll = |client: Client, job: String, wait_s: u32| async move {
+        client
+            .raw(
+                reqwest::Method::GET,
+                &format!("/v1/jobs/{job}?wait_s={wait_s}"),
+                None,
+            )
+            .await
+    };
+    // Two long waits, each asked again if the probe below took its place.
+    let waiting: Vec<_> = (0..2)
+        .map(|_| {
+            let (alice, job) = (alice.clone(), job.clone());
+            tokio::spawn(async move {
+                loop {
+                    let answer = poll(alice.clone(), job.clone(), 25).await;
+                    if answer.0 != 429 {
+                        return answer;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            })
+        })
+        .collect();
+    let (status, body) = eventually(Duration::from_secs(20), || async {
+        let (status, body) = poll(alice.clone(), job.clone(), 1).await;
+        (status == 429).then_some((status, body))
+    })
+    .await;
+    assert_eq!((status, code(&body)), (429, "rate_limited"), "{body}");
+    let tool = alice
+        .call("get_job", json!({"job_id": job, "wait_s": 5}))
+        .await;
+    assert_eq!(code(&tool), "rate_limited", "{tool}");
+    // Another principal who may see the job still waits.
+    let auditor = server.client(AUDITOR);
+    let (status, body) = auditor
+        .raw(
+            reqwest::Method::GET,
+            &format!("/v1/jobs/{job}?wait_s=1"),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (status, body["status"].as_str()),
+        (200, Some("running")),
+        "{body}"
+    );
+    let cancelled = alice
+        .post(&format!("/v1/jobs/{job}/cancel"), json!({}))
+        .await;
+    assert_eq!(code(&cancelled), "cancelled");
+    for wait in waiting {
+        let (status, body) = wait.await.expect("a poll");
+        assert_eq!((status, code(&body)), (200, "cancelled"), "{body}");
+    }
+    let again = alice.get(&format!("/v1/jobs/{job}?wait_s=1")).await;
+    assert_eq!(
+        code(&again),
+        "cancelled",
+        "the holds were given back: {again}"
+    );
+}
+
+#[tokio::test]
+async fn a_tool_name_past_the_longest_gets_no_suggestion_and_probes_share_readiness() {
+    let dir = TempDir::new("security-names");
+    let server = bounded_serve(&dir, "");
+    let alice = server.client(TOKEN);
+    let long = format!("find_expenses{}", "e".repeat(200_000));
+    let answer = alice.call(&long, json!({})).await;
+    assert_eq!(code(&answer), "unknown_tool", "{answer}");
+    assert_eq!(answer["error"]["details"]["suggestions"], json!([]));
+    assert!(
+        answer.to_string().len() < 1_000,
+        "the name is not echoed whole"
+    );
+    let near = alice.call("find_expense", json!({})).await;
+    assert_eq!(near["error"]["details"]["suggestions"][0], "find_expenses");
+    // A flood of readiness probes all answer.
+    let probes = (0..300).map(|_| {
+        let client = alice.clone();
+        async move { client.raw(reqwest::Method::GET, "/readyz", None).await.0 }
+    });
+    let statuses = futures_util::future::join_all(probes).await;
+    assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
+}
+
+#[tokio::test]
+async fn a_dispatcher_with_metrics_listen_serves_metrics_off_the_api_port() {
+    let (_dir, config, _cleanup, _id) =
+        common::shared_fleet("security-metrics", "", |_| probe_tables());
+    common::migrate(&config);
+    let dispatcher = Server::start_role_env(
+        &config,
+        "dispatcher",
+        "toolfleet serving on ",
+        &[("TOOLFLEET_METRICS_LISTEN", "127.0.0.1:0")],
+    );
+    let said = dispatcher.startup.join("\n");
+    let metrics = said
+        .lines()
+        .find_map(|line| line.strip_prefix("toolfleet metrics on "))
+        .unwrap_or_else(|| panic!("no metrics address in {said}"))
+        .trim()
+        .to_owned();
+    let alice = dispatcher.client(TOKEN);
+    let (status, _) = alice.raw(reqwest::Method::GET, "/metrics", None).await;
+    assert_eq!(status, 404, "/metrics stays off the API port");
+    let (status, _) = alice.raw(reqwest::Method::GET, "/readyz", None).await;
+    assert_eq!(status, 200);
+    let text = alice
+        .http
+        .get(format!("{metrics}/metrics"))
+        .send()
+        .await
+        .expect("metrics answer")
+        .text()
+        .await
+        .expect("text");
+    assert!(text.contains("toolfleet_build_info"), "{text}");
+}
+
+// Redaction wherever a result leaves the runtime.
+
+/// Card numbers a tool answers, which no reader may see.
+const CARDS: [&str; 2] = ["4111111111111111", "5500000000000004"];
+
+fn card_tools() -> String {
+    let program = r#"echo '{\"card_number\": \"4111111111111111\", \"holder\": {\"card_number\": \"5500000000000004\", \"name\": \"Ada\"}, \"ok\": true}'"#;
+    format!(
+        r#"
+[[tools]]
+name = "card_job"
+description = "Reads a card, as a job."
+shape = "job"
+input_schema = {{ type = "object" }}
+middleware = {{ redact = ["card_number"] }}
+executor = {{ kind = "exec", program = "/bin/sh", args = ["-c", "{program}"] }}
+
+[[tools]]
+name = "card_export"
+description = "Exports cards, as a handle."
+shape = "handle"
+handle_threshold = 16
+input_schema = {{ type = "object" }}
+middleware = {{ redact = ["card_number"] }}
+executor = {{ kind = "exec", program = "/bin/sh", args = ["-c", "{program}"] }}
+"#
+    )
+}
+
+/// Fails if `what` shows a card number.
+fn no_card(what: &str, seen: &str) {
+    for card in CARDS {
+        assert!(
+            !seen.contains(card),
+            "{what} shows a redacted field: {seen}"
+        );
+    }
+    assert!(
+        seen.contains("[redacted]"),
+        "{what} shows no redacted field: {seen}"
+    );
+}
+
+#[tokio::test]
+async fn redacted_fields_stay_masked_wherever_a_result_leaves() {
+    let dir = TempDir::new("security-redact");
+    let server = Server::start(&dir.0, &config_with(&dir.0, "", &card_tools()));
+    let alice = server.client(TOKEN);
+    let events = common::events(&alice);
+    let (hook, hooks) = common::hook_receiver(vec![200]).await;
+    let started = alice
+        .post(
+            "/v1/calls",
+            json!({"tool": "card_job", "args": {}, "callback_url": hook}),
+        )
+        .await;
+    let job = started["job_id"].as_str().expect("a job").to_owned();
+    let settled = common::settle(&alice, &job).await;
+    assert_eq!(settled["status"], "ok", "{settled}");
+    assert_eq!(settled["result"]["holder"]["name"], "Ada", "{settled}");
+    no_card("get_job", &settled.to_string());
+    let tool = alice.call("get_job", json!({"job_id": job})).await;
+    no_card("the get_job tool", &tool.to_string());
+    let task = mcp(&alice, "2025-11-25", "tasks/result", json!({"taskId": job})).await;
+    assert!(task["result"].is_object(), "{task}");
+    no_card("MCP tasks/result", &task.to_string());
+    let event = eventually(Duration::from_secs(10), || async {
+        events
+            .lock()
+            .expect("events")
+            .iter()
+            .find(|e| e["id"] == job.as_str() && e["state"] == "succeeded")
+            .cloned()
+    })
+    .await;
+    no_card("the event stream", &event.to_string());
+    let hook = eventually(Duration::from_secs(20), || async {
+        hooks.lock().expect("hooks").first().cloned()
+    })
+    .await;
+    no_card("the webhook", &hook.body);
+    // A handle: its inline answer (the preview) and every page read back.
+    let handle = alice.call("card_export", json!({})).await;
+    assert_eq!(handle["status"], "ok", "{handle}");
+    no_card("a handle's preview", &handle.to_string());
+    let id = handle["result"]["handle"].as_str().expect("a handle");
+    let page = alice.call("read_handle", json!({"handle": id})).await;
+    assert_eq!(page["status"], "ok", "{page}");
+    no_card("read_handle", &page.to_string());
+}

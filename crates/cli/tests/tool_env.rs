@@ -17,7 +17,10 @@ const SECRETS: [(&str, &str); 6] = [
         "TOOLFLEET_CONFIRM_SECRET",
         "5ec2e75ec2e75ec2e75ec2e75ec2e75ec2e75ec2e75ec2e75ec2e75ec2e75ec2",
     ),
-    ("TOOLFLEET_WEBHOOK_SECRET", "webhook-s3cret-do-not-leak"),
+    (
+        "TOOLFLEET_WEBHOOK_SECRET",
+        "webhook-s3cret-do-not-leak-0123456789",
+    ),
     ("TOOLFLEET_TOKEN", "tf_cli_s3cret_do_not_leak"),
     ("OPENAI_API_KEY", "sk-openai-s3cret-do-not-leak"),
     ("ANTHROPIC_API_KEY", "sk-ant-s3cret-do-not-leak"),

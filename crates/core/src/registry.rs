@@ -192,8 +192,21 @@ impl Registry {
         self.order.is_empty()
     }
 
-    /// The `unknown_tool` error for `name`, suggesting the closest names.
+    /// The `unknown_tool` error for `name`, suggesting the closest names. A
+    /// name longer than any tool's may be ([`MAX_NAME_LEN`]) is refused
+    /// before any suggestion is computed: comparing it costs its length
+    /// times each name's.
     pub fn unknown(&self, name: &str) -> ToolError {
+        if name.len() > MAX_NAME_LEN {
+            return ToolError::new(
+                ErrorCode::UnknownTool,
+                format!(
+                    "there is no tool named `{}…`: a tool name is at most {MAX_NAME_LEN} characters; list the tools and pick one of them",
+                    truncate(name, 64)
+                ),
+            )
+            .with_details(json!({ "suggestions": [] }));
+        }
         let mut scored: Vec<(f64, &str)> = self
             .order
             .iter()

@@ -18,6 +18,7 @@ use crate::envelope::{Envelope, ErrorCode, Json, ToolError};
 use crate::metrics::{Metrics, UNKNOWN_TOOL};
 use crate::middleware::{
     AuditSink, Call, Endpoint, LayerServices, MemoryAuditSink, Next, RateLimits, ReadCache,
+    redact_json,
 };
 use crate::registry::{RegistrationError, Registry, Tool};
 use crate::shapes::command::{
@@ -287,6 +288,9 @@ impl Runtime {
         if result.len() <= threshold {
             return Envelope::ok(result, ctx.call_id.clone());
         }
+        // The handle's pages leave through `read_handle`, which knows
+        // nothing of this tool: they are kept as they may be read.
+        let result = redact_json(result, &call.tool.middleware().redact);
         match self
             .handles
             .put(ctx.tenant(), ctx.user(), result.clone())

@@ -167,6 +167,14 @@ async fn unknown_tools_get_suggestions() {
         .invoke("zzzzzzzzzzzz", json!({}), &ctx("a", "u", &[]))
         .await;
     assert_eq!(nothing.error_code(), Some(ErrorCode::UnknownTool));
+    // A name no tool may have gets no suggestion, even one that contains a
+    // tool's name (which would otherwise score).
+    let long = format!("find_expenses{}", "x".repeat(129));
+    let refused = runtime.invoke(&long, json!({}), &ctx("a", "u", &[])).await;
+    let error = refused.error_ref().unwrap();
+    assert_eq!(error.code, ErrorCode::UnknownTool);
+    assert!(error.message.contains("at most 128"), "{}", error.message);
+    assert_eq!(error.details.as_ref().unwrap()["suggestions"], json!([]));
 }
 
 #[tokio::test]

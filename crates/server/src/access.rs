@@ -27,6 +27,8 @@ use toolfleet_core::{
 };
 use toolfleet_store::{JobRecord, TicketRecord};
 
+use crate::bounds::{Held, Holds};
+
 /// True when `principal` may read, list and stream `job`.
 pub fn sees_job(principal: &Principal, job: &JobRecord) -> bool {
     job.tenant == principal.tenant && (job.user == principal.user || principal.reads_fleet())
@@ -83,15 +85,27 @@ pub fn listed_user(principal: &Principal) -> Option<String> {
 pub struct Access {
     scopes: Arc<OnceLock<HashMap<String, Vec<String>>>>,
     audit: Arc<dyn AuditSink>,
+    /// The long polls each principal holds now.
+    long_polls: Holds,
 }
 
 impl Access {
-    /// Audits to `audit`; learns the tools' scopes in [`Access::learn`].
-    pub fn new(audit: Arc<dyn AuditSink>) -> Self {
+    /// Audits to `audit`, lets each principal hold `long_polls` waits at
+    /// once; learns the tools' scopes in [`Access::learn`].
+    pub fn new(audit: Arc<dyn AuditSink>, long_polls: usize) -> Self {
         Access {
             scopes: Arc::new(OnceLock::new()),
             audit,
+            long_polls: Holds::new(long_polls, usize::MAX),
         }
+    }
+
+    /// A long poll of `principal`'s, or the `rate_limited` error of one
+    /// past its bound.
+    pub fn long_poll(&self, principal: &Principal) -> Result<Held, ToolError> {
+        self.long_polls
+            .take(principal)
+            .map_err(|full| full.error("long polls"))
     }
 
     /// Takes the scopes every registered tool requires. Until this is
@@ -248,7 +262,7 @@ mod tests {
 
     #[test]
     fn results_need_the_tools_scopes_and_fail_closed_until_learned() {
-        let access = Access::new(Arc::new(MemoryAuditSink::default()));
+        let access = Access::new(Arc::new(MemoryAuditSink::default()), 4);
         let reader = who("ops", &[FLEET_READ]);
         let refused = access.result_refused(&reader, "find_expenses");
         assert_eq!(refused.map(|e| e.code), Some(ErrorCode::Unavailable));

@@ -9,7 +9,9 @@
 
 pub mod access;
 pub mod auth;
+pub mod bounds;
 pub mod dispatch;
+pub mod http;
 mod mcp;
 mod metrics;
 mod routes;
@@ -32,13 +34,22 @@ pub use metrics::{Ops, ops_router};
 pub use routes::router;
 pub use status::{Status, status_tools};
 
-/// Limits on what a client may send.
+/// Limits on what a client may send and hold.
 #[derive(Debug, Clone)]
 pub struct Limits {
     /// Largest request body, in bytes.
     pub max_body: usize,
     /// Longest `wait_s` of a long poll.
     pub max_wait_s: u64,
+    /// How long a request's whole body may take to arrive.
+    pub body_read_timeout: std::time::Duration,
+    /// Event streams (`/v1/events`) open at once in this process.
+    pub max_streams: usize,
+    /// Event streams one principal holds open at once.
+    pub max_streams_per_principal: usize,
+    /// Long polls (`get_job` with `wait_s`, MCP task waits) one principal
+    /// holds at once.
+    pub max_long_polls_per_principal: usize,
 }
 
 impl Default for Limits {
@@ -46,6 +57,10 @@ impl Default for Limits {
         Limits {
             max_body: 1024 * 1024,
             max_wait_s: 30,
+            body_read_timeout: std::time::Duration::from_secs(30),
+            max_streams: 1024,
+            max_streams_per_principal: 8,
+            max_long_polls_per_principal: 32,
         }
     }
 }
@@ -88,6 +103,11 @@ pub struct AppState {
     pub stopping: tokio::sync::watch::Receiver<bool>,
     /// Who may see and touch which job and ticket, and their audit.
     pub access: Access,
+    /// The event streams open now, within `limits`.
+    pub streams: bounds::Holds,
+    /// `/metrics` is served beside the API (false where the process serves
+    /// it on a port of its own, `metrics_listen`).
+    pub metrics_on_api: bool,
 }
 
 impl AppState {

@@ -35,6 +35,8 @@ const BACKEND_TIMEOUT: Duration = Duration::from_secs(2);
 const DEPTHS_PERIOD: Duration = Duration::from_secs(1);
 /// Scrapes closer together than this share one count of the jobs by state.
 const JOB_COUNTS_PERIOD: Duration = Duration::from_secs(15);
+/// How long one answer of `/readyz` serves every probe after it.
+const READY_PERIOD: Duration = Duration::from_secs(1);
 
 /// What `/metrics`, `/healthz` and `/readyz` read.
 pub struct Ops {
@@ -54,6 +56,10 @@ pub struct Ops {
     depths_period: Duration,
     job_counts_period: Duration,
     timeout: Duration,
+    /// The last readiness found, and when: probes within `ready_period` of
+    /// it share it, and one check runs at a time.
+    readiness: tokio::sync::Mutex<Option<(Instant, bool, Value)>>,
+    ready_period: Duration,
 }
 
 /// When each scrape-time read last ran (whatever its outcome).
@@ -88,6 +94,8 @@ impl Ops {
             depths_period: DEPTHS_PERIOD,
             job_counts_period: JOB_COUNTS_PERIOD,
             timeout: BACKEND_TIMEOUT,
+            readiness: tokio::sync::Mutex::new(None),
+            ready_period: READY_PERIOD,
         }
     }
 
@@ -171,6 +179,20 @@ impl Ops {
 
     /// Whether the store and the broker answer, each within the timeout.
     pub async fn ready(&self) -> (bool, Value) {
+        // A flood of probes waits for one check and shares its answer, so
+        // it cannot take the store's connections.
+        let mut last = self.readiness.lock().await;
+        if let Some((at, ready, body)) = last.as_ref()
+            && at.elapsed() < self.ready_period
+        {
+            return (*ready, body.clone());
+        }
+        let (ready, body) = self.check_ready().await;
+        *last = Some((Instant::now(), ready, body.clone()));
+        (ready, body)
+    }
+
+    async fn check_ready(&self) -> (bool, Value) {
         let (store, broker) = tokio::join!(
             tokio::time::timeout(self.timeout, self.store.ping()),
             tokio::time::timeout(self.timeout, self.broker.ping()),
@@ -293,11 +315,15 @@ mod tests {
     struct Counts {
         hung: bool,
         read: AtomicUsize,
+        pings: AtomicUsize,
     }
 
     #[async_trait]
     impl Store for Counts {
         async fn ping(&self) -> Result<(), StoreError> {
+            self.pings.fetch_add(1, Ordering::SeqCst);
+            // A moment, so probes arriving together find the check running.
+            tokio::time::sleep(Duration::from_millis(20)).await;
             Ok(())
         }
         async fn job_counts(&self) -> Result<Vec<(JobState, u64)>, StoreError> {
@@ -505,6 +531,26 @@ mod tests {
                 "{role:?}: {text}"
             );
         }
+    }
+
+    #[tokio::test]
+    async fn a_flood_of_readiness_probes_asks_the_store_once() {
+        let store = Arc::new(Counts::default());
+        let mut ops = Ops::new(
+            Arc::new(Metrics::for_role(Role::Dispatcher)),
+            store.clone(),
+            Arc::new(MemoryBroker::new()),
+            vec![],
+        );
+        let probes = (0..200).map(|_| ops.ready());
+        let answers = futures_util::future::join_all(probes).await;
+        assert!(answers.iter().all(|(ready, _)| *ready));
+        assert_eq!(store.pings.load(Ordering::SeqCst), 1);
+        assert_eq!(ops.ready_period, Duration::from_secs(1));
+        // An answer older than the period is not reused.
+        ops.ready_period = Duration::ZERO;
+        ops.ready().await;
+        assert_eq!(store.pings.load(Ordering::SeqCst), 2);
     }
 
     #[tokio::test]

@@ -31,7 +31,15 @@ use crate::metrics::{health_response, metrics_response, ready_response};
 
 /// The router of every route.
 pub fn router(state: AppState) -> Router {
-    Router::new()
+    let body_timeout = state.limits.body_read_timeout;
+    let mut router = Router::new();
+    if state.metrics_on_api {
+        router = router.route(
+            "/metrics",
+            get(|State(state): State<AppState>| async move { metrics_response(&state.ops).await }),
+        );
+    }
+    router
         .merge(crate::mcp::routes(&state))
         .route("/v1/tools", get(tools))
         .route("/v1/calls", post(call))
@@ -46,16 +54,15 @@ pub fn router(state: AppState) -> Router {
             "/readyz",
             get(|State(state): State<AppState>| async move { ready_response(&state.ops).await }),
         )
-        .route(
-            "/metrics",
-            get(|State(state): State<AppState>| async move { metrics_response(&state.ops).await }),
-        )
         .fallback(|| async {
             reply_error(
                 StatusCode::NOT_FOUND,
                 ToolError::new(ErrorCode::NotFound, "no such route; see API.md"),
             )
         })
+        .layer(axum::middleware::from_fn(move |request, next| {
+            crate::http::body_deadline(body_timeout, request, next)
+        }))
         .with_state(state)
 }
 
@@ -75,10 +82,14 @@ fn with_status(status: StatusCode, envelope: &Envelope) -> Response {
         envelope.to_json(),
     )
         .into_response();
-    if status == StatusCode::SERVICE_UNAVAILABLE {
-        response
-            .headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from_static("2"));
+    if status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::TOO_MANY_REQUESTS {
+        let seconds = match envelope {
+            Envelope::Error { error, .. } => error.retry_after_s.unwrap_or(2),
+            _ => 2,
+        };
+        if let Ok(value) = HeaderValue::from_str(&seconds.to_string()) {
+            response.headers_mut().insert(header::RETRY_AFTER, value);
+        }
     }
     response
 }
@@ -159,12 +170,25 @@ async fn read_json<T: serde::de::DeserializeOwned>(
     let mut seen = 0usize;
     let mut stream = body.into_data_stream();
     while let Some(chunk) = stream.next().await {
-        let Ok(chunk) = chunk else {
-            return Err(Refusal::new(
-                StatusCode::BAD_REQUEST,
-                ErrorCode::BadRequest,
-                "the body could not be read",
-            ));
+        let chunk = match chunk {
+            Ok(chunk) => chunk,
+            Err(error) if crate::http::timed_out(&error) => {
+                return Err(Refusal::new(
+                    StatusCode::REQUEST_TIMEOUT,
+                    ErrorCode::Timeout,
+                    format!(
+                        "the body did not arrive within {} s; send it whole, promptly",
+                        state.limits.body_read_timeout.as_secs_f64()
+                    ),
+                ));
+            }
+            Err(_) => {
+                return Err(Refusal::new(
+                    StatusCode::BAD_REQUEST,
+                    ErrorCode::BadRequest,
+                    "the body could not be read",
+                ));
+            }
         };
         seen = seen.saturating_add(chunk.len());
         if seen <= limit {
@@ -333,6 +357,10 @@ async fn read_job(
         .status()
         .get_job(&principal, &id, Duration::from_secs(wait_s))
         .await;
+    if envelope.error_code() == Some(ErrorCode::RateLimited) {
+        // Past the caller's bound of long polls.
+        return with_status(StatusCode::TOO_MANY_REQUESTS, &envelope);
+    }
     reply(&envelope)
 }
 
@@ -604,6 +632,18 @@ async fn events(
         Ok(states) => states,
         Err(message) => return bad_request(message),
     };
+    // Held until the stream ends: a principal's streams, and the process's,
+    // are bounded.
+    let held = match state.streams.take(&principal) {
+        Ok(held) => held,
+        Err(full) => {
+            let status = match full {
+                crate::bounds::Full::Principal => StatusCode::TOO_MANY_REQUESTS,
+                crate::bounds::Full::Process => StatusCode::SERVICE_UNAVAILABLE,
+            };
+            return reply_error(status, full.error("event streams"));
+        }
+    };
     // A stream of outcomes alone takes the feed of outcomes, which on
     // RabbitMQ routes nothing else to this process.
     let outcomes = states.as_ref().is_some_and(|states| {
@@ -627,6 +667,7 @@ async fn events(
     };
     let (access, stopping) = (state.access.clone(), state.stopping.clone());
     let stream = futures_util::stream::unfold(subscription, move |mut subscription| {
+        let _held = &held;
         let (principal, access) = (principal.clone(), access.clone());
         let states = states.clone();
         let mut stopping = stopping.clone();

@@ -128,6 +128,11 @@ impl Status {
         if !plausible(id) {
             return Ok(None);
         }
+        // A wait is held against the principal's bound until it ends.
+        let _held = match wait.is_zero() {
+            true => None,
+            false => Some(self.access.long_poll(principal)?),
+        };
         let subscribed = match wakes {
             _ if wait.is_zero() => None,
             Wakes::Settled => Some(self.notices.subscribe_settled().await),

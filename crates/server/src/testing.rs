@@ -118,7 +118,42 @@ pub fn alice() -> toolfleet_core::Principal {
 /// The status API over `store` and `notices`, knowing no tool's scopes (a
 /// job's result needs none) and auditing into memory.
 pub fn status(store: Arc<dyn Store>, notices: Arc<dyn toolfleet_broker::Notices>) -> crate::Status {
-    let access = crate::Access::new(Arc::new(toolfleet_core::MemoryAuditSink::default()));
+    let access = crate::Access::new(Arc::new(toolfleet_core::MemoryAuditSink::default()), 32);
     access.learn(toolfleet_core::Runtime::builder().build().registry());
     crate::Status::new(store, notices, access)
+}
+
+/// What a server at `address` answers a `GET path` (the whole response,
+/// read to its close), asked again until it answers, for ten seconds.
+pub async fn eventually_get(address: &str, path: &str) -> String {
+    let request = format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let answer = raw(address, request.as_bytes()).await;
+        if answer.starts_with("HTTP/1.1 200") || tokio::time::Instant::now() > deadline {
+            return answer;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// What a server at `address` answers a `POST path` of `body`.
+pub async fn raw_post(address: &str, path: &str, body: &str) -> String {
+    let request = format!(
+        "POST {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    raw(address, request.as_bytes()).await
+}
+
+/// Sends `request` to `address` and reads the answer to its close.
+async fn raw(address: &str, request: &[u8]) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut stream) = tokio::net::TcpStream::connect(address).await else {
+        return String::new();
+    };
+    let _ = stream.write_all(request).await;
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer).await;
+    String::from_utf8_lossy(&answer).into_owned()
 }

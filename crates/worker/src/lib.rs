@@ -28,6 +28,7 @@ use tokio::sync::{Notify, Semaphore, watch};
 use toolfleet_broker::announcer::Announcer;
 use toolfleet_broker::{Broker, Delivery, Event, Notices, Subscription};
 use toolfleet_core::metrics::{Gauge, PoolGauges};
+use toolfleet_core::middleware::redact_json;
 use toolfleet_core::{CallCtx, ErrorCode, JobState, Principal, Runtime, ToolError, TraceContext};
 use toolfleet_store::{JobRecord, Lease, Store};
 use toolfleet_telemetry::Placement;
@@ -447,7 +448,13 @@ impl Worker {
             trace: Some(trace),
         };
         let budget = Duration::from_millis(job.timeout_ms.max(1) as u64);
-        let run = self.runtime.execute(&tool, job.args.clone(), ctx);
+        // The result is stored as every reader gets it (get_job, the job
+        // list, events, webhooks, MCP tasks): with the tool's redacted
+        // fields masked.
+        let run = async {
+            let result = self.runtime.execute(&tool, job.args.clone(), ctx).await;
+            result.map(|result| redact_json(result, &tool.middleware().redact))
+        };
         let outcome = tokio::select! {
             result = tokio::time::timeout(budget, run) => Outcome::Done(result.unwrap_or_else(|_| Err(ToolError::new(
                 ErrorCode::Timeout,

@@ -186,15 +186,17 @@ impl Server {
     /// Starts `command`, which runs toolfleet with `config` (through a
     /// wrapper, say), and waits for the stderr line starting with `ready`.
     /// toolfleet logs at `warn` unless `TOOLFLEET_LOG` says otherwise, and a
-    /// worker's metrics listen on a port of their own unless `command` names one.
+    /// worker's metrics listen on a port of their own unless `command` names
+    /// one (a dispatcher's are served beside its API unless it names one).
     pub fn launch(mut command: Command, config: &Path, ready: &str) -> Server {
-        let defaults = [
-            ("TOOLFLEET_METRICS_LISTEN", "127.0.0.1:0".to_owned()),
-            (
-                "TOOLFLEET_LOG",
-                std::env::var("TOOLFLEET_LOG").unwrap_or_else(|_| "warn".into()),
-            ),
-        ];
+        let worker = command.get_args().any(|arg| arg == "worker");
+        let mut defaults = vec![(
+            "TOOLFLEET_LOG",
+            std::env::var("TOOLFLEET_LOG").unwrap_or_else(|_| "warn".into()),
+        )];
+        if worker {
+            defaults.push(("TOOLFLEET_METRICS_LISTEN", "127.0.0.1:0".to_owned()));
+        }
         for (name, value) in defaults {
             if !command.get_envs().any(|(key, _)| key == name) {
                 command.env(name, value);
@@ -616,4 +618,24 @@ pub fn events_at(client: &Client, path: &str) -> std::sync::Arc<std::sync::Mutex
         }
     });
     seen
+}
+
+/// Sends `request` as it is to the server at `address` (`host:port`) and
+/// reads the answer until the server closes the connection (at most ten
+/// seconds): its status and its whole text, head and body.
+pub async fn raw_request(address: &str, request: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(address)
+        .await
+        .expect("connect");
+    stream.write_all(request.as_bytes()).await.expect("sent");
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer)).await;
+    let text = String::from_utf8_lossy(&answer).into_owned();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    (status, text)
 }

@@ -43,7 +43,7 @@ use crate::tool::CallCtx;
 pub use audit::{Audit, AuditRecord, AuditSink, MemoryAuditSink};
 pub use cache::{CacheReads, ReadCache, canonical_json};
 pub use rate_limit::{RateLimit, RateLimiter, RateLimits};
-pub use redact::{REDACTED, Redact, redact_value};
+pub use redact::{REDACTED, Redact, redact_json, redact_value};
 pub use scope::RequireScopes;
 pub use timeout::Timeout;
 

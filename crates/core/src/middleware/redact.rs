@@ -30,6 +30,17 @@ pub fn redact_value(value: &mut Value, fields: &[String]) {
     }
 }
 
+/// `result` with every member named in `fields` masked, at any depth; as
+/// it is when there are none.
+pub fn redact_json(result: Json, fields: &[String]) -> Json {
+    if fields.is_empty() {
+        return result;
+    }
+    let mut value = result.to_value();
+    redact_value(&mut value, fields);
+    Json::from(value)
+}
+
 /// The redact layer: masks fields of `ok` results on the way out.
 pub struct Redact {
     fields: Vec<String>,
@@ -49,14 +60,10 @@ impl Layer for Redact {
     fn call<'a>(&'a self, call: Call<'a>, next: Next<'a>) -> BoxFuture<'a, Envelope> {
         Box::pin(async move {
             match next.run(call).await {
-                Envelope::Ok { result, call_id } => {
-                    let mut value = result.to_value();
-                    redact_value(&mut value, &self.fields);
-                    Envelope::Ok {
-                        result: Json::from(value),
-                        call_id,
-                    }
-                }
+                Envelope::Ok { result, call_id } => Envelope::Ok {
+                    result: redact_json(result, &self.fields),
+                    call_id,
+                },
                 other => other,
             }
         })
