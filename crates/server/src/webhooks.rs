@@ -391,6 +391,7 @@ async fn send(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use toolfleet_store::Succeed;
 
     #[test]
     fn signatures_are_hmac_of_t_dot_body() {
@@ -419,9 +420,15 @@ mod tests {
         let job = crate::testing::new_job(Some(url), at - 1);
         let id = job.id.clone();
         store.insert_job(job).await.expect("insert");
-        store.claim(&id, "w", at - 1, 30_000).await.expect("claim");
+        let claimed = store.claim(&id, "w", at - 1, 30_000).await.expect("claim");
+        let lease = claimed.and_then(|job| job.lease_ref()).expect("claimed");
         let result = Json::from(json!({}));
-        let done = store.succeed(&id, "w", &result, at).await.expect("succeed");
+        let done = Succeed {
+            lease: &lease,
+            result: &result,
+            now: at,
+        };
+        let done = store.succeed(done).await.expect("succeed");
         assert!(done.is_some(), "settled");
         id
     }

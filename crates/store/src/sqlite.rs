@@ -26,8 +26,9 @@ use toolfleet_core::middleware::canonical_json;
 use toolfleet_core::{AuditRecord, Envelope, ErrorCode, JobState, Json, ToolError, TraceContext};
 
 use crate::{
-    Answered, CommitClaim, Inserted, JobFilter, JobPage, JobRecord, Lease, NewJob, NewTicket,
-    Store, StoreError, TicketRecord,
+    Answered, CommitClaim, Fail, Heartbeat, Inserted, JobFilter, JobPage, JobRecord, Lease,
+    LeaseRef, NewJob, NewTicket, Park, SaveCheckpoint, SetProgress, Store, StoreError, Succeed,
+    TicketRecord,
 };
 
 mod embedded {
@@ -75,26 +76,28 @@ mod sql {
                OR (state = 'running' AND lease_until < ?3))
         RETURNING *";
 
-    /// running (held) -> running, lease extended.
+    // Every statement of a running job's holder names its attempt (`?1`
+    // the job, `?2` the lease owner, `?3` the attempt): by lease owner and
+    // attempt both, so an attempt that lost the job to a newer claim, even
+    // its own worker's, no longer matches.
+
+    /// running (this attempt) -> running, lease extended.
     pub const HEARTBEAT: &str = "
-        UPDATE jobs SET lease_until = ?4, updated_at = ?3
-        WHERE id = ?1 AND state = 'running' AND lease_owner = ?2";
+        UPDATE jobs SET lease_until = ?5, updated_at = ?4
+        WHERE id = ?1 AND state = 'running' AND lease_owner = ?2 AND attempts = ?3";
 
-    /// running (held) -> running, progress recorded.
+    /// running (this attempt) -> running, progress recorded.
     pub const PROGRESS: &str = "
-        UPDATE jobs SET progress = ?3, updated_at = ?4
-        WHERE id = ?1 AND state = 'running' AND lease_owner = ?2";
+        UPDATE jobs SET progress = ?4, updated_at = ?5
+        WHERE id = ?1 AND state = 'running' AND lease_owner = ?2 AND attempts = ?3";
 
-    /// running (this attempt) -> running, checkpoint saved. By attempt, not
-    /// lease owner: a worker that lost the job to a newer claim, even its
-    /// own, no longer matches.
     /// running (this attempt) -> retrying, parked on a ticket: never due,
     /// unleased, the attempt given back.
     pub const PARK: &str = "
         UPDATE jobs SET state = 'retrying', run_at = 9223372036854775807,
             attempts = attempts - 1, lease_owner = NULL, lease_until = NULL,
-            waiting_on = ?3, updated_at = ?4
-        WHERE id = ?1 AND state = 'running' AND attempts = ?2
+            waiting_on = ?4, updated_at = ?5
+        WHERE id = ?1 AND state = 'running' AND lease_owner = ?2 AND attempts = ?3
         RETURNING *";
 
     /// Parked on the ticket -> due now.
@@ -103,27 +106,28 @@ mod sql {
         WHERE waiting_on = ?1 AND state = 'retrying'
         RETURNING *";
 
+    /// running (this attempt) -> running, checkpoint saved.
     pub const CHECKPOINT: &str = "
-        UPDATE jobs SET checkpoint = ?3, updated_at = ?4
-        WHERE id = ?1 AND state = 'running' AND attempts = ?2";
+        UPDATE jobs SET checkpoint = ?4, updated_at = ?5
+        WHERE id = ?1 AND state = 'running' AND lease_owner = ?2 AND attempts = ?3";
 
-    /// running (held) -> succeeded.
+    /// running (this attempt) -> succeeded.
     pub const SUCCEED: &str = "
-        UPDATE jobs SET state = 'succeeded', result = ?3,
-            lease_owner = NULL, lease_until = NULL, updated_at = ?4
-        WHERE id = ?1 AND state = 'running' AND lease_owner = ?2
+        UPDATE jobs SET state = 'succeeded', result = ?4,
+            lease_owner = NULL, lease_until = NULL, updated_at = ?5
+        WHERE id = ?1 AND state = 'running' AND lease_owner = ?2 AND attempts = ?3
         RETURNING *";
 
-    /// running (held) -> retrying at ?4 while attempts remain, else failed.
-    /// The right-hand sides read the row as it was before the update.
+    /// running (this attempt) -> retrying at ?5 while attempts remain, else
+    /// failed. The right-hand sides read the row as it was before the update.
     pub const FAIL: &str = "
         UPDATE jobs SET
-            state = CASE WHEN ?4 IS NOT NULL AND attempts < max_attempts
+            state = CASE WHEN ?5 IS NOT NULL AND attempts < max_attempts
                          THEN 'retrying' ELSE 'failed' END,
-            run_at = CASE WHEN ?4 IS NOT NULL AND attempts < max_attempts
-                          THEN ?4 ELSE run_at END,
-            error = ?3, lease_owner = NULL, lease_until = NULL, updated_at = ?5
-        WHERE id = ?1 AND state = 'running' AND lease_owner = ?2
+            run_at = CASE WHEN ?5 IS NOT NULL AND attempts < max_attempts
+                          THEN ?5 ELSE run_at END,
+            error = ?4, lease_owner = NULL, lease_until = NULL, updated_at = ?6
+        WHERE id = ?1 AND state = 'running' AND lease_owner = ?2 AND attempts = ?3
         RETURNING *";
 
     /// queued, retrying or running -> cancelled.
@@ -621,21 +625,22 @@ fn insert_job(
     }
 }
 
-fn heartbeat(
-    c: &Connection,
-    id: &str,
-    worker: &str,
-    now: i64,
-    until: i64,
-) -> Result<Lease, StoreError> {
+fn heartbeat(c: &Connection, lease: &LeaseRef, now: i64, until: i64) -> Result<Lease, StoreError> {
+    let LeaseRef {
+        job_id,
+        worker,
+        attempt,
+    } = lease;
     if c.prepare_cached(sql::HEARTBEAT)?
-        .execute(params![id, worker, now, until])?
+        .execute(params![job_id, worker, attempt, now, until])?
         > 0
     {
         return Ok(Lease::Held);
     }
     let state: Option<String> = c
-        .query_row("SELECT state FROM jobs WHERE id = ?1", [id], |r| r.get(0))
+        .query_row("SELECT state FROM jobs WHERE id = ?1", [job_id], |r| {
+            r.get(0)
+        })
         .optional()?;
     Ok(match state.as_deref() {
         Some("cancelled") => Lease::Cancelled,
@@ -711,6 +716,11 @@ fn job_counts(c: &Connection) -> Result<Vec<(JobState, u64)>, StoreError> {
         }
     }
     Ok(counts)
+}
+
+/// The parts of `lease`, owned, for a statement on the connection's thread.
+fn owned(lease: &LeaseRef) -> (String, String, u32) {
+    (lease.job_id.clone(), lease.worker.clone(), lease.attempt)
 }
 
 // Tickets, audit and commits.
@@ -878,30 +888,18 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn heartbeat(
-        &self,
-        id: &str,
-        worker: &str,
-        now: i64,
-        lease_ms: i64,
-    ) -> Result<Lease, StoreError> {
-        let (id, worker) = (id.to_owned(), worker.to_owned());
-        let until = now.saturating_add(lease_ms);
-        self.call(move |c| heartbeat(c, &id, &worker, now, until))
-            .await
+    async fn heartbeat(&self, beat: Heartbeat<'_>) -> Result<Lease, StoreError> {
+        let lease = beat.lease.clone();
+        let (now, until) = (beat.now, beat.now.saturating_add(beat.lease_ms));
+        self.call(move |c| heartbeat(c, &lease, now, until)).await
     }
 
-    async fn set_progress(
-        &self,
-        id: &str,
-        worker: &str,
-        progress: &Value,
-        now: i64,
-    ) -> Result<bool, StoreError> {
-        let (id, worker, progress) = (id.to_owned(), worker.to_owned(), encode(progress)?);
+    async fn set_progress(&self, report: SetProgress<'_>) -> Result<bool, StoreError> {
+        let (job_id, worker, attempt) = owned(report.lease);
+        let (progress, now) = (encode(report.progress)?, report.now);
         self.call(move |c| {
             Ok(c.prepare_cached(sql::PROGRESS)?
-                .execute(params![id, worker, progress, now])?
+                .execute(params![job_id, worker, attempt, progress, now])?
                 > 0)
         })
         .await
@@ -920,37 +918,23 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn save_checkpoint(
-        &self,
-        id: &str,
-        attempt: u32,
-        checkpoint: &Value,
-        now: i64,
-    ) -> Result<bool, StoreError> {
-        let (id, checkpoint) = (id.to_owned(), encode(checkpoint)?);
+    async fn save_checkpoint(&self, save: SaveCheckpoint<'_>) -> Result<bool, StoreError> {
+        let (job_id, worker, attempt) = owned(save.lease);
+        let (checkpoint, now) = (encode(save.checkpoint)?, save.now);
         self.call(move |c| {
             Ok(c.prepare_cached(sql::CHECKPOINT)?
-                .execute(params![id, attempt, checkpoint, now])?
+                .execute(params![job_id, worker, attempt, checkpoint, now])?
                 > 0)
         })
         .await
     }
 
-    async fn park(
-        &self,
-        id: &str,
-        attempt: u32,
-        ticket: &str,
-        now: i64,
-    ) -> Result<Option<JobRecord>, StoreError> {
-        let (id, ticket) = (id.to_owned(), ticket.to_owned());
+    async fn park(&self, park: Park<'_>) -> Result<Option<JobRecord>, StoreError> {
+        let (job_id, worker, attempt) = owned(park.lease);
+        let (ticket, now) = (park.ticket.to_owned(), park.now);
         self.call(move |c| {
-            query_one(
-                c,
-                sql::PARK,
-                params![id, attempt, ticket, now],
-                job_from_row,
-            )
+            let params = params![job_id, worker, attempt, ticket, now];
+            query_one(c, sql::PARK, params, job_from_row)
         })
         .await
     }
@@ -961,41 +945,22 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn succeed(
-        &self,
-        id: &str,
-        worker: &str,
-        result: &Json,
-        now: i64,
-    ) -> Result<Option<JobRecord>, StoreError> {
-        let (id, worker, result) = (id.to_owned(), worker.to_owned(), result.get().to_owned());
+    async fn succeed(&self, done: Succeed<'_>) -> Result<Option<JobRecord>, StoreError> {
+        let (job_id, worker, attempt) = owned(done.lease);
+        let (result, now) = (done.result.get().to_owned(), done.now);
         self.call(move |c| {
-            query_one(
-                c,
-                sql::SUCCEED,
-                params![id, worker, result, now],
-                job_from_row,
-            )
+            let params = params![job_id, worker, attempt, result, now];
+            query_one(c, sql::SUCCEED, params, job_from_row)
         })
         .await
     }
 
-    async fn fail(
-        &self,
-        id: &str,
-        worker: &str,
-        error: &ToolError,
-        retry_at: Option<i64>,
-        now: i64,
-    ) -> Result<Option<JobRecord>, StoreError> {
-        let (id, worker, error) = (id.to_owned(), worker.to_owned(), encode(error)?);
+    async fn fail(&self, failed: Fail<'_>) -> Result<Option<JobRecord>, StoreError> {
+        let (job_id, worker, attempt) = owned(failed.lease);
+        let (error, retry_at, now) = (encode(failed.error)?, failed.retry_at, failed.now);
         self.call(move |c| {
-            query_one(
-                c,
-                sql::FAIL,
-                params![id, worker, error, retry_at, now],
-                job_from_row,
-            )
+            let params = params![job_id, worker, attempt, error, retry_at, now];
+            query_one(c, sql::FAIL, params, job_from_row)
         })
         .await
     }
