@@ -259,22 +259,26 @@ impl CommitLog for StoreCommitLog {
             let give_up = tokio::time::Instant::now() + self.wait;
             loop {
                 let lease_ms = lease.as_millis().min(i64::MAX as u128) as i64;
-                match self
-                    .store
-                    .claim_commit(key, now_ms(), lease_ms)
-                    .await
-                    .map_err(store_error)?
-                {
+                let claim = toolfleet_store::ClaimCommit {
+                    key,
+                    now: now_ms(),
+                    lease_ms,
+                    keep_until: i64::MAX,
+                    take_over: true,
+                };
+                match self.store.claim_commit(claim).await.map_err(store_error)? {
                     toolfleet_store::CommitClaim::Run => return Ok(Claim::Run),
                     toolfleet_store::CommitClaim::Settled(envelope) => {
                         return Ok(Claim::Settled(envelope));
                     }
                     toolfleet_store::CommitClaim::Pending
+                    | toolfleet_store::CommitClaim::Abandoned
                         if tokio::time::Instant::now() >= give_up =>
                     {
                         return Ok(Claim::Busy);
                     }
-                    toolfleet_store::CommitClaim::Pending => {
+                    toolfleet_store::CommitClaim::Pending
+                    | toolfleet_store::CommitClaim::Abandoned => {
                         tokio::time::sleep(Duration::from_millis(25)).await
                     }
                 }

@@ -250,8 +250,9 @@ mod tests {
     use toolfleet_broker::{BrokerError, Consumer};
     use toolfleet_core::{AuditRecord, Envelope, JobState, TraceContext};
     use toolfleet_store::{
-        Answered, CommitClaim, Fail, Heartbeat, Inserted, JobFilter, JobPage, JobRecord, Lease,
-        NewJob, NewTicket, Park, SaveCheckpoint, SetProgress, StoreError, Succeed, TicketRecord,
+        Answered, ClaimCommit, CommitClaim, Fail, Heartbeat, Inserted, JobFilter, JobPage,
+        JobRecord, Lease, NewJob, NewTicket, Park, SaveCheckpoint, SetProgress, StoreError,
+        Succeed, TicketRecord,
     };
 
     /// A broker that never answers.
@@ -403,7 +404,7 @@ mod tests {
         async fn audit(&self, _: &str, _: u32) -> Result<Vec<AuditRecord>, StoreError> {
             unreachable!()
         }
-        async fn claim_commit(&self, _: &str, _: i64, _: i64) -> Result<CommitClaim, StoreError> {
+        async fn claim_commit(&self, _: ClaimCommit<'_>) -> Result<CommitClaim, StoreError> {
             unreachable!()
         }
         async fn settle_commit(

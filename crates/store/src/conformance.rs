@@ -18,8 +18,9 @@ use toolfleet_core::{
 };
 
 use crate::{
-    Answered, CommitClaim, Fail, Heartbeat, Inserted, JobFilter, JobRecord, Lease, LeaseRef,
-    NewJob, NewTicket, Park, SaveCheckpoint, SetProgress, Store, StoreError, Succeed, TicketRecord,
+    Answered, ClaimCommit, CommitClaim, Fail, Heartbeat, Inserted, JobFilter, JobRecord, Lease,
+    LeaseRef, NewJob, NewTicket, Park, SaveCheckpoint, SetProgress, Store, StoreError, Succeed,
+    TicketRecord,
 };
 
 /// The time the tests start at (November 2023), in Unix milliseconds.
@@ -77,6 +78,7 @@ macro_rules! store_conformance {
             a_settled_commit_answers_its_envelope,
             releasing_a_commit_lets_it_run_again,
             an_expired_commit_claim_is_taken_over,
+            an_abandoned_commit_claim_is_never_run_again,
             a_settled_commit_expires_after_keep_until,
             concurrent_claims_of_one_job_give_it_to_one_worker,
             concurrent_inserts_with_one_key_make_one_job,
@@ -1170,11 +1172,29 @@ fn outcome() -> Envelope {
     )
 }
 
+/// A claim of `key` at `now` as a command's commit makes it: held for
+/// [`LEASE`], kept until [`FOREVER`], never taking over an abandoned claim.
 async fn claim_commit(store: &dyn Store, key: &str, now: i64) -> CommitClaim {
-    store
-        .claim_commit(key, now, LEASE)
-        .await
-        .expect("claim_commit")
+    let claim = ClaimCommit {
+        key,
+        now,
+        lease_ms: LEASE,
+        keep_until: FOREVER,
+        take_over: false,
+    };
+    store.claim_commit(claim).await.expect("claim_commit")
+}
+
+/// A claim of `key` at `now` as a webhook's notice makes it: one that
+/// takes over a claim abandoned past its lease.
+fn notice_claim(key: &str, now: i64) -> ClaimCommit<'_> {
+    ClaimCommit {
+        key,
+        now,
+        lease_ms: LEASE,
+        keep_until: FOREVER,
+        take_over: true,
+    }
 }
 
 /// The first claim runs the command; others wait while it is pending.
@@ -1237,24 +1257,47 @@ pub async fn releasing_a_commit_lets_it_run_again(store: &dyn Store) {
     );
 }
 
-/// A pending claim whose lease ran out (its process died) is taken over.
+/// A pending claim whose lease ran out (its process died) is taken over by
+/// a claim that says to (a notice, safe to send twice).
 pub async fn an_expired_commit_claim_is_taken_over(store: &dyn Store) {
+    let key = new_id();
+    let claim = |now| store.claim_commit(notice_claim(&key, now));
+    assert_eq!(claim(BASE).await, Ok(CommitClaim::Run));
+    assert_eq!(claim(BASE + LEASE + 1).await, Ok(CommitClaim::Run));
+    assert_eq!(claim(BASE + LEASE + 2).await, Ok(CommitClaim::Pending));
+}
+
+/// A pending claim whose lease ran out, claimed by a command's commit
+/// (which never takes one over), is abandoned: every later claim is told
+/// so, none runs the command again, and an outcome recorded late is
+/// answered after all.
+pub async fn an_abandoned_commit_claim_is_never_run_again(store: &dyn Store) {
     let key = new_id();
     assert_eq!(claim_commit(store, &key, BASE).await, CommitClaim::Run);
     assert_eq!(
-        claim_commit(store, &key, BASE + LEASE + 1).await,
-        CommitClaim::Run
-    );
-    assert_eq!(
-        claim_commit(store, &key, BASE + LEASE + 2).await,
+        claim_commit(store, &key, BASE + LEASE).await,
         CommitClaim::Pending
+    );
+    for now in [BASE + LEASE + 1, BASE + 2 * LEASE] {
+        assert_eq!(claim_commit(store, &key, now).await, CommitClaim::Abandoned);
+    }
+    store
+        .settle_commit(&key, Some(&outcome()), FOREVER)
+        .await
+        .expect("settle_commit");
+    assert_eq!(
+        claim_commit(store, &key, BASE + 3 * LEASE).await,
+        CommitClaim::Settled(outcome())
     );
 }
 
-/// An outcome is kept until `keep_until` and not after.
+/// An outcome is kept until `keep_until` and not after; so is a claim
+/// abandoned past its lease (its token has expired by then).
 ///
 /// This test works at `LATER`, after every time other tests use and
-/// before their `keep_until`, so expiring outcomes here expires none of theirs.
+/// before their `keep_until`, so expiring records here expires none of
+/// theirs; and in one test, because a claim may prune every record expired
+/// by its time.
 pub async fn a_settled_commit_expires_after_keep_until(store: &dyn Store) {
     let key = new_id();
     assert_eq!(claim_commit(store, &key, LATER).await, CommitClaim::Run);
@@ -1270,6 +1313,23 @@ pub async fn a_settled_commit_expires_after_keep_until(store: &dyn Store) {
         claim_commit(store, &key, LATER + 5_001).await,
         CommitClaim::Run
     );
+
+    let abandoned = new_id();
+    let start = LATER + 10_000;
+    let keep_until = start + 3 * LEASE;
+    let claim = |now| {
+        store.claim_commit(ClaimCommit {
+            key: &abandoned,
+            now,
+            lease_ms: LEASE,
+            keep_until,
+            take_over: false,
+        })
+    };
+    assert_eq!(claim(start).await, Ok(CommitClaim::Run));
+    assert_eq!(claim(start + LEASE + 1).await, Ok(CommitClaim::Abandoned));
+    assert_eq!(claim(keep_until).await, Ok(CommitClaim::Abandoned));
+    assert_eq!(claim(keep_until + 1).await, Ok(CommitClaim::Run));
 }
 
 // Many callers at once: an implementation may group concurrent operations
@@ -1883,7 +1943,7 @@ pub async fn unnotified_jobs_are_settled_jobs_with_callbacks_nobody_notified(sto
     .await;
     let key = format!("{PREFIX}{}:failed", notified.id);
     assert_eq!(
-        store.claim_commit(&key, t0 + 21, LEASE).await,
+        store.claim_commit(notice_claim(&key, t0 + 21)).await,
         Ok(CommitClaim::Run)
     );
     let cancelled = add(true).await;
@@ -1928,12 +1988,12 @@ pub async fn unnotified_jobs_are_settled_jobs_with_callbacks_nobody_notified(sto
     // Another prefix's record is not this notice's.
     let other = format!("other:{}:succeeded", first.id);
     assert_eq!(
-        store.claim_commit(&other, t0 + 50, LEASE).await,
+        store.claim_commit(notice_claim(&other, t0 + 50)).await,
         Ok(CommitClaim::Run)
     );
     let key = format!("{PREFIX}{}:succeeded", first.id);
     assert_eq!(
-        store.claim_commit(&key, t0 + 50, LEASE).await,
+        store.claim_commit(notice_claim(&key, t0 + 50)).await,
         Ok(CommitClaim::Run)
     );
     let listed = store
@@ -1984,7 +2044,7 @@ pub async fn unnotified_tickets_are_answered_tickets_with_callbacks_nobody_notif
     answer(notified.id.clone(), t0 + 30).await;
     let key = format!("{PREFIX}{}:answered", notified.id);
     assert_eq!(
-        store.claim_commit(&key, t0 + 31, LEASE).await,
+        store.claim_commit(notice_claim(&key, t0 + 31)).await,
         Ok(CommitClaim::Run)
     );
     let _open = add(true).await;
@@ -2016,7 +2076,7 @@ pub async fn unnotified_tickets_are_answered_tickets_with_callbacks_nobody_notif
     assert_eq!(one.len(), 1, "at most the limit");
     let key = format!("{PREFIX}{}:answered", first.id);
     assert_eq!(
-        store.claim_commit(&key, t0 + 50, LEASE).await,
+        store.claim_commit(notice_claim(&key, t0 + 50)).await,
         Ok(CommitClaim::Run)
     );
     let listed = store

@@ -304,6 +304,27 @@ pub enum CommitClaim {
     Settled(Envelope),
     /// Another commit of this key holds it until its lease ends.
     Pending,
+    /// Claimed, and still pending past its lease: its claimant stopped
+    /// before recording an outcome. Answered to claims that do not take
+    /// such a claim over ([`ClaimCommit::take_over`]).
+    Abandoned,
+}
+
+/// What [`Store::claim_commit`] takes.
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimCommit<'a> {
+    pub key: &'a str,
+    pub now: i64,
+    /// The claim holds until `now + lease_ms`.
+    pub lease_ms: i64,
+    /// Until when the key's record is kept, pending or settled: past it, it
+    /// is pruned (kept at least as long as the claim holds).
+    pub keep_until: i64,
+    /// What becomes of a claim left pending past its lease: taken over by
+    /// this one (`true`: work that is safe to repeat, a webhook's notice),
+    /// or answered [`CommitClaim::Abandoned`], so the work never runs again
+    /// (`false`: a command's commit).
+    pub take_over: bool,
 }
 
 /// Where toolfleet's state lives.
@@ -435,13 +456,10 @@ pub trait Store: Send + Sync + 'static {
 
     // Command outcomes (the durable commit log).
 
-    /// Claims `key` until `now + lease_ms`, or answers its recorded outcome.
-    async fn claim_commit(
-        &self,
-        key: &str,
-        now: i64,
-        lease_ms: i64,
-    ) -> Result<CommitClaim, StoreError>;
+    /// Claims a key (absent, settled past its `keep_until`, or pending past
+    /// its lease when the claim takes over), or answers its recorded
+    /// outcome, that another claim holds it, or that a claim abandoned it.
+    async fn claim_commit(&self, claim: ClaimCommit<'_>) -> Result<CommitClaim, StoreError>;
     /// Records the outcome of `key` (kept until `keep_until`), or with `None`
     /// releases the claim so the commit may run again.
     async fn settle_commit(

@@ -15,8 +15,9 @@ use toolfleet_core::metrics::Backend;
 use toolfleet_core::{AuditRecord, Envelope, JobState, Metrics};
 
 use crate::{
-    Answered, CommitClaim, Fail, Heartbeat, Inserted, JobFilter, JobPage, JobRecord, Lease, NewJob,
-    NewTicket, Park, SaveCheckpoint, SetProgress, Store, StoreError, Succeed, TicketRecord,
+    Answered, ClaimCommit, CommitClaim, Fail, Heartbeat, Inserted, JobFilter, JobPage, JobRecord,
+    Lease, NewJob, NewTicket, Park, SaveCheckpoint, SetProgress, Store, StoreError, Succeed,
+    TicketRecord,
 };
 
 /// The store `inner`, its failures counted in `metrics`.
@@ -179,13 +180,8 @@ impl Store for MeteredStore {
         self.seen(self.inner.audit(tenant, limit).await)
     }
 
-    async fn claim_commit(
-        &self,
-        key: &str,
-        now: i64,
-        lease_ms: i64,
-    ) -> Result<CommitClaim, StoreError> {
-        self.seen(self.inner.claim_commit(key, now, lease_ms).await)
+    async fn claim_commit(&self, claim: ClaimCommit<'_>) -> Result<CommitClaim, StoreError> {
+        self.seen(self.inner.claim_commit(claim).await)
     }
 
     async fn settle_commit(

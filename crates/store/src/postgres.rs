@@ -31,9 +31,9 @@ use toolfleet_core::middleware::canonical_json;
 use toolfleet_core::{AuditRecord, Envelope, ErrorCode, JobState, Json, ToolError, TraceContext};
 
 use crate::{
-    Answered, CommitClaim, Fail, Heartbeat, Inserted, JobFilter, JobPage, JobRecord, Lease,
-    LeaseRef, NewJob, NewTicket, Park, SaveCheckpoint, SetProgress, Store, StoreError, Succeed,
-    TicketRecord,
+    Answered, ClaimCommit, CommitClaim, Fail, Heartbeat, Inserted, JobFilter, JobPage, JobRecord,
+    Lease, LeaseRef, NewJob, NewTicket, Park, SaveCheckpoint, SetProgress, Store, StoreError,
+    Succeed, TicketRecord,
 };
 use toolfleet_core::group::Group;
 
@@ -348,23 +348,29 @@ mod sql {
     /// Skips rows another pruner holds, so concurrent claims never wait on
     /// each other's housekeeping; the array makes the delete a walk of the
     /// primary key, whatever the planner guesses of the batch size.
+    /// Settled outcomes and abandoned claims past keep_until (up to $2 of
+    /// each), each read off its partial index (migration 6).
     pub const PRUNE_COMMITS: &str = "
         DELETE FROM commits WHERE key = ANY (ARRAY(
             SELECT key FROM commits WHERE state = 'settled' AND keep_until < $1
+            LIMIT $2 FOR UPDATE SKIP LOCKED) || ARRAY(
+            SELECT key FROM commits WHERE state = 'pending' AND keep_until < $1
             LIMIT $2 FOR UPDATE SKIP LOCKED))";
 
-    /// absent, pending past its lease, or settled past keep_until -> pending.
-    /// The conflicting row is locked and its condition checked on its latest
-    /// version, so two processes can never both claim a key.
+    /// absent, kept past keep_until, or pending past its lease when $5 says
+    /// to take it over -> pending until $3, kept until $4. The conflicting
+    /// row is locked and its condition checked on its latest version, so
+    /// two processes can never both claim a key.
     pub const CLAIM_COMMIT: &str = "
-        INSERT INTO commits (key, state, lease_until) VALUES ($1, 'pending', $3)
+        INSERT INTO commits (key, state, lease_until, keep_until) VALUES ($1, 'pending', $3, $4)
         ON CONFLICT (key) DO UPDATE SET
-            state = 'pending', envelope = NULL, lease_until = $3, keep_until = NULL
-        WHERE (commits.state = 'pending' AND commits.lease_until < $2)
-           OR (commits.state = 'settled' AND commits.keep_until < $2)
+            state = 'pending', envelope = NULL, lease_until = $3, keep_until = $4
+        WHERE commits.keep_until < $2
+           OR ($5 AND commits.state = 'pending' AND commits.lease_until < $2)
         RETURNING key";
 
-    pub const COMMIT: &str = "SELECT state, envelope FROM commits WHERE key = $1";
+    /// What a claim that did not win found.
+    pub const COMMIT: &str = "SELECT state, envelope, lease_until FROM commits WHERE key = $1";
 
     /// pending (or absent) -> settled; a settled outcome is never replaced.
     pub const SETTLE_COMMIT: &str = "
@@ -1264,14 +1270,16 @@ async fn append_audit(c: &ClientWrapper, records: &[AuditRecord]) -> Result<(), 
 /// statements; a key released or pruned in between is claimed afresh.
 async fn claim_commit(
     c: &ClientWrapper,
-    key: &str,
-    now: i64,
-    until: i64,
+    claim: ClaimCommit<'_>,
 ) -> Result<CommitClaim, StoreError> {
+    let (key, now) = (claim.key, claim.now);
+    let until = now.saturating_add(claim.lease_ms);
+    let keep = claim.keep_until.max(until);
     execute(c, sql::PRUNE_COMMITS, &[&now, &PRUNE_BATCH]).await?;
     for _ in 0..CLAIM_COMMIT_TRIES {
-        let claim = c.prepare_cached(sql::CLAIM_COMMIT).await?;
-        if c.query_opt(&claim, &[&key, &now, &until]).await?.is_some() {
+        let stmt = c.prepare_cached(sql::CLAIM_COMMIT).await?;
+        let params: Params<'_> = &[&key, &now, &until, &keep, &claim.take_over];
+        if c.query_opt(&stmt, params).await?.is_some() {
             return Ok(CommitClaim::Run);
         }
         let read = c.prepare_cached(sql::COMMIT).await?;
@@ -1279,10 +1287,12 @@ async fn claim_commit(
             continue;
         };
         let f = Fields::named(&row, "commit", key);
+        let lease_until: Option<i64> = f.get("lease_until")?;
         return match f.get::<Option<&str>>("envelope")? {
             Some(text) => Ok(CommitClaim::Settled(
                 serde_json::from_str(text).map_err(|e| f.corrupt("envelope", e))?,
             )),
+            None if lease_until.is_some_and(|until| until < now) => Ok(CommitClaim::Abandoned),
             None => Ok(CommitClaim::Pending),
         };
     }
@@ -1499,14 +1509,8 @@ impl Store for PgStore {
         query_all(&c, sql::AUDIT, &[&tenant, &limit], audit_from_row).await
     }
 
-    async fn claim_commit(
-        &self,
-        key: &str,
-        now: i64,
-        lease_ms: i64,
-    ) -> Result<CommitClaim, StoreError> {
-        let until = now.saturating_add(lease_ms);
-        claim_commit(&*self.client().await?, key, now, until).await
+    async fn claim_commit(&self, claim: ClaimCommit<'_>) -> Result<CommitClaim, StoreError> {
+        claim_commit(&*self.client().await?, claim).await
     }
 
     async fn settle_commit(

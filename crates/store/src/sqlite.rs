@@ -26,9 +26,9 @@ use toolfleet_core::middleware::canonical_json;
 use toolfleet_core::{AuditRecord, Envelope, ErrorCode, JobState, Json, ToolError, TraceContext};
 
 use crate::{
-    Answered, CommitClaim, Fail, Heartbeat, Inserted, JobFilter, JobPage, JobRecord, Lease,
-    LeaseRef, NewJob, NewTicket, Park, SaveCheckpoint, SetProgress, Store, StoreError, Succeed,
-    TicketRecord,
+    Answered, ClaimCommit, CommitClaim, Fail, Heartbeat, Inserted, JobFilter, JobPage, JobRecord,
+    Lease, LeaseRef, NewJob, NewTicket, Park, SaveCheckpoint, SetProgress, Store, StoreError,
+    Succeed, TicketRecord,
 };
 
 mod embedded {
@@ -193,18 +193,28 @@ mod sql {
             error_code, duration_us, parent_run_id)
         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)";
 
+    /// Settled outcomes and abandoned claims past keep_until (up to ?2 of
+    /// each), each read off its partial index (migration 7).
     pub const PRUNE_COMMITS: &str = "
         DELETE FROM commits WHERE key IN (
-            SELECT key FROM commits WHERE state = 'settled' AND keep_until < ?1 LIMIT ?2)";
+            SELECT key FROM (SELECT key FROM commits
+                WHERE state = 'settled' AND keep_until < ?1 LIMIT ?2)
+            UNION ALL
+            SELECT key FROM (SELECT key FROM commits
+                WHERE state = 'pending' AND keep_until < ?1 LIMIT ?2))";
 
-    /// absent, pending past its lease, or settled past keep_until -> pending.
+    /// absent, kept past keep_until, or pending past its lease when ?5 says
+    /// to take it over -> pending until ?3, kept until ?4.
     pub const CLAIM_COMMIT: &str = "
-        INSERT INTO commits (key, state, lease_until) VALUES (?1, 'pending', ?3)
+        INSERT INTO commits (key, state, lease_until, keep_until) VALUES (?1, 'pending', ?3, ?4)
         ON CONFLICT (key) DO UPDATE SET
-            state = 'pending', envelope = NULL, lease_until = ?3, keep_until = NULL
-        WHERE (commits.state = 'pending' AND commits.lease_until < ?2)
-           OR (commits.state = 'settled' AND commits.keep_until < ?2)
+            state = 'pending', envelope = NULL, lease_until = ?3, keep_until = ?4
+        WHERE commits.keep_until < ?2
+           OR (?5 AND commits.state = 'pending' AND commits.lease_until < ?2)
         RETURNING key";
+
+    /// What a claim that did not win found.
+    pub const COMMIT: &str = "SELECT envelope, lease_until FROM commits WHERE key = ?1";
 
     /// pending (or absent) -> settled; a settled outcome is never replaced.
     pub const SETTLE_COMMIT: &str = "
@@ -777,11 +787,14 @@ fn append_audit(c: &mut Connection, records: &[AuditRecord]) -> Result<(), Store
     Ok(tx.commit()?)
 }
 
+/// [`Store::claim_commit`] of `key` at `now`, pending until `until` and
+/// kept until `keep`.
 fn claim_commit(
     c: &mut Connection,
     key: &str,
     now: i64,
-    until: i64,
+    (until, keep): (i64, i64),
+    take_over: bool,
 ) -> Result<CommitClaim, StoreError> {
     // Immediate: the write lock is taken first, under the busy timeout; a
     // transaction that read first could not wait for it.
@@ -790,21 +803,21 @@ fn claim_commit(
         .execute(params![now, PRUNE_BATCH])?;
     let claimed = tx
         .prepare_cached(sql::CLAIM_COMMIT)?
-        .query_row(params![key, now, until], |_| Ok(()))
+        .query_row(params![key, now, until, keep, take_over], |_| Ok(()))
         .optional()?;
     let answer = match claimed {
         Some(()) => CommitClaim::Run,
         None => {
-            let envelope: Option<String> =
-                tx.query_row("SELECT envelope FROM commits WHERE key = ?1", [key], |r| {
-                    r.get(0)
-                })?;
+            let (envelope, lease_until): (Option<String>, Option<i64>) = tx
+                .prepare_cached(sql::COMMIT)?
+                .query_row([key], |r| Ok((r.get(0)?, r.get(1)?)))?;
             match envelope {
                 Some(text) => CommitClaim::Settled(serde_json::from_str(&text).map_err(|e| {
                     StoreError::Unavailable(format!(
                         "corrupt row: commit {key} column envelope: {e}"
                     ))
                 })?),
+                None if lease_until.is_some_and(|until| until < now) => CommitClaim::Abandoned,
                 None => CommitClaim::Pending,
             }
         }
@@ -1063,15 +1076,12 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn claim_commit(
-        &self,
-        key: &str,
-        now: i64,
-        lease_ms: i64,
-    ) -> Result<CommitClaim, StoreError> {
-        let key = key.to_owned();
-        let until = now.saturating_add(lease_ms);
-        self.call(move |c| claim_commit(c, &key, now, until)).await
+    async fn claim_commit(&self, claim: ClaimCommit<'_>) -> Result<CommitClaim, StoreError> {
+        let (key, now, take_over) = (claim.key.to_owned(), claim.now, claim.take_over);
+        let until = now.saturating_add(claim.lease_ms);
+        let held = (until, claim.keep_until.max(until));
+        self.call(move |c| claim_commit(c, &key, now, held, take_over))
+            .await
     }
 
     async fn settle_commit(
@@ -1101,6 +1111,20 @@ mod tests {
             })
             .await
             .expect("a plan")
+    }
+
+    /// Pruning reads settled outcomes and abandoned claims off their own
+    /// partial indexes, never the whole commit log.
+    #[tokio::test]
+    async fn commit_pruning_reads_its_indexes() {
+        let store = SqliteStore::open_in_memory().await.expect("a store");
+        let text = plan(&store, sql::PRUNE_COMMITS).await.join("\n");
+        assert!(text.contains("USING INDEX commits_expiry"), "{text}");
+        assert!(
+            text.contains("USING INDEX commits_pending_expiry"),
+            "{text}"
+        );
+        assert!(!text.contains("SCAN commits\n"), "{text}");
     }
 
     /// due_jobs reads each half off an index in its order: the waiting

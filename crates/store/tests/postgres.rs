@@ -14,7 +14,9 @@ use serde_json::json;
 use tokio_postgres::NoTls;
 use toolfleet_core::{JobState, new_id};
 use toolfleet_store::postgres::{self, PgStore};
-use toolfleet_store::{CommitClaim, Inserted, JobRecord, NewJob, Store, StoreError, Succeed};
+use toolfleet_store::{
+    ClaimCommit, CommitClaim, Inserted, JobRecord, NewJob, Store, StoreError, Succeed,
+};
 
 const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
 
@@ -142,6 +144,17 @@ fn job(tenant: &str) -> NewJob {
         max_attempts: 3,
         timeout_ms: 60_000,
         now: 1_700_000_000_000,
+    }
+}
+
+/// A command's claim of commit `key` at `now`.
+fn commit_claim(key: &str, now: i64) -> ClaimCommit<'_> {
+    ClaimCommit {
+        key,
+        now,
+        lease_ms: 30_000,
+        keep_until: now + 60_000,
+        take_over: false,
     }
 }
 
@@ -298,8 +311,8 @@ async fn racing_processes_never_both_win() {
     for _ in 0..20 {
         let key = new_id();
         let (x, y) = tokio::join!(
-            a.claim_commit(&key, now, 30_000),
-            b.claim_commit(&key, now, 30_000)
+            a.claim_commit(commit_claim(&key, now)),
+            b.claim_commit(commit_claim(&key, now))
         );
         let runs = [x.expect("claim a"), y.expect("claim b")]
             .into_iter()
