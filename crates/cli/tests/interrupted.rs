@@ -11,13 +11,21 @@
 //!   attempt learns at its next heartbeat that it lost the lease: its
 //!   executor is killed before it could write anything, and the job ends
 //!   succeeded once, with one effect.
+//! - A command's commit interrupted: `toolfleet serve` on SQLite runs a
+//!   command whose commit writes its effect only when the test lets it.
+//!   The first commit's HTTP request is dropped while the tool runs; a
+//!   second commit with the same token meanwhile answers `conflict` with
+//!   `retry_after_s`; once the tool is released, the retry answers the
+//!   first commit's result, and the tool ran once.
 
 mod common;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::{Server, TOKEN, eventually, migrate, psql_value, settle, shared_fleet};
+use common::{
+    Server, TOKEN, TempDir, config_with, eventually, migrate, psql_value, settle, shared_fleet,
+};
 use serde_json::json;
 
 fn lines(path: &Path) -> Vec<String> {
@@ -229,4 +237,88 @@ async fn a_lease_lost_while_its_executor_runs_ends_with_one_effect() {
     assert_eq!(sample(&page, started), Some(2.0), "{page}");
     let settled = r#"toolfleet_jobs_settled_total{tool="held_job",state="succeeded"}"#;
     assert_eq!(sample(&page, settled), Some(1.0), "{page}");
+}
+
+/// A command whose commit records its shell's pid in `runs`, waits for the
+/// file `release`, then writes its effect (its confirm token) in `effects`
+/// and answers a report numbered after its pid; its dry run answers a plan
+/// at once.
+fn held_command(dir: &Path) -> String {
+    let file = |name: &str| dir.join(name).display().to_string();
+    let script = format!(
+        "input=$(cat); case \"$input\" in *'\"dry_run\":true'*) echo '{{\"total\": 42}}'; exit 0;; esac; echo $$ >> {runs}; while [ ! -e {release} ] && [ -e {runs} ]; do sleep 0.05; done; [ -e {release} ] || exit 1; echo \"$TOOLFLEET_IDEMPOTENCY_KEY\" >> {effects}; echo \"{{\\\"report_id\\\": \\\"rep-$$\\\"}}\"",
+        runs = file("runs"),
+        release = file("release"),
+        effects = file("effects"),
+    );
+    format!(
+        "[[tools]]\nname = \"held_report\"\nshape = \"command\"\ninput_schema = {{ type = \"object\", required = [\"dry_run\"], properties = {{ dry_run = {{ type = \"boolean\" }} }} }}\nmiddleware = {{ timeout_s = 600 }}\nexecutor = {{ kind = \"exec\", program = \"/bin/sh\", args = [\"-c\", {script:?}], timeout_s = 600 }}\n"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_commit_runs_its_tool_once() {
+    let dir = TempDir::new("commit-interrupted");
+    let server = Server::start(&dir.0, &config_with(&dir.0, "", &held_command(&dir.0)));
+    let file = |name: &str| -> PathBuf { dir.0.join(name) };
+    let alice = server.client(TOKEN);
+    let dry = alice.call("held_report", json!({"dry_run": true})).await;
+    assert_eq!(dry["status"], "ok", "{dry}");
+    let token = dry["result"]["confirm_token"].clone();
+    let commit = json!({"dry_run": false, "confirm_token": token});
+
+    // The first commit's request is dropped while its tool runs.
+    let first = tokio::spawn({
+        let (alice, commit) = (alice.clone(), commit.clone());
+        async move { alice.call("held_report", commit).await }
+    });
+    let pid = eventually(Duration::from_secs(30), || {
+        let runs = file("runs");
+        async move { lines(&runs).first().and_then(|pid| pid.parse::<u32>().ok()) }
+    })
+    .await;
+    first.abort();
+    assert!(first.await.expect_err("dropped").is_cancelled());
+    // The server saw its caller go away.
+    let metrics = format!("{}/metrics", server.base);
+    let cancelled = r#"toolfleet_calls_total{tool="held_report",outcome="cancelled"}"#;
+    eventually(Duration::from_secs(10), || {
+        let (http, metrics) = (alice.http.clone(), metrics.clone());
+        async move {
+            let page = http.get(&metrics).send().await.ok()?.text().await.ok()?;
+            (sample(&page, cancelled) == Some(1.0)).then_some(())
+        }
+    })
+    .await;
+    assert!(alive(pid), "the commit's tool still runs");
+
+    // A second commit meanwhile: conflict, and when to call again.
+    let second = alice.call("held_report", commit.clone()).await;
+    assert_eq!(second["status"], "error", "{second}");
+    assert_eq!(second["error"]["code"], "conflict", "{second}");
+    assert_eq!(second["error"]["retryable"], true, "{second}");
+    assert_eq!(second["error"]["retry_after_s"], 1, "{second}");
+
+    // Released, the first commit ends and records its outcome, which the
+    // retries answer.
+    std::fs::write(file("release"), "").expect("release");
+    let report = json!(format!("rep-{pid}"));
+    let retried = eventually(Duration::from_secs(30), || {
+        let (alice, commit) = (alice.clone(), commit.clone());
+        async move {
+            let answer = alice.call("held_report", commit).await;
+            (answer["status"] != "error" || answer["error"]["code"] != "conflict").then_some(answer)
+        }
+    })
+    .await;
+    assert_eq!(retried["status"], "ok", "{retried}");
+    assert_eq!(retried["result"]["report_id"], report, "{retried}");
+    let again = alice.call("held_report", commit).await;
+    assert_eq!(again["result"], retried["result"], "{again}");
+    assert_eq!(lines(&file("runs")).len(), 1, "the tool ran once");
+    assert_eq!(
+        lines(&file("effects")),
+        vec![token.as_str().expect("a token").to_owned()],
+        "one effect"
+    );
 }
