@@ -349,7 +349,7 @@ mod sql {
     /// each other's housekeeping; the array makes the delete a walk of the
     /// primary key, whatever the planner guesses of the batch size.
     /// Settled outcomes and abandoned claims past keep_until (up to $2 of
-    /// each), each read off its partial index (migration 6).
+    /// each), each read off its partial index (migration 7).
     pub const PRUNE_COMMITS: &str = "
         DELETE FROM commits WHERE key = ANY (ARRAY(
             SELECT key FROM commits WHERE state = 'settled' AND keep_until < $1

@@ -194,7 +194,7 @@ mod sql {
         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)";
 
     /// Settled outcomes and abandoned claims past keep_until (up to ?2 of
-    /// each), each read off its partial index (migration 7).
+    /// each), each read off its partial index (migration 8).
     pub const PRUNE_COMMITS: &str = "
         DELETE FROM commits WHERE key IN (
             SELECT key FROM (SELECT key FROM commits

@@ -1,4 +1,4 @@
--- toolfleet's SQLite schema, version 7: claims of the commit log keep their
+-- toolfleet's SQLite schema, version 8: claims of the commit log keep their
 -- keep_until while pending, and a command's claim left pending past its
 -- lease (its process stopped mid-commit) is never taken over: its token
 -- answers that the outcome is unknown until keep_until, when the token has

@@ -1,4 +1,4 @@
--- toolfleet's PostgreSQL schema, version 6: claims of the commit log keep
+-- toolfleet's PostgreSQL schema, version 7: claims of the commit log keep
 -- their keep_until while pending, and a command's claim left pending past
 -- its lease (its dispatcher stopped mid-commit) is never taken over: its
 -- token answers that the outcome is unknown until keep_until, when the
