@@ -4,10 +4,10 @@
 -- token answers that the outcome is unknown until keep_until, when the
 -- token has expired. Such claims are pruned then, as settled outcomes are.
 --
--- Applied by `toolfleet migrate`; a process of version 5 keeps running (the
+-- Applied by `toolfleet migrate`; a process of version 6 keeps running (the
 -- index changes no column, and its claims leave keep_until unset, which is
 -- never pruned), and a process of this version refuses a schema still at
--- version 5. Building the index reads the whole `commits` table and holds
+-- version 6. Building the index reads the whole `commits` table and holds
 -- writes to it until it is built.
 
 -- Pruning of abandoned claims past keep_until ("state = 'pending' AND
