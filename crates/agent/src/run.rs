@@ -34,7 +34,7 @@ use toolfleet_core::{
     Budget, CallCtx, Envelope, Executor, Json, Lineage, Principal, Runtime, Shape, ToolError,
     new_id,
 };
-use toolfleet_store::Store;
+use toolfleet_store::{LeaseRef, Park, SaveCheckpoint, Store};
 
 use crate::model::{Model, ModelRequest, ToolCall, ToolResult, ToolSpec, Turn, Usage};
 
@@ -284,11 +284,10 @@ struct Run {
     env: Arc<AgentEnv>,
 }
 
-/// Where the loop keeps its checkpoint: the job and the attempt holding it.
-struct Slot {
-    job_id: String,
-    attempt: u32,
-}
+/// Where the loop keeps its checkpoint: the job and the attempt holding it
+/// (its worker and attempt number), so that an attempt that lost its lease
+/// to a newer claim can no longer write or park it.
+type Slot = LeaseRef;
 
 /// What one run works within: the runtime its calls go through, the call
 /// that started it, its depth among agents, its budget, and its checkpoint.
@@ -374,8 +373,11 @@ impl Run {
                 ));
             }
         };
+        // The attempt holding the job as this run starts: the worker's, which
+        // claimed it just before running this executor.
         let slot = Slot {
             job_id,
+            worker: job.lease_owner.clone().unwrap_or_default(),
             attempt: job.attempts,
         };
         Ok((Some(slot), saved))
@@ -386,12 +388,12 @@ impl Run {
         let Ok(checkpoint) = serde_json::to_value(state) else {
             return;
         };
-        match self
-            .env
-            .store
-            .save_checkpoint(&slot.job_id, slot.attempt, &checkpoint, now_ms())
-            .await
-        {
+        let save = SaveCheckpoint {
+            lease: slot,
+            checkpoint: &checkpoint,
+            now: now_ms(),
+        };
+        match self.env.store.save_checkpoint(save).await {
             Ok(true) => {}
             Ok(false) => {
                 tracing::warn!(job_id = %slot.job_id, "checkpoint not saved: the job moved on")
@@ -672,10 +674,12 @@ impl Run {
         state.parked_at = Some(now_ms());
         self.save(Some(slot), state).await;
         let store = &self.env.store;
-        match store
-            .park(&slot.job_id, slot.attempt, ticket, now_ms())
-            .await
-        {
+        let park = Park {
+            lease: slot,
+            ticket,
+            now: now_ms(),
+        };
+        match store.park(park).await {
             Ok(Some(_)) => {
                 let answered = matches!(
                     store.ticket(ctx.tenant(), ticket).await,

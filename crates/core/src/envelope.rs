@@ -167,7 +167,9 @@ pub struct ToolError {
     pub code: ErrorCode,
     pub message: String,
     pub retryable: bool,
-    /// Set with `rate_limited`: when the call may be made again.
+    /// Set with `rate_limited`, and with the `conflict` of a commit whose
+    /// confirm token another commit still runs: when the call may be made
+    /// again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_after_s: Option<u64>,
     /// Machine-readable detail, such as the list of schema violations.

@@ -22,7 +22,8 @@ use crate::middleware::{
 };
 use crate::registry::{RegistrationError, Registry, Tool};
 use crate::shapes::command::{
-    Binding, Claim, CommitLog, ConfirmSigner, MemoryCommitLog, commit_key, unix_now,
+    Binding, Claim, ClaimTerms, Commit, CommitLog, ConfirmSigner, MemoryCommitLog, OUTCOME_MARGIN,
+    abandoned, commit_key, in_flight, is_commit, unix_now,
 };
 use crate::shapes::fleet::{Fleet, JobRequest, NoFleet, TicketRequest};
 use crate::shapes::handle::{HandleAnswer, HandleStore, MemoryHandleStore, read_handle_tool};
@@ -254,17 +255,7 @@ impl Runtime {
     /// panics: what a worker does with a job. Middleware ran when the job was
     /// accepted.
     pub async fn execute(&self, tool: &Tool, args: Value, ctx: CallCtx) -> Result<Json, ToolError> {
-        let Some(executor) = tool.executor() else {
-            return Err(ToolError::failed(
-                format!("`{}` has no executor", tool.name()),
-                false,
-            ));
-        };
-        let run = AssertUnwindSafe(executor.execute(ctx, args)).catch_unwind();
-        match run.await {
-            Ok(result) => result,
-            Err(panic) => Err(panicked(tool.name(), panic)),
-        }
+        run_executor(tool, args, ctx).await
     }
 
     async fn run_inline(&self, call: Call<'_>) -> Envelope {
@@ -313,7 +304,7 @@ impl Runtime {
             args: &call.args,
         };
         let now = unix_now();
-        if call.args.get("dry_run") == Some(&Value::Bool(true)) {
+        if !is_commit(&call.args) {
             let (token, expires_at) = self.signer.issue(&binding, now);
             let plan = match self.execute(tool, call.args, ctx.clone()).await {
                 Ok(plan) => plan,
@@ -340,46 +331,45 @@ impl Runtime {
             Ok(exp) => exp,
             Err(error) => return Envelope::error(error),
         };
-        let key = commit_key(ctx.tenant(), token);
-        let lease = tool
+        let (key, token) = (commit_key(ctx.tenant(), token), token.to_owned());
+        let limit = tool
             .middleware()
             .timeout
             .unwrap_or(self.config.default_timeout);
-        match self.commit_log.claim(&key, lease).await {
+        // Kept as long as the token could be presented again.
+        let keep_until_unix = expires_at + 60;
+        let terms = ClaimTerms {
+            lease: limit + OUTCOME_MARGIN,
+            keep_until_unix,
+        };
+        match self.commit_log.claim(&key, terms).await {
             Err(error) => return Envelope::error(error),
             Ok(Claim::Settled(envelope)) => return with_call_id(envelope, &ctx.call_id),
-            Ok(Claim::Busy) => {
-                return Envelope::error(
-                    ToolError::new(
-                        ErrorCode::Conflict,
-                        "a commit with this confirm_token is still running; wait a moment and call again with the same token",
-                    )
-                    .retryable(true),
-                );
-            }
+            Ok(Claim::Busy) => return Envelope::error(in_flight(tool.name())),
+            Ok(Claim::Abandoned) => return Envelope::error(abandoned(tool.name())),
             Ok(Claim::Run) => {}
         }
-        let exec_ctx = ctx.clone().with_idempotency_key(token);
-        let token = token.to_owned();
-        let envelope = match self.execute(tool, call.args, exec_ctx).await {
-            Ok(result) => Envelope::ok(result, ctx.call_id.clone()),
-            Err(error) => Envelope::error(error),
+        let commit = Commit {
+            key,
+            tool: tool.name().to_owned(),
+            limit,
+            call_id: ctx.call_id.clone(),
+            keep_until_unix,
+            log: self.commit_log.clone(),
         };
-        let settled = match &envelope {
-            Envelope::Error { error, .. } if error.retryable => None,
-            other => Some(other),
-        };
-        // Keep the outcome as long as the token could be presented again.
-        if let Err(error) = self.commit_log.settle(&key, settled, expires_at + 60).await {
-            return Envelope::error(ToolError::new(
-                ErrorCode::Unavailable,
+        let executor = run_executor(tool, call.args, ctx.clone().with_idempotency_key(token));
+        // The task owns the commit: a caller that goes away stops awaiting
+        // it, never the tool's run or the record of its outcome.
+        match tokio::spawn(commit.run(executor)).await {
+            Ok(envelope) => envelope,
+            Err(_) => Envelope::error(ToolError::failed(
                 format!(
-                    "the commit ran but its outcome could not be recorded ({}); call again with the same confirm_token {token} to read it",
-                    error.message
+                    "the commit of `{}` stopped before it answered; call again with the same confirm_token to read its outcome",
+                    tool.name()
                 ),
-            ));
+                true,
+            )),
         }
-        envelope
     }
 
     async fn run_enqueued(&self, call: Call<'_>) -> Envelope {
@@ -530,6 +520,27 @@ fn is_long_poll(tool: &Tool, args: &Value) -> bool {
         .and_then(|arg| args.get(arg))
         .and_then(Value::as_f64)
         .is_some_and(|wait| wait > 0.0)
+}
+
+/// Calls `tool`'s executor: a future that owns what it needs and turns a
+/// panic into an error.
+fn run_executor(
+    tool: &Tool,
+    args: Value,
+    ctx: CallCtx,
+) -> BoxFuture<'static, Result<Json, ToolError>> {
+    let name = tool.name().to_owned();
+    let Some(executor) = tool.executor() else {
+        let error = ToolError::failed(format!("`{name}` has no executor"), false);
+        return Box::pin(std::future::ready(Err(error)));
+    };
+    let run = AssertUnwindSafe(executor.execute(ctx, args)).catch_unwind();
+    Box::pin(async move {
+        match run.await {
+            Ok(result) => result,
+            Err(panic) => Err(panicked(&name, panic)),
+        }
+    })
 }
 
 fn with_call_id(envelope: Envelope, call_id: &str) -> Envelope {

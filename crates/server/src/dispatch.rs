@@ -14,12 +14,14 @@ use serde_json::json;
 use tokio::sync::mpsc;
 use toolfleet_broker::announcer::Announcer;
 use toolfleet_broker::{Broker, Event, Notices};
-use toolfleet_core::shapes::command::{Claim, CommitLog};
+use toolfleet_core::shapes::command::{COMMIT_WAIT, Claim, ClaimTerms, CommitLog};
 use toolfleet_core::{
     AuditRecord, AuditSink, Envelope, ErrorCode, Fleet, JobRequest, Metrics, TicketRequest,
     ToolError,
 };
-use toolfleet_store::{Inserted, NewJob, NewTicket, Store, StoreError, TicketRecord};
+use toolfleet_store::{
+    ClaimCommit, CommitClaim, Inserted, NewJob, NewTicket, Store, StoreError, TicketRecord,
+};
 
 /// Unix milliseconds now.
 pub fn now_ms() -> i64 {
@@ -237,7 +239,9 @@ pub fn job_event(job: &toolfleet_store::JobRecord) -> Event {
 }
 
 /// Command outcomes in the store, so a confirm token commits once across
-/// restarts and dispatchers.
+/// restarts and dispatchers. A claim left pending past its lease (its
+/// dispatcher stopped mid-commit) is never taken over: the token answers
+/// that its outcome is unknown.
 pub struct StoreCommitLog {
     store: Arc<dyn Store>,
     /// How long a claim waits for a running commit of the same token.
@@ -245,42 +249,47 @@ pub struct StoreCommitLog {
 }
 
 impl StoreCommitLog {
+    /// How often a claim that waits reads the token again.
+    const POLL: Duration = Duration::from_millis(50);
+
     pub fn new(store: Arc<dyn Store>) -> Self {
         StoreCommitLog {
             store,
-            wait: Duration::from_secs(30),
+            wait: COMMIT_WAIT,
         }
     }
+}
+
+/// Milliseconds of `d`, as the store counts them.
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
 impl CommitLog for StoreCommitLog {
     fn claim<'a>(
         &'a self,
         key: &'a str,
-        lease: Duration,
+        terms: ClaimTerms,
     ) -> BoxFuture<'a, Result<Claim, ToolError>> {
         Box::pin(async move {
             let give_up = tokio::time::Instant::now() + self.wait;
+            let keep_until = millis(Duration::from_secs(terms.keep_until_unix));
             loop {
-                let lease_ms = lease.as_millis().min(i64::MAX as u128) as i64;
-                match self
-                    .store
-                    .claim_commit(key, now_ms(), lease_ms)
-                    .await
-                    .map_err(store_error)?
-                {
-                    toolfleet_store::CommitClaim::Run => return Ok(Claim::Run),
-                    toolfleet_store::CommitClaim::Settled(envelope) => {
-                        return Ok(Claim::Settled(envelope));
-                    }
-                    toolfleet_store::CommitClaim::Pending
-                        if tokio::time::Instant::now() >= give_up =>
-                    {
+                let claim = ClaimCommit {
+                    key,
+                    now: now_ms(),
+                    lease_ms: millis(terms.lease),
+                    keep_until,
+                    take_over: false,
+                };
+                match self.store.claim_commit(claim).await.map_err(store_error)? {
+                    CommitClaim::Run => return Ok(Claim::Run),
+                    CommitClaim::Settled(envelope) => return Ok(Claim::Settled(envelope)),
+                    CommitClaim::Abandoned => return Ok(Claim::Abandoned),
+                    CommitClaim::Pending if tokio::time::Instant::now() >= give_up => {
                         return Ok(Claim::Busy);
                     }
-                    toolfleet_store::CommitClaim::Pending => {
-                        tokio::time::sleep(Duration::from_millis(25)).await
-                    }
+                    CommitClaim::Pending => tokio::time::sleep(Self::POLL).await,
                 }
             }
         })
@@ -293,7 +302,7 @@ impl CommitLog for StoreCommitLog {
         keep_until_unix: u64,
     ) -> BoxFuture<'a, Result<(), ToolError>> {
         Box::pin(async move {
-            let keep_until = (keep_until_unix.min(i64::MAX as u64 / 1000) * 1000) as i64;
+            let keep_until = millis(Duration::from_secs(keep_until_unix));
             self.store
                 .settle_commit(key, outcome, keep_until)
                 .await

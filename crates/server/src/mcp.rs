@@ -478,7 +478,11 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert!(!waiting.is_finished(), "woken by the job starting");
         let done = store
-            .succeed(&id, "w", &json!({}).into(), 3)
+            .succeed(toolfleet_store::Succeed {
+                lease: &running.lease_ref().expect("held"),
+                result: &json!({}).into(),
+                now: 3,
+            })
             .await
             .expect("succeed")
             .expect("settled");

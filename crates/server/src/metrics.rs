@@ -270,10 +270,11 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use toolfleet_broker::memory::MemoryBroker;
     use toolfleet_broker::{BrokerError, Consumer};
-    use toolfleet_core::{AuditRecord, Envelope, JobState, Json, ToolError, TraceContext};
+    use toolfleet_core::{AuditRecord, Envelope, JobState, TraceContext};
     use toolfleet_store::{
-        Answered, CommitClaim, Inserted, JobFilter, JobPage, JobRecord, Lease, NewJob, NewTicket,
-        StoreError, TicketRecord,
+        Answered, ClaimCommit, CommitClaim, Fail, Heartbeat, Inserted, JobFilter, JobPage,
+        JobRecord, Lease, NewJob, NewTicket, Park, SaveCheckpoint, SetProgress, StoreError,
+        Succeed, TicketRecord,
     };
 
     /// A broker that never answers.
@@ -378,59 +379,28 @@ mod tests {
         ) -> Result<Option<JobRecord>, StoreError> {
             unreachable!()
         }
-        async fn heartbeat(&self, _: &str, _: &str, _: i64, _: i64) -> Result<Lease, StoreError> {
+        async fn heartbeat(&self, _: Heartbeat<'_>) -> Result<Lease, StoreError> {
             unreachable!()
         }
-        async fn set_progress(
-            &self,
-            _: &str,
-            _: &str,
-            _: &Value,
-            _: i64,
-        ) -> Result<bool, StoreError> {
+        async fn set_progress(&self, _: SetProgress<'_>) -> Result<bool, StoreError> {
             unreachable!()
         }
         async fn checkpoint(&self, _: &str) -> Result<Option<Value>, StoreError> {
             unreachable!()
         }
-        async fn save_checkpoint(
-            &self,
-            _: &str,
-            _: u32,
-            _: &Value,
-            _: i64,
-        ) -> Result<bool, StoreError> {
+        async fn save_checkpoint(&self, _: SaveCheckpoint<'_>) -> Result<bool, StoreError> {
             unreachable!()
         }
-        async fn park(
-            &self,
-            _: &str,
-            _: u32,
-            _: &str,
-            _: i64,
-        ) -> Result<Option<JobRecord>, StoreError> {
+        async fn park(&self, _: Park<'_>) -> Result<Option<JobRecord>, StoreError> {
             unreachable!()
         }
         async fn wake(&self, _: &str, _: i64) -> Result<Vec<JobRecord>, StoreError> {
             unreachable!()
         }
-        async fn succeed(
-            &self,
-            _: &str,
-            _: &str,
-            _: &Json,
-            _: i64,
-        ) -> Result<Option<JobRecord>, StoreError> {
+        async fn succeed(&self, _: Succeed<'_>) -> Result<Option<JobRecord>, StoreError> {
             unreachable!()
         }
-        async fn fail(
-            &self,
-            _: &str,
-            _: &str,
-            _: &ToolError,
-            _: Option<i64>,
-            _: i64,
-        ) -> Result<Option<JobRecord>, StoreError> {
+        async fn fail(&self, _: Fail<'_>) -> Result<Option<JobRecord>, StoreError> {
             unreachable!()
         }
         async fn cancel(&self, _: &str, _: &str, _: i64) -> Result<Option<JobRecord>, StoreError> {
@@ -460,7 +430,7 @@ mod tests {
         async fn audit(&self, _: &str, _: u32) -> Result<Vec<AuditRecord>, StoreError> {
             unreachable!()
         }
-        async fn claim_commit(&self, _: &str, _: i64, _: i64) -> Result<CommitClaim, StoreError> {
+        async fn claim_commit(&self, _: ClaimCommit<'_>) -> Result<CommitClaim, StoreError> {
             unreachable!()
         }
         async fn settle_commit(

@@ -20,7 +20,7 @@ use sha2::Sha256;
 use tokio::sync::watch;
 use toolfleet_broker::{Event, Notices};
 use toolfleet_core::{Envelope, Json, Metrics};
-use toolfleet_store::{CommitClaim, Store, StoreError};
+use toolfleet_store::{ClaimCommit, CommitClaim, Store, StoreError};
 
 use crate::dispatch::{job_event, now_ms, ticket_event};
 
@@ -28,6 +28,9 @@ use crate::dispatch::{job_event, now_ms, ticket_event};
 const MAX_ATTEMPTS: usize = 12;
 /// How long one dispatcher holds a notice before another may send it.
 const CLAIM_MS: i64 = 30 * 60 * 1000;
+/// How long a notice's record is kept, claimed or sent: neither a
+/// redelivered event nor a search of the store sends it again in that time.
+const KEEP_MS: i64 = 24 * 3600 * 1000;
 
 /// The signature header value of `body` at `t`.
 pub fn signature(key: &[u8], t: u64, body: &str) -> String {
@@ -303,7 +306,17 @@ impl Sender {
     async fn notify(&self, event: &Event, url: String) -> bool {
         // Every dispatcher hears every event; the first to claim the notice sends it.
         let claim = format!("webhook:{}:{}:{}", event.kind, event.id, event.state);
-        let claimed = match self.store.claim_commit(&claim, now_ms(), CLAIM_MS).await {
+        // A claim abandoned by a dispatcher that stopped is taken over: a
+        // notice may be sent twice, never lost for that.
+        let now = now_ms();
+        let commit = ClaimCommit {
+            key: &claim,
+            now,
+            lease_ms: CLAIM_MS,
+            keep_until: now + KEEP_MS,
+            take_over: true,
+        };
+        let claimed = match self.store.claim_commit(commit).await {
             Ok(CommitClaim::Run) => true,
             Ok(_) => return true,
             Err(error) => {
@@ -327,7 +340,7 @@ impl Sender {
             // attempt, and kept a day, so neither a redelivered event nor a
             // search of the store sends it again in that time.
             let outcome = Envelope::ok(Json::from(json!({ "delivered": delivered })), "");
-            let keep = now_ms() + 24 * 3600 * 1000;
+            let keep = now_ms() + KEEP_MS;
             if let Err(error) = store.settle_commit(&claim, Some(&outcome), keep).await {
                 tracing::warn!(%error, "webhooks: cannot record a delivered notice");
             }
@@ -391,6 +404,7 @@ async fn send(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use toolfleet_store::Succeed;
 
     #[test]
     fn signatures_are_hmac_of_t_dot_body() {
@@ -419,9 +433,15 @@ mod tests {
         let job = crate::testing::new_job(Some(url), at - 1);
         let id = job.id.clone();
         store.insert_job(job).await.expect("insert");
-        store.claim(&id, "w", at - 1, 30_000).await.expect("claim");
+        let claimed = store.claim(&id, "w", at - 1, 30_000).await.expect("claim");
+        let lease = claimed.and_then(|job| job.lease_ref()).expect("claimed");
         let result = Json::from(json!({}));
-        let done = store.succeed(&id, "w", &result, at).await.expect("succeed");
+        let done = Succeed {
+            lease: &lease,
+            result: &result,
+            now: at,
+        };
+        let done = store.succeed(done).await.expect("succeed");
         assert!(done.is_some(), "settled");
         id
     }

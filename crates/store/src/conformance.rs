@@ -18,8 +18,9 @@ use toolfleet_core::{
 };
 
 use crate::{
-    Answered, CommitClaim, Inserted, JobFilter, JobRecord, Lease, NewJob, NewTicket, Store,
-    StoreError, TicketRecord,
+    Answered, ClaimCommit, CommitClaim, Fail, Heartbeat, Inserted, JobFilter, JobRecord, Lease,
+    LeaseRef, NewJob, NewTicket, Park, SaveCheckpoint, SetProgress, Store, StoreError, Succeed,
+    TicketRecord,
 };
 
 /// The time the tests start at (November 2023), in Unix milliseconds.
@@ -53,6 +54,8 @@ macro_rules! store_conformance {
             claim_takes_a_due_job_only,
             a_held_lease_blocks_another_claim,
             an_expired_lease_is_claimed_again,
+            a_job_claimed_again_by_its_own_worker_is_held_by_the_new_attempt_only,
+            a_job_claimed_again_by_another_worker_is_held_by_the_new_attempt_only,
             heartbeat_extends_the_lease_of_its_holder_only,
             progress_is_recorded_for_the_holder_only,
             succeed_settles_once_for_the_holder_only,
@@ -77,6 +80,7 @@ macro_rules! store_conformance {
             a_settled_commit_answers_its_envelope,
             releasing_a_commit_lets_it_run_again,
             an_expired_commit_claim_is_taken_over,
+            an_abandoned_commit_claim_is_never_run_again,
             a_settled_commit_expires_after_keep_until,
             concurrent_claims_of_one_job_give_it_to_one_worker,
             concurrent_inserts_with_one_key_make_one_job,
@@ -155,6 +159,69 @@ async fn running(store: &dyn Store, tenant: &str, worker: &str) -> JobRecord {
 
 async fn claim(store: &dyn Store, id: &str, worker: &str, now: i64) -> Option<JobRecord> {
     store.claim(id, worker, now, LEASE).await.expect("claim")
+}
+
+/// Attempt `attempt` of `worker` on job `id`, whether it holds the job or not.
+fn lease(id: &str, worker: &str, attempt: u32) -> LeaseRef {
+    LeaseRef {
+        job_id: id.to_owned(),
+        worker: worker.to_owned(),
+        attempt,
+    }
+}
+
+/// The attempt that holds `job`, as its claim answered it.
+fn holder(job: &JobRecord) -> LeaseRef {
+    job.lease_ref().expect("a running job has a holder")
+}
+
+async fn heartbeat(store: &dyn Store, lease: &LeaseRef, now: i64) -> Lease {
+    let beat = Heartbeat {
+        lease,
+        now,
+        lease_ms: LEASE,
+    };
+    store.heartbeat(beat).await.expect("heartbeat")
+}
+
+async fn set_progress(store: &dyn Store, lease: &LeaseRef, progress: &Value, now: i64) -> bool {
+    let report = SetProgress {
+        lease,
+        progress,
+        now,
+    };
+    store.set_progress(report).await.expect("set_progress")
+}
+
+async fn succeed(
+    store: &dyn Store,
+    lease: &LeaseRef,
+    result: &Json,
+    now: i64,
+) -> Option<JobRecord> {
+    let done = Succeed { lease, result, now };
+    store.succeed(done).await.expect("succeed")
+}
+
+async fn fail(
+    store: &dyn Store,
+    lease: &LeaseRef,
+    error: &ToolError,
+    retry_at: Option<i64>,
+    now: i64,
+) -> Option<JobRecord> {
+    let failed = Fail {
+        lease,
+        error,
+        retry_at,
+        now,
+    };
+    store.fail(failed).await.expect("fail")
+}
+
+async fn park(store: &dyn Store, lease: &LeaseRef, ticket: &str, now: i64) -> Option<JobRecord> {
+    let park = Park { lease, ticket, now };
+    store.park(park).await.expect("park")
 }
 
 /// The checkpoint of job `id`, as the agent loop reads it.
@@ -383,37 +450,102 @@ pub async fn an_expired_lease_is_claimed_again(store: &dyn Store) {
     assert_eq!(again.lease_until, Some(now + LEASE));
     assert_eq!(again.run_at, BASE + LEASE, "runnable since the lease ended");
     assert_eq!(
-        store
-            .heartbeat(&job.id, "w1", now, LEASE)
-            .await
-            .expect("heartbeat"),
+        heartbeat(store, &lease(&job.id, "w1", 1), now).await,
         Lease::Lost
     );
-    assert!(
-        !store
-            .set_progress(&job.id, "w1", &json!(1), now)
-            .await
-            .expect("set_progress")
-    );
+    assert!(!set_progress(store, &lease(&job.id, "w1", 1), &json!(1), now).await);
     assert_eq!(
-        store
-            .succeed(&job.id, "w1", &result_doc(), now)
-            .await
-            .expect("succeed"),
+        succeed(store, &lease(&job.id, "w1", 1), &result_doc(), now).await,
         None
     );
     assert_eq!(
-        store
-            .fail(&job.id, "w1", &failure("x"), None, now)
-            .await
-            .expect("fail"),
+        fail(store, &lease(&job.id, "w1", 1), &failure("x"), None, now).await,
         None
     );
-    let done = store
-        .succeed(&job.id, "w2", &result_doc(), now + 1)
-        .await
-        .expect("succeed");
+    let done = succeed(store, &lease(&job.id, "w2", 2), &result_doc(), now + 1).await;
     assert_eq!(done.map(|j| j.state), Some(JobState::Succeeded));
+}
+
+/// Every operation of `stale`, an attempt that no longer holds its job,
+/// answers that it does not and changes nothing: neither the job nor its
+/// checkpoint.
+async fn a_stale_attempt_changes_nothing(store: &dyn Store, stale: &LeaseRef, now: i64) {
+    let job = store
+        .job_by_id(&stale.job_id)
+        .await
+        .expect("job_by_id")
+        .expect("the job exists");
+    let saved = checkpoint_of(store, &job.id).await;
+    assert_eq!(heartbeat(store, stale, now).await, Lease::Lost, "{stale:?}");
+    assert!(!set_progress(store, stale, &json!({"done": 9}), now).await);
+    assert!(!save_checkpoint(store, stale, &json!({"stale": true})).await);
+    let ticket = format!("t_{}", new_id());
+    assert_eq!(park(store, stale, &ticket, now).await, None, "{stale:?}");
+    let late = Json::from(json!({"late": true}));
+    assert_eq!(succeed(store, stale, &late, now).await, None, "{stale:?}");
+    let error = failure("stale");
+    for retry_at in [None, Some(now)] {
+        assert_eq!(fail(store, stale, &error, retry_at, now).await, None);
+    }
+    assert_eq!(reread(store, &job).await, job, "{stale:?} changed the job");
+    assert_eq!(checkpoint_of(store, &job.id).await, saved);
+}
+
+/// A worker whose lease expired and that claimed the same job again holds
+/// it as its new attempt only: the first attempt (same lease owner, older
+/// attempt) can neither heartbeat, report, checkpoint, park nor settle it,
+/// while the new one can.
+pub async fn a_job_claimed_again_by_its_own_worker_is_held_by_the_new_attempt_only(
+    store: &dyn Store,
+) {
+    let job = running(store, &tenant(), "w1").await;
+    let first = holder(&job);
+    assert_eq!(first, lease(&job.id, "w1", 1));
+    let now = BASE + LEASE + 1;
+    let again = claim(store, &job.id, "w1", now)
+        .await
+        .expect("the lease expired");
+    let second = holder(&again);
+    assert_eq!(second, lease(&job.id, "w1", 2));
+    a_stale_attempt_changes_nothing(store, &first, now + 1).await;
+
+    assert_eq!(heartbeat(store, &second, now + 2).await, Lease::Held);
+    assert!(set_progress(store, &second, &json!({"done": 1}), now + 2).await);
+    assert!(save_checkpoint(store, &second, &json!({"step": 2})).await);
+    let done = succeed(store, &second, &result_doc(), now + 3)
+        .await
+        .expect("the new attempt settles");
+    assert_eq!((done.state, done.attempts), (JobState::Succeeded, 2));
+    assert_eq!(heartbeat(store, &first, now + 4).await, Lease::Lost);
+    assert_eq!(heartbeat(store, &second, now + 4).await, Lease::Lost);
+}
+
+/// The same across workers: once another worker claimed the job again,
+/// neither the first worker's attempt nor the new worker under an older
+/// attempt number changes anything; the new attempt fails it as its holder.
+pub async fn a_job_claimed_again_by_another_worker_is_held_by_the_new_attempt_only(
+    store: &dyn Store,
+) {
+    let job = running(store, &tenant(), "w1").await;
+    let now = BASE + LEASE + 1;
+    let again = claim(store, &job.id, "w2", now)
+        .await
+        .expect("the lease expired");
+    let second = holder(&again);
+    assert_eq!(second, lease(&job.id, "w2", 2));
+    for stale in [
+        holder(&job),
+        lease(&job.id, "w2", 1),
+        lease(&job.id, "w1", 2),
+    ] {
+        a_stale_attempt_changes_nothing(store, &stale, now + 1).await;
+    }
+    assert_eq!(heartbeat(store, &second, now + 2).await, Lease::Held);
+    let retrying = fail(store, &second, &failure("flaky"), Some(now + 10), now + 3)
+        .await
+        .expect("the new attempt fails it");
+    assert_eq!((retrying.state, retrying.attempts), (JobState::Retrying, 2));
+    a_stale_attempt_changes_nothing(store, &second, now + 4).await;
 }
 
 /// A heartbeat extends the holder's lease; anyone else is told the lease is
@@ -423,34 +555,22 @@ pub async fn heartbeat_extends_the_lease_of_its_holder_only(store: &dyn Store) {
     let job = running(store, &t, "w1").await;
     let beat = BASE + LEASE - 1;
     assert_eq!(
-        store
-            .heartbeat(&job.id, "w1", beat, LEASE)
-            .await
-            .expect("heartbeat"),
+        heartbeat(store, &lease(&job.id, "w1", 1), beat).await,
         Lease::Held
     );
     assert_eq!(reread(store, &job).await.lease_until, Some(beat + LEASE));
     assert_eq!(claim(store, &job.id, "w2", BASE + LEASE + 1).await, None);
     assert_eq!(
-        store
-            .heartbeat(&job.id, "w2", beat, LEASE)
-            .await
-            .expect("heartbeat"),
+        heartbeat(store, &lease(&job.id, "w2", 1), beat).await,
         Lease::Lost
     );
     assert_eq!(
-        store
-            .heartbeat(&new_id(), "w1", beat, LEASE)
-            .await
-            .expect("heartbeat"),
+        heartbeat(store, &lease(&new_id(), "w1", 1), beat).await,
         Lease::Lost
     );
     store.cancel(&t, &job.id, beat + 1).await.expect("cancel");
     assert_eq!(
-        store
-            .heartbeat(&job.id, "w1", beat + 2, LEASE)
-            .await
-            .expect("heartbeat"),
+        heartbeat(store, &lease(&job.id, "w1", 1), beat + 2).await,
         Lease::Cancelled
     );
 }
@@ -459,46 +579,30 @@ pub async fn heartbeat_extends_the_lease_of_its_holder_only(store: &dyn Store) {
 pub async fn progress_is_recorded_for_the_holder_only(store: &dyn Store) {
     let job = running(store, &tenant(), "w1").await;
     let progress = json!({"done": 3, "of": 6});
+    assert!(set_progress(store, &lease(&job.id, "w1", 1), &progress, BASE + 1).await);
     assert!(
-        store
-            .set_progress(&job.id, "w1", &progress, BASE + 1)
-            .await
-            .expect("set_progress")
-    );
-    assert!(
-        !store
-            .set_progress(&job.id, "w2", &json!({"done": 0}), BASE + 2)
-            .await
-            .expect("set_progress")
+        !set_progress(
+            store,
+            &lease(&job.id, "w2", 1),
+            &json!({"done": 0}),
+            BASE + 2
+        )
+        .await
     );
     let seen = reread(store, &job).await;
     assert_eq!((seen.progress, seen.updated_at), (Some(progress), BASE + 1));
-    store
-        .succeed(&job.id, "w1", &result_doc(), BASE + 3)
-        .await
-        .expect("succeed");
-    assert!(
-        !store
-            .set_progress(&job.id, "w1", &json!(1), BASE + 4)
-            .await
-            .expect("set_progress")
-    );
+    succeed(store, &lease(&job.id, "w1", 1), &result_doc(), BASE + 3).await;
+    assert!(!set_progress(store, &lease(&job.id, "w1", 1), &json!(1), BASE + 4).await);
 }
 
 /// Only the holder settles a job, and only once.
 pub async fn succeed_settles_once_for_the_holder_only(store: &dyn Store) {
     let job = running(store, &tenant(), "w1").await;
     assert_eq!(
-        store
-            .succeed(&job.id, "w2", &result_doc(), BASE + 1)
-            .await
-            .expect("succeed"),
+        succeed(store, &lease(&job.id, "w2", 1), &result_doc(), BASE + 1).await,
         None
     );
-    let done = store
-        .succeed(&job.id, "w1", &result_doc(), BASE + 2)
-        .await
-        .expect("succeed");
+    let done = succeed(store, &lease(&job.id, "w1", 1), &result_doc(), BASE + 2).await;
     let done = done.expect("the holder settles");
     assert_eq!(done.state, JobState::Succeeded);
     assert_eq!(done.result, Some(result_doc()));
@@ -512,10 +616,7 @@ pub async fn succeed_settles_once_for_the_holder_only(store: &dyn Store) {
     );
     let other = Json::from(json!({"other": true}));
     assert_eq!(
-        store
-            .succeed(&job.id, "w1", &other, BASE + 3)
-            .await
-            .expect("succeed"),
+        succeed(store, &lease(&job.id, "w1", 1), &other, BASE + 3).await,
         None
     );
     assert_eq!(reread(store, &job).await, done);
@@ -526,15 +627,22 @@ pub async fn succeed_settles_once_for_the_holder_only(store: &dyn Store) {
 pub async fn a_settled_job_is_never_claimed_again(store: &dyn Store) {
     let t = tenant();
     let succeeded = running(store, &t, "w1").await;
-    store
-        .succeed(&succeeded.id, "w1", &result_doc(), BASE + 1)
-        .await
-        .expect("succeed");
+    succeed(
+        store,
+        &lease(&succeeded.id, "w1", 1),
+        &result_doc(),
+        BASE + 1,
+    )
+    .await;
     let failed = running(store, &t, "w1").await;
-    store
-        .fail(&failed.id, "w1", &failure("broken"), None, BASE + 1)
-        .await
-        .expect("fail");
+    fail(
+        store,
+        &lease(&failed.id, "w1", 1),
+        &failure("broken"),
+        None,
+        BASE + 1,
+    )
+    .await;
     let cancelled = queued(store, &t).await;
     store
         .cancel(&t, &cancelled.id, BASE + 1)
@@ -557,10 +665,14 @@ pub async fn fail_with_a_retry_waits_for_run_at(store: &dyn Store) {
     let job = running(store, &tenant(), "w1").await;
     let error = failure("the OCR service timed out");
     let retry_at = BASE + 5_000;
-    let retrying = store
-        .fail(&job.id, "w1", &error, Some(retry_at), BASE + 100)
-        .await
-        .expect("fail");
+    let retrying = fail(
+        store,
+        &lease(&job.id, "w1", 1),
+        &error,
+        Some(retry_at),
+        BASE + 100,
+    )
+    .await;
     let retrying = retrying.expect("the holder fails it");
     assert_eq!(
         (retrying.state, retrying.run_at, retrying.attempts),
@@ -592,18 +704,26 @@ pub async fn the_last_attempt_fails_for_good(store: &dyn Store) {
     new.max_attempts = 2;
     let job = insert(store, new).await;
     claim(store, &job.id, "w1", BASE).await.expect("claim");
-    store
-        .fail(&job.id, "w1", &failure("first"), Some(BASE + 10), BASE + 1)
-        .await
-        .expect("fail");
+    fail(
+        store,
+        &lease(&job.id, "w1", 1),
+        &failure("first"),
+        Some(BASE + 10),
+        BASE + 1,
+    )
+    .await;
     claim(store, &job.id, "w1", BASE + 10)
         .await
         .expect("claim the retry");
     let last = failure("second");
-    let failed = store
-        .fail(&job.id, "w1", &last, Some(BASE + 20), BASE + 11)
-        .await
-        .expect("fail");
+    let failed = fail(
+        store,
+        &lease(&job.id, "w1", 2),
+        &last,
+        Some(BASE + 20),
+        BASE + 11,
+    )
+    .await;
     let failed = failed.expect("the holder fails it");
     assert_eq!(
         (failed.state, failed.attempts, failed.error),
@@ -613,10 +733,7 @@ pub async fn the_last_attempt_fails_for_good(store: &dyn Store) {
 
     let once = running(store, &t, "w1").await;
     let error = failure("not retryable").retryable(false);
-    let failed = store
-        .fail(&once.id, "w1", &error, None, BASE + 1)
-        .await
-        .expect("fail");
+    let failed = fail(store, &lease(&once.id, "w1", 1), &error, None, BASE + 1).await;
     let failed = failed.expect("the holder fails it");
     assert_eq!(
         (failed.state, failed.attempts, failed.error),
@@ -631,16 +748,14 @@ pub async fn cancel_stops_queued_retrying_and_running_jobs(store: &dyn Store) {
     let queued_job = queued(store, &t).await;
     let running_job = running(store, &t, "w1").await;
     let retrying_job = running(store, &t, "w1").await;
-    store
-        .fail(
-            &retrying_job.id,
-            "w1",
-            &failure("x"),
-            Some(BASE + 50),
-            BASE + 1,
-        )
-        .await
-        .expect("fail");
+    fail(
+        store,
+        &lease(&retrying_job.id, "w1", 1),
+        &failure("x"),
+        Some(BASE + 50),
+        BASE + 1,
+    )
+    .await;
     for job in [&queued_job, &running_job, &retrying_job] {
         let cancelled = store
             .cancel(&t, &job.id, BASE + 2)
@@ -655,17 +770,17 @@ pub async fn cancel_stops_queued_retrying_and_running_jobs(store: &dyn Store) {
         assert_eq!((cancelled.lease_owner, cancelled.lease_until), (None, None));
     }
     assert_eq!(
-        store
-            .heartbeat(&running_job.id, "w1", BASE + 3, LEASE)
-            .await
-            .expect("heartbeat"),
+        heartbeat(store, &lease(&running_job.id, "w1", 1), BASE + 3).await,
         Lease::Cancelled
     );
     assert_eq!(
-        store
-            .succeed(&running_job.id, "w1", &result_doc(), BASE + 3)
-            .await
-            .expect("succeed"),
+        succeed(
+            store,
+            &lease(&running_job.id, "w1", 1),
+            &result_doc(),
+            BASE + 3
+        )
+        .await,
         None
     );
     assert_eq!(reread(store, &running_job).await.state, JobState::Cancelled);
@@ -675,10 +790,8 @@ pub async fn cancel_stops_queued_retrying_and_running_jobs(store: &dyn Store) {
 pub async fn cancel_leaves_a_settled_job_as_it_is(store: &dyn Store) {
     let t = tenant();
     let job = running(store, &t, "w1").await;
-    let done = store
-        .succeed(&job.id, "w1", &result_doc(), BASE + 1)
+    let done = succeed(store, &lease(&job.id, "w1", 1), &result_doc(), BASE + 1)
         .await
-        .expect("succeed")
         .expect("held");
     assert_eq!(
         store.cancel(&t, &job.id, BASE + 2).await.expect("cancel"),
@@ -725,28 +838,33 @@ pub async fn due_jobs_lists_what_should_run_oldest_first(store: &dyn Store) {
         .claim(&waiting.id, "w1", t0 + 2, 100)
         .await
         .expect("claim");
-    store
-        .fail(&waiting.id, "w1", &failure("x"), Some(now + 1), t0 + 3)
-        .await
-        .expect("fail");
+    fail(
+        store,
+        &lease(&waiting.id, "w1", 1),
+        &failure("x"),
+        Some(now + 1),
+        t0 + 3,
+    )
+    .await;
     let retry_due = add(t0).await;
     store
         .claim(&retry_due.id, "w1", t0 + 2, 100)
         .await
         .expect("claim");
-    store
-        .fail(&retry_due.id, "w1", &failure("x"), Some(now), t0 + 3)
-        .await
-        .expect("fail");
+    fail(
+        store,
+        &lease(&retry_due.id, "w1", 1),
+        &failure("x"),
+        Some(now),
+        t0 + 3,
+    )
+    .await;
     let done = add(t0).await;
     store
         .claim(&done.id, "w1", t0 + 2, 100)
         .await
         .expect("claim");
-    store
-        .succeed(&done.id, "w1", &result_doc(), t0 + 3)
-        .await
-        .expect("succeed");
+    succeed(store, &lease(&done.id, "w1", 1), &result_doc(), t0 + 3).await;
     let not_yet = add(now + 1).await;
 
     let due = store.due_jobs(now, 1000).await.expect("due_jobs");
@@ -886,10 +1004,7 @@ pub async fn job_counts_count_each_state_once(store: &dyn Store) {
     let before = store.job_counts().await.expect("job_counts");
     let t = tenant();
     let job = running(store, &t, "w1").await;
-    store
-        .succeed(&job.id, "w1", &result_doc(), BASE + 1)
-        .await
-        .expect("succeed");
+    succeed(store, &lease(&job.id, "w1", 1), &result_doc(), BASE + 1).await;
     let job = queued(store, &t).await;
     store.cancel(&t, &job.id, BASE + 1).await.expect("cancel");
     let after = store.job_counts().await.expect("job_counts");
@@ -1151,11 +1266,29 @@ fn outcome() -> Envelope {
     )
 }
 
+/// A claim of `key` at `now` as a command's commit makes it: held for
+/// [`LEASE`], kept until [`FOREVER`], never taking over an abandoned claim.
 async fn claim_commit(store: &dyn Store, key: &str, now: i64) -> CommitClaim {
-    store
-        .claim_commit(key, now, LEASE)
-        .await
-        .expect("claim_commit")
+    let claim = ClaimCommit {
+        key,
+        now,
+        lease_ms: LEASE,
+        keep_until: FOREVER,
+        take_over: false,
+    };
+    store.claim_commit(claim).await.expect("claim_commit")
+}
+
+/// A claim of `key` at `now` as a webhook's notice makes it: one that
+/// takes over a claim abandoned past its lease.
+fn notice_claim(key: &str, now: i64) -> ClaimCommit<'_> {
+    ClaimCommit {
+        key,
+        now,
+        lease_ms: LEASE,
+        keep_until: FOREVER,
+        take_over: true,
+    }
 }
 
 /// The first claim runs the command; others wait while it is pending.
@@ -1218,24 +1351,47 @@ pub async fn releasing_a_commit_lets_it_run_again(store: &dyn Store) {
     );
 }
 
-/// A pending claim whose lease ran out (its process died) is taken over.
+/// A pending claim whose lease ran out (its process died) is taken over by
+/// a claim that says to (a notice, safe to send twice).
 pub async fn an_expired_commit_claim_is_taken_over(store: &dyn Store) {
+    let key = new_id();
+    let claim = |now| store.claim_commit(notice_claim(&key, now));
+    assert_eq!(claim(BASE).await, Ok(CommitClaim::Run));
+    assert_eq!(claim(BASE + LEASE + 1).await, Ok(CommitClaim::Run));
+    assert_eq!(claim(BASE + LEASE + 2).await, Ok(CommitClaim::Pending));
+}
+
+/// A pending claim whose lease ran out, claimed by a command's commit
+/// (which never takes one over), is abandoned: every later claim is told
+/// so, none runs the command again, and an outcome recorded late is
+/// answered after all.
+pub async fn an_abandoned_commit_claim_is_never_run_again(store: &dyn Store) {
     let key = new_id();
     assert_eq!(claim_commit(store, &key, BASE).await, CommitClaim::Run);
     assert_eq!(
-        claim_commit(store, &key, BASE + LEASE + 1).await,
-        CommitClaim::Run
-    );
-    assert_eq!(
-        claim_commit(store, &key, BASE + LEASE + 2).await,
+        claim_commit(store, &key, BASE + LEASE).await,
         CommitClaim::Pending
+    );
+    for now in [BASE + LEASE + 1, BASE + 2 * LEASE] {
+        assert_eq!(claim_commit(store, &key, now).await, CommitClaim::Abandoned);
+    }
+    store
+        .settle_commit(&key, Some(&outcome()), FOREVER)
+        .await
+        .expect("settle_commit");
+    assert_eq!(
+        claim_commit(store, &key, BASE + 3 * LEASE).await,
+        CommitClaim::Settled(outcome())
     );
 }
 
-/// An outcome is kept until `keep_until` and not after.
+/// An outcome is kept until `keep_until` and not after; so is a claim
+/// abandoned past its lease (its token has expired by then).
 ///
 /// This test works at `LATER`, after every time other tests use and
-/// before their `keep_until`, so expiring outcomes here expires none of theirs.
+/// before their `keep_until`, so expiring records here expires none of
+/// theirs; and in one test, because a claim may prune every record expired
+/// by its time.
 pub async fn a_settled_commit_expires_after_keep_until(store: &dyn Store) {
     let key = new_id();
     assert_eq!(claim_commit(store, &key, LATER).await, CommitClaim::Run);
@@ -1251,6 +1407,23 @@ pub async fn a_settled_commit_expires_after_keep_until(store: &dyn Store) {
         claim_commit(store, &key, LATER + 5_001).await,
         CommitClaim::Run
     );
+
+    let abandoned = new_id();
+    let start = LATER + 10_000;
+    let keep_until = start + 3 * LEASE;
+    let claim = |now| {
+        store.claim_commit(ClaimCommit {
+            key: &abandoned,
+            now,
+            lease_ms: LEASE,
+            keep_until,
+            take_over: false,
+        })
+    };
+    assert_eq!(claim(start).await, Ok(CommitClaim::Run));
+    assert_eq!(claim(start + LEASE + 1).await, Ok(CommitClaim::Abandoned));
+    assert_eq!(claim(keep_until).await, Ok(CommitClaim::Abandoned));
+    assert_eq!(claim(keep_until + 1).await, Ok(CommitClaim::Run));
 }
 
 // Many callers at once: an implementation may group concurrent operations
@@ -1358,7 +1531,13 @@ pub async fn many_jobs_at_once_each_get_their_own_answer(store: &dyn Store) {
         async move {
             (
                 n,
-                store.succeed(id, &format!("w{n}"), result, BASE + 1).await,
+                store
+                    .succeed(Succeed {
+                        lease: &lease(id, &format!("w{n}"), 1),
+                        result,
+                        now: BASE + 1,
+                    })
+                    .await,
             )
         }
     });
@@ -1420,10 +1599,8 @@ pub async fn lineage_travels_with_the_job(store: &dyn Store) {
             .collect::<Vec<_>>(),
         vec![Some(given.clone())]
     );
-    let done = store
-        .succeed(&job.id, "w1", &result_doc(), BASE + 1)
+    let done = succeed(store, &lease(&job.id, "w1", 1), &result_doc(), BASE + 1)
         .await
-        .expect("succeed")
         .expect("held");
     assert_eq!(done.lineage.as_ref(), Some(&given));
     assert_eq!(reread(store, &job).await.lineage, Some(given.clone()));
@@ -1468,9 +1645,14 @@ pub async fn many_jobs_at_once_keep_their_own_lineage(store: &dyn Store) {
         assert_eq!((&job.id, &job.lineage), (&ids[n], &expected[n]));
     }
     let result = result_doc();
-    let settles = ids
-        .iter()
-        .map(|id| store.succeed(id, "w1", &result, BASE + 1));
+    let leases: Vec<LeaseRef> = ids.iter().map(|id| lease(id, "w1", 1)).collect();
+    let settles = leases.iter().map(|lease| {
+        store.succeed(Succeed {
+            lease,
+            result: &result,
+            now: BASE + 1,
+        })
+    });
     for (n, answer) in join_all(settles).await.into_iter().enumerate() {
         let job = answer.expect("succeed").expect("held");
         assert_eq!((&job.id, &job.lineage), (&ids[n], &expected[n]));
@@ -1521,21 +1703,23 @@ pub async fn the_trace_context_travels_with_the_job(store: &dyn Store) {
         .await
         .expect("claimable");
     assert_eq!(claimed.trace.as_ref(), Some(&given));
-    let retrying = store
-        .fail(&job.id, "w1", &failure("flaky"), Some(t0 + 10), t0 + 2)
-        .await
-        .expect("fail")
-        .expect("held");
+    let retrying = fail(
+        store,
+        &lease(&job.id, "w1", 1),
+        &failure("flaky"),
+        Some(t0 + 10),
+        t0 + 2,
+    )
+    .await
+    .expect("held");
     assert_eq!(retrying.state, JobState::Retrying);
     assert_eq!(retrying.trace.as_ref(), Some(&given));
     let again = claim(store, &job.id, "w2", t0 + 10)
         .await
         .expect("due again");
     assert_eq!(again.trace.as_ref(), Some(&given));
-    let done = store
-        .succeed(&job.id, "w2", &result_doc(), t0 + 11)
+    let done = succeed(store, &lease(&job.id, "w2", 2), &result_doc(), t0 + 11)
         .await
-        .expect("succeed")
         .expect("held");
     assert_eq!(done.trace.as_ref(), Some(&given));
 
@@ -1576,11 +1760,13 @@ pub async fn many_jobs_at_once_keep_their_own_trace_context(store: &dyn Store) {
     }
 }
 
-async fn save_checkpoint(store: &dyn Store, id: &str, attempt: u32, checkpoint: &Value) -> bool {
-    store
-        .save_checkpoint(id, attempt, checkpoint, BASE + 10)
-        .await
-        .expect("save_checkpoint")
+async fn save_checkpoint(store: &dyn Store, lease: &LeaseRef, checkpoint: &Value) -> bool {
+    let save = SaveCheckpoint {
+        lease,
+        checkpoint,
+        now: BASE + 10,
+    };
+    store.save_checkpoint(save).await.expect("save_checkpoint")
 }
 
 /// A checkpoint is written only on a running job, by its current attempt:
@@ -1591,47 +1777,50 @@ pub async fn a_checkpoint_is_saved_for_the_current_attempt_only(store: &dyn Stor
     let step = |n: u32| json!({"step": n, "messages": [{"role": "user", "content": "go"}]});
 
     let waiting = queued(store, &t).await;
-    assert!(!save_checkpoint(store, &waiting.id, 0, &step(1)).await);
-    assert!(!save_checkpoint(store, &waiting.id, 1, &step(1)).await);
+    assert!(!save_checkpoint(store, &lease(&waiting.id, "w1", 0), &step(1)).await);
+    assert!(!save_checkpoint(store, &lease(&waiting.id, "w1", 1), &step(1)).await);
     assert_eq!(checkpoint_of(store, &waiting.id).await, None);
 
     let job = running(store, &t, "w1").await;
     assert_eq!(checkpoint_of(store, &job.id).await, None);
-    assert!(!save_checkpoint(store, &job.id, 0, &step(1)).await);
-    assert!(!save_checkpoint(store, &job.id, 2, &step(1)).await);
-    assert!(!save_checkpoint(store, &new_id(), 1, &step(1)).await);
-    assert!(save_checkpoint(store, &job.id, 1, &step(1)).await);
+    assert!(!save_checkpoint(store, &lease(&job.id, "w1", 0), &step(1)).await);
+    assert!(!save_checkpoint(store, &lease(&job.id, "w1", 2), &step(1)).await);
+    assert!(!save_checkpoint(store, &lease(&job.id, "w2", 1), &step(1)).await);
+    assert!(!save_checkpoint(store, &lease(&new_id(), "w1", 1), &step(1)).await);
+    assert!(save_checkpoint(store, &lease(&job.id, "w1", 1), &step(1)).await);
     let seen = reread(store, &job).await;
     assert_eq!(
         (checkpoint_of(store, &seen.id).await, seen.updated_at),
         (Some(step(1)), BASE + 10)
     );
-    assert!(save_checkpoint(store, &job.id, 1, &step(2)).await);
+    assert!(save_checkpoint(store, &lease(&job.id, "w1", 1), &step(2)).await);
     assert_eq!(checkpoint_of(store, &job.id).await, Some(step(2)));
     // JSON null is a checkpoint like any other, not its absence.
     let other = running(store, &t, "w1").await;
-    assert!(save_checkpoint(store, &other.id, 1, &Value::Null).await);
+    assert!(save_checkpoint(store, &lease(&other.id, "w1", 1), &Value::Null).await);
     assert_eq!(checkpoint_of(store, &other.id).await, Some(Value::Null));
 
-    let done = store
-        .succeed(&job.id, "w1", &result_doc(), BASE + 11)
+    let done = succeed(store, &lease(&job.id, "w1", 1), &result_doc(), BASE + 11)
         .await
-        .expect("succeed")
         .expect("held");
     assert_eq!(checkpoint_of(store, &done.id).await, Some(step(2)));
-    assert!(!save_checkpoint(store, &job.id, 1, &step(3)).await);
+    assert!(!save_checkpoint(store, &lease(&job.id, "w1", 1), &step(3)).await);
     let failed = running(store, &t, "w1").await;
-    store
-        .fail(&failed.id, "w1", &failure("x"), None, BASE + 1)
-        .await
-        .expect("fail");
-    assert!(!save_checkpoint(store, &failed.id, 1, &step(1)).await);
+    fail(
+        store,
+        &lease(&failed.id, "w1", 1),
+        &failure("x"),
+        None,
+        BASE + 1,
+    )
+    .await;
+    assert!(!save_checkpoint(store, &lease(&failed.id, "w1", 1), &step(1)).await);
     let cancelled = running(store, &t, "w1").await;
     store
         .cancel(&t, &cancelled.id, BASE + 1)
         .await
         .expect("cancel");
-    assert!(!save_checkpoint(store, &cancelled.id, 1, &step(1)).await);
+    assert!(!save_checkpoint(store, &lease(&cancelled.id, "w1", 1), &step(1)).await);
     for settled in [&job, &failed, &cancelled] {
         let seen = reread(store, settled).await;
         assert!(seen.state.is_settled(), "{seen:?}");
@@ -1652,7 +1841,7 @@ pub async fn a_checkpoint_outlives_claims_and_retries(store: &dyn Store) {
     let job = insert(store, new).await;
     claim(store, &job.id, "w1", BASE).await.expect("claimable");
     let saved = json!({"step": 4, "secret": "chain-of-thought-7f3a"});
-    assert!(save_checkpoint(store, &job.id, 1, &saved).await);
+    assert!(save_checkpoint(store, &lease(&job.id, "w1", 1), &saved).await);
 
     let now = BASE + LEASE + 1;
     let again = claim(store, &job.id, "w2", now)
@@ -1667,10 +1856,10 @@ pub async fn a_checkpoint_outlives_claims_and_retries(store: &dyn Store) {
     );
     // The first worker lost the job: its late save is refused and the new
     // holder's checkpoint stands.
-    assert!(!save_checkpoint(store, &job.id, 1, &json!({"step": 5})).await);
+    assert!(!save_checkpoint(store, &lease(&job.id, "w1", 1), &json!({"step": 5})).await);
     assert_eq!(checkpoint_of(store, &job.id).await, Some(saved.clone()));
     let later = json!({"step": 6, "secret": "chain-of-thought-7f3a"});
-    assert!(save_checkpoint(store, &job.id, 2, &later).await);
+    assert!(save_checkpoint(store, &lease(&job.id, "w2", 2), &later).await);
 
     let envelope = reread(store, &job).await.envelope(5);
     let text = envelope.to_json();
@@ -1678,17 +1867,15 @@ pub async fn a_checkpoint_outlives_claims_and_retries(store: &dyn Store) {
         assert!(!text.contains(hidden), "{hidden} in {text}");
     }
 
-    let retrying = store
-        .fail(
-            &job.id,
-            "w2",
-            &failure("model overloaded"),
-            Some(now + 10),
-            now + 1,
-        )
-        .await
-        .expect("fail")
-        .expect("held");
+    let retrying = fail(
+        store,
+        &lease(&job.id, "w2", 2),
+        &failure("model overloaded"),
+        Some(now + 10),
+        now + 1,
+    )
+    .await
+    .expect("held");
     assert_eq!(
         (
             retrying.state,
@@ -1696,7 +1883,7 @@ pub async fn a_checkpoint_outlives_claims_and_retries(store: &dyn Store) {
         ),
         (JobState::Retrying, Some(&later))
     );
-    assert!(!save_checkpoint(store, &job.id, 2, &json!({"step": 7})).await);
+    assert!(!save_checkpoint(store, &lease(&job.id, "w2", 2), &json!({"step": 7})).await);
     let third = claim(store, &job.id, "w3", now + 10)
         .await
         .expect("due again");
@@ -1708,10 +1895,8 @@ pub async fn a_checkpoint_outlives_claims_and_retries(store: &dyn Store) {
         (3, Some(&later))
     );
     assert_eq!(third.lineage, job.lineage);
-    let done = store
-        .succeed(&job.id, "w3", &result_doc(), now + 11)
+    let done = succeed(store, &lease(&job.id, "w3", 3), &result_doc(), now + 11)
         .await
-        .expect("succeed")
         .expect("held");
     let text = done.envelope(5).to_json();
     assert!(!text.contains("chain-of-thought"), "{text}");
@@ -1744,19 +1929,14 @@ pub async fn audit_keeps_the_parent_run_id(store: &dyn Store) {
 pub async fn a_parked_job_waits_for_its_ticket(store: &dyn Store) {
     let job = running(store, &tenant(), "w1").await;
     let saved = json!({"step": 3});
-    assert!(
-        store
-            .save_checkpoint(&job.id, 1, &saved, BASE + 1)
-            .await
-            .expect("save_checkpoint")
-    );
+    assert!(save_checkpoint(store, &holder(&job), &saved).await);
     let ticket = format!("t_{}", new_id());
-    let stale = store.park(&job.id, 2, &ticket, BASE + 2).await;
-    assert_eq!(stale.expect("park"), None, "another attempt cannot park it");
-    let parked = store
-        .park(&job.id, 1, &ticket, BASE + 2)
+    for stale in [lease(&job.id, "w1", 2), lease(&job.id, "w2", 1)] {
+        let parked = park(store, &stale, &ticket, BASE + 2).await;
+        assert_eq!(parked, None, "another attempt cannot park it: {stale:?}");
+    }
+    let parked = park(store, &holder(&job), &ticket, BASE + 2)
         .await
-        .expect("park")
         .expect("the running attempt parks it");
     assert_eq!(
         (parked.state, parked.attempts, parked.lease_owner.as_deref()),
@@ -1797,10 +1977,8 @@ pub async fn a_parked_job_can_be_cancelled_and_stays_so(store: &dyn Store) {
     let t = tenant();
     let job = running(store, &t, "w1").await;
     let ticket = format!("t_{}", new_id());
-    store
-        .park(&job.id, 1, &ticket, BASE + 1)
+    park(store, &holder(&job), &ticket, BASE + 1)
         .await
-        .expect("park")
         .expect("parked");
     let cancelled = store
         .cancel(&t, &job.id, BASE + 2)
@@ -1838,10 +2016,8 @@ pub async fn unnotified_jobs_are_settled_jobs_with_callbacks_nobody_notified(sto
     };
     let settle = |id: String, at: i64| async move {
         store.claim(&id, "w1", t0 + 1, LEASE).await.expect("claim");
-        store
-            .succeed(&id, "w1", &result_doc(), at)
+        succeed(store, &lease(&id, "w1", 1), &result_doc(), at)
             .await
-            .expect("succeed")
             .expect("settled");
     };
     let first = add(true).await;
@@ -1851,13 +2027,17 @@ pub async fn unnotified_jobs_are_settled_jobs_with_callbacks_nobody_notified(sto
         .claim(&notified.id, "w1", t0 + 1, LEASE)
         .await
         .expect("claim");
-    store
-        .fail(&notified.id, "w1", &failure("x"), None, t0 + 20)
-        .await
-        .expect("fail");
+    fail(
+        store,
+        &lease(&notified.id, "w1", 1),
+        &failure("x"),
+        None,
+        t0 + 20,
+    )
+    .await;
     let key = format!("{PREFIX}{}:failed", notified.id);
     assert_eq!(
-        store.claim_commit(&key, t0 + 21, LEASE).await,
+        store.claim_commit(notice_claim(&key, t0 + 21)).await,
         Ok(CommitClaim::Run)
     );
     let cancelled = add(true).await;
@@ -1902,12 +2082,12 @@ pub async fn unnotified_jobs_are_settled_jobs_with_callbacks_nobody_notified(sto
     // Another prefix's record is not this notice's.
     let other = format!("other:{}:succeeded", first.id);
     assert_eq!(
-        store.claim_commit(&other, t0 + 50, LEASE).await,
+        store.claim_commit(notice_claim(&other, t0 + 50)).await,
         Ok(CommitClaim::Run)
     );
     let key = format!("{PREFIX}{}:succeeded", first.id);
     assert_eq!(
-        store.claim_commit(&key, t0 + 50, LEASE).await,
+        store.claim_commit(notice_claim(&key, t0 + 50)).await,
         Ok(CommitClaim::Run)
     );
     let listed = store
@@ -1958,7 +2138,7 @@ pub async fn unnotified_tickets_are_answered_tickets_with_callbacks_nobody_notif
     answer(notified.id.clone(), t0 + 30).await;
     let key = format!("{PREFIX}{}:answered", notified.id);
     assert_eq!(
-        store.claim_commit(&key, t0 + 31, LEASE).await,
+        store.claim_commit(notice_claim(&key, t0 + 31)).await,
         Ok(CommitClaim::Run)
     );
     let _open = add(true).await;
@@ -1990,7 +2170,7 @@ pub async fn unnotified_tickets_are_answered_tickets_with_callbacks_nobody_notif
     assert_eq!(one.len(), 1, "at most the limit");
     let key = format!("{PREFIX}{}:answered", first.id);
     assert_eq!(
-        store.claim_commit(&key, t0 + 50, LEASE).await,
+        store.claim_commit(notice_claim(&key, t0 + 50)).await,
         Ok(CommitClaim::Run)
     );
     let listed = store

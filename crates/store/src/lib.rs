@@ -2,8 +2,11 @@
 //!
 //! [`Store`] is the smallest surface the dispatcher and the workers need.
 //! Every job transition is one conditional statement that names the states it
-//! moves from, so no caller can move a settled job, and a worker that lost its
-//! lease cannot settle a job another worker holds. Every read a client can
+//! moves from, so no caller can move a settled job; every operation of a
+//! running job's holder names the attempt that holds it ([`LeaseRef`]), so
+//! an attempt whose lease expired and whose job was claimed again, by
+//! another worker or by the same one, can no longer heartbeat, report,
+//! checkpoint, park or settle it. Every read a client can
 //! reach is scoped to a tenant. Times are Unix milliseconds passed in by the
 //! caller, so transitions are deterministic under test.
 //!
@@ -163,12 +166,91 @@ pub struct JobPage {
 /// What a heartbeat found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Lease {
-    /// Extended: the worker still holds the job.
+    /// Extended: this attempt still holds the job.
     Held,
     /// The job was cancelled: stop the executor.
     Cancelled,
-    /// Another worker holds it, or it settled: stop, settle nothing.
+    /// Another attempt holds it (another worker's, or a newer one of the
+    /// same worker), or it settled: stop, settle nothing.
     Lost,
+}
+
+/// The attempt that holds a running job: the worker that claimed it and
+/// the attempt its claim started (the [`JobRecord::attempts`] the claim
+/// answered). Every operation of a job's holder names it, and the store
+/// applies it only while the job runs under that same lease owner and
+/// attempt: once a lease expired and the job was claimed again, even by
+/// the same worker, the older attempt changes nothing.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct LeaseRef {
+    pub job_id: String,
+    pub worker: String,
+    pub attempt: u32,
+}
+
+impl JobRecord {
+    /// The attempt that holds this job now: `Some` for a running job with a
+    /// lease owner (what [`Store::claim`] answers).
+    pub fn lease_ref(&self) -> Option<LeaseRef> {
+        let worker = self
+            .lease_owner
+            .as_ref()
+            .filter(|_| self.state == JobState::Running)?;
+        Some(LeaseRef {
+            job_id: self.id.clone(),
+            worker: worker.clone(),
+            attempt: self.attempts,
+        })
+    }
+}
+
+/// What [`Store::heartbeat`] takes: extend `lease` to `now + lease_ms`.
+#[derive(Debug, Clone, Copy)]
+pub struct Heartbeat<'a> {
+    pub lease: &'a LeaseRef,
+    pub now: i64,
+    pub lease_ms: i64,
+}
+
+/// What [`Store::set_progress`] takes.
+#[derive(Debug, Clone, Copy)]
+pub struct SetProgress<'a> {
+    pub lease: &'a LeaseRef,
+    pub progress: &'a Value,
+    pub now: i64,
+}
+
+/// What [`Store::save_checkpoint`] takes.
+#[derive(Debug, Clone, Copy)]
+pub struct SaveCheckpoint<'a> {
+    pub lease: &'a LeaseRef,
+    pub checkpoint: &'a Value,
+    pub now: i64,
+}
+
+/// What [`Store::park`] takes: park the job of `lease` on `ticket`.
+#[derive(Debug, Clone, Copy)]
+pub struct Park<'a> {
+    pub lease: &'a LeaseRef,
+    pub ticket: &'a str,
+    pub now: i64,
+}
+
+/// What [`Store::succeed`] takes.
+#[derive(Debug, Clone, Copy)]
+pub struct Succeed<'a> {
+    pub lease: &'a LeaseRef,
+    pub result: &'a Json,
+    pub now: i64,
+}
+
+/// What [`Store::fail`] takes: `retry_at`, when the failure may be retried.
+#[derive(Debug, Clone, Copy)]
+pub struct Fail<'a> {
+    pub lease: &'a LeaseRef,
+    pub error: &'a ToolError,
+    pub retry_at: Option<i64>,
+    pub now: i64,
 }
 
 /// A question for a person.
@@ -229,6 +311,27 @@ pub enum CommitClaim {
     Settled(Envelope),
     /// Another commit of this key holds it until its lease ends.
     Pending,
+    /// Claimed, and still pending past its lease: its claimant stopped
+    /// before recording an outcome. Answered to claims that do not take
+    /// such a claim over ([`ClaimCommit::take_over`]).
+    Abandoned,
+}
+
+/// What [`Store::claim_commit`] takes.
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimCommit<'a> {
+    pub key: &'a str,
+    pub now: i64,
+    /// The claim holds until `now + lease_ms`.
+    pub lease_ms: i64,
+    /// Until when the key's record is kept, pending or settled: past it, it
+    /// is pruned (kept at least as long as the claim holds).
+    pub keep_until: i64,
+    /// What becomes of a claim left pending past its lease: taken over by
+    /// this one (`true`: work that is safe to repeat, a webhook's notice),
+    /// or answered [`CommitClaim::Abandoned`], so the work never runs again
+    /// (`false`: a command's commit).
+    pub take_over: bool,
 }
 
 /// Where toolfleet's state lives.
@@ -267,72 +370,40 @@ pub trait Store: Send + Sync + 'static {
         now: i64,
         lease_ms: i64,
     ) -> Result<Option<JobRecord>, StoreError>;
-    /// Extends the lease of a running job `worker` holds.
-    async fn heartbeat(
-        &self,
-        id: &str,
-        worker: &str,
-        now: i64,
-        lease_ms: i64,
-    ) -> Result<Lease, StoreError>;
-    /// Records progress of a running job `worker` holds; false if not held.
-    async fn set_progress(
-        &self,
-        id: &str,
-        worker: &str,
-        progress: &Value,
-        now: i64,
-    ) -> Result<bool, StoreError>;
-    /// Saves an agent loop's state on a running job, for the attempt that
-    /// runs it: written only while the job is `running` and its `attempts`
-    /// equals `attempt`, so a worker that lost the job to a newer claim
-    /// cannot overwrite the new holder's checkpoint. True if written. The
-    /// checkpoint stays on the job across later claims and retries.
+    /// Extends the lease of a running job while `beat.lease` holds it;
+    /// [`Lease::Lost`] once another attempt does (or it settled),
+    /// [`Lease::Cancelled`] once it was cancelled.
+    async fn heartbeat(&self, beat: Heartbeat<'_>) -> Result<Lease, StoreError>;
+    /// Records progress of a running job while its lease holds it; false
+    /// if not held.
+    async fn set_progress(&self, report: SetProgress<'_>) -> Result<bool, StoreError>;
     /// The agent loop's last saved state of job `id` (see
     /// [`Store::save_checkpoint`]), kept apart from [`JobRecord`] so that
     /// reading and listing jobs never carries a conversation; `None` when
     /// none was saved or the job is missing.
     async fn checkpoint(&self, id: &str) -> Result<Option<Value>, StoreError>;
-    async fn save_checkpoint(
-        &self,
-        id: &str,
-        attempt: u32,
-        checkpoint: &Value,
-        now: i64,
-    ) -> Result<bool, StoreError>;
+    /// Saves an agent loop's state on a running job, for the attempt that
+    /// holds it: written only while the job is `running` under that lease,
+    /// so an attempt that lost the job to a newer claim (even its own
+    /// worker's) cannot overwrite the new holder's checkpoint. True if
+    /// written. The checkpoint stays on the job across later claims and
+    /// retries.
+    async fn save_checkpoint(&self, save: SaveCheckpoint<'_>) -> Result<bool, StoreError>;
     /// running (this attempt) -> parked on `ticket`: shown as `retrying`,
     /// never due and unleased until [`Store::wake`], and the attempt given
     /// back (waiting for a person is not a failed attempt). For an agent
     /// whose tool asked a person: its worker is free meanwhile. The parked
     /// job, or `None` when this attempt no longer holds it.
-    async fn park(
-        &self,
-        id: &str,
-        attempt: u32,
-        ticket: &str,
-        now: i64,
-    ) -> Result<Option<JobRecord>, StoreError>;
+    async fn park(&self, park: Park<'_>) -> Result<Option<JobRecord>, StoreError>;
     /// Jobs parked on `ticket` -> due at `now`. The jobs woken, to publish.
     async fn wake(&self, ticket: &str, now: i64) -> Result<Vec<JobRecord>, StoreError>;
-    /// running (held by `worker`) -> succeeded. The settled job, or `None`
-    /// when the worker no longer held it.
-    async fn succeed(
-        &self,
-        id: &str,
-        worker: &str,
-        result: &Json,
-        now: i64,
-    ) -> Result<Option<JobRecord>, StoreError>;
-    /// running (held by `worker`) -> retrying at `retry_at` if given and
-    /// attempts remain, else failed with `error` kept. `None` when not held.
-    async fn fail(
-        &self,
-        id: &str,
-        worker: &str,
-        error: &ToolError,
-        retry_at: Option<i64>,
-        now: i64,
-    ) -> Result<Option<JobRecord>, StoreError>;
+    /// running (held by this attempt) -> succeeded. The settled job, or
+    /// `None` when the attempt no longer held it.
+    async fn succeed(&self, done: Succeed<'_>) -> Result<Option<JobRecord>, StoreError>;
+    /// running (held by this attempt) -> retrying at `retry_at` if given
+    /// and attempts remain, else failed with `error` kept. `None` when not
+    /// held.
+    async fn fail(&self, failed: Fail<'_>) -> Result<Option<JobRecord>, StoreError>;
     /// queued, retrying or running -> cancelled. The job as it now stands
     /// (already settled ones unchanged), `None` if missing or another tenant's.
     async fn cancel(
@@ -393,13 +464,10 @@ pub trait Store: Send + Sync + 'static {
 
     // Command outcomes (the durable commit log).
 
-    /// Claims `key` until `now + lease_ms`, or answers its recorded outcome.
-    async fn claim_commit(
-        &self,
-        key: &str,
-        now: i64,
-        lease_ms: i64,
-    ) -> Result<CommitClaim, StoreError>;
+    /// Claims a key (absent, settled past its `keep_until`, or pending past
+    /// its lease when the claim takes over), or answers its recorded
+    /// outcome, that another claim holds it, or that a claim abandoned it.
+    async fn claim_commit(&self, claim: ClaimCommit<'_>) -> Result<CommitClaim, StoreError>;
     /// Records the outcome of `key` (kept until `keep_until`), or with `None`
     /// releases the claim so the commit may run again.
     async fn settle_commit(

@@ -12,11 +12,12 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use serde_json::Value;
 use toolfleet_core::metrics::Backend;
-use toolfleet_core::{AuditRecord, Envelope, JobState, Json, Metrics, ToolError};
+use toolfleet_core::{AuditRecord, Envelope, JobState, Metrics};
 
 use crate::{
-    Answered, CommitClaim, Inserted, JobFilter, JobPage, JobRecord, Lease, NewJob, NewTicket,
-    Store, StoreError, TicketRecord,
+    Answered, ClaimCommit, CommitClaim, Fail, Heartbeat, Inserted, JobFilter, JobPage, JobRecord,
+    Lease, NewJob, NewTicket, Park, SaveCheckpoint, SetProgress, Store, StoreError, Succeed,
+    TicketRecord,
 };
 
 /// The store `inner`, its failures counted in `metrics`.
@@ -76,77 +77,36 @@ impl Store for MeteredStore {
         self.seen(self.inner.claim(id, worker, now, lease_ms).await)
     }
 
-    async fn heartbeat(
-        &self,
-        id: &str,
-        worker: &str,
-        now: i64,
-        lease_ms: i64,
-    ) -> Result<Lease, StoreError> {
-        self.seen(self.inner.heartbeat(id, worker, now, lease_ms).await)
+    async fn heartbeat(&self, beat: Heartbeat<'_>) -> Result<Lease, StoreError> {
+        self.seen(self.inner.heartbeat(beat).await)
     }
 
-    async fn set_progress(
-        &self,
-        id: &str,
-        worker: &str,
-        progress: &Value,
-        now: i64,
-    ) -> Result<bool, StoreError> {
-        self.seen(self.inner.set_progress(id, worker, progress, now).await)
+    async fn set_progress(&self, report: SetProgress<'_>) -> Result<bool, StoreError> {
+        self.seen(self.inner.set_progress(report).await)
     }
 
     async fn checkpoint(&self, id: &str) -> Result<Option<Value>, StoreError> {
         self.seen(self.inner.checkpoint(id).await)
     }
 
-    async fn save_checkpoint(
-        &self,
-        id: &str,
-        attempt: u32,
-        checkpoint: &Value,
-        now: i64,
-    ) -> Result<bool, StoreError> {
-        self.seen(
-            self.inner
-                .save_checkpoint(id, attempt, checkpoint, now)
-                .await,
-        )
+    async fn save_checkpoint(&self, save: SaveCheckpoint<'_>) -> Result<bool, StoreError> {
+        self.seen(self.inner.save_checkpoint(save).await)
     }
 
-    async fn park(
-        &self,
-        id: &str,
-        attempt: u32,
-        ticket: &str,
-        now: i64,
-    ) -> Result<Option<JobRecord>, StoreError> {
-        self.seen(self.inner.park(id, attempt, ticket, now).await)
+    async fn park(&self, park: Park<'_>) -> Result<Option<JobRecord>, StoreError> {
+        self.seen(self.inner.park(park).await)
     }
 
     async fn wake(&self, ticket: &str, now: i64) -> Result<Vec<JobRecord>, StoreError> {
         self.seen(self.inner.wake(ticket, now).await)
     }
 
-    async fn succeed(
-        &self,
-        id: &str,
-        worker: &str,
-        result: &Json,
-        now: i64,
-    ) -> Result<Option<JobRecord>, StoreError> {
-        self.seen(self.inner.succeed(id, worker, result, now).await)
+    async fn succeed(&self, done: Succeed<'_>) -> Result<Option<JobRecord>, StoreError> {
+        self.seen(self.inner.succeed(done).await)
     }
 
-    async fn fail(
-        &self,
-        id: &str,
-        worker: &str,
-        error: &ToolError,
-        retry_at: Option<i64>,
-        now: i64,
-    ) -> Result<Option<JobRecord>, StoreError> {
-        self.seen(self.inner.fail(id, worker, error, retry_at, now).await)
+    async fn fail(&self, failed: Fail<'_>) -> Result<Option<JobRecord>, StoreError> {
+        self.seen(self.inner.fail(failed).await)
     }
 
     async fn cancel(
@@ -220,13 +180,8 @@ impl Store for MeteredStore {
         self.seen(self.inner.audit(tenant, limit).await)
     }
 
-    async fn claim_commit(
-        &self,
-        key: &str,
-        now: i64,
-        lease_ms: i64,
-    ) -> Result<CommitClaim, StoreError> {
-        self.seen(self.inner.claim_commit(key, now, lease_ms).await)
+    async fn claim_commit(&self, claim: ClaimCommit<'_>) -> Result<CommitClaim, StoreError> {
+        self.seen(self.inner.claim_commit(claim).await)
     }
 
     async fn settle_commit(

@@ -38,8 +38,9 @@ use toolfleet_core::{
 };
 
 use crate::{
-    Answered, CommitClaim, Inserted, JobFilter, JobPage, JobRecord, Lease, NewJob, NewTicket,
-    Store, StoreError, TicketRecord,
+    Answered, ClaimCommit, CommitClaim, Fail, Heartbeat, Inserted, JobFilter, JobPage, JobRecord,
+    Lease, LeaseRef, NewJob, NewTicket, Park, SaveCheckpoint, SetProgress, Store, StoreError,
+    Succeed, TicketRecord,
 };
 use toolfleet_core::group::Group;
 
@@ -165,29 +166,31 @@ mod sql {
         job_columns!()
     );
 
-    /// running (held) -> running, lease extended.
+    // Every statement of a running job's holder names its attempt (`$1`
+    // the job, `$2` the lease owner, `$3` the attempt): by lease owner and
+    // attempt both, so an attempt that lost the job to a newer claim, even
+    // its own worker's, no longer matches.
+
+    /// running (this attempt) -> running, lease extended.
     pub const HEARTBEAT: &str = "
-        UPDATE jobs SET lease_until = $4, updated_at = $3
-        WHERE id = $1 AND state = 'running' AND lease_owner = $2";
+        UPDATE jobs SET lease_until = $5, updated_at = $4
+        WHERE id = $1 AND state = 'running' AND lease_owner = $2 AND attempts = $3";
 
     pub const STATE: &str = "SELECT state FROM jobs WHERE id = $1";
 
-    /// running (held) -> running, progress recorded.
+    /// running (this attempt) -> running, progress recorded.
     pub const PROGRESS: &str = "
-        UPDATE jobs SET progress = $3, updated_at = $4
-        WHERE id = $1 AND state = 'running' AND lease_owner = $2";
+        UPDATE jobs SET progress = $4, updated_at = $5
+        WHERE id = $1 AND state = 'running' AND lease_owner = $2 AND attempts = $3";
 
-    /// running (this attempt) -> running, checkpoint saved. By attempt, not
-    /// lease owner: a worker that lost the job to a newer claim, even its
-    /// own, no longer matches.
     /// running (this attempt) -> retrying, parked on a ticket: never due,
     /// unleased, the attempt given back.
     pub const PARK: &str = concat!(
         "
         UPDATE jobs SET state = 'retrying', run_at = 9223372036854775807,
             attempts = attempts - 1, lease_owner = NULL, lease_until = NULL,
-            waiting_on = $3, updated_at = $4
-        WHERE id = $1 AND state = 'running' AND attempts = $2
+            waiting_on = $4, updated_at = $5
+        WHERE id = $1 AND state = 'running' AND lease_owner = $2 AND attempts = $3
         RETURNING ",
         job_columns!()
     );
@@ -203,34 +206,37 @@ mod sql {
 
     pub const READ_CHECKPOINT: &str = "SELECT checkpoint FROM jobs WHERE id = $1";
 
+    /// running (this attempt) -> running, checkpoint saved.
     pub const CHECKPOINT: &str = "
-        UPDATE jobs SET checkpoint = $3, updated_at = $4
-        WHERE id = $1 AND state = 'running' AND attempts = $2";
+        UPDATE jobs SET checkpoint = $4, updated_at = $5
+        WHERE id = $1 AND state = 'running' AND lease_owner = $2 AND attempts = $3";
 
-    /// running (held) -> succeeded, for a batch of successes; `s_ord` tells
-    /// whose each row was.
+    /// running (this attempt) -> succeeded, for a batch of successes;
+    /// `s_ord` tells whose each row was.
     pub const SUCCEED_MANY: &str = concat!(
         "
         UPDATE jobs SET state = 'succeeded', result = s_result,
             lease_owner = NULL, lease_until = NULL, updated_at = s_now
-        FROM UNNEST($1::text[], $2::text[], $3::text[], $4::bigint[])
-            WITH ORDINALITY AS s(s_id, s_worker, s_result, s_now, s_ord)
-        WHERE id = s_id AND CASE WHEN state = 'running' THEN lease_owner = s_worker ELSE false END
+        FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::text[], $5::bigint[])
+            WITH ORDINALITY AS s(s_id, s_worker, s_attempt, s_result, s_now, s_ord)
+        WHERE id = s_id
+          AND CASE WHEN state = 'running' THEN lease_owner = s_worker AND attempts = s_attempt
+                   ELSE false END
         RETURNING s_ord, ",
         job_columns!()
     );
 
-    /// running (held) -> retrying at $4 while attempts remain, else failed.
-    /// The right-hand sides read the row as it was before the update.
+    /// running (this attempt) -> retrying at $5 while attempts remain, else
+    /// failed. The right-hand sides read the row as it was before the update.
     pub const FAIL: &str = concat!(
         "
         UPDATE jobs SET
-            state = CASE WHEN $4::bigint IS NOT NULL AND attempts < max_attempts
+            state = CASE WHEN $5::bigint IS NOT NULL AND attempts < max_attempts
                          THEN 'retrying' ELSE 'failed' END,
-            run_at = CASE WHEN $4::bigint IS NOT NULL AND attempts < max_attempts
-                          THEN $4::bigint ELSE run_at END,
-            error = $3, lease_owner = NULL, lease_until = NULL, updated_at = $5
-        WHERE id = $1 AND state = 'running' AND lease_owner = $2
+            run_at = CASE WHEN $5::bigint IS NOT NULL AND attempts < max_attempts
+                          THEN $5::bigint ELSE run_at END,
+            error = $4, lease_owner = NULL, lease_until = NULL, updated_at = $6
+        WHERE id = $1 AND state = 'running' AND lease_owner = $2 AND attempts = $3
         RETURNING ",
         job_columns!()
     );
@@ -359,23 +365,29 @@ mod sql {
     /// Skips rows another pruner holds, so concurrent claims never wait on
     /// each other's housekeeping; the array makes the delete a walk of the
     /// primary key, whatever the planner guesses of the batch size.
+    /// Settled outcomes and abandoned claims past keep_until (up to $2 of
+    /// each), each read off its partial index (migration 7).
     pub const PRUNE_COMMITS: &str = "
         DELETE FROM commits WHERE key = ANY (ARRAY(
             SELECT key FROM commits WHERE state = 'settled' AND keep_until < $1
+            LIMIT $2 FOR UPDATE SKIP LOCKED) || ARRAY(
+            SELECT key FROM commits WHERE state = 'pending' AND keep_until < $1
             LIMIT $2 FOR UPDATE SKIP LOCKED))";
 
-    /// absent, pending past its lease, or settled past keep_until -> pending.
-    /// The conflicting row is locked and its condition checked on its latest
-    /// version, so two processes can never both claim a key.
+    /// absent, kept past keep_until, or pending past its lease when $5 says
+    /// to take it over -> pending until $3, kept until $4. The conflicting
+    /// row is locked and its condition checked on its latest version, so
+    /// two processes can never both claim a key.
     pub const CLAIM_COMMIT: &str = "
-        INSERT INTO commits (key, state, lease_until) VALUES ($1, 'pending', $3)
+        INSERT INTO commits (key, state, lease_until, keep_until) VALUES ($1, 'pending', $3, $4)
         ON CONFLICT (key) DO UPDATE SET
-            state = 'pending', envelope = NULL, lease_until = $3, keep_until = NULL
-        WHERE (commits.state = 'pending' AND commits.lease_until < $2)
-           OR (commits.state = 'settled' AND commits.keep_until < $2)
+            state = 'pending', envelope = NULL, lease_until = $3, keep_until = $4
+        WHERE commits.keep_until < $2
+           OR ($5 AND commits.state = 'pending' AND commits.lease_until < $2)
         RETURNING key";
 
-    pub const COMMIT: &str = "SELECT state, envelope FROM commits WHERE key = $1";
+    /// What a claim that did not win found.
+    pub const COMMIT: &str = "SELECT state, envelope, lease_until FROM commits WHERE key = $1";
 
     /// pending (or absent) -> settled; a settled outcome is never replaced.
     pub const SETTLE_COMMIT: &str = "
@@ -448,8 +460,7 @@ struct Claim {
 }
 
 struct Success {
-    id: String,
-    worker: String,
+    lease: LeaseRef,
     result: String,
     now: i64,
 }
@@ -1120,23 +1131,22 @@ async fn succeed_many(
     done: Vec<Success>,
 ) -> Answers<Option<JobRecord>> {
     let c = pool.get().await.map_err(|e| pool_error(e, &place))?;
-    let ids: Vec<&str> = done.iter().map(|s| s.id.as_str()).collect();
-    let workers: Vec<&str> = done.iter().map(|s| s.worker.as_str()).collect();
+    let ids: Vec<&str> = done.iter().map(|s| s.lease.job_id.as_str()).collect();
+    let workers: Vec<&str> = done.iter().map(|s| s.lease.worker.as_str()).collect();
+    let attempts: Vec<i64> = done.iter().map(|s| i64::from(s.lease.attempt)).collect();
     let results: Vec<&str> = done.iter().map(|s| s.result.as_str()).collect();
     let nows: Vec<i64> = done.iter().map(|s| s.now).collect();
     let stmt = c.prepare_cached(sql::SUCCEED_MANY).await?;
-    let rows = c.query(&stmt, &[&ids, &workers, &results, &nows]).await?;
+    let params: Params<'_> = &[&ids, &workers, &attempts, &results, &nows];
+    let rows = c.query(&stmt, params).await?;
     Ok(by_ordinal(&rows, "s_ord", done.len()))
 }
 
-async fn heartbeat(
-    c: &ClientWrapper,
-    id: &str,
-    worker: &str,
-    now: i64,
-    until: i64,
-) -> Result<Lease, StoreError> {
-    if execute(c, sql::HEARTBEAT, &[&id, &worker, &now, &until]).await? > 0 {
+async fn heartbeat(c: &ClientWrapper, beat: Heartbeat<'_>) -> Result<Lease, StoreError> {
+    let (id, worker, attempt) = parts(beat.lease);
+    let until = beat.now.saturating_add(beat.lease_ms);
+    let params: Params<'_> = &[&id, &worker, &attempt, &beat.now, &until];
+    if execute(c, sql::HEARTBEAT, params).await? > 0 {
         return Ok(Lease::Held);
     }
     // Read after the update, so a cancel that the update waited for is seen.
@@ -1150,6 +1160,11 @@ async fn heartbeat(
         "cancelled" => Lease::Cancelled,
         _ => Lease::Lost,
     })
+}
+
+/// The parts of `lease` as the statements of its holder bind them.
+fn parts(lease: &LeaseRef) -> (&str, &str, i64) {
+    (&lease.job_id, &lease.worker, i64::from(lease.attempt))
 }
 
 async fn cancel(
@@ -1312,14 +1327,16 @@ async fn append_audit(c: &ClientWrapper, records: &[AuditRecord]) -> Result<(), 
 /// statements; a key released or pruned in between is claimed afresh.
 async fn claim_commit(
     c: &ClientWrapper,
-    key: &str,
-    now: i64,
-    until: i64,
+    claim: ClaimCommit<'_>,
 ) -> Result<CommitClaim, StoreError> {
+    let (key, now) = (claim.key, claim.now);
+    let until = now.saturating_add(claim.lease_ms);
+    let keep = claim.keep_until.max(until);
     execute(c, sql::PRUNE_COMMITS, &[&now, &PRUNE_BATCH]).await?;
     for _ in 0..CLAIM_COMMIT_TRIES {
-        let claim = c.prepare_cached(sql::CLAIM_COMMIT).await?;
-        if c.query_opt(&claim, &[&key, &now, &until]).await?.is_some() {
+        let stmt = c.prepare_cached(sql::CLAIM_COMMIT).await?;
+        let params: Params<'_> = &[&key, &now, &until, &keep, &claim.take_over];
+        if c.query_opt(&stmt, params).await?.is_some() {
             return Ok(CommitClaim::Run);
         }
         let read = c.prepare_cached(sql::COMMIT).await?;
@@ -1327,10 +1344,12 @@ async fn claim_commit(
             continue;
         };
         let f = Fields::named(&row, "commit", key);
+        let lease_until: Option<i64> = f.get("lease_until")?;
         return match f.get::<Option<&str>>("envelope")? {
             Some(text) => Ok(CommitClaim::Settled(
                 serde_json::from_str(text).map_err(|e| f.corrupt("envelope", e))?,
             )),
+            None if lease_until.is_some_and(|until| until < now) => Ok(CommitClaim::Abandoned),
             None => Ok(CommitClaim::Pending),
         };
     }
@@ -1400,27 +1419,16 @@ impl Store for PgStore {
         self.groups.claim.run(claim).await
     }
 
-    async fn heartbeat(
-        &self,
-        id: &str,
-        worker: &str,
-        now: i64,
-        lease_ms: i64,
-    ) -> Result<Lease, StoreError> {
-        let until = now.saturating_add(lease_ms);
-        heartbeat(&*self.client().await?, id, worker, now, until).await
+    async fn heartbeat(&self, beat: Heartbeat<'_>) -> Result<Lease, StoreError> {
+        heartbeat(&*self.client().await?, beat).await
     }
 
-    async fn set_progress(
-        &self,
-        id: &str,
-        worker: &str,
-        progress: &Value,
-        now: i64,
-    ) -> Result<bool, StoreError> {
-        let progress = encode(progress)?;
+    async fn set_progress(&self, report: SetProgress<'_>) -> Result<bool, StoreError> {
+        let (id, worker, attempt) = parts(report.lease);
+        let progress = encode(report.progress)?;
         let c = self.client().await?;
-        Ok(execute(&c, sql::PROGRESS, &[&id, &worker, &progress, &now]).await? > 0)
+        let params: Params<'_> = &[&id, &worker, &attempt, &progress, &report.now];
+        Ok(execute(&c, sql::PROGRESS, params).await? > 0)
     }
 
     async fn checkpoint(&self, id: &str) -> Result<Option<Value>, StoreError> {
@@ -1433,29 +1441,19 @@ impl Store for PgStore {
         }
     }
 
-    async fn save_checkpoint(
-        &self,
-        id: &str,
-        attempt: u32,
-        checkpoint: &Value,
-        now: i64,
-    ) -> Result<bool, StoreError> {
-        let checkpoint = encode(checkpoint)?;
-        let attempt = i64::from(attempt);
+    async fn save_checkpoint(&self, save: SaveCheckpoint<'_>) -> Result<bool, StoreError> {
+        let (id, worker, attempt) = parts(save.lease);
+        let checkpoint = encode(save.checkpoint)?;
         let c = self.client().await?;
-        Ok(execute(&c, sql::CHECKPOINT, &[&id, &attempt, &checkpoint, &now]).await? > 0)
+        let params: Params<'_> = &[&id, &worker, &attempt, &checkpoint, &save.now];
+        Ok(execute(&c, sql::CHECKPOINT, params).await? > 0)
     }
 
-    async fn park(
-        &self,
-        id: &str,
-        attempt: u32,
-        ticket: &str,
-        now: i64,
-    ) -> Result<Option<JobRecord>, StoreError> {
-        let attempt = i64::from(attempt);
+    async fn park(&self, park: Park<'_>) -> Result<Option<JobRecord>, StoreError> {
+        let (id, worker, attempt) = parts(park.lease);
         let c = self.client().await?;
-        query_one(&c, sql::PARK, &[&id, &attempt, &ticket, &now], job_from_row).await
+        let params: Params<'_> = &[&id, &worker, &attempt, &park.ticket, &park.now];
+        query_one(&c, sql::PARK, params, job_from_row).await
     }
 
     async fn wake(&self, ticket: &str, now: i64) -> Result<Vec<JobRecord>, StoreError> {
@@ -1463,33 +1461,27 @@ impl Store for PgStore {
         query_all(&c, sql::WAKE, &[&ticket, &now], job_from_row).await
     }
 
-    async fn succeed(
-        &self,
-        id: &str,
-        worker: &str,
-        result: &Json,
-        now: i64,
-    ) -> Result<Option<JobRecord>, StoreError> {
+    async fn succeed(&self, done: Succeed<'_>) -> Result<Option<JobRecord>, StoreError> {
         let success = Success {
-            id: id.to_owned(),
-            worker: worker.to_owned(),
-            result: result.get().to_owned(),
-            now,
+            lease: done.lease.clone(),
+            result: done.result.get().to_owned(),
+            now: done.now,
         };
         self.groups.succeed.run(success).await
     }
 
-    async fn fail(
-        &self,
-        id: &str,
-        worker: &str,
-        error: &ToolError,
-        retry_at: Option<i64>,
-        now: i64,
-    ) -> Result<Option<JobRecord>, StoreError> {
-        let error = encode(error)?;
+    async fn fail(&self, failed: Fail<'_>) -> Result<Option<JobRecord>, StoreError> {
+        let (id, worker, attempt) = parts(failed.lease);
+        let error = encode(failed.error)?;
         let c = self.client().await?;
-        let params: Params<'_> = &[&id, &worker, &error, &retry_at, &now];
+        let params: Params<'_> = &[
+            &id,
+            &worker,
+            &attempt,
+            &error,
+            &failed.retry_at,
+            &failed.now,
+        ];
         query_one(&c, sql::FAIL, params, job_from_row).await
     }
 
@@ -1574,14 +1566,8 @@ impl Store for PgStore {
         query_all(&c, sql::AUDIT, &[&tenant, &limit], audit_from_row).await
     }
 
-    async fn claim_commit(
-        &self,
-        key: &str,
-        now: i64,
-        lease_ms: i64,
-    ) -> Result<CommitClaim, StoreError> {
-        let until = now.saturating_add(lease_ms);
-        claim_commit(&*self.client().await?, key, now, until).await
+    async fn claim_commit(&self, claim: ClaimCommit<'_>) -> Result<CommitClaim, StoreError> {
+        claim_commit(&*self.client().await?, claim).await
     }
 
     async fn settle_commit(

@@ -28,8 +28,9 @@ use toolfleet_core::{
 };
 
 use crate::{
-    Answered, CommitClaim, Inserted, JobFilter, JobPage, JobRecord, Lease, NewJob, NewTicket,
-    Store, StoreError, TicketRecord,
+    Answered, ClaimCommit, CommitClaim, Fail, Heartbeat, Inserted, JobFilter, JobPage, JobRecord,
+    Lease, LeaseRef, NewJob, NewTicket, Park, SaveCheckpoint, SetProgress, Store, StoreError,
+    Succeed, TicketRecord,
 };
 
 mod embedded {
@@ -77,26 +78,28 @@ mod sql {
                OR (state = 'running' AND lease_until < ?3))
         RETURNING *";
 
-    /// running (held) -> running, lease extended.
+    // Every statement of a running job's holder names its attempt (`?1`
+    // the job, `?2` the lease owner, `?3` the attempt): by lease owner and
+    // attempt both, so an attempt that lost the job to a newer claim, even
+    // its own worker's, no longer matches.
+
+    /// running (this attempt) -> running, lease extended.
     pub const HEARTBEAT: &str = "
-        UPDATE jobs SET lease_until = ?4, updated_at = ?3
-        WHERE id = ?1 AND state = 'running' AND lease_owner = ?2";
+        UPDATE jobs SET lease_until = ?5, updated_at = ?4
+        WHERE id = ?1 AND state = 'running' AND lease_owner = ?2 AND attempts = ?3";
 
-    /// running (held) -> running, progress recorded.
+    /// running (this attempt) -> running, progress recorded.
     pub const PROGRESS: &str = "
-        UPDATE jobs SET progress = ?3, updated_at = ?4
-        WHERE id = ?1 AND state = 'running' AND lease_owner = ?2";
+        UPDATE jobs SET progress = ?4, updated_at = ?5
+        WHERE id = ?1 AND state = 'running' AND lease_owner = ?2 AND attempts = ?3";
 
-    /// running (this attempt) -> running, checkpoint saved. By attempt, not
-    /// lease owner: a worker that lost the job to a newer claim, even its
-    /// own, no longer matches.
     /// running (this attempt) -> retrying, parked on a ticket: never due,
     /// unleased, the attempt given back.
     pub const PARK: &str = "
         UPDATE jobs SET state = 'retrying', run_at = 9223372036854775807,
             attempts = attempts - 1, lease_owner = NULL, lease_until = NULL,
-            waiting_on = ?3, updated_at = ?4
-        WHERE id = ?1 AND state = 'running' AND attempts = ?2
+            waiting_on = ?4, updated_at = ?5
+        WHERE id = ?1 AND state = 'running' AND lease_owner = ?2 AND attempts = ?3
         RETURNING *";
 
     /// Parked on the ticket -> due now.
@@ -105,27 +108,28 @@ mod sql {
         WHERE waiting_on = ?1 AND state = 'retrying'
         RETURNING *";
 
+    /// running (this attempt) -> running, checkpoint saved.
     pub const CHECKPOINT: &str = "
-        UPDATE jobs SET checkpoint = ?3, updated_at = ?4
-        WHERE id = ?1 AND state = 'running' AND attempts = ?2";
+        UPDATE jobs SET checkpoint = ?4, updated_at = ?5
+        WHERE id = ?1 AND state = 'running' AND lease_owner = ?2 AND attempts = ?3";
 
-    /// running (held) -> succeeded.
+    /// running (this attempt) -> succeeded.
     pub const SUCCEED: &str = "
-        UPDATE jobs SET state = 'succeeded', result = ?3,
-            lease_owner = NULL, lease_until = NULL, updated_at = ?4
-        WHERE id = ?1 AND state = 'running' AND lease_owner = ?2
+        UPDATE jobs SET state = 'succeeded', result = ?4,
+            lease_owner = NULL, lease_until = NULL, updated_at = ?5
+        WHERE id = ?1 AND state = 'running' AND lease_owner = ?2 AND attempts = ?3
         RETURNING *";
 
-    /// running (held) -> retrying at ?4 while attempts remain, else failed.
-    /// The right-hand sides read the row as it was before the update.
+    /// running (this attempt) -> retrying at ?5 while attempts remain, else
+    /// failed. The right-hand sides read the row as it was before the update.
     pub const FAIL: &str = "
         UPDATE jobs SET
-            state = CASE WHEN ?4 IS NOT NULL AND attempts < max_attempts
+            state = CASE WHEN ?5 IS NOT NULL AND attempts < max_attempts
                          THEN 'retrying' ELSE 'failed' END,
-            run_at = CASE WHEN ?4 IS NOT NULL AND attempts < max_attempts
-                          THEN ?4 ELSE run_at END,
-            error = ?3, lease_owner = NULL, lease_until = NULL, updated_at = ?5
-        WHERE id = ?1 AND state = 'running' AND lease_owner = ?2
+            run_at = CASE WHEN ?5 IS NOT NULL AND attempts < max_attempts
+                          THEN ?5 ELSE run_at END,
+            error = ?4, lease_owner = NULL, lease_until = NULL, updated_at = ?6
+        WHERE id = ?1 AND state = 'running' AND lease_owner = ?2 AND attempts = ?3
         RETURNING *";
 
     /// queued, retrying or running -> cancelled.
@@ -198,18 +202,28 @@ mod sql {
             error_code, duration_us, parent_run_id)
         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)";
 
+    /// Settled outcomes and abandoned claims past keep_until (up to ?2 of
+    /// each), each read off its partial index (migration 8).
     pub const PRUNE_COMMITS: &str = "
         DELETE FROM commits WHERE key IN (
-            SELECT key FROM commits WHERE state = 'settled' AND keep_until < ?1 LIMIT ?2)";
+            SELECT key FROM (SELECT key FROM commits
+                WHERE state = 'settled' AND keep_until < ?1 LIMIT ?2)
+            UNION ALL
+            SELECT key FROM (SELECT key FROM commits
+                WHERE state = 'pending' AND keep_until < ?1 LIMIT ?2))";
 
-    /// absent, pending past its lease, or settled past keep_until -> pending.
+    /// absent, kept past keep_until, or pending past its lease when ?5 says
+    /// to take it over -> pending until ?3, kept until ?4.
     pub const CLAIM_COMMIT: &str = "
-        INSERT INTO commits (key, state, lease_until) VALUES (?1, 'pending', ?3)
+        INSERT INTO commits (key, state, lease_until, keep_until) VALUES (?1, 'pending', ?3, ?4)
         ON CONFLICT (key) DO UPDATE SET
-            state = 'pending', envelope = NULL, lease_until = ?3, keep_until = NULL
-        WHERE (commits.state = 'pending' AND commits.lease_until < ?2)
-           OR (commits.state = 'settled' AND commits.keep_until < ?2)
+            state = 'pending', envelope = NULL, lease_until = ?3, keep_until = ?4
+        WHERE commits.keep_until < ?2
+           OR (?5 AND commits.state = 'pending' AND commits.lease_until < ?2)
         RETURNING key";
+
+    /// What a claim that did not win found.
+    pub const COMMIT: &str = "SELECT envelope, lease_until FROM commits WHERE key = ?1";
 
     /// pending (or absent) -> settled; a settled outcome is never replaced.
     pub const SETTLE_COMMIT: &str = "
@@ -687,21 +701,22 @@ fn insert_job(
     }
 }
 
-fn heartbeat(
-    c: &Connection,
-    id: &str,
-    worker: &str,
-    now: i64,
-    until: i64,
-) -> Result<Lease, StoreError> {
+fn heartbeat(c: &Connection, lease: &LeaseRef, now: i64, until: i64) -> Result<Lease, StoreError> {
+    let LeaseRef {
+        job_id,
+        worker,
+        attempt,
+    } = lease;
     if c.prepare_cached(sql::HEARTBEAT)?
-        .execute(params![id, worker, now, until])?
+        .execute(params![job_id, worker, attempt, now, until])?
         > 0
     {
         return Ok(Lease::Held);
     }
     let state: Option<String> = c
-        .query_row("SELECT state FROM jobs WHERE id = ?1", [id], |r| r.get(0))
+        .query_row("SELECT state FROM jobs WHERE id = ?1", [job_id], |r| {
+            r.get(0)
+        })
         .optional()?;
     Ok(match state.as_deref() {
         Some("cancelled") => Lease::Cancelled,
@@ -786,6 +801,11 @@ fn job_counts(c: &Connection) -> Result<Vec<(JobState, u64)>, StoreError> {
     Ok(counts)
 }
 
+/// The parts of `lease`, owned, for a statement on the connection's thread.
+fn owned(lease: &LeaseRef) -> (String, String, u32) {
+    (lease.job_id.clone(), lease.worker.clone(), lease.attempt)
+}
+
 // Tickets, audit and commits.
 
 fn insert_ticket(c: &Connection, t: &NewTicket) -> Result<TicketRecord, StoreError> {
@@ -841,11 +861,14 @@ fn append_audit(c: &mut Connection, records: &[AuditRecord]) -> Result<(), Store
     Ok(tx.commit()?)
 }
 
+/// [`Store::claim_commit`] of `key` at `now`, pending until `until` and
+/// kept until `keep`.
 fn claim_commit(
     c: &mut Connection,
     key: &str,
     now: i64,
-    until: i64,
+    (until, keep): (i64, i64),
+    take_over: bool,
 ) -> Result<CommitClaim, StoreError> {
     // Immediate: the write lock is taken first, under the busy timeout; a
     // transaction that read first could not wait for it.
@@ -854,21 +877,21 @@ fn claim_commit(
         .execute(params![now, PRUNE_BATCH])?;
     let claimed = tx
         .prepare_cached(sql::CLAIM_COMMIT)?
-        .query_row(params![key, now, until], |_| Ok(()))
+        .query_row(params![key, now, until, keep, take_over], |_| Ok(()))
         .optional()?;
     let answer = match claimed {
         Some(()) => CommitClaim::Run,
         None => {
-            let envelope: Option<String> =
-                tx.query_row("SELECT envelope FROM commits WHERE key = ?1", [key], |r| {
-                    r.get(0)
-                })?;
+            let (envelope, lease_until): (Option<String>, Option<i64>) = tx
+                .prepare_cached(sql::COMMIT)?
+                .query_row([key], |r| Ok((r.get(0)?, r.get(1)?)))?;
             match envelope {
                 Some(text) => CommitClaim::Settled(serde_json::from_str(&text).map_err(|e| {
                     StoreError::Unavailable(format!(
                         "corrupt row: commit {key} column envelope: {e}"
                     ))
                 })?),
+                None if lease_until.is_some_and(|until| until < now) => CommitClaim::Abandoned,
                 None => CommitClaim::Pending,
             }
         }
@@ -952,30 +975,18 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn heartbeat(
-        &self,
-        id: &str,
-        worker: &str,
-        now: i64,
-        lease_ms: i64,
-    ) -> Result<Lease, StoreError> {
-        let (id, worker) = (id.to_owned(), worker.to_owned());
-        let until = now.saturating_add(lease_ms);
-        self.call(move |c| heartbeat(c, &id, &worker, now, until))
-            .await
+    async fn heartbeat(&self, beat: Heartbeat<'_>) -> Result<Lease, StoreError> {
+        let lease = beat.lease.clone();
+        let (now, until) = (beat.now, beat.now.saturating_add(beat.lease_ms));
+        self.call(move |c| heartbeat(c, &lease, now, until)).await
     }
 
-    async fn set_progress(
-        &self,
-        id: &str,
-        worker: &str,
-        progress: &Value,
-        now: i64,
-    ) -> Result<bool, StoreError> {
-        let (id, worker, progress) = (id.to_owned(), worker.to_owned(), encode(progress)?);
+    async fn set_progress(&self, report: SetProgress<'_>) -> Result<bool, StoreError> {
+        let (job_id, worker, attempt) = owned(report.lease);
+        let (progress, now) = (encode(report.progress)?, report.now);
         self.call(move |c| {
             Ok(c.prepare_cached(sql::PROGRESS)?
-                .execute(params![id, worker, progress, now])?
+                .execute(params![job_id, worker, attempt, progress, now])?
                 > 0)
         })
         .await
@@ -994,37 +1005,23 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn save_checkpoint(
-        &self,
-        id: &str,
-        attempt: u32,
-        checkpoint: &Value,
-        now: i64,
-    ) -> Result<bool, StoreError> {
-        let (id, checkpoint) = (id.to_owned(), encode(checkpoint)?);
+    async fn save_checkpoint(&self, save: SaveCheckpoint<'_>) -> Result<bool, StoreError> {
+        let (job_id, worker, attempt) = owned(save.lease);
+        let (checkpoint, now) = (encode(save.checkpoint)?, save.now);
         self.call(move |c| {
             Ok(c.prepare_cached(sql::CHECKPOINT)?
-                .execute(params![id, attempt, checkpoint, now])?
+                .execute(params![job_id, worker, attempt, checkpoint, now])?
                 > 0)
         })
         .await
     }
 
-    async fn park(
-        &self,
-        id: &str,
-        attempt: u32,
-        ticket: &str,
-        now: i64,
-    ) -> Result<Option<JobRecord>, StoreError> {
-        let (id, ticket) = (id.to_owned(), ticket.to_owned());
+    async fn park(&self, park: Park<'_>) -> Result<Option<JobRecord>, StoreError> {
+        let (job_id, worker, attempt) = owned(park.lease);
+        let (ticket, now) = (park.ticket.to_owned(), park.now);
         self.call(move |c| {
-            query_one(
-                c,
-                sql::PARK,
-                params![id, attempt, ticket, now],
-                job_from_row,
-            )
+            let params = params![job_id, worker, attempt, ticket, now];
+            query_one(c, sql::PARK, params, job_from_row)
         })
         .await
     }
@@ -1035,41 +1032,22 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn succeed(
-        &self,
-        id: &str,
-        worker: &str,
-        result: &Json,
-        now: i64,
-    ) -> Result<Option<JobRecord>, StoreError> {
-        let (id, worker, result) = (id.to_owned(), worker.to_owned(), result.get().to_owned());
+    async fn succeed(&self, done: Succeed<'_>) -> Result<Option<JobRecord>, StoreError> {
+        let (job_id, worker, attempt) = owned(done.lease);
+        let (result, now) = (done.result.get().to_owned(), done.now);
         self.call(move |c| {
-            query_one(
-                c,
-                sql::SUCCEED,
-                params![id, worker, result, now],
-                job_from_row,
-            )
+            let params = params![job_id, worker, attempt, result, now];
+            query_one(c, sql::SUCCEED, params, job_from_row)
         })
         .await
     }
 
-    async fn fail(
-        &self,
-        id: &str,
-        worker: &str,
-        error: &ToolError,
-        retry_at: Option<i64>,
-        now: i64,
-    ) -> Result<Option<JobRecord>, StoreError> {
-        let (id, worker, error) = (id.to_owned(), worker.to_owned(), encode(error)?);
+    async fn fail(&self, failed: Fail<'_>) -> Result<Option<JobRecord>, StoreError> {
+        let (job_id, worker, attempt) = owned(failed.lease);
+        let (error, retry_at, now) = (encode(failed.error)?, failed.retry_at, failed.now);
         self.call(move |c| {
-            query_one(
-                c,
-                sql::FAIL,
-                params![id, worker, error, retry_at, now],
-                job_from_row,
-            )
+            let params = params![job_id, worker, attempt, error, retry_at, now];
+            query_one(c, sql::FAIL, params, job_from_row)
         })
         .await
     }
@@ -1172,15 +1150,12 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn claim_commit(
-        &self,
-        key: &str,
-        now: i64,
-        lease_ms: i64,
-    ) -> Result<CommitClaim, StoreError> {
-        let key = key.to_owned();
-        let until = now.saturating_add(lease_ms);
-        self.call(move |c| claim_commit(c, &key, now, until)).await
+    async fn claim_commit(&self, claim: ClaimCommit<'_>) -> Result<CommitClaim, StoreError> {
+        let (key, now, take_over) = (claim.key.to_owned(), claim.now, claim.take_over);
+        let until = now.saturating_add(claim.lease_ms);
+        let held = (until, claim.keep_until.max(until));
+        self.call(move |c| claim_commit(c, &key, now, held, take_over))
+            .await
     }
 
     async fn settle_commit(
@@ -1210,6 +1185,20 @@ mod tests {
             })
             .await
             .expect("a plan")
+    }
+
+    /// Pruning reads settled outcomes and abandoned claims off their own
+    /// partial indexes, never the whole commit log.
+    #[tokio::test]
+    async fn commit_pruning_reads_its_indexes() {
+        let store = SqliteStore::open_in_memory().await.expect("a store");
+        let text = plan(&store, sql::PRUNE_COMMITS).await.join("\n");
+        assert!(text.contains("USING INDEX commits_expiry"), "{text}");
+        assert!(
+            text.contains("USING INDEX commits_pending_expiry"),
+            "{text}"
+        );
+        assert!(!text.contains("SCAN commits\n"), "{text}");
     }
 
     /// due_jobs reads each half off an index in its order: the waiting

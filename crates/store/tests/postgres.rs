@@ -14,7 +14,9 @@ use serde_json::json;
 use tokio_postgres::NoTls;
 use toolfleet_core::{JobState, new_id};
 use toolfleet_store::postgres::{self, PgStore};
-use toolfleet_store::{CommitClaim, Inserted, NewJob, Store, StoreError};
+use toolfleet_store::{
+    ClaimCommit, CommitClaim, Inserted, JobRecord, NewJob, Store, StoreError, Succeed,
+};
 
 const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
 
@@ -143,6 +145,27 @@ fn job(tenant: &str) -> NewJob {
         timeout_ms: 60_000,
         now: 1_700_000_000_000,
     }
+}
+
+/// A command's claim of commit `key` at `now`.
+fn commit_claim(key: &str, now: i64) -> ClaimCommit<'_> {
+    ClaimCommit {
+        key,
+        now,
+        lease_ms: 30_000,
+        keep_until: now + 60_000,
+        take_over: false,
+    }
+}
+
+/// Settles `claimed` as its holder, with an empty result.
+async fn succeed(store: &PgStore, claimed: &JobRecord, now: i64) -> Option<JobRecord> {
+    let done = Succeed {
+        lease: &claimed.lease_ref().expect("held"),
+        result: &json!({}).into(),
+        now,
+    };
+    store.succeed(done).await.expect("succeed")
 }
 
 fn expect_schema_error(outcome: Result<PgStore, StoreError>) -> String {
@@ -288,8 +311,8 @@ async fn racing_processes_never_both_win() {
     for _ in 0..20 {
         let key = new_id();
         let (x, y) = tokio::join!(
-            a.claim_commit(&key, now, 30_000),
-            b.claim_commit(&key, now, 30_000)
+            a.claim_commit(commit_claim(&key, now)),
+            b.claim_commit(commit_claim(&key, now))
         );
         let runs = [x.expect("claim a"), y.expect("claim b")]
             .into_iter()
@@ -460,15 +483,12 @@ async fn claims_read_jobs_by_key_whatever_the_table_held_before() {
         new.idempotency_key = None;
         let id = new.id.clone();
         store.insert_job(new).await.expect("insert");
-        store
+        let claimed = store
             .claim(&id, "w", now, lease)
             .await
             .expect("claim")
             .expect("claimed");
-        let done = store
-            .succeed(&id, "w", &json!({}).into(), now)
-            .await
-            .expect("succeed");
+        let done = succeed(&store, &claimed, now).await;
         assert!(done.is_some(), "the warm-up job settles");
     }
     // Then a backlog.
@@ -482,15 +502,12 @@ async fn claims_read_jobs_by_key_whatever_the_table_held_before() {
     }
     const CLAIMED: usize = 100;
     for id in ids.iter().take(CLAIMED) {
-        store
+        let claimed = store
             .claim(id, "w", now, lease)
             .await
             .expect("claim")
             .expect("claimed");
-        let done = store
-            .succeed(id, "w", &json!({}).into(), now)
-            .await
-            .expect("succeed");
+        let done = succeed(&store, &claimed, now).await;
         assert!(done.is_some(), "a claimed job settles");
     }
     // A connection reports its statistics when it ends.
@@ -609,12 +626,12 @@ async fn webhook_searches_probe_the_commit_log_by_key() {
         new.callback_url = Some("http://127.0.0.1:9/hook".to_owned());
         let id = new.id.clone();
         store.insert_job(new).await.expect("insert");
-        store.claim(&id, "w", now, 30_000).await.expect("claim");
-        store
-            .succeed(&id, "w", &json!({}).into(), now + 1)
+        let claimed = store
+            .claim(&id, "w", now, 30_000)
             .await
-            .expect("succeed")
-            .expect("settled");
+            .expect("claim")
+            .expect("claimed");
+        succeed(&store, &claimed, now + 1).await.expect("settled");
     }
     let found = store
         .unnotified_jobs("webhook:job:", now, now + 10, 100)

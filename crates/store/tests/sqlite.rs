@@ -153,17 +153,17 @@ async fn a_version_1_file_is_migrated_on_open() {
     assert_eq!(job.lineage, None);
     assert_eq!(store.checkpoint(&id).await.expect("checkpoint"), None);
     let now = 1_700_000_000_000;
-    store
+    let claimed = store
         .claim(&id, "w1", now, 30_000)
         .await
         .expect("claim")
         .expect("claimable");
-    assert!(
-        store
-            .save_checkpoint(&id, 1, &json!({"step": 1}), now + 1)
-            .await
-            .expect("save_checkpoint")
-    );
+    let save = toolfleet_store::SaveCheckpoint {
+        lease: &claimed.lease_ref().expect("held"),
+        checkpoint: &json!({"step": 1}),
+        now: now + 1,
+    };
+    assert!(store.save_checkpoint(save).await.expect("save_checkpoint"));
     assert_eq!(
         store.checkpoint(&id).await.expect("checkpoint"),
         Some(json!({"step": 1}))

@@ -5,8 +5,12 @@
 //! announced on [`Notices`].
 //!
 //! The store is the truth. A worker never runs a job it could not claim, so a
-//! duplicate or stale message only costs an ack; a worker that loses its
-//! lease stops and settles nothing. Cancelling a job reaches its executor:
+//! duplicate or stale message only costs an ack. Each attempt acts on its
+//! job through the lease its claim gave it ([`LeaseRef`]: the worker and the
+//! attempt number), so an attempt whose lease expired and whose job was
+//! claimed again, by another worker or by this one, learns at its next
+//! heartbeat that it lost the lease: its executor is cancelled, and it
+//! settles and announces nothing. Cancelling a job reaches its executor:
 //! the worker drops the executor's future (an `exec` child is killed with it).
 //!
 //! A worker counts what it does in its runtime's [`Runtime::metrics`]: jobs
@@ -30,7 +34,7 @@ use toolfleet_broker::{Broker, Delivery, Event, Notices, Subscription};
 use toolfleet_core::metrics::{Gauge, PoolGauges};
 use toolfleet_core::middleware::redact_json;
 use toolfleet_core::{CallCtx, ErrorCode, JobState, Principal, Runtime, ToolError, TraceContext};
-use toolfleet_store::{JobRecord, Lease, Store};
+use toolfleet_store::{Fail, Heartbeat, JobRecord, Lease, LeaseRef, Store, Succeed};
 use toolfleet_telemetry::Placement;
 use tracing::Instrument;
 
@@ -379,17 +383,25 @@ impl Worker {
             parent_span_id = placement.parent_span_id(),
         );
         let trace = placement.place(&span);
+        // The attempt this claim started: every later step of this run acts
+        // through it, and stops acting once a newer attempt holds the job.
+        let lease = LeaseRef {
+            job_id: job.id.clone(),
+            worker: self.config.id.clone(),
+            attempt: job.attempts,
+        };
         let handled = self
-            .run_claimed(job, claimed_at, trace, &cancel.notify)
+            .run_claimed(job, &lease, claimed_at, trace, &cancel.notify)
             .instrument(span.clone())
             .await;
         (handled, Some(span))
     }
 
-    /// Runs a job this worker has just claimed, in the trace `trace`.
+    /// Runs a job this worker has just claimed as `lease`, in the trace `trace`.
     async fn run_claimed(
         &self,
         job: JobRecord,
+        lease: &LeaseRef,
         claimed_at: i64,
         trace: TraceContext,
         cancelled: &Notify,
@@ -403,7 +415,7 @@ impl Worker {
                 ),
                 false,
             );
-            return self.settle(job, Outcome::Done(Err(error))).await;
+            return self.settle(job, lease, Outcome::Done(Err(error))).await;
         }
         tracing::info!("job started");
         let metrics = self.runtime.metrics();
@@ -417,13 +429,22 @@ impl Worker {
         let started = Instant::now();
         let outcome = {
             let _running = Held::new(&self.gauges.in_flight);
-            self.execute(&job, trace, cancelled).await
+            self.execute(&job, lease, trace, cancelled).await
         };
         metrics.job_ran(tool, started.elapsed());
-        self.settle(job, outcome).await
+        self.settle(job, lease, outcome).await
     }
 
-    async fn execute(&self, job: &JobRecord, trace: TraceContext, cancelled: &Notify) -> Outcome {
+    /// Runs the executor of `job` until it answers, its budget runs out, it
+    /// is cancelled, or `lease` is lost (another attempt holds the job now):
+    /// in the last two cases its future is dropped.
+    async fn execute(
+        &self,
+        job: &JobRecord,
+        lease: &LeaseRef,
+        trace: TraceContext,
+        cancelled: &Notify,
+    ) -> Outcome {
         let Some(tool) = self.runtime.registry().get(&job.tool).cloned() else {
             return Outcome::Done(Err(ToolError::failed(
                 format!("no tool `{}` is registered on this worker", job.tool),
@@ -460,24 +481,25 @@ impl Worker {
                 ErrorCode::Timeout,
                 format!("`{}` ran past its wall-time budget of {} ms", job.tool, job.timeout_ms),
             )))),
-            lease = self.keep_lease(&job.id) => lease,
+            lost = self.keep_lease(lease) => lost,
             _ = cancelled.notified() => Outcome::Cancelled,
         };
         outcome
     }
 
-    /// Heartbeats until the lease is lost or the job cancelled.
-    async fn keep_lease(&self, job_id: &str) -> Outcome {
+    /// Heartbeats `lease` until it is lost or the job cancelled.
+    async fn keep_lease(&self, lease: &LeaseRef) -> Outcome {
         let lease_ms = self.config.lease.as_millis() as i64;
         let mut tick = tokio::time::interval(self.config.lease / 3);
         tick.tick().await;
         loop {
             tick.tick().await;
-            match self
-                .store
-                .heartbeat(job_id, &self.config.id, now_ms(), lease_ms)
-                .await
-            {
+            let beat = Heartbeat {
+                lease,
+                now: now_ms(),
+                lease_ms,
+            };
+            match self.store.heartbeat(beat).await {
                 Ok(Lease::Held) => {}
                 Ok(Lease::Cancelled) => return Outcome::Cancelled,
                 Ok(Lease::Lost) => return Outcome::LeaseLost,
@@ -487,9 +509,10 @@ impl Worker {
         }
     }
 
-    async fn settle(&self, job: JobRecord, outcome: Outcome) -> Handled {
+    /// Settles what the attempt `lease` of `job` came to, as its holder: an
+    /// attempt that no longer holds the job settles and announces nothing.
+    async fn settle(&self, job: JobRecord, lease: &LeaseRef, outcome: Outcome) -> Handled {
         let now = now_ms();
-        let worker = &self.config.id;
         let settled = match outcome {
             Outcome::Done(Err(error)) if error.is_parked() => {
                 // The executor parked its job (it waits for a person): the
@@ -497,15 +520,25 @@ impl Worker {
                 tracing::info!("job parked: {}", error.message);
                 return self.as_it_stands(&job.id, true).await;
             }
-            Outcome::Done(Ok(result)) => self.store.succeed(&job.id, worker, &result, now).await,
+            Outcome::Done(Ok(result)) => {
+                let done = Succeed {
+                    lease,
+                    result: &result,
+                    now,
+                };
+                self.store.succeed(done).await
+            }
             Outcome::Done(Err(error)) => {
                 let retry = (error.retryable && job.attempts < job.max_attempts)
                     .then(|| retry_delay(&self.config, job.attempts));
                 let retry_at = retry.map(|d| now + d.as_millis() as i64);
-                let settled = self
-                    .store
-                    .fail(&job.id, worker, &error, retry_at, now)
-                    .await;
+                let failed = Fail {
+                    lease,
+                    error: &error,
+                    retry_at,
+                    now,
+                };
+                let settled = self.store.fail(failed).await;
                 if let Ok(Some(j)) = &settled {
                     let (code, message) = (error.code.as_str(), error.message.as_str());
                     match retry {
@@ -541,7 +574,10 @@ impl Worker {
                 return handled;
             }
             Outcome::LeaseLost => {
-                tracing::warn!("lease lost; the job is left to whoever holds it now");
+                tracing::warn!(
+                    attempt = lease.attempt,
+                    "lease lost; the executor was stopped and the job is left to whoever holds it now"
+                );
                 return Handled::Interrupted;
             }
         };

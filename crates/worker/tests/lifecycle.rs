@@ -14,7 +14,7 @@ use toolfleet_broker::{Acker, Broker, BrokerError, Delivery, Notices};
 use toolfleet_core::tool::{Budget, Lineage};
 use toolfleet_core::{CallCtx, ErrorCode, JobState, Json, Runtime, ToolDecl, ToolError, new_id};
 use toolfleet_store::sqlite::SqliteStore;
-use toolfleet_store::{Inserted, JobRecord, Lease, NewJob, Store};
+use toolfleet_store::{Heartbeat, Inserted, JobRecord, Lease, NewJob, Store, Succeed};
 use toolfleet_worker::{Handled, Worker, WorkerConfig, job_event, now_ms, sweep};
 
 const TENANT: &str = "acme";
@@ -485,20 +485,19 @@ async fn a_job_whose_lease_expired_is_claimed_again_and_runs() {
     assert_eq!(job.attempts, 2, "the ghost's attempt counts");
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     // The ghost, waking up late, can neither settle nor hold it.
-    assert_eq!(
-        rig.store
-            .succeed(&id, "ghost", &Json::from(json!({"late": true})), now_ms())
-            .await
-            .unwrap(),
-        None
-    );
-    assert_eq!(
-        rig.store
-            .heartbeat(&id, "ghost", now_ms(), 600)
-            .await
-            .unwrap(),
-        Lease::Lost
-    );
+    let ghost = ghost.lease_ref().expect("the ghost's attempt");
+    let late = Succeed {
+        lease: &ghost,
+        result: &Json::from(json!({"late": true})),
+        now: now_ms(),
+    };
+    assert_eq!(rig.store.succeed(late).await.unwrap(), None);
+    let beat = Heartbeat {
+        lease: &ghost,
+        now: now_ms(),
+        lease_ms: 600,
+    };
+    assert_eq!(rig.store.heartbeat(beat).await.unwrap(), Lease::Lost);
     assert_eq!(
         rig.job(&id).await.result.unwrap().to_value(),
         json!({"attempt": 1})
@@ -522,6 +521,98 @@ async fn a_job_whose_lease_expired_is_claimed_again_and_runs() {
         job.error.unwrap().message.contains("interrupted"),
         "the reason is given"
     );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// An attempt whose lease expired and whose job the same worker claimed
+/// again (a newer attempt, same lease owner) learns at its next heartbeat
+/// that it lost the lease: its executor is dropped, and it settles and
+/// announces nothing, leaving the job to the new attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_attempt_of_the_same_worker_is_stopped_and_settles_nothing() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let dropped = Arc::new(AtomicBool::new(false));
+    let marker_runs = Arc::new(AtomicUsize::new(0));
+    let rig = Rig::new(
+        vec![
+            sleeper(
+                "long",
+                runs.clone(),
+                dropped.clone(),
+                Duration::from_secs(60),
+            ),
+            flaky("marker", marker_runs.clone(), 0, false),
+        ],
+        worker_config(Duration::from_millis(300), 4),
+    )
+    .await;
+    let mut events = rig.notices.subscribe().await.unwrap();
+    let id = rig.insert("long", 3, 120_000).await;
+    let first = tokio::spawn({
+        let worker = rig.worker.clone();
+        let id = id.clone();
+        async move { worker.run_job(&id).await }
+    });
+    until(Duration::from_secs(5), "the executor starts", || {
+        runs.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    // The same worker claims the job again, as it would once the lease had
+    // expired (the store reads time from its callers, so the claim is made
+    // as of a minute later): a new attempt of the same lease owner.
+    let worker = rig.worker.config().id.clone();
+    let second = rig
+        .store
+        .claim(&id, &worker, now_ms() + 60_000, 60_000)
+        .await
+        .unwrap()
+        .expect("claimable once the lease is over");
+    assert_eq!(
+        (second.attempts, second.lease_owner.as_deref()),
+        (2, Some(worker.as_str()))
+    );
+    let handled = tokio::time::timeout(Duration::from_secs(5), first)
+        .await
+        .expect("the stale attempt stops at its next heartbeat")
+        .unwrap();
+    assert_eq!(handled, Handled::Interrupted);
+    assert!(dropped.load(Ordering::SeqCst), "its executor was dropped");
+    let job = rig.job(&id).await;
+    assert_eq!(
+        (job.state, job.attempts, job.lease_owner.as_deref()),
+        (JobState::Running, 2, Some(worker.as_str())),
+        "the stale attempt settled nothing"
+    );
+    // The new attempt holds it, and settles it.
+    let done = Succeed {
+        lease: &second.lease_ref().expect("the new attempt"),
+        result: &Json::from(json!({"attempt": 2})),
+        now: now_ms(),
+    };
+    let done = rig.store.succeed(done).await.unwrap().expect("held");
+    assert_eq!(done.state, JobState::Succeeded);
+    // The worker announces in order: once a later job's outcome is out,
+    // everything the stale attempt announced is too. It announced its
+    // start and nothing after.
+    let marker = rig.insert("marker", 1, 5_000).await;
+    assert_eq!(
+        rig.worker.run_job(&marker).await,
+        Handled::Ran(JobState::Succeeded)
+    );
+    let mut seen = Vec::new();
+    loop {
+        let event = tokio::time::timeout(Duration::from_secs(5), events.next())
+            .await
+            .expect("an event")
+            .expect("notices open");
+        if event.id == marker && event.state == "succeeded" {
+            break;
+        }
+        if event.id == id {
+            seen.push(event.state);
+        }
+    }
+    assert_eq!(seen, ["running"]);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 

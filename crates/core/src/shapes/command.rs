@@ -5,6 +5,27 @@
 //! arguments and an expiry. The commit must carry it; the token is also the
 //! commit's idempotency key, so a repeated commit answers the first outcome
 //! without running the tool again.
+//!
+//! A commit runs its tool at most once per token, however it is interrupted:
+//!
+//! - It claims the token in the [`CommitLog`] for the tool's time limit plus
+//!   [`OUTCOME_MARGIN`], then runs the tool in a task of its own, which the
+//!   call only awaits: a caller that goes away (a dropped HTTP request)
+//!   leaves the commit running to its end and its outcome recorded.
+//! - The task bounds the tool by its time limit and records a timeout as the
+//!   commit's outcome, like any other answer. Only an answer proving that
+//!   the tool did nothing releases the claim so the token may run it again:
+//!   `rate_limited` (the tool refused the call before acting). Every other
+//!   error, retryable or not, may follow a partial effect, so it is
+//!   recorded, marked not retryable, and says to make a new dry run.
+//! - A commit of a token whose first commit still runs waits a moment
+//!   ([`COMMIT_WAIT`]) for its outcome, then answers `conflict` with
+//!   `retry_after_s`; once the first settles, the same token answers its
+//!   outcome.
+//! - A claim still pending past its lease was left by a process that stopped
+//!   mid-commit: its outcome is unknown, and the token answers so (a
+//!   `tool_failed` error with `details.outcome = "unknown"`) and never runs
+//!   the tool again.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -16,7 +37,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use tokio::sync::Notify;
 
-use crate::envelope::{Envelope, ErrorCode, ToolError};
+use crate::envelope::{Envelope, ErrorCode, Json, ToolError};
 use crate::middleware::canonical_json;
 
 const TOKEN_PREFIX: &str = "ct1";
@@ -136,6 +157,24 @@ pub fn commit_key(tenant: &str, token: &str) -> String {
     hex::encode(h.finalize())
 }
 
+/// How long the claim of a commit outlives the tool's time limit: the time
+/// its task has to record the outcome. A claim still pending past both was
+/// abandoned by a process that stopped mid-commit.
+pub const OUTCOME_MARGIN: Duration = Duration::from_secs(30);
+
+/// How long a commit waits for another commit of the same token to settle
+/// before it answers `conflict`.
+pub const COMMIT_WAIT: Duration = Duration::from_secs(1);
+
+/// The `retry_after_s` of a commit answered `conflict` because another
+/// commit of the same token still runs.
+pub const COMMIT_RETRY_AFTER_S: u64 = 1;
+
+/// Whether a command call with `args` is a commit (not a dry run).
+pub fn is_commit(args: &Value) -> bool {
+    args.get("dry_run") != Some(&Value::Bool(true))
+}
+
 /// What [`CommitLog::claim`] found.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Claim {
@@ -145,18 +184,38 @@ pub enum Claim {
     Settled(Envelope),
     /// Another commit of this token is running and did not finish in time.
     Busy,
+    /// A commit of this token claimed it and never recorded an outcome
+    /// within its lease (its process stopped mid-commit): whether the tool
+    /// took effect is unknown, and it never runs again for this token.
+    Abandoned,
+}
+
+/// How a commit claims its token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClaimTerms {
+    /// How long the claim holds: the tool's time limit and
+    /// [`OUTCOME_MARGIN`]. Past it, a claim with no outcome is
+    /// [`Claim::Abandoned`].
+    pub lease: Duration,
+    /// Until when (Unix seconds) the record of the token is kept, the claim
+    /// included: past it, the token has expired and is never presented.
+    pub keep_until_unix: u64,
 }
 
 /// Records the outcome of each commit, so a token commits at most once.
 pub trait CommitLog: Send + Sync + 'static {
-    /// Claims `key` for `lease`; waits a while for a running commit of the same key.
+    /// Claims `key` on `terms`; waits a short while ([`COMMIT_WAIT`]) for
+    /// a running commit of the same key, then answers [`Claim::Busy`]. A
+    /// claim left pending past its lease is never taken over: it is
+    /// [`Claim::Abandoned`].
     fn claim<'a>(
         &'a self,
         key: &'a str,
-        lease: Duration,
+        terms: ClaimTerms,
     ) -> BoxFuture<'a, Result<Claim, ToolError>>;
     /// Records the final outcome, or with `None` releases the claim so the
-    /// commit may be tried again (after a retryable failure).
+    /// commit may be tried again (after an answer proving the tool did
+    /// nothing). A recorded outcome is never replaced.
     fn settle<'a>(
         &'a self,
         key: &'a str,
@@ -166,12 +225,27 @@ pub trait CommitLog: Send + Sync + 'static {
 }
 
 enum Entry {
-    Pending { until: Instant, done: Arc<Notify> },
-    Settled { envelope: Envelope, keep_until: u64 },
+    Pending {
+        until: Instant,
+        keep_until: u64,
+        done: Arc<Notify>,
+    },
+    Settled {
+        envelope: Envelope,
+        keep_until: u64,
+    },
 }
 
-/// A commit log in memory, bounded: settled entries are dropped when their
-/// token has expired.
+impl Entry {
+    fn keep_until(&self) -> u64 {
+        match self {
+            Entry::Pending { keep_until, .. } | Entry::Settled { keep_until, .. } => *keep_until,
+        }
+    }
+}
+
+/// A commit log in memory, bounded: entries are dropped once their token
+/// has expired.
 pub struct MemoryCommitLog {
     entries: Mutex<HashMap<String, Entry>>,
     wait: Duration,
@@ -193,7 +267,7 @@ impl MemoryCommitLog {
 
 impl Default for MemoryCommitLog {
     fn default() -> Self {
-        MemoryCommitLog::new(Duration::from_secs(30))
+        MemoryCommitLog::new(COMMIT_WAIT)
     }
 }
 
@@ -201,40 +275,40 @@ impl CommitLog for MemoryCommitLog {
     fn claim<'a>(
         &'a self,
         key: &'a str,
-        lease: Duration,
+        terms: ClaimTerms,
     ) -> BoxFuture<'a, Result<Claim, ToolError>> {
         Box::pin(async move {
             let give_up = Instant::now() + self.wait;
             loop {
                 let notified = {
                     let mut entries = self.lock();
-                    let now = Instant::now();
+                    let (now, unix) = (Instant::now(), unix_now());
                     if entries.len() > 10_000 {
-                        let unix = unix_now();
-                        entries.retain(|_, e| match e {
-                            Entry::Pending { until, .. } => *until > now,
-                            Entry::Settled { keep_until, .. } => *keep_until > unix,
-                        });
+                        entries.retain(|_, e| e.keep_until() > unix);
                     }
                     match entries.get(key) {
-                        Some(Entry::Settled { envelope, .. }) => {
-                            return Ok(Claim::Settled(envelope.clone()));
-                        }
-                        Some(Entry::Pending { until, done }) if *until > now => {
-                            if now >= give_up {
-                                return Ok(Claim::Busy);
+                        Some(entry) if entry.keep_until() > unix => match entry {
+                            Entry::Settled { envelope, .. } => {
+                                return Ok(Claim::Settled(envelope.clone()));
                             }
-                            // Registered before the lock is released, so a settle cannot slip by.
-                            done.clone().notified_owned()
-                        }
+                            Entry::Pending { until, .. } if *until <= now => {
+                                return Ok(Claim::Abandoned);
+                            }
+                            Entry::Pending { .. } if now >= give_up => return Ok(Claim::Busy),
+                            // Registered before the lock is released, so a
+                            // settle cannot slip by.
+                            Entry::Pending { done, .. } => done.clone().notified_owned(),
+                        },
+                        // Absent, or kept past its time (its token expired).
                         _ => {
-                            entries.insert(
-                                key.to_owned(),
-                                Entry::Pending {
-                                    until: now + lease,
-                                    done: Arc::new(Notify::new()),
-                                },
-                            );
+                            // Kept at least as long as the claim holds.
+                            let held = unix.saturating_add(terms.lease.as_secs() + 1);
+                            let pending = Entry::Pending {
+                                until: now + terms.lease,
+                                keep_until: terms.keep_until_unix.max(held),
+                                done: Arc::new(Notify::new()),
+                            };
+                            entries.insert(key.to_owned(), pending);
                             return Ok(Claim::Run);
                         }
                     }
@@ -256,6 +330,9 @@ impl CommitLog for MemoryCommitLog {
     ) -> BoxFuture<'a, Result<(), ToolError>> {
         Box::pin(async move {
             let mut entries = self.lock();
+            if let Some(Entry::Settled { .. }) = entries.get(key) {
+                return Ok(());
+            }
             let previous = match outcome {
                 Some(envelope) => entries.insert(
                     key.to_owned(),
@@ -274,6 +351,120 @@ impl CommitLog for MemoryCommitLog {
     }
 }
 
+/// Tries at recording a commit's outcome, each bounded by [`RECORD_TRY`]
+/// and a second longer apart than the last: all of them fit in
+/// [`OUTCOME_MARGIN`].
+const RECORD_TRIES: u32 = 3;
+const RECORD_TRY: Duration = Duration::from_secs(5);
+
+/// A claimed commit: what its task needs to run the tool to its end and
+/// record the outcome, owned, so that the task outlives the call that
+/// started it.
+pub(crate) struct Commit {
+    pub key: String,
+    pub tool: String,
+    /// The tool's time limit.
+    pub limit: Duration,
+    pub call_id: String,
+    /// Until when (Unix seconds) the outcome is kept.
+    pub keep_until_unix: u64,
+    pub log: Arc<dyn CommitLog>,
+}
+
+impl Commit {
+    /// Runs `executor` (the tool's executor, already called) within the
+    /// time limit, records what it came to (see [`Commit::outcome`]) and
+    /// answers it. An outcome that cannot be recorded is still answered:
+    /// the token then reads as busy and, after its lease, abandoned.
+    pub(crate) async fn run(
+        self,
+        executor: BoxFuture<'static, Result<Json, ToolError>>,
+    ) -> Envelope {
+        let answer = match tokio::time::timeout(self.limit, executor).await {
+            Ok(Ok(result)) => Envelope::ok(result, self.call_id.clone()),
+            Ok(Err(error)) => Envelope::error(error),
+            Err(_) => Envelope::error(self.timed_out()),
+        };
+        let (answer, recorded) = self.outcome(answer);
+        self.record(recorded.then_some(&answer)).await;
+        answer
+    }
+
+    /// What a commit answers, and whether that is recorded as the token's
+    /// outcome (`false`: the claim is released and the token may run the
+    /// tool again). Only `rate_limited` proves that the tool did nothing.
+    /// Any other error may follow a partial effect: it is recorded, and a
+    /// retryable one is marked not retryable (the same token will answer
+    /// it again) and says how to try again.
+    fn outcome(&self, answer: Envelope) -> (Envelope, bool) {
+        match answer {
+            Envelope::Error { error, .. } if error.code == ErrorCode::RateLimited => {
+                (Envelope::error(error), false)
+            }
+            Envelope::Error { mut error, state } if error.retryable => {
+                error.retryable = false;
+                error.message = format!(
+                    "{}; this outcome is recorded for this confirm_token: to try again, call `{}` with dry_run=true for a new confirm_token",
+                    error.message, self.tool
+                );
+                (Envelope::Error { error, state }, true)
+            }
+            other => (other, true),
+        }
+    }
+
+    fn timed_out(&self) -> ToolError {
+        ToolError::new(
+            ErrorCode::Timeout,
+            format!(
+                "`{tool}` did not finish its commit within {ms} ms and was stopped; whether it took effect is unknown, and it will not run again with this confirm_token: check whether it took effect, and if not, call `{tool}` with dry_run=true for a new confirm_token",
+                tool = self.tool,
+                ms = self.limit.as_millis()
+            ),
+        )
+        .retryable(false)
+        .with_details(serde_json::json!({"outcome": "unknown"}))
+    }
+
+    /// Records `outcome` (or releases the claim, with `None`), trying a few
+    /// times.
+    async fn record(&self, outcome: Option<&Envelope>) {
+        for n in 0..RECORD_TRIES {
+            if n > 0 {
+                tokio::time::sleep(Duration::from_secs(u64::from(n))).await;
+            }
+            let settle = self.log.settle(&self.key, outcome, self.keep_until_unix);
+            if let Ok(Ok(())) = tokio::time::timeout(RECORD_TRY, settle).await {
+                return;
+            }
+        }
+    }
+}
+
+/// The answer to a commit whose token another commit still runs.
+pub(crate) fn in_flight(tool: &str) -> ToolError {
+    ToolError::new(
+        ErrorCode::Conflict,
+        format!(
+            "a commit of `{tool}` with this confirm_token is still running; call again with the same confirm_token in {COMMIT_RETRY_AFTER_S} s to get its outcome"
+        ),
+    )
+    .retryable(true)
+    .with_retry_after(COMMIT_RETRY_AFTER_S)
+}
+
+/// The answer to a commit whose token was claimed by a commit that never
+/// recorded its outcome.
+pub(crate) fn abandoned(tool: &str) -> ToolError {
+    ToolError::failed(
+        format!(
+            "a commit of `{tool}` with this confirm_token was interrupted before its outcome was recorded (the process running it stopped); whether it took effect is unknown, and it will not run again with this confirm_token: check whether it took effect, and if not, call `{tool}` with dry_run=true for a new confirm_token"
+        ),
+        false,
+    )
+    .with_details(serde_json::json!({"outcome": "unknown"}))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -286,6 +477,48 @@ mod tests {
             tool: "submit_report",
             args,
         }
+    }
+
+    /// The in-memory log keeps the store's rules: a running claim makes
+    /// others wait and then answers busy, a release lets the token run
+    /// again, a recorded outcome is never replaced, a claim past its lease
+    /// is abandoned, and a record past its keep_until is forgotten.
+    #[tokio::test]
+    async fn the_memory_log_claims_waits_settles_and_abandons() {
+        let log = MemoryCommitLog::new(Duration::from_millis(20));
+        let unix = unix_now();
+        let held = ClaimTerms {
+            lease: Duration::from_secs(60),
+            keep_until_unix: unix + 600,
+        };
+        assert_eq!(log.claim("k", held).await, Ok(Claim::Run));
+        assert_eq!(log.claim("k", held).await, Ok(Claim::Busy));
+        log.settle("k", None, unix + 600).await.expect("released");
+        assert_eq!(log.claim("k", held).await, Ok(Claim::Run));
+        let first = Envelope::error(ToolError::new(ErrorCode::Timeout, "first"));
+        let late = Envelope::error(ToolError::new(ErrorCode::Timeout, "late"));
+        log.settle("k", Some(&first), unix + 600)
+            .await
+            .expect("settled");
+        log.settle("k", Some(&late), unix + 600)
+            .await
+            .expect("ignored");
+        log.settle("k", None, unix + 600).await.expect("ignored");
+        assert_eq!(log.claim("k", held).await, Ok(Claim::Settled(first)));
+
+        let brief = ClaimTerms {
+            lease: Duration::from_millis(1),
+            keep_until_unix: unix + 600,
+        };
+        assert_eq!(log.claim("gone", brief).await, Ok(Claim::Run));
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        assert_eq!(log.claim("gone", held).await, Ok(Claim::Abandoned));
+
+        let expired = Envelope::error(ToolError::new(ErrorCode::Timeout, "old"));
+        log.settle("old", Some(&expired), unix - 1)
+            .await
+            .expect("settled");
+        assert_eq!(log.claim("old", held).await, Ok(Claim::Run));
     }
 
     #[test]
