@@ -5,10 +5,12 @@
 //! in it, and their keys (`additionalProperties`, `minItems`) must reach the
 //! schema compiler exactly as written.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 use toolfleet_core::config::{ToolConfig, parse_tools};
+use toolfleet_server::callbacks::AllowRule;
 use toolfleet_telemetry::LogFormat;
 
 #[derive(Debug, Clone, Deserialize)]
@@ -28,14 +30,36 @@ pub struct AuthConfig {
     pub tokens: Vec<TokenConfig>,
 }
 
+/// `[webhooks]`: every tenant's, but those with their own.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WebhookConfig {
-    /// Hosts a `callback_url` may name.
+    /// What a `callback_url` may reach: `host` (ports 80 and 443),
+    /// `host:port`, `host:*`, addresses and networks (see
+    /// [`toolfleet_server::callbacks`]), read here, so a bad entry stops
+    /// the start.
     #[serde(default)]
-    pub allow: Vec<String>,
+    pub allow: Vec<AllowRule>,
     /// The key webhooks are signed with; absent, one is kept in the data directory.
     pub secret: Option<String>,
+}
+
+/// `[tenants.<name>.webhooks]`: a tenant's own allow-list and key; each
+/// one left out is the global one of `[webhooks]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantWebhookConfig {
+    /// Replaces `[webhooks] allow` for the tenant (`[]`: no callback).
+    pub allow: Option<Vec<AllowRule>>,
+    /// Replaces `[webhooks] secret` for the tenant's notices.
+    pub secret: Option<String>,
+}
+
+/// `[tenants.<name>]`: the settings of one tenant.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantConfig {
+    pub webhooks: Option<TenantWebhookConfig>,
 }
 
 /// `[mcp]`: how `/mcp` and `toolfleet mcp` behave.
@@ -232,6 +256,9 @@ pub struct Config {
     pub auth: AuthConfig,
     #[serde(default)]
     pub webhooks: WebhookConfig,
+    /// Settings of single tenants, by name.
+    #[serde(default)]
+    pub tenants: BTreeMap<String, TenantConfig>,
     #[serde(default)]
     pub mcp: McpConfig,
     /// Parsed separately, with their file's directory for schema files.
@@ -335,8 +362,9 @@ impl Config {
     }
 
     /// Refuses secrets of the configuration or the environment that are too
-    /// short to be keys: the webhook key under [`MIN_WEBHOOK_SECRET_BYTES`],
-    /// a confirm-token key that is not 32 bytes in hex.
+    /// short to be keys: a webhook key (global or a tenant's) under
+    /// [`MIN_WEBHOOK_SECRET_BYTES`], a confirm-token key that is not 32
+    /// bytes in hex.
     pub fn check_secrets(&self) -> Result<(), String> {
         if let Some(secret) = &self.webhooks.secret
             && secret.len() < MIN_WEBHOOK_SECRET_BYTES
@@ -345,6 +373,16 @@ impl Config {
                 "[webhooks] secret (or TOOLFLEET_WEBHOOK_SECRET) is {} bytes long; the key webhooks are signed with must be at least {MIN_WEBHOOK_SECRET_BYTES} bytes: make one with `openssl rand -hex 32`, or leave it out and one is kept in data_dir",
                 secret.len()
             ));
+        }
+        for (tenant, settings) in &self.tenants {
+            if let Some(secret) = settings.webhooks.as_ref().and_then(|w| w.secret.as_ref())
+                && secret.len() < MIN_WEBHOOK_SECRET_BYTES
+            {
+                return Err(format!(
+                    "[tenants.{tenant}.webhooks] secret is {} bytes long; the key a tenant's webhooks are signed with must be at least {MIN_WEBHOOK_SECRET_BYTES} bytes: make one with `openssl rand -hex 32`, or leave it out and the tenant's webhooks are signed with [webhooks] secret",
+                    secret.len()
+                ));
+            }
         }
         if let Some(secret) = &self.confirm_secret {
             let secret = secret.trim();
@@ -493,7 +531,11 @@ user = "alice"
 scopes = ["expenses:read"]
 
 [webhooks]
-allow = ["127.0.0.1"]
+allow = ["127.0.0.1", "hooks.example.com:8443", "10.0.0.0/8:*"]
+
+[tenants.globex.webhooks]
+allow = ["globex.example:*"]
+secret = "globex-webhook-key-0123456789abcdef"
 
 [[tools]]
 name = "t"
@@ -514,7 +556,22 @@ input_schema_file = "schemas/t.json"
         let defaults = Config::parse("", Path::new("t.toml")).unwrap();
         assert_eq!(defaults.metrics_listen, None);
         assert_eq!(config.auth.tokens[0].scopes, ["expenses:read"]);
-        assert_eq!(config.webhooks.allow, ["127.0.0.1"]);
+        let allow: Vec<String> = config
+            .webhooks
+            .allow
+            .iter()
+            .map(|r| r.to_string())
+            .collect();
+        assert_eq!(
+            allow,
+            ["127.0.0.1", "hooks.example.com:8443", "10.0.0.0/8:*"]
+        );
+        let globex = config.tenants["globex"]
+            .webhooks
+            .as_ref()
+            .expect("globex's");
+        assert_eq!(globex.allow.as_ref().map(Vec::len), Some(1));
+        assert!(globex.secret.is_some());
         assert_eq!(config.tools[0].1, PathBuf::from("/etc/toolfleet"));
         assert_eq!(config.include, [PathBuf::from("more.toml")]);
         let typo = Config::parse("lisen = \"x\"", Path::new("t.toml")).unwrap_err();
@@ -576,6 +633,42 @@ input_schema_file = "schemas/t.json"
         assert_eq!(
             check(&format!("confirm_secret = \"{}\"", "ab".repeat(32))),
             Ok(())
+        );
+    }
+
+    #[test]
+    fn webhook_entries_and_tenant_tables_are_read_at_load_and_bad_ones_refused() {
+        let parse = |text: &str| Config::parse(text, Path::new("t.toml"));
+        let bad = parse("[webhooks]\nallow = [\"hooks.example.com:http\"]").unwrap_err();
+        assert!(
+            bad.contains("hooks.example.com:http") && bad.contains("not a port"),
+            "{bad}"
+        );
+        let url = parse("[webhooks]\nallow = [\"https://hooks.example.com/\"]").unwrap_err();
+        assert!(url.contains("is a URL"), "{url}");
+        let idn = parse("[tenants.acme.webhooks]\nallow = [\"bücher.example\"]").unwrap_err();
+        assert!(idn.contains("xn--"), "{idn}");
+        let typo = parse("[tenants.acme.webhooks]\nallows = []").unwrap_err();
+        assert!(typo.contains("allows"), "{typo}");
+        let typo = parse("[tenants.acme]\nwebhook = {}").unwrap_err();
+        assert!(typo.contains("webhook"), "{typo}");
+        // Each key left out is the global one; `allow = []` is none.
+        let config = parse(
+            "[tenants.acme.webhooks]\nsecret = \"k\"\n[tenants.globex.webhooks]\nallow = []\n",
+        )
+        .unwrap();
+        let acme = config.tenants["acme"].webhooks.as_ref().unwrap();
+        assert!(acme.allow.is_none());
+        let globex = config.tenants["globex"].webhooks.as_ref().unwrap();
+        assert_eq!(
+            (globex.allow.as_deref(), &globex.secret),
+            (Some(&[][..]), &None)
+        );
+        let short = config.check_secrets().unwrap_err();
+        assert!(
+            short.contains("[tenants.acme.webhooks] secret is 1 bytes long")
+                && short.contains("at least 32"),
+            "{short}"
         );
     }
 

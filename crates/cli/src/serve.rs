@@ -23,6 +23,7 @@ use toolfleet_core::{
 };
 use toolfleet_executors::{Binder, http_client};
 use toolfleet_server::bounds::Holds;
+use toolfleet_server::webhooks::{HookSettings, Webhooks};
 use toolfleet_server::{
     Access, AppState, Auth, Dispatcher, McpSettings, Ops, Status, StoreAuditSink, StoreCommitLog,
     ops_router, status_tools, token_sha256,
@@ -695,15 +696,13 @@ pub async fn start(config: Config, extra: Vec<ToolDecl>, roles: Roles) -> Result
             period,
             stopped.clone(),
         ));
-        let webhook_key = match &config.webhooks.secret {
-            Some(secret) => secret.clone(),
-            None => kept_secret(&config.data_dir, "webhook-secret", || random_hex(32))?.0,
-        };
+        let webhooks = Arc::new(webhooks(&config)?);
+        let tls = toolfleet_executors::tls_config()?;
         tokio::spawn(toolfleet_server::webhooks::deliver(
             store.clone(),
             notices.clone(),
-            http_client()?,
-            webhook_key.into_bytes(),
+            webhooks.clone(),
+            Arc::new(move || toolfleet_executors::client_builder(tls.clone())),
             metrics.clone(),
             stopped.clone(),
         ));
@@ -715,7 +714,7 @@ pub async fn start(config: Config, extra: Vec<ToolDecl>, roles: Roles) -> Result
             broker,
             notices,
             auth,
-            webhook_allow: Arc::new(config.webhooks.allow.clone()),
+            webhooks,
             streams: Holds::new(api_limits.max_streams_per_principal, api_limits.max_streams),
             metrics_on_api: metrics_listen.is_none(),
             limits: api_limits,
@@ -769,6 +768,42 @@ pub async fn start(config: Config, extra: Vec<ToolDecl>, roles: Roles) -> Result
         stop,
         done,
     })
+}
+
+/// Every tenant's webhook settings: `[webhooks]` (its key, when absent,
+/// kept in `data_dir`), and for each `[tenants.<name>.webhooks]` its own
+/// `allow` and `secret`, each one left out being the global one.
+fn webhooks(config: &Config) -> Result<Webhooks, String> {
+    let key = match &config.webhooks.secret {
+        Some(secret) => secret.clone(),
+        None => kept_secret(&config.data_dir, "webhook-secret", || random_hex(32))?.0,
+    };
+    let global = HookSettings {
+        allow: config.webhooks.allow.clone().into(),
+        key: key.into_bytes().into(),
+    };
+    let mut webhooks = Webhooks::new(global.clone());
+    for (tenant, settings) in &config.tenants {
+        let Some(own) = &settings.webhooks else {
+            continue;
+        };
+        if !config.auth.tokens.is_empty() && !config.auth.tokens.iter().any(|t| &t.tenant == tenant)
+        {
+            tracing::warn!(%tenant, "[tenants.{tenant}.webhooks] names a tenant no token of [[auth.tokens]] has");
+        }
+        let settings = HookSettings {
+            allow: match &own.allow {
+                Some(allow) => allow.clone().into(),
+                None => global.allow.clone(),
+            },
+            key: match &own.secret {
+                Some(secret) => secret.as_bytes().into(),
+                None => global.key.clone(),
+            },
+        };
+        webhooks = webhooks.with_tenant(tenant.clone(), settings);
+    }
+    Ok(webhooks)
 }
 
 /// An HTTP server running until the process stops.
@@ -858,6 +893,49 @@ mod tests {
 
     fn parse(text: &str) -> Config {
         Config::parse(text, std::path::Path::new("toolfleet.toml")).expect("a configuration")
+    }
+
+    #[test]
+    fn a_tenant_takes_each_webhook_setting_it_leaves_out_from_webhooks() {
+        let global_key = "g".repeat(32);
+        let own_key = "o".repeat(32);
+        let config = parse(&format!(
+            r#"
+[webhooks]
+allow = ["127.0.0.1:*"]
+secret = "{global_key}"
+
+[tenants.keyed.webhooks]
+secret = "{own_key}"
+
+[tenants.listed.webhooks]
+allow = ["hooks.listed.example"]
+
+[tenants.closed.webhooks]
+allow = []
+
+[tenants.bare]
+"#
+        ));
+        let webhooks = webhooks(&config).expect("settings");
+        let allow = |tenant: &str| -> Vec<String> {
+            webhooks
+                .of(tenant)
+                .allow
+                .iter()
+                .map(|r| r.to_string())
+                .collect()
+        };
+        let key = |tenant: &str| webhooks.of(tenant).key.to_vec();
+        assert_eq!(allow("keyed"), ["127.0.0.1:*"]);
+        assert_eq!(key("keyed"), own_key.as_bytes());
+        assert_eq!(allow("listed"), ["hooks.listed.example"]);
+        assert_eq!(key("listed"), global_key.as_bytes());
+        assert!(allow("closed").is_empty());
+        for other in ["bare", "anyone"] {
+            assert_eq!(allow(other), ["127.0.0.1:*"]);
+            assert_eq!(key(other), global_key.as_bytes());
+        }
     }
 
     #[test]

@@ -1,7 +1,11 @@
 //! Hostile probes against real processes: another user of the tenant on
 //! every route and MCP method, tickets answered by the wrong user, the
 //! tenant's operators by their scopes, another tenant's operator, and the
-//! audit of every answer and cancel. Each probe fails if its rule breaks.
+//! audit of every answer and cancel; and callbacks that try to reach what
+//! the webhook allow-list does not open (another port of an allowed host,
+//! a name resolving to loopback, the metadata service), at the call and at
+//! delivery, with each tenant's own allow-list and key. Each probe fails if
+//! its rule breaks.
 //!
 //! The ownership probes run twice: against `toolfleet serve` (SQLite, the
 //! in-process queue) and against a dispatcher and a worker on the shared
@@ -11,7 +15,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Client, Server, TOKEN, TempDir, config_with, eventually, sha};
+use common::{
+    Client, Hook, OTHER_TOKEN, Server, TOKEN, TempDir, WEBHOOK_SECRET, config_allowing,
+    config_with, eventually, hook_receiver, sha, signed, signed_with,
+};
 use serde_json::{Value, json};
 
 const BOB: &str = "tf_test_bob";
@@ -868,4 +875,314 @@ async fn redacted_fields_stay_masked_wherever_a_result_leaves() {
     let page = alice.call("read_handle", json!({"handle": id})).await;
     assert_eq!(page["status"], "ok", "{page}");
     no_card("read_handle", &page.to_string());
+}
+
+// Webhooks.
+
+/// A job that settles at once, for the webhook probes.
+const QUICK_JOB: &str = r#"
+[[tools]]
+name = "quick_job"
+description = "Settles at once, as a job."
+shape = "job"
+input_schema = { type = "object" }
+executor = { kind = "builtin", name = "toolfleet.noop" }
+"#;
+
+/// The key of globex's own webhooks.
+const GLOBEX_WEBHOOK_SECRET: &str = "globex-webhook-key-0123456789abcdef";
+
+/// A call of `tool` with `args` naming `callback`, as `client`: the HTTP
+/// status and the envelope.
+async fn call_back(client: &Client, tool: &str, args: Value, callback: &str) -> (u16, Value) {
+    let body = json!({"tool": tool, "args": args, "callback_url": callback});
+    client
+        .raw(
+            reqwest::Method::POST,
+            "/v1/calls",
+            Some(body.to_string().into_bytes()),
+        )
+        .await
+}
+
+/// The job id of a call that was accepted.
+fn accepted(answer: &(u16, Value)) -> String {
+    let (status, envelope) = answer;
+    assert_eq!(*status, 200, "{envelope}");
+    envelope["job_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("a job: {envelope}"))
+        .to_owned()
+}
+
+/// Asserts a call was refused as a bad request whose message says each of
+/// `says`.
+fn refused(answer: &(u16, Value), says: &[&str]) {
+    let (status, envelope) = answer;
+    assert_eq!(
+        (*status, code(envelope)),
+        (400, "bad_request"),
+        "{envelope}"
+    );
+    let message = envelope["error"]["message"].as_str().unwrap_or_default();
+    for said in says {
+        assert!(message.contains(said), "`{said}` not in: {message}");
+    }
+}
+
+/// The port of a [`hook_receiver`]'s URL.
+fn port_of(url: &str) -> u16 {
+    url.trim_end_matches("/hook")
+        .rsplit_once(':')
+        .and_then(|(_, port)| port.parse().ok())
+        .unwrap_or_else(|| panic!("no port in {url}"))
+}
+
+/// The first `n` requests a receiver got, once it has them.
+async fn heard(hooks: &std::sync::Arc<std::sync::Mutex<Vec<Hook>>>, n: usize) -> Vec<Hook> {
+    eventually(Duration::from_secs(15), || async {
+        let hooks = hooks.lock().expect("hooks");
+        (hooks.len() >= n).then(|| hooks[..n].to_vec())
+    })
+    .await
+}
+
+/// The body of a hook, as JSON.
+fn notice(hook: &Hook) -> Value {
+    serde_json::from_str(&hook.body).unwrap_or_else(|_| panic!("not JSON: {}", hook.body))
+}
+
+/// An entry naming a host and port opens that port only; an entry naming
+/// a host name never opens the loopback address it resolves to; the
+/// metadata service is closed in every form its address takes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_callback_reaches_only_the_port_its_entry_names() {
+    let (hook, hooks) = hook_receiver(vec![200]).await;
+    let port = port_of(&hook);
+    let other = if port == u16::MAX { port - 1 } else { port + 1 };
+    let dir = TempDir::new("security-hook-ports");
+    let allow = format!(r#"["127.0.0.1:{port}", "localhost:*", "hooks.example.com"]"#);
+    let server = Server::start(&dir.0, &config_allowing(&dir.0, "", &allow, QUICK_JOB));
+    let alice = server.client(TOKEN);
+
+    let job = accepted(&call_back(&alice, "quick_job", json!({}), &hook).await);
+    let delivered = heard(&hooks, 1).await;
+    assert_eq!(notice(&delivered[0])["job_id"], job.as_str());
+
+    // Another port of the allowed host: refused at the call, saying which
+    // entry and how to open the port.
+    let elsewhere = format!("http://127.0.0.1:{other}/hook");
+    let answer = call_back(&alice, "quick_job", json!({}), &elsewhere).await;
+    refused(
+        &answer,
+        &[
+            &format!("port {port} only"),
+            &format!("`127.0.0.1:{other}`"),
+        ],
+    );
+    let answer = call_back(
+        &alice,
+        "find_expenses",
+        json!({}),
+        "http://hooks.example.com:8080/x",
+    )
+    .await;
+    refused(
+        &answer,
+        &["ports 80 and 443 only", "`hooks.example.com:8080`"],
+    );
+    // A name the list opens by name alone, resolving to loopback (on a
+    // port no address entry opens).
+    let by_name = format!("http://localhost:{other}/hook");
+    let answer = call_back(&alice, "quick_job", json!({}), &by_name).await;
+    refused(
+        &answer,
+        &["`localhost`", "loopback", "needs an entry naming it"],
+    );
+    // The metadata service, however its address is written.
+    for metadata in [
+        "http://169.254.169.254/latest/meta-data/",
+        "http://169.254.169.254:80/latest/api/token",
+        "http://[::ffff:169.254.169.254]/",
+        "http://2852039166/",
+        "http://0xa9.0xfe.0xa9.0xfe/",
+        "http://[fd00:ec2::254]/",
+    ] {
+        let answer = call_back(&alice, "quick_job", json!({}), metadata).await;
+        refused(&answer, &["allow-list"]);
+    }
+    assert_eq!(
+        hooks.lock().expect("hooks").len(),
+        1,
+        "only the allowed call"
+    );
+}
+
+/// `127.0.0.1:*` opens every port; a name resolving to loopback is reached
+/// once an entry names 127.0.0.1 or a network holding it, and the
+/// delivery goes there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loopback_opens_where_an_entry_names_its_address_or_network() {
+    let dir = TempDir::new("security-hook-any-port");
+    let server = Server::start(
+        &dir.0,
+        &config_allowing(&dir.0, "", r#"["127.0.0.1:*"]"#, QUICK_JOB),
+    );
+    let alice = server.client(TOKEN);
+    for port in [1, 8080, 65535] {
+        let url = format!("http://127.0.0.1:{port}/hook");
+        let (status, envelope) =
+            call_back(&alice, "find_expenses", json!({"month": "2026-09"}), &url).await;
+        assert_eq!(
+            (status, envelope["status"].as_str()),
+            (200, Some("ok")),
+            "{url}: {envelope}"
+        );
+    }
+    drop(server);
+
+    for opening in ["127.0.0.1:*", "127.0.0.0/8:*"] {
+        let (hook, hooks) = hook_receiver(vec![200]).await;
+        let dir = TempDir::new("security-hook-loopback");
+        let allow = format!(r#"["localhost:*", "{opening}"]"#);
+        let server = Server::start(&dir.0, &config_allowing(&dir.0, "", &allow, QUICK_JOB));
+        let alice = server.client(TOKEN);
+        let by_name = format!("http://localhost:{}/hook", port_of(&hook));
+        let job = accepted(&call_back(&alice, "quick_job", json!({}), &by_name).await);
+        let delivered = heard(&hooks, 1).await;
+        assert_eq!(notice(&delivered[0])["job_id"], job.as_str(), "{opening}");
+    }
+}
+
+/// A callback accepted under one allow-list is checked again at delivery:
+/// a dispatcher whose list no longer opens the address the name resolves
+/// to sends nothing, and counts the notice refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_callback_is_checked_again_at_delivery() {
+    let (hook, hooks) = hook_receiver(vec![200]).await;
+    let by_name = format!("http://localhost:{}/hook", port_of(&hook));
+    let dir = TempDir::new("security-hook-delivery");
+    let opened = config_allowing(&dir.0, "", r#"["localhost:*", "127.0.0.0/8:*"]"#, "");
+    let mut first = Server::start(&dir.0, &opened);
+    let alice = first.client(TOKEN);
+    let asked = call_back(
+        &alice,
+        "ask_user",
+        json!({"question": "travel or meals?", "options": ["travel", "meals"]}),
+        &by_name,
+    )
+    .await;
+    assert_eq!(asked.0, 200, "{}", asked.1);
+    let ticket = asked.1["ticket"].as_str().expect("a ticket").to_owned();
+    first.kill();
+
+    // The same data, served with the name alone allowed.
+    let closed = config_allowing(&dir.0, "", r#"["localhost:*"]"#, "");
+    let second = Server::start(&dir.0, &closed);
+    let alice = second.client(TOKEN);
+    let answer = call_back(&alice, "ask_user", json!({"question": "again?"}), &by_name).await;
+    refused(&answer, &["loopback"]);
+    let answered = alice
+        .post(
+            &format!("/v1/tickets/{ticket}/answer"),
+            json!({"answer": "travel"}),
+        )
+        .await;
+    assert_eq!(answered["status"], "ok", "{answered}");
+    let series = r#"toolfleet_webhook_deliveries_total{outcome="refused"} "#;
+    let metrics = eventually(Duration::from_secs(15), || async {
+        let text = alice
+            .http
+            .get(format!("{}/metrics", alice.base))
+            .send()
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()?;
+        text.lines()
+            .any(|line| line == format!("{series}1"))
+            .then_some(text)
+    })
+    .await;
+    assert!(
+        metrics.contains(r#"toolfleet_webhook_abandoned_total 1"#),
+        "given up at once: {metrics}"
+    );
+    // Refused before any connection, and never tried again.
+    assert!(
+        hooks.lock().expect("hooks").is_empty(),
+        "a refused notice was sent"
+    );
+}
+
+/// A tenant with webhook settings of its own: its calls are checked
+/// against its allow-list and its notices signed with its key; every other
+/// tenant's with the global ones. Each notice names its tenant and carries
+/// a `Toolfleet-Delivery` that stays the same on its retries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_tenant_has_its_allow_list_and_key_and_each_notice_its_delivery() {
+    let (acme_hook, acme_hooks) = hook_receiver(vec![200]).await;
+    let (globex_hook, globex_hooks) = hook_receiver(vec![500, 200]).await;
+    let dir = TempDir::new("security-hook-tenants");
+    let tables = format!(
+        "\n[tenants.globex.webhooks]\nallow = [\"localhost:*\", \"127.0.0.1:*\"]\nsecret = \"{GLOBEX_WEBHOOK_SECRET}\"\n{QUICK_JOB}"
+    );
+    let server = Server::start(
+        &dir.0,
+        &config_allowing(&dir.0, "", r#"["127.0.0.1:*"]"#, &tables),
+    );
+    let alice = server.client(TOKEN);
+    let mallory = server.client(OTHER_TOKEN);
+
+    // Only globex's list names localhost.
+    let acme_by_name = format!("http://localhost:{}/hook", port_of(&acme_hook));
+    let answer = call_back(&alice, "quick_job", json!({}), &acme_by_name).await;
+    refused(&answer, &["`localhost`", "allow-list"]);
+    let globex_by_name = format!("http://localhost:{}/hook", port_of(&globex_hook));
+    let globex_job = accepted(&call_back(&mallory, "quick_job", json!({}), &globex_by_name).await);
+    let acme_job = accepted(&call_back(&alice, "quick_job", json!({}), &acme_hook).await);
+
+    // globex's notice, refused once and retried: its key, its tenant, one
+    // delivery id.
+    let tries = heard(&globex_hooks, 2).await;
+    for hook in &tries {
+        assert!(
+            signed_with(GLOBEX_WEBHOOK_SECRET, &hook.signature, &hook.body),
+            "{hook:?}"
+        );
+        assert!(
+            !signed(&hook.signature, &hook.body),
+            "globex's with the global key: {hook:?}"
+        );
+        let body = notice(hook);
+        assert_eq!(
+            (&body["tenant"], &body["job_id"]),
+            (&json!("globex"), &json!(globex_job))
+        );
+    }
+    assert!(!tries[0].delivery.is_empty(), "{:?}", tries[0]);
+    assert_eq!(
+        tries[0].delivery, tries[1].delivery,
+        "the retry is the same delivery"
+    );
+
+    // acme's: the global key.
+    let acme = heard(&acme_hooks, 1).await;
+    assert!(
+        signed_with(WEBHOOK_SECRET, &acme[0].signature, &acme[0].body),
+        "{:?}",
+        acme[0]
+    );
+    assert!(!signed_with(
+        GLOBEX_WEBHOOK_SECRET,
+        &acme[0].signature,
+        &acme[0].body
+    ));
+    let body = notice(&acme[0]);
+    assert_eq!(
+        (&body["tenant"], &body["job_id"]),
+        (&json!("acme"), &json!(acme_job))
+    );
+    assert!(!acme[0].delivery.is_empty() && acme[0].delivery != tries[0].delivery);
 }

@@ -348,12 +348,12 @@ impl Metrics {
         );
         r.register(
             "webhook_deliveries",
-            "Webhook attempts, by outcome (delivered: a 2xx answer; failed: anything else)",
+            "Webhook attempts, by outcome (delivered: a 2xx answer; refused: the allow-list refuses the callback now; failed: anything else)",
             m.webhook_deliveries.clone(),
         );
         r.register(
             "webhook_abandoned",
-            "Webhooks given up after their last attempt",
+            "Webhooks given up: after their last attempt, or refused by the allow-list",
             m.webhook_abandoned.clone(),
         );
         r.register(
@@ -449,7 +449,7 @@ impl Metrics {
                 Info::new(VersionLabel { version }),
             ),
         }
-        for outcome in ["delivered", "failed"] {
+        for outcome in ["delivered", "failed", "refused"] {
             m.webhook_deliveries
                 .get_or_create(&OutcomeLabel { outcome })
                 .inc_by(0);
@@ -538,6 +538,13 @@ impl Metrics {
         let outcome = if delivered { "delivered" } else { "failed" };
         self.webhook_deliveries
             .get_or_create(&OutcomeLabel { outcome })
+            .inc();
+    }
+
+    /// A webhook attempt not made: the allow-list refuses its callback now.
+    pub fn webhook_refused(&self) {
+        self.webhook_deliveries
+            .get_or_create(&OutcomeLabel { outcome: "refused" })
             .inc();
     }
 

@@ -41,22 +41,33 @@ pub(crate) const RESERVED_HEADERS: [&str; 7] = [
 const MAX_RETRY_AFTER_S: u64 = 3600;
 
 /// The client every HTTP executor of a process shares, so that they share one
-/// connection pool. TLS uses rustls with the `ring` provider and the
-/// platform's certificate store, configured here rather than installed as
-/// the process default, so nothing global changes. Redirects are not followed.
+/// connection pool: [`client_builder`] on [`tls_config`].
 pub fn http_client() -> Result<Client, String> {
+    client_builder(tls_config()?)
+        .build()
+        .map_err(|e| format!("the HTTP client could not be built: {e}"))
+}
+
+/// The TLS of toolfleet's HTTP clients: rustls with the `ring` provider and
+/// the platform's certificate store, configured here rather than installed
+/// as the process default, so nothing global changes. Made once and cloned
+/// where clients are made often (one per webhook attempt).
+pub fn tls_config() -> Result<rustls::ClientConfig, String> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let tls = rustls::ClientConfig::builder_with_provider(provider)
+    Ok(rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .and_then(|builder| builder.with_platform_verifier())
         .map_err(|e| format!("the HTTP client's TLS could not be configured: {e}"))?
-        .with_no_client_auth();
+        .with_no_client_auth())
+}
+
+/// A builder of a client on `tls` that follows no redirect, with
+/// toolfleet's user agent.
+pub fn client_builder(tls: rustls::ClientConfig) -> reqwest::ClientBuilder {
     Client::builder()
         .tls_backend_preconfigured(tls)
         .redirect(reqwest::redirect::Policy::none())
         .user_agent(concat!("toolfleet/", env!("CARGO_PKG_VERSION")))
-        .build()
-        .map_err(|e| format!("the HTTP client could not be built: {e}"))
 }
 
 /// POSTs a call's arguments to a service and reads its answer.

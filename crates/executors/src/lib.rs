@@ -21,7 +21,7 @@ pub use exec::{
     BASE_ENV, CALL_ENV, DEFAULT_PATH, EVENT_PREFIX, EX_TEMPFAIL, ExecExecutor, MAX_ENV_NAME,
     MAX_ENV_VALUE, MAX_ENV_VARS, MAX_EVENT_LINE, parse_event,
 };
-pub use http::{HttpExecutor, http_client};
+pub use http::{HttpExecutor, client_builder, http_client, tls_config};
 
 use toolfleet_core::CallCtx;
 

@@ -10,6 +10,7 @@
 pub mod access;
 pub mod auth;
 pub mod bounds;
+pub mod callbacks;
 pub mod dispatch;
 pub mod http;
 mod mcp;
@@ -92,8 +93,9 @@ pub struct AppState {
     pub broker: Arc<dyn Broker>,
     pub notices: Arc<dyn Notices>,
     pub auth: Arc<Auth>,
-    /// Hosts a `callback_url` may name.
-    pub webhook_allow: Arc<Vec<String>>,
+    /// Each tenant's webhook allow-list (which `callback_url`s a call may
+    /// name) and signing key.
+    pub webhooks: Arc<webhooks::Webhooks>,
     pub limits: Limits,
     /// `/metrics` and `/readyz`; the metrics are also the runtime's.
     pub ops: Arc<Ops>,

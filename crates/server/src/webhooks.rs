@@ -1,27 +1,35 @@
 //! Webhooks: when a job settles or a ticket is answered, the call's
-//! `callback_url` gets the final envelope plus `event` and `run_id`, signed
-//! with `Toolfleet-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256 of
-//! "t.body">`, and retried with backoff until it answers 2xx.
+//! `callback_url` gets the final envelope plus `event`, `run_id` and
+//! `tenant`, signed with `Toolfleet-Signature: t=<unix seconds>,v1=<hex
+//! HMAC-SHA256 of "t.body">` under its tenant's key, named by
+//! `Toolfleet-Delivery: <id>` (the same on every attempt), and retried with
+//! backoff until it answers 2xx.
 //!
-//! The allow-list was checked when the call was accepted; this module sends
-//! only to URLs stored with a job or ticket.
+//! This module sends only to URLs stored with a job or ticket, whose
+//! allow-list was checked when the call was accepted; each attempt checks
+//! the URL again against its tenant's allow-list ([`crate::callbacks`]) and
+//! connects only to the addresses that passed, without redirects or a
+//! proxy. A URL the allow-list now refuses is given up at once.
 //!
 //! Each attempt is counted in `toolfleet_webhook_deliveries_total{outcome}`
-//! (delivered or failed), and a notice given up after its last attempt in
+//! (delivered, failed or refused), and a notice given up in
 //! `toolfleet_webhook_abandoned_total`.
 
+use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
 use hmac::{Hmac, KeyInit, Mac};
 use serde_json::{Value, json};
-use sha2::Sha256;
+use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 use toolfleet_broker::{Event, Notices};
 use toolfleet_core::{Envelope, Json, Metrics};
 use toolfleet_store::{ClaimCommit, CommitClaim, Store, StoreError};
 
+use crate::callbacks::{self, AllowRule, Destination, Refusal};
 use crate::dispatch::{job_event, now_ms, ticket_event};
 
 /// Attempts per delivery before it is given up (and logged).
@@ -39,6 +47,48 @@ pub fn signature(key: &[u8], t: u64, body: &str) -> String {
     mac.update(format!("{t}.{body}").as_bytes());
     format!("t={t},v1={}", hex::encode(mac.finalize().into_bytes()))
 }
+
+/// The webhook settings of one tenant: what its `callback_url`s may reach
+/// and the key its notices are signed with.
+#[derive(Clone)]
+pub struct HookSettings {
+    pub allow: Arc<[AllowRule]>,
+    pub key: Arc<[u8]>,
+}
+
+/// Every tenant's webhook settings: its own where the configuration gives
+/// them (`[tenants.<name>.webhooks]`), else the global ones.
+#[derive(Clone)]
+pub struct Webhooks {
+    global: HookSettings,
+    tenants: HashMap<String, HookSettings>,
+}
+
+impl Webhooks {
+    /// Every tenant on `global`.
+    pub fn new(global: HookSettings) -> Self {
+        Webhooks {
+            global,
+            tenants: HashMap::new(),
+        }
+    }
+
+    /// `tenant` on settings of its own.
+    pub fn with_tenant(mut self, tenant: impl Into<String>, settings: HookSettings) -> Self {
+        self.tenants.insert(tenant.into(), settings);
+        self
+    }
+
+    /// The settings of `tenant`.
+    pub fn of(&self, tenant: &str) -> &HookSettings {
+        self.tenants.get(tenant).unwrap_or(&self.global)
+    }
+}
+
+/// Makes the builder of one delivery attempt's HTTP client with its TLS
+/// and user agent; the attempt adds the rest (its checked addresses, no
+/// redirects, no proxy).
+pub type ClientBase = Arc<dyn Fn() -> reqwest::ClientBuilder + Send + Sync>;
 
 /// The callback of an event's job or ticket, if the call named one.
 async fn callback_of(store: &dyn Store, event: &Event) -> Option<String> {
@@ -66,7 +116,8 @@ async fn callback_of(store: &dyn Store, event: &Event) -> Option<String> {
     }
 }
 
-/// The body of a notice: the final envelope plus `event` and `run_id`.
+/// The body of a notice: the final envelope plus `event`, `run_id` and
+/// `tenant`.
 pub fn notice_body(event: &Event) -> Value {
     let mut body = match &event.body {
         Value::Object(map) => Value::Object(map.clone()),
@@ -74,6 +125,7 @@ pub fn notice_body(event: &Event) -> Value {
     };
     body["event"] = json!(format!("{}.{}", event.kind, event.state));
     body["run_id"] = json!(event.run_id);
+    body["tenant"] = json!(event.tenant);
     if event.kind == "ticket" {
         body["ticket"] = json!(event.id);
     } else {
@@ -95,15 +147,15 @@ pub fn notice_body(event: &Event) -> Value {
 pub async fn deliver(
     store: Arc<dyn Store>,
     notices: Arc<dyn Notices>,
-    client: reqwest::Client,
-    key: Vec<u8>,
+    webhooks: Arc<Webhooks>,
+    client: ClientBase,
     metrics: Arc<Metrics>,
     mut stopped: watch::Receiver<bool>,
 ) {
     let sender = Arc::new(Sender {
         store,
         client,
-        key: Arc::new(key),
+        webhooks,
         metrics,
     });
     tokio::spawn(catch_up(sender.clone(), stopped.clone()));
@@ -294,8 +346,8 @@ impl Sender {
 /// What sending a notice needs.
 struct Sender {
     store: Arc<dyn Store>,
-    client: reqwest::Client,
-    key: Arc<Vec<u8>>,
+    client: ClientBase,
+    webhooks: Arc<Webhooks>,
     metrics: Arc<Metrics>,
 }
 
@@ -324,15 +376,13 @@ impl Sender {
                 false
             }
         };
-        let body = notice_body(event).to_string();
-        let sent = send(
-            self.client.clone(),
-            self.key.clone(),
+        let notice = Notice {
             url,
-            body,
-            backoff(),
-            self.metrics.clone(),
-        );
+            body: notice_body(event).to_string(),
+            id: delivery_id(&claim),
+            settings: self.webhooks.of(&event.tenant).clone(),
+        };
+        let sent = send(self.client.clone(), notice, backoff(), self.metrics.clone());
         let store = self.store.clone();
         tokio::spawn(async move {
             let delivered = sent.await;
@@ -358,46 +408,160 @@ fn backoff() -> ExponentialBuilder {
         .with_max_times(MAX_ATTEMPTS)
 }
 
-/// Sends until a 2xx (true) or the last attempt `backoff` allows (false).
-async fn send(
-    client: reqwest::Client,
-    key: Arc<Vec<u8>>,
+/// The `Toolfleet-Delivery` of the notice claimed as `claim`
+/// (`webhook:<kind>:<id>:<state>`): a UUID made of its SHA-256, the same
+/// on every attempt and whichever dispatcher sends it.
+pub fn delivery_id(claim: &str) -> String {
+    let digest = Sha256::digest(claim.as_bytes());
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&digest[..16]);
+    uuid::Builder::from_custom_bytes(bytes)
+        .into_uuid()
+        .to_string()
+}
+
+/// One notice on its way.
+struct Notice {
     url: String,
     body: String,
+    /// Its `Toolfleet-Delivery`.
+    id: String,
+    /// Its tenant's allow-list and key.
+    settings: HookSettings,
+}
+
+/// How one attempt went.
+enum Attempt {
+    /// A 2xx answer.
+    Delivered,
+    /// Anything else, worth another attempt.
+    Failed,
+    /// The allow-list refuses the URL now: no attempt will pass.
+    Refused(String),
+}
+
+/// Sends until a 2xx (true), the last attempt `backoff` allows, or an
+/// attempt the allow-list refuses (false).
+async fn send(
+    client: ClientBase,
+    notice: Notice,
     backoff: ExponentialBuilder,
     metrics: Arc<Metrics>,
 ) -> bool {
     let mut delays = backoff.build();
     let mut attempts = 0usize;
+    let url = notice.url.as_str();
     loop {
         attempts += 1;
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0);
-        let sent = client
-            .post(&url)
-            .header("Content-Type", "application/json")
-            .header("Toolfleet-Signature", signature(&key, t, &body))
-            .timeout(Duration::from_secs(10))
-            .body(body.clone())
-            .send()
-            .await;
-        let delivered = matches!(&sent, Ok(response) if response.status().is_success());
-        metrics.webhook_attempt(delivered);
-        match sent {
-            Ok(_) if delivered => return true,
-            Ok(response) => tracing::warn!(%url, status = %response.status(), "webhook refused"),
-            Err(error) => tracing::warn!(%url, %error, "webhook failed"),
+        match attempt(&client, &notice).await {
+            Attempt::Delivered => {
+                metrics.webhook_attempt(true);
+                return true;
+            }
+            Attempt::Failed => metrics.webhook_attempt(false),
+            Attempt::Refused(why) => {
+                metrics.webhook_refused();
+                metrics.webhook_abandoned();
+                tracing::error!(%url, delivery = %notice.id, "webhook given up: {why}");
+                return false;
+            }
         }
         match delays.next() {
             Some(delay) => tokio::time::sleep(delay).await,
             None => {
-                tracing::error!(%url, "webhook given up after {attempts} attempts");
+                tracing::error!(%url, delivery = %notice.id, "webhook given up after {attempts} attempts");
                 metrics.webhook_abandoned();
                 return false;
             }
         }
+    }
+}
+
+/// One attempt: the URL checked against the tenant's allow-list now, and
+/// the notice posted to the addresses that passed.
+async fn attempt(client: &ClientBase, notice: &Notice) -> Attempt {
+    let url = notice.url.as_str();
+    let destination = match callbacks::check(url, &notice.settings.allow).await {
+        Ok(destination) => destination,
+        Err(Refusal::Refused(why)) => return Attempt::Refused(why),
+        Err(Refusal::Unresolved(why)) => {
+            tracing::warn!(%url, "webhook failed: {why}");
+            return Attempt::Failed;
+        }
+    };
+    let client = match pinned_client(client, &destination) {
+        Ok(client) => client,
+        Err(error) => {
+            tracing::warn!(%url, %error, "webhook failed: no HTTP client");
+            return Attempt::Failed;
+        }
+    };
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let sent = client
+        .post(destination.url)
+        .header("Content-Type", "application/json")
+        .header("Toolfleet-Delivery", &notice.id)
+        .header(
+            "Toolfleet-Signature",
+            signature(&notice.settings.key, t, &notice.body),
+        )
+        .timeout(Duration::from_secs(10))
+        .body(notice.body.clone())
+        .send()
+        .await;
+    match sent {
+        Ok(response) if response.status().is_success() => Attempt::Delivered,
+        Ok(response) => {
+            tracing::warn!(%url, status = %response.status(), "webhook refused");
+            Attempt::Failed
+        }
+        Err(error) => {
+            tracing::warn!(%url, %error, "webhook failed");
+            Attempt::Failed
+        }
+    }
+}
+
+/// The HTTP client of one attempt to `destination`: it connects only to
+/// the checked addresses (TLS still verifies the URL's host name), follows
+/// no redirect and uses no proxy.
+fn pinned_client(
+    base: &ClientBase,
+    destination: &Destination,
+) -> Result<reqwest::Client, reqwest::Error> {
+    base()
+        .redirect(reqwest::redirect::Policy::none())
+        .no_proxy()
+        .dns_resolver(Pinned {
+            name: destination.name.clone(),
+            addrs: destination.addrs.clone(),
+        })
+        .build()
+}
+
+/// A resolver of one name, to the addresses checked for it; any other
+/// name is refused.
+struct Pinned {
+    name: Option<String>,
+    addrs: Vec<SocketAddr>,
+}
+
+impl reqwest::dns::Resolve for Pinned {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let found: Result<reqwest::dns::Addrs, _> = match &self.name {
+            Some(own) if own.eq_ignore_ascii_case(name.as_str()) => {
+                Ok(Box::new(self.addrs.clone().into_iter()))
+            }
+            _ => Err(format!(
+                "`{}` was not checked against the webhook allow-list",
+                name.as_str()
+            )
+            .into()),
+        };
+        Box::pin(std::future::ready(found))
     }
 }
 
@@ -418,14 +582,58 @@ mod tests {
         assert_ne!(signature(b"other", 1, "{}"), sig);
     }
 
+    /// Settings allowing `allow`, signing with `key`.
+    fn settings(allow: &[&str], key: &[u8]) -> HookSettings {
+        let allow: Vec<AllowRule> = allow
+            .iter()
+            .map(|entry| entry.parse().expect("an entry"))
+            .collect();
+        HookSettings {
+            allow: allow.into(),
+            key: key.into(),
+        }
+    }
+
+    /// Every tenant allowed any port of 127.0.0.1, signing with `key`.
+    fn loopback_hooks() -> Arc<Webhooks> {
+        Arc::new(Webhooks::new(settings(&["127.0.0.1:*"], b"key")))
+    }
+
+    /// Clients on one TLS configuration made once (trusting no root: the
+    /// tests speak plain HTTP), as the binary's are.
+    fn plain_client() -> ClientBase {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let tls = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("TLS versions")
+            .with_root_certificates(rustls::RootCertStore::empty())
+            .with_no_client_auth();
+        Arc::new(move || reqwest::Client::builder().tls_backend_preconfigured(tls.clone()))
+    }
+
     /// A sender of notices recorded in `store`, signed with a test key.
     fn sender_to(store: &Arc<dyn Store>) -> Sender {
         Sender {
             store: store.clone(),
-            client: reqwest::Client::new(),
-            key: Arc::new(b"key".to_vec()),
+            client: plain_client(),
+            webhooks: loopback_hooks(),
             metrics: Arc::new(Metrics::new()),
         }
+    }
+
+    /// A notice of `{}` to `url` allowed by `allow`.
+    fn notice_to(url: String, allow: &[&str]) -> Notice {
+        Notice {
+            url,
+            body: "{}".into(),
+            id: delivery_id("webhook:job:j1:succeeded"),
+            settings: settings(allow, b"key"),
+        }
+    }
+
+    /// The delays of one attempt and no retry.
+    fn once() -> ExponentialBuilder {
+        ExponentialBuilder::default().with_max_times(0)
     }
 
     /// A settled job of `store` with a callback to `url`, settled at `at`.
@@ -506,15 +714,8 @@ mod tests {
             .with_min_delay(Duration::from_millis(1))
             .with_max_delay(Duration::from_millis(2))
             .with_max_times(2);
-        let delivered = send(
-            reqwest::Client::new(),
-            Arc::new(b"key".to_vec()),
-            format!("http://{closed}/hook"),
-            "{}".into(),
-            quick,
-            metrics.clone(),
-        )
-        .await;
+        let notice = notice_to(format!("http://{closed}/hook"), &["127.0.0.1:*"]);
+        let delivered = send(plain_client(), notice, quick, metrics.clone()).await;
         assert!(!delivered);
         let failed = r#"toolfleet_webhook_deliveries_total{outcome="failed"}"#;
         assert_eq!(sample(&metrics, failed), Some(3.0));
@@ -575,6 +776,14 @@ mod tests {
     /// One HTTP endpoint answering 200 to everything; each request's
     /// text goes to the channel.
     async fn hooks() -> (String, tokio::sync::mpsc::UnboundedReceiver<String>) {
+        answering("HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n").await
+    }
+
+    /// One HTTP endpoint answering `reply` to everything; each request's
+    /// text goes to the channel.
+    async fn answering(
+        reply: &'static str,
+    ) -> (String, tokio::sync::mpsc::UnboundedReceiver<String>) {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
@@ -595,9 +804,7 @@ mod tests {
                         let text = String::from_utf8_lossy(&request[..read]).into_owned();
                         if text.contains("\r\n\r\n{") && text.trim_end().ends_with('}') {
                             let _ = heard.send(text);
-                            let _ = stream
-                                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
-                                .await;
+                            let _ = stream.write_all(reply.as_bytes()).await;
                             return;
                         }
                     }
@@ -626,8 +833,8 @@ mod tests {
         tokio::spawn(deliver(
             store.clone(),
             refusing.clone(),
-            reqwest::Client::new(),
-            b"key".to_vec(),
+            loopback_hooks(),
+            plain_client(),
             Arc::new(Metrics::new()),
             stopped,
         ));
@@ -696,5 +903,85 @@ mod tests {
             .await;
         let again = tokio::time::timeout(Duration::from_millis(300), hooks.recv()).await;
         assert!(again.is_err(), "sent twice: {again:?}");
+    }
+
+    #[test]
+    fn a_delivery_id_is_a_uuid_stable_for_its_notice() {
+        let id = delivery_id("webhook:job:j1:succeeded");
+        assert_eq!(id, delivery_id("webhook:job:j1:succeeded"));
+        assert_ne!(id, delivery_id("webhook:job:j1:failed"));
+        assert_ne!(id, delivery_id("webhook:job:j2:succeeded"));
+        let uuid = uuid::Uuid::parse_str(&id).expect("a UUID");
+        assert_eq!(uuid.get_version_num(), 8);
+    }
+
+    #[test]
+    fn a_notice_names_its_tenant() {
+        let event = Event::job(
+            "j1",
+            ("globex", "mallory"),
+            "quick",
+            toolfleet_core::JobState::Succeeded,
+            "run-1",
+            &Envelope::ok(Json::from(json!({"n": 1})), ""),
+        );
+        let body = notice_body(&event);
+        assert_eq!(body["tenant"], "globex", "{body}");
+        assert_eq!(
+            (&body["event"], &body["job_id"], &body["run_id"]),
+            (&json!("job.succeeded"), &json!("j1"), &json!("run-1")),
+            "{body}"
+        );
+        assert_eq!(body["result"], json!({"n": 1}), "{body}");
+    }
+
+    /// A name the allow-list opens only by name, resolving to loopback, is
+    /// refused before any connection and given up at once; opened by its
+    /// address, the attempt connects to the checked address and names the
+    /// delivery.
+    #[tokio::test]
+    async fn each_attempt_is_checked_and_connects_to_the_checked_address() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let (url, mut heard) = hooks().await;
+        let by_name = url.replace("127.0.0.1", "localhost");
+        let metrics = Arc::new(Metrics::new());
+        let refused = notice_to(by_name.clone(), &["localhost:*"]);
+        assert!(!send(plain_client(), refused, backoff(), metrics.clone()).await);
+        let outcome = |o: &str| format!(r#"toolfleet_webhook_deliveries_total{{outcome="{o}"}}"#);
+        assert_eq!(sample(&metrics, &outcome("refused")), Some(1.0));
+        assert_eq!(sample(&metrics, &outcome("failed")), Some(0.0));
+        assert_eq!(
+            sample(&metrics, "toolfleet_webhook_abandoned_total"),
+            Some(1.0)
+        );
+        assert!(heard.try_recv().is_err(), "nothing was sent");
+        let opened = notice_to(by_name, &["localhost:*", "127.0.0.0/8:*"]);
+        let id = opened.id.clone();
+        assert!(send(plain_client(), opened, once(), metrics.clone()).await);
+        let request = heard.try_recv().expect("the request").to_ascii_lowercase();
+        assert!(
+            request.contains(&format!("toolfleet-delivery: {id}")),
+            "{request}"
+        );
+        assert!(request.contains("host: localhost:"), "{request}");
+    }
+
+    /// A redirect is an answer that is not a 2xx: it is not followed.
+    #[tokio::test]
+    async fn redirects_are_not_followed() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let (target, mut reached) = hooks().await;
+        let reply: &'static str = Box::leak(
+            format!(
+                "HTTP/1.1 307 Temporary Redirect\r\nlocation: {target}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+            )
+            .into_boxed_str(),
+        );
+        let (url, mut heard) = answering(reply).await;
+        let metrics = Arc::new(Metrics::new());
+        let notice = notice_to(url, &["127.0.0.1:*"]);
+        assert!(!send(plain_client(), notice, once(), metrics.clone()).await);
+        assert!(heard.try_recv().is_ok(), "the callback was asked");
+        assert!(reached.try_recv().is_err(), "the redirect was followed");
     }
 }

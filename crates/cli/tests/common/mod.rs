@@ -104,8 +104,14 @@ pub fn sha(token: &str) -> String {
 }
 
 /// A configuration with two tenants' tokens and the expense pack, plus
-/// top-level keys `top` and tables `extra`.
+/// top-level keys `top` and tables `extra`; webhooks may reach any port of
+/// 127.0.0.1 (where [`hook_receiver`]s listen).
 pub fn config_with(dir: &Path, top: &str, extra: &str) -> String {
+    config_allowing(dir, top, r#"["127.0.0.1:*"]"#, extra)
+}
+
+/// As [`config_with`], with `[webhooks] allow = <allow>` (TOML).
+pub fn config_allowing(dir: &Path, top: &str, allow: &str, extra: &str) -> String {
     let pack = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/expenses/toolfleet.toml");
     format!(
         r#"
@@ -127,7 +133,7 @@ user = "mallory"
 scopes = ["expenses:read", "expenses:submit"]
 
 [webhooks]
-allow = ["127.0.0.1"]
+allow = {allow}
 secret = "{webhook_secret}"
 {extra}
 "#,
@@ -355,6 +361,8 @@ where
 pub struct Hook {
     /// The `Toolfleet-Signature` header.
     pub signature: String,
+    /// The `Toolfleet-Delivery` header.
+    pub delivery: String,
     pub body: String,
     pub at: std::time::Instant,
 }
@@ -406,6 +414,7 @@ pub async fn hook_receiver(
                         let mut seen = store.lock().unwrap();
                         seen.push(Hook {
                             signature: header("toolfleet-signature").unwrap_or_default(),
+                            delivery: header("toolfleet-delivery").unwrap_or_default(),
                             body: String::from_utf8_lossy(&buf[end + 4..end + 4 + length])
                                 .to_string(),
                             at: std::time::Instant::now(),
@@ -430,6 +439,11 @@ pub async fn hook_receiver(
 
 /// Checks a `Toolfleet-Signature` against the test configuration's key.
 pub fn signed(signature: &str, body: &str) -> bool {
+    signed_with(WEBHOOK_SECRET, signature, body)
+}
+
+/// Checks a `Toolfleet-Signature` against `key`.
+pub fn signed_with(key: &str, signature: &str, body: &str) -> bool {
     use hmac::{Hmac, KeyInit, Mac};
     let Some((t, v1)) = signature.split_once(",v1=") else {
         return false;
@@ -437,7 +451,7 @@ pub fn signed(signature: &str, body: &str) -> bool {
     let Some(t) = t.strip_prefix("t=") else {
         return false;
     };
-    let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(WEBHOOK_SECRET.as_bytes()).unwrap();
+    let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(key.as_bytes()).unwrap();
     mac.update(format!("{t}.{body}").as_bytes());
     hex::encode(mac.finalize().into_bytes()) == v1
 }
