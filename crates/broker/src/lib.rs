@@ -219,7 +219,8 @@ impl Event {
             user: user.to_owned(),
             audience: None,
             tool: tool.to_owned(),
-            state: state.as_str().to_owned(),
+            // As the contract shows it: a parked job is `retrying`.
+            state: state.shown().as_str().to_owned(),
             run_id: run_id.to_owned(),
             body: serde_json::to_value(envelope).unwrap_or_default(),
             callback: false,

@@ -1,4 +1,4 @@
-//! The result envelope of API.md: what every call, and `get_job`, answers.
+//! The result envelope of docs/API.md: what every call, and `get_job`, answers.
 //!
 //! An envelope is a message to a model with a small context window, so it is
 //! compact and explicit. Errors are values here, never panics: every way a
@@ -8,6 +8,7 @@
 use std::fmt;
 use std::sync::Arc;
 
+use crate::lifecycle::JobState;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
 use serde_json::value::RawValue;
@@ -101,7 +102,7 @@ impl<'de> Deserialize<'de> for Json {
     }
 }
 
-/// The error codes of API.md. They are part of the contract: never renamed.
+/// The error codes of docs/API.md. They are part of the contract: never renamed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorCode {
@@ -243,68 +244,6 @@ impl fmt::Display for ToolError {
 }
 
 impl std::error::Error for ToolError {}
-
-/// Where a job is in its life. Written down once; the store moves a job
-/// between these states and nowhere else.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum JobState {
-    Queued,
-    Running,
-    Retrying,
-    Succeeded,
-    Failed,
-    Cancelled,
-}
-
-impl JobState {
-    /// Every state, in the order of the contract.
-    pub const ALL: [JobState; 6] = [
-        JobState::Queued,
-        JobState::Running,
-        JobState::Retrying,
-        JobState::Succeeded,
-        JobState::Failed,
-        JobState::Cancelled,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            JobState::Queued => "queued",
-            JobState::Running => "running",
-            JobState::Retrying => "retrying",
-            JobState::Succeeded => "succeeded",
-            JobState::Failed => "failed",
-            JobState::Cancelled => "cancelled",
-        }
-    }
-
-    /// True once the job can no longer change.
-    pub fn is_settled(self) -> bool {
-        matches!(
-            self,
-            JobState::Succeeded | JobState::Failed | JobState::Cancelled
-        )
-    }
-
-    pub fn parse(text: &str) -> Option<JobState> {
-        Some(match text {
-            "queued" => JobState::Queued,
-            "running" => JobState::Running,
-            "retrying" => JobState::Retrying,
-            "succeeded" => JobState::Succeeded,
-            "failed" => JobState::Failed,
-            "cancelled" => JobState::Cancelled,
-            _ => return None,
-        })
-    }
-}
-
-impl fmt::Display for JobState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 /// The answer to every call.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -47,6 +47,7 @@ pub mod adapters;
 pub mod config;
 pub mod envelope;
 pub mod group;
+pub mod lifecycle;
 pub mod metrics;
 pub mod middleware;
 pub mod registry;
@@ -55,7 +56,8 @@ pub mod shapes;
 pub mod tool;
 pub mod trace;
 
-pub use envelope::{Envelope, ErrorCode, JobState, Json, ToolError};
+pub use envelope::{Envelope, ErrorCode, Json, ToolError};
+pub use lifecycle::{JobState, Transition};
 pub use metrics::Metrics;
 pub use middleware::{AuditRecord, AuditSink, MemoryAuditSink, RateLimit};
 pub use registry::{RegistrationError, Registry, Tool};

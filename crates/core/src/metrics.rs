@@ -29,7 +29,8 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::{Registry, Unit};
 
-use crate::envelope::{Envelope, ErrorCode, JobState};
+use crate::envelope::{Envelope, ErrorCode};
+use crate::lifecycle::JobState;
 
 /// The gauge type of [`PoolGauges`].
 pub use prometheus_client::metrics::gauge::Gauge;
@@ -583,7 +584,8 @@ impl Metrics {
                 })
                 .inc(),
             JobState::Retrying => self.job_retries.get_or_create(&tool_label(tool)).inc(),
-            JobState::Queued | JobState::Running => 0,
+            // Parking waits for a person: no attempt failed.
+            JobState::Queued | JobState::Running | JobState::Parked => 0,
         };
     }
 
@@ -639,12 +641,14 @@ impl Metrics {
             .inc();
     }
 
-    /// Jobs by state as the store counts them now; states it does not name are 0.
+    /// Jobs by state as the store counts them now, by the states the
+    /// contract shows (parked jobs count as `retrying`); states it does not
+    /// name are 0.
     pub fn set_job_counts(&self, counts: &[(JobState, u64)]) {
-        for state in JobState::ALL {
+        for state in JobState::SHOWN {
             let n = counts
                 .iter()
-                .filter(|(s, _)| *s == state)
+                .filter(|(s, _)| s.shown() == state)
                 .map(|(_, n)| *n)
                 .sum::<u64>();
             self.jobs

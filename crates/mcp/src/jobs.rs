@@ -95,7 +95,9 @@ pub trait Jobs: Send + Sync + 'static {
 /// The task status of a job state.
 pub fn task_status(state: JobState) -> TaskStatus {
     match state {
-        JobState::Queued | JobState::Running | JobState::Retrying => TaskStatus::Working,
+        JobState::Queued | JobState::Running | JobState::Retrying | JobState::Parked => {
+            TaskStatus::Working
+        }
         JobState::Succeeded => TaskStatus::Completed,
         JobState::Failed => TaskStatus::Failed,
         JobState::Cancelled => TaskStatus::Cancelled,
@@ -119,7 +121,9 @@ pub fn task_of(
     .with_status_message(status_message(job));
     task.ttl_ms = None;
     let payload = match job.state {
-        JobState::Queued | JobState::Running | JobState::Retrying => TaskPayload::Working,
+        JobState::Queued | JobState::Running | JobState::Retrying | JobState::Parked => {
+            TaskPayload::Working
+        }
         JobState::Succeeded => TaskPayload::Completed {
             result: result.unwrap_or_default(),
         },

@@ -50,7 +50,7 @@ impl McpJobs {
             envelope: self.status.answer(principal, &job),
             id: job.id,
             tool: job.tool,
-            state: job.state,
+            state: job.state.shown(),
             progress: job.progress,
             created_at: job.created_at,
             updated_at: job.updated_at,

@@ -1,4 +1,4 @@
-//! The routes of API.md. Each handler authenticates, reads its input with
+//! The routes of docs/API.md. Each handler authenticates, reads its input with
 //! bounds, and answers an envelope; transport failures use the HTTP codes of
 //! the contract (400, 401, 413, 503) with the same envelope as body.
 
@@ -57,7 +57,7 @@ pub fn router(state: AppState) -> Router {
         .fallback(|| async {
             reply_error(
                 StatusCode::NOT_FOUND,
-                ToolError::new(ErrorCode::NotFound, "no such route; see API.md"),
+                ToolError::new(ErrorCode::NotFound, "no such route; see docs/API.md"),
             )
         })
         .layer(axum::middleware::from_fn(move |request, next| {
@@ -370,7 +370,11 @@ async fn list_jobs(
     Caller(principal): Caller,
     Query(q): Query<ListQuery>,
 ) -> Response {
-    let job_state = match q.state.as_deref().map(|s| JobState::parse(s).ok_or(s)) {
+    let job_state = match q
+        .state
+        .as_deref()
+        .map(|s| JobState::parse_shown(s).ok_or(s))
+    {
         Some(Err(s)) => {
             return bad_request(format!(
                 "state `{}` is not one of queued, running, retrying, succeeded, failed, cancelled",
@@ -406,7 +410,7 @@ async fn list_jobs(
                 .iter()
                 .map(|j| {
                     json!({
-                        "job_id": j.id, "tool": j.tool, "state": j.state, "attempts": j.attempts,
+                        "job_id": j.id, "tool": j.tool, "state": j.state.shown(), "attempts": j.attempts,
                         "run_id": j.run_id, "created_at": j.created_at, "updated_at": j.updated_at,
                     })
                 })

@@ -201,7 +201,7 @@ impl Status {
     ) -> Result<Option<JobRecord>, ToolError> {
         let outcome = self.cancel_unaudited(principal, id).await;
         let envelope = match &outcome {
-            Ok(Some(job)) => Envelope::ok(Json::from(json!({"state": job.state})), ""),
+            Ok(Some(job)) => Envelope::ok(Json::from(json!({"state": job.state.shown()})), ""),
             Ok(None) => Envelope::error(missing(id)),
             Err(error) => Envelope::error(error.clone()),
         };

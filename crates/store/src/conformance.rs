@@ -12,6 +12,7 @@
 //! tests or assume a table is empty.
 
 use serde_json::{Value, json};
+use toolfleet_core::lifecycle::{Transition, after_failure};
 use toolfleet_core::tool::{Budget, Lineage};
 use toolfleet_core::{
     AnsweredBy, AuditRecord, Envelope, ErrorCode, JobState, Json, ToolError, TraceContext, new_id,
@@ -94,6 +95,8 @@ macro_rules! store_conformance {
             a_checkpoint_is_saved_for_the_current_attempt_only,
             a_checkpoint_outlives_claims_and_retries,
             audit_keeps_the_parent_run_id,
+            every_transition_moves_only_from_its_states,
+            a_parked_job_is_listed_and_counted_as_it_is_shown,
         );
     };
     (@tests $make:expr; $($name:ident),* $(,)?) => {
@@ -696,7 +699,8 @@ pub async fn fail_with_a_retry_waits_for_run_at(store: &dyn Store) {
     );
 }
 
-/// After its last attempt, or without a retry time, a failure is final and
+/// After its last attempt the lifecycle fails a job rather than retry it,
+/// and so does a failure without a retry time: the failure is final and
 /// keeps the last error.
 pub async fn the_last_attempt_fails_for_good(store: &dyn Store) {
     let t = tenant();
@@ -716,14 +720,10 @@ pub async fn the_last_attempt_fails_for_good(store: &dyn Store) {
         .await
         .expect("claim the retry");
     let last = failure("second");
-    let failed = fail(
-        store,
-        &lease(&job.id, "w1", 2),
-        &last,
-        Some(BASE + 20),
-        BASE + 11,
-    )
-    .await;
+    let next = after_failure(2, job.max_attempts, last.retryable);
+    assert_eq!(next, Transition::Fail, "no attempt remains");
+    let retry_at = (next == Transition::Retry).then_some(BASE + 20);
+    let failed = fail(store, &lease(&job.id, "w1", 2), &last, retry_at, BASE + 11).await;
     let failed = failed.expect("the holder fails it");
     assert_eq!(
         (failed.state, failed.attempts, failed.error),
@@ -1940,7 +1940,7 @@ pub async fn a_parked_job_waits_for_its_ticket(store: &dyn Store) {
         .expect("the running attempt parks it");
     assert_eq!(
         (parked.state, parked.attempts, parked.lease_owner.as_deref()),
-        (JobState::Retrying, 0, None)
+        (JobState::Parked, 0, None)
     );
     assert_eq!(
         claim(store, &job.id, "w2", LATER).await,
@@ -2181,5 +2181,170 @@ pub async fn unnotified_tickets_are_answered_tickets_with_callbacks_nobody_notif
         mine(listed),
         [second.id],
         "a claimed notice is no longer listed"
+    );
+}
+
+// The lifecycle: every transition tried from every state.
+
+/// When the transition tests act: the retrying job is due (at
+/// [`BASE`] + 1,000) and every lease taken at [`BASE`] still holds.
+const DUE_NOW: i64 = BASE + 2_000;
+/// When every lease taken at [`BASE`] has run out.
+const LEASES_OUT: i64 = BASE + LEASE + 1;
+
+/// A job of `tenant` in `state`, reached through legal transitions only,
+/// with the last attempt that held it (a running job's holder) and the
+/// ticket a parked one waits on.
+async fn job_in(store: &dyn Store, tenant: &str, state: JobState) -> (JobRecord, LeaseRef, String) {
+    let ticket = format!("t_{}", new_id());
+    if state == JobState::Queued {
+        let job = queued(store, tenant).await;
+        let never = lease(&job.id, "w1", 1);
+        return (job, never, ticket);
+    }
+    let job = running(store, tenant, "w1").await;
+    let held = holder(&job);
+    let now = BASE + 1;
+    let moved = match state {
+        JobState::Queued | JobState::Running => Some(job),
+        JobState::Retrying => fail(store, &held, &failure("flaky"), Some(BASE + 1_000), now).await,
+        JobState::Parked => park(store, &held, &ticket, now).await,
+        JobState::Succeeded => succeed(store, &held, &result_doc(), now).await,
+        JobState::Failed => fail(store, &held, &failure("broken"), None, now).await,
+        JobState::Cancelled => store.cancel(tenant, &job.id, now).await.expect("cancel"),
+    };
+    let job = moved.unwrap_or_else(|| panic!("a job reaches {state}"));
+    assert_eq!(job.state, state, "reached through legal transitions");
+    (job, held, ticket)
+}
+
+/// Runs the store operation of `transition` on `job` as its caller would,
+/// with every guard but the state holding (the holder's lease, the job's
+/// ticket and tenant, a time when it is due or its lease ran out): the job
+/// as it moved, or `None` when the store refused.
+async fn apply(
+    store: &dyn Store,
+    transition: Transition,
+    job: &JobRecord,
+    last: &LeaseRef,
+    ticket: &str,
+) -> Option<JobRecord> {
+    match transition {
+        Transition::Enqueue => Some(queued(store, &job.tenant).await),
+        Transition::Claim => claim(store, &job.id, "w2", DUE_NOW).await,
+        Transition::TakeOver => claim(store, &job.id, "w2", LEASES_OUT).await,
+        Transition::Heartbeat => match heartbeat(store, last, DUE_NOW).await {
+            Lease::Held => Some(reread(store, job).await),
+            Lease::Cancelled | Lease::Lost => None,
+        },
+        Transition::Park => park(store, last, ticket, DUE_NOW).await,
+        Transition::Wake => {
+            let woken = store.wake(ticket, DUE_NOW).await.expect("wake");
+            woken.into_iter().find(|j| j.id == job.id)
+        }
+        Transition::Succeed => succeed(store, last, &result_doc(), DUE_NOW).await,
+        Transition::Retry => {
+            let retry_at = Some(DUE_NOW + 1_000);
+            fail(store, last, &failure("flaky"), retry_at, DUE_NOW).await
+        }
+        Transition::Fail => fail(store, last, &failure("broken"), None, DUE_NOW).await,
+        Transition::Cancel => {
+            let now = store.cancel(&job.tenant, &job.id, DUE_NOW).await;
+            now.expect("cancel")
+                .filter(|j| j.state != job.state || j.updated_at != job.updated_at)
+        }
+    }
+}
+
+/// Every transition of [`toolfleet_core::lifecycle`] from every state: it
+/// applies exactly where the lifecycle says it leaves that state, moves
+/// the job to the state the lifecycle names, and where it does not apply
+/// leaves the job as it was. The claim is tried twice: at a time when only
+/// waiting jobs are due (`claim`), and once every lease ran out
+/// (`claim` or `take_over`).
+pub async fn every_transition_moves_only_from_its_states(store: &dyn Store) {
+    let t = tenant();
+    for state in JobState::ALL {
+        for transition in Transition::ALL {
+            let (job, last, ticket) = job_in(store, &t, state).await;
+            let moved = apply(store, transition, &job, &last, &ticket).await;
+            let expected = match transition {
+                Transition::Enqueue => true,
+                // A claim once leases ran out also claims what `claim` would.
+                Transition::TakeOver => transition.leaves(state) || Transition::Claim.leaves(state),
+                other => other.leaves(state),
+            };
+            let what = format!("{transition} from {state}");
+            match moved {
+                Some(moved) => {
+                    assert!(expected, "{what} applied: {moved:?}");
+                    let to = match transition {
+                        Transition::TakeOver if state != JobState::Running => {
+                            Transition::Claim.to()
+                        }
+                        other => other.to(),
+                    };
+                    assert_eq!(moved.state, to, "{what}");
+                    assert_eq!(reread(store, &moved).await.state, to, "{what}, stored");
+                }
+                None => {
+                    assert!(!expected, "{what} was refused");
+                    let now = reread(store, &job).await;
+                    assert_eq!(
+                        (now.state, now.attempts, now.updated_at),
+                        (job.state, job.attempts, job.updated_at),
+                        "{what} was refused and changed the job"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// A parked job is stored as `parked`, answers the `get_job` envelope of a
+/// `retrying` one, is listed under the `retrying` filter and counted where
+/// the lifecycle counts it; woken, it is `retrying` and due.
+pub async fn a_parked_job_is_listed_and_counted_as_it_is_shown(store: &dyn Store) {
+    let t = tenant();
+    let (parked, _, ticket) = job_in(store, &t, JobState::Parked).await;
+    match parked.envelope(5) {
+        Envelope::Running { state, .. } => assert_eq!(state, Some(JobState::Retrying)),
+        other => panic!("a parked job reads as running: {other:?}"),
+    }
+    let list = |state: JobState| JobFilter {
+        state: Some(state),
+        ..JobFilter::default()
+    };
+    let page = store
+        .list_jobs(&t, &list(JobState::Retrying), 10, None)
+        .await
+        .expect("list");
+    assert_eq!(
+        page.jobs.iter().map(|j| j.id.as_str()).collect::<Vec<_>>(),
+        [parked.id.as_str()],
+        "retrying lists the parked job"
+    );
+    for other in [JobState::Queued, JobState::Running, JobState::Succeeded] {
+        let page = store
+            .list_jobs(&t, &list(other), 10, None)
+            .await
+            .expect("list");
+        assert!(page.jobs.iter().all(|j| j.id != parked.id), "{other}");
+    }
+    let counts = store.job_counts().await.expect("counts");
+    let of = |state: JobState| counts.iter().find(|(s, _)| *s == state).map(|(_, n)| *n);
+    assert!(of(JobState::Parked).is_some_and(|n| n >= 1), "{counts:?}");
+    assert_eq!(
+        claim(store, &parked.id, "w2", LATER).await,
+        None,
+        "a parked job is never due"
+    );
+    let woken = store.wake(&ticket, DUE_NOW).await.expect("wake");
+    assert_eq!(
+        woken
+            .iter()
+            .map(|j| (j.id.as_str(), j.state, j.run_at))
+            .collect::<Vec<_>>(),
+        [(parked.id.as_str(), JobState::Retrying, DUE_NOW)]
     );
 }

@@ -1,8 +1,9 @@
 //! The store: where jobs, tickets, audit records and command outcomes live.
 //!
 //! [`Store`] is the smallest surface the dispatcher and the workers need.
-//! Every job transition is one conditional statement that names the states it
-//! moves from, so no caller can move a settled job; every operation of a
+//! Every job transition is one of [`toolfleet_core::lifecycle`]'s, executed
+//! as one conditional statement that names the states it moves from (taken
+//! from the lifecycle's lists), so no caller can move a settled job; every operation of a
 //! running job's holder names the attempt that holds it ([`LeaseRef`]), so
 //! an attempt whose lease expired and whose job was claimed again, by
 //! another worker or by the same one, can no longer heartbeat, report,
@@ -149,6 +150,8 @@ impl Inserted {
 /// Filters of the job list.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct JobFilter {
+    /// A state as the contract shows it: `retrying` finds parked jobs too
+    /// ([`JobState::stored_as`]).
     pub state: Option<JobState>,
     pub tool: Option<String>,
     /// Only the jobs this user of the tenant made (a caller's own list).
@@ -244,7 +247,8 @@ pub struct Succeed<'a> {
     pub now: i64,
 }
 
-/// What [`Store::fail`] takes: `retry_at`, when the failure may be retried.
+/// What [`Store::fail`] takes: `retry_at` when the lifecycle decided to
+/// retry ([`toolfleet_core::lifecycle::after_failure`]), `None` to fail.
 #[derive(Debug, Clone, Copy)]
 pub struct Fail<'a> {
     pub lease: &'a LeaseRef,
@@ -359,9 +363,10 @@ pub trait Store: Send + Sync + 'static {
         limit: u32,
         cursor: Option<&str>,
     ) -> Result<JobPage, StoreError>;
-    /// queued or due retrying, or running with an expired lease -> running,
-    /// attempts + 1, leased to `worker` until `now + lease_ms`; a job taken
-    /// over this way has `run_at` set to when the expired lease ended.
+    /// `claim` (queued or due retrying) or `take_over` (running with an
+    /// expired lease) -> running, attempts + 1, leased to `worker` until
+    /// `now + lease_ms`; a job taken over has `run_at` set to when the
+    /// expired lease ended.
     /// `None` when the job is not claimable (settled, leased, not due, missing).
     async fn claim(
         &self,
@@ -389,22 +394,24 @@ pub trait Store: Send + Sync + 'static {
     /// written. The checkpoint stays on the job across later claims and
     /// retries.
     async fn save_checkpoint(&self, save: SaveCheckpoint<'_>) -> Result<bool, StoreError>;
-    /// running (this attempt) -> parked on `ticket`: shown as `retrying`,
-    /// never due and unleased until [`Store::wake`], and the attempt given
+    /// `park`: running (this attempt) -> parked on `ticket` (shown as
+    /// `retrying`), unleased until [`Store::wake`], and the attempt given
     /// back (waiting for a person is not a failed attempt). For an agent
     /// whose tool asked a person: its worker is free meanwhile. The parked
     /// job, or `None` when this attempt no longer holds it.
     async fn park(&self, park: Park<'_>) -> Result<Option<JobRecord>, StoreError>;
-    /// Jobs parked on `ticket` -> due at `now`. The jobs woken, to publish.
+    /// `wake`: jobs parked on `ticket` -> retrying, due at `now`. The jobs
+    /// woken, to publish.
     async fn wake(&self, ticket: &str, now: i64) -> Result<Vec<JobRecord>, StoreError>;
-    /// running (held by this attempt) -> succeeded. The settled job, or
+    /// `succeed`: running (held by this attempt) -> succeeded. The settled job, or
     /// `None` when the attempt no longer held it.
     async fn succeed(&self, done: Succeed<'_>) -> Result<Option<JobRecord>, StoreError>;
-    /// running (held by this attempt) -> retrying at `retry_at` if given
-    /// and attempts remain, else failed with `error` kept. `None` when not
-    /// held.
+    /// `retry`: running (held by this attempt) -> retrying at `retry_at`
+    /// if given, else `fail`: -> failed, with `error` kept either way. The
+    /// lifecycle decides which; the store does not look at attempts. `None`
+    /// when not held.
     async fn fail(&self, failed: Fail<'_>) -> Result<Option<JobRecord>, StoreError>;
-    /// queued, retrying or running -> cancelled. The job as it now stands
+    /// `cancel`: queued, retrying, parked or running -> cancelled. The job as it now stands
     /// (already settled ones unchanged), `None` if missing or another tenant's.
     async fn cancel(
         &self,

@@ -215,7 +215,10 @@ mod tests {
             .expect("an in-memory store");
         let store = MeteredStore::new(Arc::new(sqlite), metrics.clone());
         store.ping().await.expect("ping");
-        assert_eq!(store.job_counts().await.map(|c| c.len()), Ok(6));
+        assert_eq!(
+            store.job_counts().await.map(|c| c.len()),
+            Ok(JobState::ALL.len())
+        );
         assert_eq!(store.job_by_id("missing").await, Ok(None));
         assert_eq!(backend_errors(&metrics), 0.0);
         for (error, counted) in [

@@ -74,12 +74,30 @@ const MAX_GROUP: usize = 256;
 /// a lone call still finds a slot free.
 const GROUP_SLOTS: usize = 2;
 
-/// The statements that move a job. Each names the states it moves from.
+/// The statements that move a job: each executes one transition of
+/// [`toolfleet_core::lifecycle`], naming the states it moves from and to as
+/// the lifecycle lists them.
 ///
 /// Rows are read by named columns, never `*`: PostgreSQL refuses to run a
 /// prepared statement whose result columns changed, so a column that a
 /// later migration adds must not break the processes still running.
 mod sql {
+    use std::sync::LazyLock;
+
+    use toolfleet_core::lifecycle::{JobState, Transition, sql_list};
+
+    /// A statement built once from the lifecycle's state lists.
+    type Built = LazyLock<String>;
+
+    /// `WHERE` of a statement of the attempt holding a running job (`$1`
+    /// the job, `$2` the lease owner, `$3` the attempt).
+    fn held() -> String {
+        format!(
+            "id = $1 AND state IN {} AND lease_owner = $2 AND attempts = $3",
+            sql_list(Transition::Heartbeat.from())
+        )
+    }
+
     macro_rules! job_columns {
         () => {
             r#"id, tenant, "user", tool, pool, args, state, attempts, max_attempts,
@@ -96,27 +114,35 @@ mod sql {
         };
     }
 
-    pub const INSERT_JOB: &str = concat!(
-        r#"
+    /// `enqueue`: (new) -> queued.
+    pub static INSERT_JOB: Built = LazyLock::new(|| {
+        format!(
+            concat!(
+                r#"
         INSERT INTO jobs (id, tenant, "user", tool, pool, args, state, attempts, max_attempts,
             timeout_ms, run_at, idempotency_key, run_id, call_id, callback_url, lineage,
             scopes, traceparent, tracestate, created_at, updated_at)
-        VALUES ($1, $2, $3, $4, $5, $6, 'queued', 0, $7,
+        VALUES ($1, $2, $3, $4, $5, $6, '{queued}', 0, $7,
             $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $9, $9)
         ON CONFLICT DO NOTHING
         RETURNING "#,
-        job_columns!()
-    );
+                job_columns!()
+            ),
+            queued = Transition::Enqueue.to()
+        )
+    });
 
     /// [`INSERT_JOB`] for many jobs at once. A job whose id or key is
     /// taken (by an earlier job or one earlier in the same batch) is not
     /// returned; its caller then takes the one-job path, which tells why.
-    pub const INSERT_MANY: &str = concat!(
-        r#"
+    pub static INSERT_MANY: Built = LazyLock::new(|| {
+        format!(
+            concat!(
+                r#"
         INSERT INTO jobs (id, tenant, "user", tool, pool, args, state, attempts, max_attempts,
             timeout_ms, run_at, idempotency_key, run_id, call_id, callback_url, lineage,
             scopes, traceparent, tracestate, created_at, updated_at)
-        SELECT id, tenant, "user", tool, pool, args, 'queued', 0, max_attempts,
+        SELECT id, tenant, "user", tool, pool, args, '{queued}', 0, max_attempts,
             timeout_ms, now, idempotency_key, run_id, call_id, callback_url, lineage, scopes,
             traceparent, tracestate, now, now
         FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
@@ -128,8 +154,11 @@ mod sql {
         ORDER BY ord
         ON CONFLICT DO NOTHING
         RETURNING "#,
-        job_columns!()
-    );
+                job_columns!()
+            ),
+            queued = Transition::Enqueue.to()
+        )
+    });
 
     pub const JOB_BY_KEY: &str = concat!(
         "SELECT ",
@@ -149,132 +178,192 @@ mod sql {
     /// planner could walk `jobs_due` or `jobs_lease` (every waiting or
     /// running job) once per batch, and did: under a backlog of queued jobs
     /// each claim read thousands of index entries.
-    pub const CLAIM_MANY: &str = concat!(
-        "
-        UPDATE jobs SET state = 'running', attempts = attempts + 1,
-            run_at = CASE WHEN state = 'running' THEN COALESCE(lease_until, run_at)
+    ///
+    /// `claim` moves the states of its list, `take_over` those of its own.
+    pub static CLAIM_MANY: Built = LazyLock::new(|| {
+        let mut cases = String::new();
+        for state in Transition::Claim.from() {
+            cases.push_str(&format!(" WHEN '{state}' THEN run_at <= c_now"));
+        }
+        for state in Transition::TakeOver.from() {
+            cases.push_str(&format!(" WHEN '{state}' THEN lease_until < c_now"));
+        }
+        format!(
+            concat!(
+                "
+        UPDATE jobs SET state = '{running}', attempts = attempts + 1,
+            run_at = CASE WHEN state IN {taken} THEN COALESCE(lease_until, run_at)
                           ELSE run_at END,
             lease_owner = c_worker, lease_until = c_until, updated_at = c_now
         FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::bigint[])
             WITH ORDINALITY AS c(c_id, c_worker, c_now, c_until, c_ord)
         WHERE id = c_id
-          AND CASE state WHEN 'queued' THEN run_at <= c_now
-                         WHEN 'retrying' THEN run_at <= c_now
-                         WHEN 'running' THEN lease_until < c_now
-                         ELSE false END
+          AND CASE state{cases} ELSE false END
         RETURNING c_ord, ",
-        job_columns!()
-    );
+                job_columns!()
+            ),
+            running = Transition::Claim.to(),
+            taken = sql_list(Transition::TakeOver.from()),
+            cases = cases,
+        )
+    });
 
     // Every statement of a running job's holder names its attempt (`$1`
     // the job, `$2` the lease owner, `$3` the attempt): by lease owner and
     // attempt both, so an attempt that lost the job to a newer claim, even
     // its own worker's, no longer matches.
 
-    /// running (this attempt) -> running, lease extended.
-    pub const HEARTBEAT: &str = "
-        UPDATE jobs SET lease_until = $5, updated_at = $4
-        WHERE id = $1 AND state = 'running' AND lease_owner = $2 AND attempts = $3";
+    /// `heartbeat`: running (this attempt) -> running, lease extended.
+    pub static HEARTBEAT: Built = LazyLock::new(|| {
+        format!(
+            "UPDATE jobs SET lease_until = $5, updated_at = $4 WHERE {}",
+            held()
+        )
+    });
 
     pub const STATE: &str = "SELECT state FROM jobs WHERE id = $1";
 
-    /// running (this attempt) -> running, progress recorded.
-    pub const PROGRESS: &str = "
-        UPDATE jobs SET progress = $4, updated_at = $5
-        WHERE id = $1 AND state = 'running' AND lease_owner = $2 AND attempts = $3";
+    /// Under `heartbeat`'s guard: progress recorded.
+    pub static PROGRESS: Built = LazyLock::new(|| {
+        format!(
+            "UPDATE jobs SET progress = $4, updated_at = $5 WHERE {}",
+            held()
+        )
+    });
 
-    /// running (this attempt) -> retrying, parked on a ticket: never due,
-    /// unleased, the attempt given back.
-    pub const PARK: &str = concat!(
-        "
-        UPDATE jobs SET state = 'retrying', run_at = 9223372036854775807,
+    /// `park`: running (this attempt) -> parked on a ticket: unleased, the
+    /// attempt given back.
+    pub static PARK: Built = LazyLock::new(|| {
+        format!(
+            concat!(
+                "
+        UPDATE jobs SET state = '{parked}',
             attempts = attempts - 1, lease_owner = NULL, lease_until = NULL,
             waiting_on = $4, updated_at = $5
-        WHERE id = $1 AND state = 'running' AND lease_owner = $2 AND attempts = $3
+        WHERE {held}
         RETURNING ",
-        job_columns!()
-    );
+                job_columns!()
+            ),
+            parked = Transition::Park.to(),
+            held = held()
+        )
+    });
 
-    /// Parked on the ticket -> due now.
-    pub const WAKE: &str = concat!(
-        "
-        UPDATE jobs SET run_at = $2, waiting_on = NULL, updated_at = $2
-        WHERE waiting_on = $1 AND state = 'retrying'
+    /// `wake`: parked on the ticket -> retrying, due now.
+    pub static WAKE: Built = LazyLock::new(|| {
+        format!(
+            concat!(
+                "
+        UPDATE jobs SET state = '{to}', run_at = $2, waiting_on = NULL, updated_at = $2
+        WHERE waiting_on = $1 AND state IN {from}
         RETURNING ",
-        job_columns!()
-    );
+                job_columns!()
+            ),
+            to = Transition::Wake.to(),
+            from = sql_list(Transition::Wake.from())
+        )
+    });
 
     pub const READ_CHECKPOINT: &str = "SELECT checkpoint FROM jobs WHERE id = $1";
 
-    /// running (this attempt) -> running, checkpoint saved.
-    pub const CHECKPOINT: &str = "
-        UPDATE jobs SET checkpoint = $4, updated_at = $5
-        WHERE id = $1 AND state = 'running' AND lease_owner = $2 AND attempts = $3";
+    /// Under `heartbeat`'s guard: checkpoint saved.
+    pub static CHECKPOINT: Built = LazyLock::new(|| {
+        format!(
+            "UPDATE jobs SET checkpoint = $4, updated_at = $5 WHERE {}",
+            held()
+        )
+    });
 
-    /// running (this attempt) -> succeeded, for a batch of successes;
-    /// `s_ord` tells whose each row was.
-    pub const SUCCEED_MANY: &str = concat!(
-        "
-        UPDATE jobs SET state = 'succeeded', result = s_result,
+    /// `succeed`: running (this attempt) -> succeeded, for a batch of
+    /// successes; `s_ord` tells whose each row was.
+    pub static SUCCEED_MANY: Built = LazyLock::new(|| {
+        format!(
+            concat!(
+                "
+        UPDATE jobs SET state = '{to}', result = s_result,
             lease_owner = NULL, lease_until = NULL, updated_at = s_now
         FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::text[], $5::bigint[])
             WITH ORDINALITY AS s(s_id, s_worker, s_attempt, s_result, s_now, s_ord)
         WHERE id = s_id
-          AND CASE WHEN state = 'running' THEN lease_owner = s_worker AND attempts = s_attempt
+          AND CASE WHEN state IN {from} THEN lease_owner = s_worker AND attempts = s_attempt
                    ELSE false END
         RETURNING s_ord, ",
-        job_columns!()
-    );
+                job_columns!()
+            ),
+            to = Transition::Succeed.to(),
+            from = sql_list(Transition::Succeed.from())
+        )
+    });
 
-    /// running (this attempt) -> retrying at $5 while attempts remain, else
-    /// failed. The right-hand sides read the row as it was before the update.
-    pub const FAIL: &str = concat!(
-        "
+    /// `retry` (with a time $5) or `fail` (without): running (this
+    /// attempt) -> retrying at $5, or failed. The lifecycle decided which
+    /// ([`toolfleet_core::lifecycle::after_failure`]).
+    pub static FAIL: Built = LazyLock::new(|| {
+        format!(
+            concat!(
+                "
         UPDATE jobs SET
-            state = CASE WHEN $5::bigint IS NOT NULL AND attempts < max_attempts
-                         THEN 'retrying' ELSE 'failed' END,
-            run_at = CASE WHEN $5::bigint IS NOT NULL AND attempts < max_attempts
-                          THEN $5::bigint ELSE run_at END,
+            state = CASE WHEN $5::bigint IS NOT NULL THEN '{retrying}' ELSE '{failed}' END,
+            run_at = COALESCE($5::bigint, run_at),
             error = $4, lease_owner = NULL, lease_until = NULL, updated_at = $6
-        WHERE id = $1 AND state = 'running' AND lease_owner = $2 AND attempts = $3
+        WHERE {held}
         RETURNING ",
-        job_columns!()
-    );
+                job_columns!()
+            ),
+            retrying = Transition::Retry.to(),
+            failed = Transition::Fail.to(),
+            held = held()
+        )
+    });
 
-    /// queued, retrying or running -> cancelled.
-    pub const CANCEL: &str = concat!(
-        "
-        UPDATE jobs SET state = 'cancelled', error = $3,
+    /// `cancel`: queued, retrying, parked or running -> cancelled.
+    pub static CANCEL: Built = LazyLock::new(|| {
+        format!(
+            concat!(
+                "
+        UPDATE jobs SET state = '{to}', error = $3,
             lease_owner = NULL, lease_until = NULL, updated_at = $4
-        WHERE id = $1 AND tenant = $2 AND state IN ('queued', 'retrying', 'running')
+        WHERE id = $1 AND tenant = $2 AND state IN {from}
         RETURNING ",
-        job_columns!()
-    );
+                job_columns!()
+            ),
+            to = Transition::Cancel.to(),
+            from = sql_list(Transition::Cancel.from())
+        )
+    });
 
     /// Two range scans, one per partial index, rather than an OR the planner
     /// may turn into a walk of the whole table.
     /// The earliest due of the waiting jobs and of the expired leases (at
     /// most `$2` of each, read in the order of `jobs_due` and `jobs_lease`,
     /// so a backlog is not read whole), oldest first.
-    pub const DUE: &str = concat!(
-        "SELECT * FROM (SELECT ",
-        job_columns!(),
-        " FROM jobs WHERE state IN ('queued', 'retrying') AND run_at <= $1
+    /// The lists are those of `claim` and `take_over`, as the partial
+    /// indexes (migration 1) name them.
+    pub static DUE: Built = LazyLock::new(|| {
+        format!(
+            concat!(
+                "SELECT * FROM (SELECT ",
+                job_columns!(),
+                " FROM jobs WHERE state IN {claimed} AND run_at <= $1
             ORDER BY run_at LIMIT $2) waiting
         UNION ALL
         SELECT * FROM (SELECT ",
-        job_columns!(),
-        " FROM jobs WHERE state = 'running' AND lease_until < $1
+                job_columns!(),
+                " FROM jobs WHERE state IN {taken} AND lease_until < $1
             ORDER BY lease_until LIMIT $2) expired
         ORDER BY id LIMIT $2"
-    );
+            ),
+            claimed = sql_list(Transition::Claim.from()),
+            taken = sql_list(Transition::TakeOver.from()),
+        )
+    });
 
     pub const LIST: &str = concat!(
         "SELECT ",
         job_columns!(),
         " FROM jobs
         WHERE tenant = $1 AND id < $4
-          AND ($2::text IS NULL OR state = $2) AND ($3::text IS NULL OR tool = $3)
+          AND ($2::text[] IS NULL OR state = ANY($2)) AND ($3::text IS NULL OR tool = $3)
         ORDER BY id DESC LIMIT $5"
     );
 
@@ -284,7 +373,7 @@ mod sql {
         job_columns!(),
         r#" FROM jobs
         WHERE tenant = $1 AND "user" = $6 AND id < $4
-          AND ($2::text IS NULL OR state = $2) AND ($3::text IS NULL OR tool = $3)
+          AND ($2::text[] IS NULL OR state = ANY($2)) AND ($3::text IS NULL OR tool = $3)
         ORDER BY id DESC LIMIT $5"#
     );
 
@@ -302,17 +391,25 @@ mod sql {
     /// The key is built in the commit log's collation: built from `j.id`
     /// alone it would take the ids' ("C"), under which `commits_pkey` cannot
     /// be searched, and each job would read the whole log.
-    pub const UNNOTIFIED: &str = concat!(
-        "SELECT ",
-        job_columns!(),
-        " FROM jobs j
+    ///
+    /// The list is the settled states', as `jobs_callbacks` (migration 4)
+    /// names them.
+    pub static UNNOTIFIED: Built = LazyLock::new(|| {
+        format!(
+            concat!(
+                "SELECT ",
+                job_columns!(),
+                " FROM jobs j
         WHERE callback_url IS NOT NULL
-          AND state IN ('succeeded', 'failed', 'cancelled')
+          AND state IN {settled}
           AND updated_at >= $2 AND updated_at < $3
           AND NOT EXISTS (SELECT 1 FROM commits c
             WHERE c.key = ($1 || j.id || ':' || j.state) COLLATE \"default\")
         ORDER BY updated_at, id LIMIT $4"
-    );
+            ),
+            settled = sql_list(&JobState::SETTLED)
+        )
+    });
 
     pub const UNNOTIFIED_TICKETS: &str = concat!(
         "SELECT ",
@@ -1021,7 +1118,7 @@ async fn insert_job(c: &ClientWrapper, insert: &Insert) -> Result<Inserted, Stor
         &insert.traceparent,
         &insert.tracestate,
     ];
-    if let Some(created) = query_one(c, sql::INSERT_JOB, params, job_from_row).await? {
+    if let Some(created) = query_one(c, &sql::INSERT_JOB, params, job_from_row).await? {
         return Ok(Inserted::Created(created));
     }
     // Nothing inserted: the key was taken (or, never in practice, the id).
@@ -1078,7 +1175,7 @@ async fn insert_many(pool: Pool, place: Arc<str>, jobs: Vec<Insert>) -> Answers<
         &optional(|i| i.traceparent.as_deref()),
         &optional(|i| i.tracestate.as_deref()),
     ];
-    let stmt = c.prepare_cached(sql::INSERT_MANY).await?;
+    let stmt = c.prepare_cached(&sql::INSERT_MANY).await?;
     let mut created: HashMap<String, Result<JobRecord, StoreError>> = HashMap::new();
     for row in c.query(&stmt, params).await? {
         let id: String = Fields::new(&row, "job", "id").get("id")?;
@@ -1119,7 +1216,7 @@ async fn claim_many(pool: Pool, place: Arc<str>, claims: Vec<Claim>) -> Answers<
     let workers: Vec<&str> = claims.iter().map(|c| c.worker.as_str()).collect();
     let nows: Vec<i64> = claims.iter().map(|c| c.now).collect();
     let untils: Vec<i64> = claims.iter().map(|c| c.until).collect();
-    let stmt = c.prepare_cached(sql::CLAIM_MANY).await?;
+    let stmt = c.prepare_cached(&sql::CLAIM_MANY).await?;
     let rows = c.query(&stmt, &[&ids, &workers, &nows, &untils]).await?;
     Ok(by_ordinal(&rows, "c_ord", claims.len()))
 }
@@ -1136,7 +1233,7 @@ async fn succeed_many(
     let attempts: Vec<i64> = done.iter().map(|s| i64::from(s.lease.attempt)).collect();
     let results: Vec<&str> = done.iter().map(|s| s.result.as_str()).collect();
     let nows: Vec<i64> = done.iter().map(|s| s.now).collect();
-    let stmt = c.prepare_cached(sql::SUCCEED_MANY).await?;
+    let stmt = c.prepare_cached(&sql::SUCCEED_MANY).await?;
     let params: Params<'_> = &[&ids, &workers, &attempts, &results, &nows];
     let rows = c.query(&stmt, params).await?;
     Ok(by_ordinal(&rows, "s_ord", done.len()))
@@ -1146,7 +1243,7 @@ async fn heartbeat(c: &ClientWrapper, beat: Heartbeat<'_>) -> Result<Lease, Stor
     let (id, worker, attempt) = parts(beat.lease);
     let until = beat.now.saturating_add(beat.lease_ms);
     let params: Params<'_> = &[&id, &worker, &attempt, &beat.now, &until];
-    if execute(c, sql::HEARTBEAT, params).await? > 0 {
+    if execute(c, &sql::HEARTBEAT, params).await? > 0 {
         return Ok(Lease::Held);
     }
     // Read after the update, so a cancel that the update waited for is seen.
@@ -1156,8 +1253,8 @@ async fn heartbeat(c: &ClientWrapper, beat: Heartbeat<'_>) -> Result<Lease, Stor
         Some(row) => Fields::named(row, "job", id).get::<&str>("state")?,
         None => "",
     };
-    Ok(match state {
-        "cancelled" => Lease::Cancelled,
+    Ok(match JobState::parse(state) {
+        Some(JobState::Cancelled) => Lease::Cancelled,
         _ => Lease::Lost,
     })
 }
@@ -1178,7 +1275,7 @@ async fn cancel(
         "the job was cancelled before it finished; call the tool again if the work is still needed",
     ))?;
     let params: Params<'_> = &[&id, &tenant, &error, &now];
-    if let Some(job) = query_one(c, sql::CANCEL, params, job_from_row).await? {
+    if let Some(job) = query_one(c, &sql::CANCEL, params, job_from_row).await? {
         return Ok(Some(job));
     }
     // Settled, missing or another tenant's: answered as it stands.
@@ -1193,7 +1290,10 @@ async fn list_jobs(
     cursor: Option<&str>,
 ) -> Result<JobPage, StoreError> {
     let limit = limit.clamp(1, MAX_PAGE) as usize;
-    let state = filter.state.map(JobState::as_str);
+    // The stored states the filter means: retrying finds parked jobs too.
+    let state: Option<Vec<&str>> = filter
+        .state
+        .map(|state| state.stored_as().iter().map(|s| s.as_str()).collect());
     // One row more than the page tells whether there is a next page.
     let fetch = limit as i64 + 1;
     let cursor = cursor.unwrap_or(NO_CURSOR);
@@ -1428,7 +1528,7 @@ impl Store for PgStore {
         let progress = encode(report.progress)?;
         let c = self.client().await?;
         let params: Params<'_> = &[&id, &worker, &attempt, &progress, &report.now];
-        Ok(execute(&c, sql::PROGRESS, params).await? > 0)
+        Ok(execute(&c, &sql::PROGRESS, params).await? > 0)
     }
 
     async fn checkpoint(&self, id: &str) -> Result<Option<Value>, StoreError> {
@@ -1446,19 +1546,19 @@ impl Store for PgStore {
         let checkpoint = encode(save.checkpoint)?;
         let c = self.client().await?;
         let params: Params<'_> = &[&id, &worker, &attempt, &checkpoint, &save.now];
-        Ok(execute(&c, sql::CHECKPOINT, params).await? > 0)
+        Ok(execute(&c, &sql::CHECKPOINT, params).await? > 0)
     }
 
     async fn park(&self, park: Park<'_>) -> Result<Option<JobRecord>, StoreError> {
         let (id, worker, attempt) = parts(park.lease);
         let c = self.client().await?;
         let params: Params<'_> = &[&id, &worker, &attempt, &park.ticket, &park.now];
-        query_one(&c, sql::PARK, params, job_from_row).await
+        query_one(&c, &sql::PARK, params, job_from_row).await
     }
 
     async fn wake(&self, ticket: &str, now: i64) -> Result<Vec<JobRecord>, StoreError> {
         let c = self.client().await?;
-        query_all(&c, sql::WAKE, &[&ticket, &now], job_from_row).await
+        query_all(&c, &sql::WAKE, &[&ticket, &now], job_from_row).await
     }
 
     async fn succeed(&self, done: Succeed<'_>) -> Result<Option<JobRecord>, StoreError> {
@@ -1482,7 +1582,7 @@ impl Store for PgStore {
             &failed.retry_at,
             &failed.now,
         ];
-        query_one(&c, sql::FAIL, params, job_from_row).await
+        query_one(&c, &sql::FAIL, params, job_from_row).await
     }
 
     async fn cancel(
@@ -1498,7 +1598,7 @@ impl Store for PgStore {
     async fn due_jobs(&self, now: i64, limit: u32) -> Result<Vec<JobRecord>, StoreError> {
         let limit = i64::from(limit.min(MAX_BATCH));
         let c = self.client().await?;
-        query_all(&c, sql::DUE, &[&now, &limit], job_from_row).await
+        query_all(&c, &sql::DUE, &[&now, &limit], job_from_row).await
     }
 
     async fn unnotified_jobs(
@@ -1511,7 +1611,7 @@ impl Store for PgStore {
         let limit = i64::from(limit.min(MAX_BATCH));
         let c = self.client().await?;
         let params: Params<'_> = &[&notice_prefix, &since, &until, &limit];
-        query_all(&c, sql::UNNOTIFIED, params, job_from_row).await
+        query_all(&c, &sql::UNNOTIFIED, params, job_from_row).await
     }
 
     async fn job_counts(&self) -> Result<Vec<(JobState, u64)>, StoreError> {

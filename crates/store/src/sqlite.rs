@@ -51,93 +51,163 @@ const NO_CURSOR: &str = "\u{10FFFF}";
 /// Settled commit outcomes pruned per claim, so pruning stays cheap.
 const PRUNE_BATCH: i64 = 100;
 
-/// The statements that move a job. Each names the states it moves from.
+/// The statements that move a job: each executes one transition of
+/// [`toolfleet_core::lifecycle`], naming the states it moves from and to as
+/// the lifecycle lists them.
 mod sql {
-    pub const INSERT_JOB: &str = "
+    use std::sync::LazyLock;
+
+    use toolfleet_core::lifecycle::{JobState, Transition, sql_list};
+
+    /// A statement built once from the lifecycle's state lists.
+    type Built = LazyLock<String>;
+
+    /// `enqueue`: (new) -> queued.
+    pub static INSERT_JOB: Built = LazyLock::new(|| {
+        format!(
+            "
         INSERT INTO jobs (id, tenant, user, tool, pool, args, state, attempts, max_attempts,
             timeout_ms, run_at, idempotency_key, run_id, call_id, callback_url, lineage, scopes,
             traceparent, tracestate, created_at, updated_at)
-        VALUES (:id, :tenant, :user, :tool, :pool, :args, 'queued', 0, :max_attempts,
+        VALUES (:id, :tenant, :user, :tool, :pool, :args, '{queued}', 0, :max_attempts,
             :timeout_ms, :now, :key, :run_id, :call_id, :callback_url, :lineage, :scopes,
             :traceparent, :tracestate, :now, :now)
         ON CONFLICT DO NOTHING
-        RETURNING *";
+        RETURNING *",
+            queued = Transition::Enqueue.to()
+        )
+    });
 
     pub const JOB_BY_KEY: &str =
         "SELECT * FROM jobs WHERE tenant = ?1 AND tool = ?2 AND idempotency_key = ?3";
 
-    /// queued or due retrying, or running with an expired lease -> running.
-    /// A job taken over is runnable from when the expired lease ended.
-    pub const CLAIM: &str = "
-        UPDATE jobs SET state = 'running', attempts = attempts + 1,
-            run_at = CASE WHEN state = 'running' THEN COALESCE(lease_until, run_at)
+    /// `claim` (queued or retrying, due) and `take_over` (running, its
+    /// lease expired) -> running. A job taken over is runnable from when
+    /// the expired lease ended.
+    pub static CLAIM: Built = LazyLock::new(|| {
+        format!(
+            "
+        UPDATE jobs SET state = '{running}', attempts = attempts + 1,
+            run_at = CASE WHEN state IN {taken} THEN COALESCE(lease_until, run_at)
                           ELSE run_at END,
             lease_owner = ?2, lease_until = ?4, updated_at = ?3
         WHERE id = ?1
-          AND ((state IN ('queued', 'retrying') AND run_at <= ?3)
-               OR (state = 'running' AND lease_until < ?3))
-        RETURNING *";
+          AND ((state IN {claimed} AND run_at <= ?3)
+               OR (state IN {taken} AND lease_until < ?3))
+        RETURNING *",
+            running = Transition::Claim.to(),
+            claimed = sql_list(Transition::Claim.from()),
+            taken = sql_list(Transition::TakeOver.from()),
+        )
+    });
 
     // Every statement of a running job's holder names its attempt (`?1`
     // the job, `?2` the lease owner, `?3` the attempt): by lease owner and
     // attempt both, so an attempt that lost the job to a newer claim, even
     // its own worker's, no longer matches.
 
-    /// running (this attempt) -> running, lease extended.
-    pub const HEARTBEAT: &str = "
-        UPDATE jobs SET lease_until = ?5, updated_at = ?4
-        WHERE id = ?1 AND state = 'running' AND lease_owner = ?2 AND attempts = ?3";
+    /// `WHERE` of a statement of the attempt holding a running job.
+    fn held() -> String {
+        format!(
+            "id = ?1 AND state IN {} AND lease_owner = ?2 AND attempts = ?3",
+            sql_list(Transition::Heartbeat.from())
+        )
+    }
 
-    /// running (this attempt) -> running, progress recorded.
-    pub const PROGRESS: &str = "
-        UPDATE jobs SET progress = ?4, updated_at = ?5
-        WHERE id = ?1 AND state = 'running' AND lease_owner = ?2 AND attempts = ?3";
+    /// `heartbeat`: running (this attempt) -> running, lease extended.
+    pub static HEARTBEAT: Built = LazyLock::new(|| {
+        format!(
+            "UPDATE jobs SET lease_until = ?5, updated_at = ?4 WHERE {}",
+            held()
+        )
+    });
 
-    /// running (this attempt) -> retrying, parked on a ticket: never due,
-    /// unleased, the attempt given back.
-    pub const PARK: &str = "
-        UPDATE jobs SET state = 'retrying', run_at = 9223372036854775807,
+    /// Under `heartbeat`'s guard: progress recorded.
+    pub static PROGRESS: Built = LazyLock::new(|| {
+        format!(
+            "UPDATE jobs SET progress = ?4, updated_at = ?5 WHERE {}",
+            held()
+        )
+    });
+
+    /// `park`: running (this attempt) -> parked on a ticket: unleased, the
+    /// attempt given back.
+    pub static PARK: Built = LazyLock::new(|| {
+        format!(
+            "
+        UPDATE jobs SET state = '{parked}',
             attempts = attempts - 1, lease_owner = NULL, lease_until = NULL,
             waiting_on = ?4, updated_at = ?5
-        WHERE id = ?1 AND state = 'running' AND lease_owner = ?2 AND attempts = ?3
-        RETURNING *";
+        WHERE {held}
+        RETURNING *",
+            parked = Transition::Park.to(),
+            held = held()
+        )
+    });
 
-    /// Parked on the ticket -> due now.
-    pub const WAKE: &str = "
-        UPDATE jobs SET run_at = ?2, waiting_on = NULL, updated_at = ?2
-        WHERE waiting_on = ?1 AND state = 'retrying'
-        RETURNING *";
+    /// `wake`: parked on the ticket -> retrying, due now.
+    pub static WAKE: Built = LazyLock::new(|| {
+        format!(
+            "
+        UPDATE jobs SET state = '{to}', run_at = ?2, waiting_on = NULL, updated_at = ?2
+        WHERE waiting_on = ?1 AND state IN {from}
+        RETURNING *",
+            to = Transition::Wake.to(),
+            from = sql_list(Transition::Wake.from())
+        )
+    });
 
-    /// running (this attempt) -> running, checkpoint saved.
-    pub const CHECKPOINT: &str = "
-        UPDATE jobs SET checkpoint = ?4, updated_at = ?5
-        WHERE id = ?1 AND state = 'running' AND lease_owner = ?2 AND attempts = ?3";
+    /// Under `heartbeat`'s guard: checkpoint saved.
+    pub static CHECKPOINT: Built = LazyLock::new(|| {
+        format!(
+            "UPDATE jobs SET checkpoint = ?4, updated_at = ?5 WHERE {}",
+            held()
+        )
+    });
 
-    /// running (this attempt) -> succeeded.
-    pub const SUCCEED: &str = "
-        UPDATE jobs SET state = 'succeeded', result = ?4,
+    /// `succeed`: running (this attempt) -> succeeded.
+    pub static SUCCEED: Built = LazyLock::new(|| {
+        format!(
+            "
+        UPDATE jobs SET state = '{to}', result = ?4,
             lease_owner = NULL, lease_until = NULL, updated_at = ?5
-        WHERE id = ?1 AND state = 'running' AND lease_owner = ?2 AND attempts = ?3
-        RETURNING *";
+        WHERE {held}
+        RETURNING *",
+            to = Transition::Succeed.to(),
+            held = held()
+        )
+    });
 
-    /// running (this attempt) -> retrying at ?5 while attempts remain, else
-    /// failed. The right-hand sides read the row as it was before the update.
-    pub const FAIL: &str = "
+    /// `retry` (with a time ?5) or `fail` (without): running (this
+    /// attempt) -> retrying at ?5, or failed. The lifecycle decided which
+    /// ([`toolfleet_core::lifecycle::after_failure`]).
+    pub static FAIL: Built = LazyLock::new(|| {
+        format!(
+            "
         UPDATE jobs SET
-            state = CASE WHEN ?5 IS NOT NULL AND attempts < max_attempts
-                         THEN 'retrying' ELSE 'failed' END,
-            run_at = CASE WHEN ?5 IS NOT NULL AND attempts < max_attempts
-                          THEN ?5 ELSE run_at END,
+            state = CASE WHEN ?5 IS NOT NULL THEN '{retrying}' ELSE '{failed}' END,
+            run_at = COALESCE(?5, run_at),
             error = ?4, lease_owner = NULL, lease_until = NULL, updated_at = ?6
-        WHERE id = ?1 AND state = 'running' AND lease_owner = ?2 AND attempts = ?3
-        RETURNING *";
+        WHERE {held}
+        RETURNING *",
+            retrying = Transition::Retry.to(),
+            failed = Transition::Fail.to(),
+            held = held()
+        )
+    });
 
-    /// queued, retrying or running -> cancelled.
-    pub const CANCEL: &str = "
-        UPDATE jobs SET state = 'cancelled', error = ?3,
-            lease_owner = NULL, lease_until = NULL, updated_at = ?4
-        WHERE id = ?1 AND tenant = ?2 AND state IN ('queued', 'retrying', 'running')
-        RETURNING *";
+    /// `cancel`: queued, retrying, parked or running -> cancelled.
+    pub static CANCEL: Built = LazyLock::new(|| {
+        format!(
+            "
+        UPDATE jobs SET state = '{to}', error = ?3,
+            lease_owner = NULL, lease_until = NULL, waiting_on = NULL, updated_at = ?4
+        WHERE id = ?1 AND tenant = ?2 AND state IN {from}
+        RETURNING *",
+            to = Transition::Cancel.to(),
+            from = sql_list(Transition::Cancel.from())
+        )
+    });
 
     /// Two range scans, one per index, rather than an OR the planner may
     /// turn into a walk of the whole table.
@@ -146,22 +216,36 @@ mod sql {
     /// order. `jobs_waiting_due` is partial: SQLite uses it only for a
     /// WHERE that implies its predicate, so the state list here must stay
     /// as it is in migration 6, literally (the plan test checks).
-    pub const DUE: &str = "
+    /// The lists are those of `claim` and `take_over`.
+    pub static DUE: Built = LazyLock::new(|| {
+        format!(
+            "
         SELECT * FROM (SELECT * FROM jobs INDEXED BY jobs_waiting_due
-            WHERE state IN ('queued', 'retrying') AND run_at <= ?1
+            WHERE state IN {claimed} AND run_at <= ?1
             ORDER BY run_at LIMIT ?2)
         UNION ALL
-        SELECT * FROM (SELECT * FROM jobs WHERE state = 'running' AND lease_until < ?1
+        SELECT * FROM (SELECT * FROM jobs WHERE state IN {taken} AND lease_until < ?1
             ORDER BY lease_until LIMIT ?2)
-        ORDER BY id LIMIT ?2";
+        ORDER BY id LIMIT ?2",
+            claimed = sql_list(Transition::Claim.from()),
+            taken = sql_list(Transition::TakeOver.from()),
+        )
+    });
 
-    pub const UNNOTIFIED: &str = "
+    /// The list is the settled states', as `jobs_callbacks` (migration 4)
+    /// names them.
+    pub static UNNOTIFIED: Built = LazyLock::new(|| {
+        format!(
+            "
         SELECT * FROM jobs j
         WHERE callback_url IS NOT NULL
-          AND state IN ('succeeded', 'failed', 'cancelled')
+          AND state IN {settled}
           AND updated_at >= ?2 AND updated_at < ?3
           AND NOT EXISTS (SELECT 1 FROM commits c WHERE c.key = ?1 || j.id || ':' || j.state)
-        ORDER BY updated_at, id LIMIT ?4";
+        ORDER BY updated_at, id LIMIT ?4",
+            settled = sql_list(&JobState::SETTLED)
+        )
+    });
 
     pub const UNNOTIFIED_TICKETS: &str = "
         SELECT * FROM tickets t
@@ -170,17 +254,20 @@ mod sql {
           AND NOT EXISTS (SELECT 1 FROM commits c WHERE c.key = ?1 || t.id || ':answered')
         ORDER BY answered_at, id LIMIT ?4";
 
+    /// `?2`: a JSON array of the stored states of the state filter.
     pub const LIST: &str = "
         SELECT * FROM jobs
         WHERE tenant = ?1 AND id < ?4
-          AND (?2 IS NULL OR state = ?2) AND (?3 IS NULL OR tool = ?3)
+          AND (?2 IS NULL OR state IN (SELECT value FROM json_each(?2)))
+          AND (?3 IS NULL OR tool = ?3)
         ORDER BY id DESC LIMIT ?5";
 
     /// [`LIST`] of one user's jobs, off `jobs_owner`.
     pub const LIST_OWNED: &str = "
         SELECT * FROM jobs INDEXED BY jobs_owner
         WHERE tenant = ?1 AND user = ?6 AND id < ?4
-          AND (?2 IS NULL OR state = ?2) AND (?3 IS NULL OR tool = ?3)
+          AND (?2 IS NULL OR state IN (SELECT value FROM json_each(?2)))
+          AND (?3 IS NULL OR tool = ?3)
         ORDER BY id DESC LIMIT ?5";
 
     pub const INSERT_TICKET: &str = "
@@ -673,7 +760,7 @@ fn insert_job(
         ":traceparent": job.trace.as_ref().map(TraceContext::traceparent),
         ":tracestate": job.trace.as_ref().and_then(TraceContext::tracestate),
     };
-    if let Some(created) = query_one(c, sql::INSERT_JOB, params, job_from_row)? {
+    if let Some(created) = query_one(c, &sql::INSERT_JOB, params, job_from_row)? {
         return Ok(Inserted::Created(created));
     }
     // Nothing inserted: the key was taken (or, never in practice, the id).
@@ -707,7 +794,7 @@ fn heartbeat(c: &Connection, lease: &LeaseRef, now: i64, until: i64) -> Result<L
         worker,
         attempt,
     } = lease;
-    if c.prepare_cached(sql::HEARTBEAT)?
+    if c.prepare_cached(&sql::HEARTBEAT)?
         .execute(params![job_id, worker, attempt, now, until])?
         > 0
     {
@@ -718,8 +805,8 @@ fn heartbeat(c: &Connection, lease: &LeaseRef, now: i64, until: i64) -> Result<L
             r.get(0)
         })
         .optional()?;
-    Ok(match state.as_deref() {
-        Some("cancelled") => Lease::Cancelled,
+    Ok(match state.as_deref().and_then(JobState::parse) {
+        Some(JobState::Cancelled) => Lease::Cancelled,
         _ => Lease::Lost,
     })
 }
@@ -736,7 +823,7 @@ fn cancel(
     ))?;
     if let Some(job) = query_one(
         c,
-        sql::CANCEL,
+        &sql::CANCEL,
         params![id, tenant, error, now],
         job_from_row,
     )? {
@@ -759,7 +846,12 @@ fn list_jobs(
     cursor: Option<&str>,
 ) -> Result<JobPage, StoreError> {
     let limit = limit.clamp(1, MAX_PAGE) as usize;
-    let state = filter.state.map(JobState::as_str);
+    // The stored states the filter means: retrying finds parked jobs too.
+    let state = filter
+        .state
+        .map(|state| serde_json::to_string(state.stored_as()))
+        .transpose()
+        .map_err(|e| StoreError::Unavailable(format!("a state filter: {e}")))?;
     // One row more than the page tells whether there is a next page.
     let (tool, cursor, rows) = (&filter.tool, cursor.unwrap_or(NO_CURSOR), limit + 1);
     let mut jobs = match &filter.user {
@@ -971,8 +1063,15 @@ impl Store for SqliteStore {
     ) -> Result<Option<JobRecord>, StoreError> {
         let (id, worker) = (id.to_owned(), worker.to_owned());
         let until = now.saturating_add(lease_ms);
-        self.call(move |c| query_one(c, sql::CLAIM, params![id, worker, now, until], job_from_row))
-            .await
+        self.call(move |c| {
+            query_one(
+                c,
+                &sql::CLAIM,
+                params![id, worker, now, until],
+                job_from_row,
+            )
+        })
+        .await
     }
 
     async fn heartbeat(&self, beat: Heartbeat<'_>) -> Result<Lease, StoreError> {
@@ -985,7 +1084,7 @@ impl Store for SqliteStore {
         let (job_id, worker, attempt) = owned(report.lease);
         let (progress, now) = (encode(report.progress)?, report.now);
         self.call(move |c| {
-            Ok(c.prepare_cached(sql::PROGRESS)?
+            Ok(c.prepare_cached(&sql::PROGRESS)?
                 .execute(params![job_id, worker, attempt, progress, now])?
                 > 0)
         })
@@ -1009,7 +1108,7 @@ impl Store for SqliteStore {
         let (job_id, worker, attempt) = owned(save.lease);
         let (checkpoint, now) = (encode(save.checkpoint)?, save.now);
         self.call(move |c| {
-            Ok(c.prepare_cached(sql::CHECKPOINT)?
+            Ok(c.prepare_cached(&sql::CHECKPOINT)?
                 .execute(params![job_id, worker, attempt, checkpoint, now])?
                 > 0)
         })
@@ -1021,14 +1120,14 @@ impl Store for SqliteStore {
         let (ticket, now) = (park.ticket.to_owned(), park.now);
         self.call(move |c| {
             let params = params![job_id, worker, attempt, ticket, now];
-            query_one(c, sql::PARK, params, job_from_row)
+            query_one(c, &sql::PARK, params, job_from_row)
         })
         .await
     }
 
     async fn wake(&self, ticket: &str, now: i64) -> Result<Vec<JobRecord>, StoreError> {
         let ticket = ticket.to_owned();
-        self.call(move |c| query_all(c, sql::WAKE, params![ticket, now], job_from_row))
+        self.call(move |c| query_all(c, &sql::WAKE, params![ticket, now], job_from_row))
             .await
     }
 
@@ -1037,7 +1136,7 @@ impl Store for SqliteStore {
         let (result, now) = (done.result.get().to_owned(), done.now);
         self.call(move |c| {
             let params = params![job_id, worker, attempt, result, now];
-            query_one(c, sql::SUCCEED, params, job_from_row)
+            query_one(c, &sql::SUCCEED, params, job_from_row)
         })
         .await
     }
@@ -1047,7 +1146,7 @@ impl Store for SqliteStore {
         let (error, retry_at, now) = (encode(failed.error)?, failed.retry_at, failed.now);
         self.call(move |c| {
             let params = params![job_id, worker, attempt, error, retry_at, now];
-            query_one(c, sql::FAIL, params, job_from_row)
+            query_one(c, &sql::FAIL, params, job_from_row)
         })
         .await
     }
@@ -1065,7 +1164,7 @@ impl Store for SqliteStore {
     /// At most 1000 jobs per call, so one sweep stays bounded.
     async fn due_jobs(&self, now: i64, limit: u32) -> Result<Vec<JobRecord>, StoreError> {
         let limit = limit.min(MAX_BATCH);
-        self.call(move |c| query_all(c, sql::DUE, params![now, limit], job_from_row))
+        self.call(move |c| query_all(c, &sql::DUE, params![now, limit], job_from_row))
             .await
     }
 
@@ -1084,7 +1183,7 @@ impl Store for SqliteStore {
         let prefix = notice_prefix.to_owned();
         self.call(move |c| {
             let params = params![prefix, since, until, limit];
-            query_all(c, sql::UNNOTIFIED, params, job_from_row)
+            query_all(c, &sql::UNNOTIFIED, params, job_from_row)
         })
         .await
     }
@@ -1207,7 +1306,7 @@ mod tests {
     #[tokio::test]
     async fn due_jobs_read_each_half_in_index_order() {
         let store = SqliteStore::open_in_memory().await.expect("a store");
-        let steps = plan(&store, sql::DUE).await;
+        let steps = plan(&store, &sql::DUE).await;
         let text = steps.join("\n");
         assert!(text.contains("USING INDEX jobs_waiting_due"), "{text}");
         assert!(text.contains("USING INDEX jobs_lease"), "{text}");

@@ -31,7 +31,7 @@ impl JobRecord {
             state => Envelope::Running {
                 job_id: self.id.clone(),
                 poll_after_s,
-                state: Some(state),
+                state: Some(state.shown()),
                 attempts: Some(self.attempts),
                 progress: self.progress.clone(),
             },

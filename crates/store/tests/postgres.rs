@@ -259,6 +259,69 @@ async fn an_older_schema_is_refused_until_migrated() {
     assert_eq!(store.checkpoint(&id).await.expect("checkpoint"), None);
 }
 
+/// A schema of version 7, where a parked job was `retrying` with a
+/// `run_at` that never comes, migrated to version 8: the parked job is
+/// `parked` and wakes on its ticket, a retrying one stays so.
+#[tokio::test]
+async fn a_version_7_schema_moves_its_parked_jobs_to_their_state() {
+    let schema = Schema::empty().await;
+    admin()
+        .await
+        .batch_execute(&format!(r#"CREATE SCHEMA "{}""#, schema.name))
+        .await
+        .expect("create the schema");
+    let mut config: tokio_postgres::Config = url().parse().expect("the test URL");
+    config.options(format!("-c search_path={}", schema.name));
+    let (mut client, connection) = config.connect(NoTls).await.expect("connect");
+    tokio::spawn(connection);
+    embedded::migrations::runner()
+        .set_target(refinery::Target::Version(7))
+        .run_async(&mut client)
+        .await
+        .expect("migrate to version 7");
+    let (parked, retrying) = (new_id(), new_id());
+    for (id, run_at, waiting_on) in [
+        (&parked, i64::MAX, Some("t_1")),
+        (&retrying, 1_700_000_000_000, None),
+    ] {
+        client
+            .execute(
+                r#"INSERT INTO jobs (id, tenant, "user", tool, pool, args, state, max_attempts,
+                     timeout_ms, run_at, run_id, call_id, created_at, updated_at, waiting_on)
+                 VALUES ($1, 'acme', 'alice', 'ocr', 'default', '{}', 'retrying', 3, 60000,
+                     $2, 'run-1', 'call-1', 1700000000000, 1700000000000, $3)"#,
+                &[id, &run_at, &waiting_on],
+            )
+            .await
+            .expect("a job of version 7");
+    }
+    postgres::migrate_in_schema(&url(), &schema.name)
+        .await
+        .expect("migrate to the latest version");
+    let store = schema.store().await;
+    let state = |id: String| {
+        let store = &store;
+        async move {
+            store
+                .job("acme", &id)
+                .await
+                .expect("job")
+                .expect("kept")
+                .state
+        }
+    };
+    assert_eq!(state(parked.clone()).await, JobState::Parked);
+    assert_eq!(state(retrying.clone()).await, JobState::Retrying);
+    let woken = store.wake("t_1", 1_700_000_000_001).await.expect("wake");
+    assert_eq!(
+        woken
+            .iter()
+            .map(|j| (j.id.as_str(), j.state))
+            .collect::<Vec<_>>(),
+        [(parked.as_str(), JobState::Retrying)]
+    );
+}
+
 #[tokio::test]
 async fn migrating_twice_changes_nothing() {
     let schema = Schema::migrated().await;

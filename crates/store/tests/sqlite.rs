@@ -172,6 +172,76 @@ async fn a_version_1_file_is_migrated_on_open() {
     remove(&path);
 }
 
+/// A file of schema version 8, where a parked job was `retrying` with a
+/// `run_at` that never comes, is brought to version 9 on open: the parked
+/// job is `parked` and wakes on its ticket, a retrying one stays so, and
+/// the jobs table keeps every index it had.
+#[tokio::test]
+async fn a_version_8_file_moves_its_parked_jobs_to_their_state() {
+    let path = temp_db();
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).expect("create the directory");
+    }
+    let mut conn = rusqlite::Connection::open(&path).expect("open directly");
+    embedded::migrations::runner()
+        .set_target(refinery::Target::Version(8))
+        .run(&mut conn)
+        .expect("migrate to version 8");
+    let indexes = |conn: &rusqlite::Connection| -> Vec<String> {
+        let mut stmt = conn
+            .prepare("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'jobs' AND sql IS NOT NULL ORDER BY name")
+            .expect("prepare");
+        stmt.query_map([], |r| r.get(0))
+            .expect("indexes")
+            .collect::<Result<_, _>>()
+            .expect("names")
+    };
+    let before = indexes(&conn);
+    let (parked, retrying) = (new_id(), new_id());
+    for (id, run_at, waiting_on) in [
+        (&parked, i64::MAX, Some("t_1")),
+        (&retrying, 1_700_000_000_000, None),
+    ] {
+        conn.execute(
+            "INSERT INTO jobs (id, tenant, user, tool, pool, args, state, max_attempts, timeout_ms,
+                 run_at, run_id, call_id, created_at, updated_at, waiting_on)
+             VALUES (?1, 'acme', 'alice', 'ocr', 'default', '{}', 'retrying', 3, 60000,
+                 ?2, 'run-1', 'call-1', 1700000000000, 1700000000000, ?3)",
+            rusqlite::params![id, run_at, waiting_on],
+        )
+        .expect("a job of version 8");
+    }
+    drop(conn);
+
+    let store = SqliteStore::open(&path).await.expect("open and migrate");
+    let state = |id: String| {
+        let store = &store;
+        async move {
+            store
+                .job("acme", &id)
+                .await
+                .expect("job")
+                .expect("kept")
+                .state
+        }
+    };
+    assert_eq!(state(parked.clone()).await, JobState::Parked);
+    assert_eq!(state(retrying.clone()).await, JobState::Retrying);
+    let woken = store.wake("t_1", 1_700_000_000_001).await.expect("wake");
+    assert_eq!(
+        woken
+            .iter()
+            .map(|j| (j.id.as_str(), j.state))
+            .collect::<Vec<_>>(),
+        [(parked.as_str(), JobState::Retrying)]
+    );
+    store.close().await.expect("close");
+    let conn = rusqlite::Connection::open(&path).expect("open directly");
+    assert_eq!(indexes(&conn), before, "the indexes of version 8");
+    drop(conn);
+    remove(&path);
+}
+
 #[tokio::test]
 async fn the_file_is_in_wal_mode() {
     let path = temp_db();

@@ -31,6 +31,7 @@ use backon::{BackoffBuilder, ExponentialBuilder};
 use tokio::sync::{Notify, Semaphore, watch};
 use toolfleet_broker::announcer::Announcer;
 use toolfleet_broker::{Broker, Delivery, Event, Notices, Subscription};
+use toolfleet_core::lifecycle::{self, Transition};
 use toolfleet_core::metrics::{Gauge, PoolGauges};
 use toolfleet_core::middleware::redact_json;
 use toolfleet_core::{CallCtx, ErrorCode, JobState, Principal, Runtime, ToolError, TraceContext};
@@ -406,7 +407,7 @@ impl Worker {
         trace: TraceContext,
         cancelled: &Notify,
     ) -> Handled {
-        if job.attempts > job.max_attempts {
+        if !lifecycle::may_run(job.attempts, job.max_attempts) {
             // Claimed again after its holders stopped mid-run, past its last attempt.
             let error = ToolError::failed(
                 format!(
@@ -529,8 +530,12 @@ impl Worker {
                 self.store.succeed(done).await
             }
             Outcome::Done(Err(error)) => {
-                let retry = (error.retryable && job.attempts < job.max_attempts)
-                    .then(|| retry_delay(&self.config, job.attempts));
+                // The lifecycle decides between `retry` and `fail`; the
+                // store executes what it decided.
+                let next =
+                    lifecycle::after_failure(job.attempts, job.max_attempts, error.retryable);
+                let retry =
+                    (next == Transition::Retry).then(|| retry_delay(&self.config, job.attempts));
                 let retry_at = retry.map(|d| now + d.as_millis() as i64);
                 let failed = Fail {
                     lease,

@@ -9,7 +9,8 @@ use std::sync::Mutex;
 use futures_util::future::BoxFuture;
 use serde_json::Value;
 
-use crate::envelope::{ErrorCode, JobState, ToolError};
+use crate::envelope::{ErrorCode, ToolError};
+use crate::lifecycle::JobState;
 use crate::middleware::canonical_json;
 use crate::tool::{CallCtx, Shape, new_id};
 
