@@ -1,4 +1,4 @@
-//! `toolfleet.toml`: the keys of API.md, the environment overrides, and the
+//! `toolfleet.toml`: the keys of docs/API.md, the environment overrides, and the
 //! tool files it includes. A backend is chosen here and nowhere else.
 //!
 //! The file is read with the `toml` crate directly: JSON Schemas sit inline

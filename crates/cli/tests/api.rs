@@ -1,4 +1,4 @@
-//! The HTTP contract of API.md against a real `toolfleet serve` process:
+//! The HTTP contract of docs/API.md against a real `toolfleet serve` process:
 //! tool specs per format and per scope, idempotency keys, the long-poll and
 //! cancel, the job list, webhook retries, the status tools, health and
 //! metrics, the development token, and the command-line client.

@@ -1,4 +1,4 @@
-//! The worked example of DESIGN.md, end to end over HTTP against a real
+//! The worked example of docs/ARCHITECTURE.md, end to end over HTTP against a real
 //! `toolfleet serve` process: two pages of expenses, the OCR job polled and
 //! also announced by webhook and SSE, the ask_user ticket answered, dry run
 //! then commit, and the retried commit returning the same report id.
@@ -80,7 +80,7 @@ async fn submit_my_september_expenses_over_http() {
     .await;
     assert!(
         signed(&signature, &body),
-        "the webhook is signed as API.md says: {signature}"
+        "the webhook is signed as docs/API.md says: {signature}"
     );
     let notice: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(

@@ -17,7 +17,7 @@ use serde_json::Value;
 use crate::envelope::{Json, ToolError};
 use crate::middleware::{Layer, RateLimit};
 
-/// The six shapes of DESIGN.md. The shape fixes a tool's contract.
+/// The six shapes of docs/ARCHITECTURE.md. The shape fixes a tool's contract.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Shape {

@@ -1,6 +1,6 @@
 //! Whatever a model or client sends as a tool call, in any format, the
 //! adapters answer with that provider's tool result around an envelope of the
-//! contract, and never panic (DESIGN.md, invariant 1).
+//! contract, and never panic (docs/ARCHITECTURE.md, invariant 1).
 
 use std::collections::BTreeSet;
 use std::future::Future;

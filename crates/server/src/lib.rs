@@ -1,4 +1,4 @@
-//! The dispatcher: the HTTP API of API.md over one [`Runtime`].
+//! The dispatcher: the HTTP API of docs/API.md over one [`Runtime`].
 //!
 //! It authenticates, turns each request into one `invoke` (or one store read
 //! for the status API), and renders envelopes. It holds no state of its own

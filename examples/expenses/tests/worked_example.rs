@@ -1,4 +1,4 @@
-//! The worked example of DESIGN.md, through the core runtime: every shape,
+//! The worked example of docs/ARCHITECTURE.md, through the core runtime: every shape,
 //! the same validation and middleware, no audit, scope or cache code in any
 //! executor.
 

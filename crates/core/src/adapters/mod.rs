@@ -3,7 +3,7 @@
 //! Each provider names the same three things differently: the list of tools a
 //! client sends with a request, the tool call the model answers with, and the
 //! tool result that goes back. This module owns those translations, both ways,
-//! for the [`Format`]s of API.md: tool specs out ([`tool_specs`]), tool calls
+//! for the [`Format`]s of docs/API.md: tool specs out ([`tool_specs`]), tool calls
 //! in ([`parse_call`]) and envelopes out ([`render_result`]), with [`call`]
 //! doing all three around [`Runtime::invoke`].
 //!
@@ -63,7 +63,7 @@ impl Format {
         Format::Mcp,
     ];
 
-    /// Reads exactly the names of API.md; anything else is `None`.
+    /// Reads exactly the names of docs/API.md; anything else is `None`.
     pub fn parse(name: &str) -> Option<Format> {
         Some(match name {
             "neutral" => Format::Neutral,
