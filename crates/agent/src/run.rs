@@ -32,7 +32,7 @@ use toolfleet_core::config::AgentSpec;
 use toolfleet_core::registry::truncate;
 use toolfleet_core::{
     Budget, CallCtx, Envelope, Executor, Json, Lineage, Principal, Runtime, Shape, ToolError,
-    new_id,
+    new_id, now_ms,
 };
 use toolfleet_store::{LeaseRef, Park, SaveCheckpoint, Store};
 
@@ -256,14 +256,6 @@ impl State {
             _ => None,
         }
     }
-}
-
-/// Unix milliseconds now.
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
 }
 
 /// How the loop ended.

@@ -25,7 +25,6 @@ use serde_json::Value;
 use toolfleet_core::{JobState, TraceContext};
 
 mod amqps;
-pub mod announcer;
 pub mod conformance;
 pub mod fanout;
 pub mod memory;

@@ -88,41 +88,7 @@ impl Default for McpConfig {
     }
 }
 
-/// How settled work is announced to every process of a fleet: the `notices`
-/// key, or `TOOLFLEET_NOTICES`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(try_from = "String")]
-pub enum NoticesBackend {
-    /// In-process: one process only (no server is configured).
-    Memory,
-    /// RabbitMQ's events exchange (`broker`; needs `broker_url`).
-    Broker,
-    /// PostgreSQL `LISTEN`/`NOTIFY` (`postgres`; needs `database_url`).
-    Postgres,
-}
-
-impl std::str::FromStr for NoticesBackend {
-    type Err = String;
-
-    fn from_str(value: &str) -> Result<Self, String> {
-        match value {
-            "broker" => Ok(NoticesBackend::Broker),
-            "postgres" => Ok(NoticesBackend::Postgres),
-            other => Err(format!(
-                "notices = {other:?} is not known: use \"broker\" (RabbitMQ's events exchange, \
-                 needs broker_url) or \"postgres\" (PostgreSQL LISTEN/NOTIFY, needs database_url)"
-            )),
-        }
-    }
-}
-
-impl TryFrom<String> for NoticesBackend {
-    type Error = String;
-
-    fn try_from(value: String) -> Result<Self, String> {
-        value.parse()
-    }
-}
+pub use toolfleet_fleet::backends::NoticesBackend;
 
 /// `[limits]`: how many connections, streams and long polls a process
 /// holds, and how long a request may take to arrive.
@@ -245,7 +211,7 @@ pub struct Config {
     #[serde(default)]
     pub one_job_per_message: Vec<String>,
     /// How settled work is announced across processes; see
-    /// [`Config::notices_backend`] for the default.
+    /// [`toolfleet_fleet::backends::Settings::notices_backend`] for the default.
     pub notices: Option<NoticesBackend>,
     /// Key of confirm tokens (hex, 64 characters), shared by every dispatcher
     /// of a fleet; absent, one is kept in `data_dir`.
@@ -469,22 +435,20 @@ impl Config {
         Ok(())
     }
 
-    /// The notices to use: `notices` if set (refused without the server it
-    /// needs), else RabbitMQ's events exchange with `broker_url`, else
-    /// in-process.
-    pub fn notices_backend(&self) -> Result<NoticesBackend, String> {
-        match self.notices {
-            Some(NoticesBackend::Broker) if self.broker_url.is_none() => Err(
-                "notices = \"broker\" announces over RabbitMQ, so it needs broker_url".to_owned(),
-            ),
-            Some(NoticesBackend::Postgres) if self.database_url.is_none() => Err(
-                "notices = \"postgres\" announces over PostgreSQL LISTEN/NOTIFY, so it needs \
-                 database_url"
-                    .to_owned(),
-            ),
-            Some(chosen) => Ok(chosen),
-            None if self.broker_url.is_some() => Ok(NoticesBackend::Broker),
-            None => Ok(NoticesBackend::Memory),
+    /// What the backends are made from ([`toolfleet_fleet::backends`]).
+    pub fn backend_settings(&self) -> toolfleet_fleet::backends::Settings {
+        toolfleet_fleet::backends::Settings {
+            database_url: self.database_url.clone(),
+            database_schema: self.database_schema.clone(),
+            database_ca_file: self.database_ca_file.clone(),
+            database_pool: self.database_pool,
+            sqlite_path: self.data_dir.join("toolfleet.db"),
+            broker_url: self.broker_url.clone(),
+            broker_prefix: self.broker_prefix.clone(),
+            broker_ca_file: self.broker_ca_file.clone(),
+            jobs_per_message: self.jobs_per_message,
+            one_job_per_message: self.one_job_per_message.iter().cloned().collect(),
+            notices: self.notices,
         }
     }
 
@@ -581,7 +545,7 @@ input_schema_file = "schemas/t.json"
     #[test]
     fn notices_default_to_the_servers_configured_and_refuse_what_cannot_work() {
         let parse = |text: &str| Config::parse(text, Path::new("t.toml"));
-        let backend = |text: &str| parse(text).and_then(|c| c.notices_backend());
+        let backend = |text: &str| parse(text).and_then(|c| c.backend_settings().notices_backend());
         assert_eq!(backend(""), Ok(NoticesBackend::Memory));
         assert_eq!(
             backend("database_url = \"postgres://x\""),

@@ -7,14 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
-use toolfleet_broker::SETTLED_STATES;
-use toolfleet_broker::fanout::{Fanout, FanoutOptions};
-use toolfleet_broker::memory::{MemoryBroker, MemoryNotices};
 use toolfleet_broker::metered::{MeteredBroker, MeteredNotices};
-use toolfleet_broker::postgres::{PgNotices, PgOptions};
-use toolfleet_broker::rabbit::{MAX_IDS_PER_MESSAGE, RabbitBroker, RabbitOptions};
-use toolfleet_broker::split::Split;
-use toolfleet_broker::tee::Tee;
 use toolfleet_broker::{Broker, Notices};
 use toolfleet_core::Metrics;
 use toolfleet_core::metrics::Role;
@@ -22,6 +15,8 @@ use toolfleet_core::{
     AuditSink, CallCtx, Principal, Runtime, RuntimeConfig, Shape, ToolDecl, ToolError, executor_fn,
 };
 use toolfleet_executors::{Binder, http_client};
+use toolfleet_fleet::backends::{Backends, heard_states};
+use toolfleet_fleet::{run_sweeper, sweep};
 use toolfleet_server::bounds::Holds;
 use toolfleet_server::webhooks::{HookSettings, Webhooks};
 use toolfleet_server::{
@@ -30,14 +25,12 @@ use toolfleet_server::{
 };
 use toolfleet_store::Store;
 use toolfleet_store::metered::MeteredStore;
-use toolfleet_store::postgres::{PgConnectOptions, PgStore};
-use toolfleet_store::sqlite::SqliteStore;
-use toolfleet_worker::{Worker, WorkerConfig, run_sweeper, sweep};
+use toolfleet_worker::{Worker, WorkerConfig};
 
 use toolfleet_agent::{AgentEnv, Agents};
 use toolfleet_core::config::ExecutorSpec;
 
-use crate::config::{Config, DEFAULT_METRICS_LISTEN, NoticesBackend};
+use crate::config::{Config, DEFAULT_METRICS_LISTEN};
 use crate::files::{data_dir, kept_secret};
 
 /// How long running jobs may finish after a shutdown signal: `shutdown_grace_s`.
@@ -252,32 +245,14 @@ fn all_pools(runtime: &Runtime) -> BTreeSet<String> {
         .collect()
 }
 
-/// How the store reaches PostgreSQL beyond `database_url`: its schema and
-/// the CA of its certificate.
-fn pg_connect_options(config: &Config) -> PgConnectOptions {
-    PgConnectOptions {
-        schema: config.database_schema.clone(),
-        ca_file: config.database_ca_file.clone(),
-    }
-}
-
 /// `toolfleet migrate`: PostgreSQL's migrations with `database_url`, else
 /// the SQLite file's (which `serve` also applies when it opens it).
 pub async fn migrate(config: &Config) -> Result<(), String> {
-    match &config.database_url {
-        Some(url) => {
-            toolfleet_store::postgres::migrate_with(url, &pg_connect_options(config))
-                .await
-                .map_err(|e| e.to_string())?;
-            eprintln!("the PostgreSQL schema is up to date");
-        }
-        None => {
-            data_dir(&config.data_dir)?;
-            let path = config.data_dir.join("toolfleet.db");
-            SqliteStore::open(&path).await.map_err(|e| e.to_string())?;
-            eprintln!("the SQLite schema of {} is up to date", path.display());
-        }
+    if config.database_url.is_none() {
+        data_dir(&config.data_dir)?;
     }
+    let done = toolfleet_fleet::backends::migrate(&config.backend_settings()).await?;
+    eprintln!("{done}");
     Ok(())
 }
 
@@ -350,65 +325,6 @@ impl Served {
     }
 }
 
-/// The store, broker and notices a configuration names.
-pub struct Backends {
-    pub store: Arc<dyn Store>,
-    pub broker: Arc<dyn Broker>,
-    pub notices: Arc<dyn Notices>,
-    /// True for the in-process queue, which starts empty and is refilled
-    /// from the store.
-    pub in_process: bool,
-}
-
-/// How this process uses RabbitMQ: the configured prefix and prefetch, and
-/// event subscriptions as deep as the process's fan-out ([`NOTICE_BUFFER`]
-/// events), since one message carries up to a few hundred events: a ring
-/// of the default depth overflowed in bursts under load, and the events it
-/// skipped never reached SSE streams or webhooks. Messages carry up to
-/// `jobs_per_message` job ids, but agents' pools and the pools named in
-/// `one_job_per_message` publish one job per message (an agent runs for
-/// minutes; its ids must not wait behind each other in a worker).
-fn rabbit_options(
-    config: &Config,
-    prefetch: u16,
-    agent_pools: &BTreeSet<String>,
-) -> Result<RabbitOptions, String> {
-    let jobs_per_message = config.jobs_per_message;
-    if !(1..=MAX_IDS_PER_MESSAGE).contains(&jobs_per_message) {
-        return Err(format!(
-            "jobs_per_message must be 1 to {MAX_IDS_PER_MESSAGE}, got {jobs_per_message}"
-        ));
-    }
-    if let Some(bad) = config
-        .one_job_per_message
-        .iter()
-        .find(|pool| pool.is_empty() || pool.len() > MAX_POOL_NAME)
-    {
-        return Err(format!(
-            "one_job_per_message names pools (1 to {MAX_POOL_NAME} bytes each), not `{}`",
-            toolfleet_core::registry::truncate(bad, 32)
-        ));
-    }
-    let mut one_job_per_message = agent_pools.clone();
-    one_job_per_message.extend(config.one_job_per_message.iter().cloned());
-    Ok(RabbitOptions {
-        prefix: config.broker_prefix.clone(),
-        default_prefetch: prefetch,
-        notice_buffer: NOTICE_BUFFER,
-        jobs_per_message,
-        one_job_per_message,
-        ca_file: config.broker_ca_file.clone(),
-        ..RabbitOptions::default()
-    })
-}
-
-/// The longest pool name `one_job_per_message` takes: a RabbitMQ name's
-/// bound (the pool's queues add the prefix to it, and say so if too long).
-const MAX_POOL_NAME: usize = 255;
-
-/// What a worker that runs no agent hears: cancels.
-const CANCELLED_STATE: [&str; 1] = ["cancelled"];
-
 /// The pools where agent tools of the configuration or of `extra` run.
 fn agent_pools(config: &Config, extra: &[ToolDecl]) -> BTreeSet<String> {
     let default_pool = RuntimeConfig::default().default_agent_pool;
@@ -424,138 +340,25 @@ fn agent_pools(config: &Config, extra: &[ToolDecl]) -> BTreeSet<String> {
         .collect()
 }
 
-/// The states a process without the HTTP API hears over RabbitMQ: cancels
-/// (to stop the executors of cancelled jobs) and, where one of its `pools`
-/// (`None`: every pool) is one of the `agent_pools`, settled jobs (an agent
-/// awaiting a job tool) and answered tickets (an agent awaiting a person).
-/// Never a job's `queued` or `running`.
-fn heard_states(
-    agent_pools: &BTreeSet<String>,
-    pools: Option<&[String]>,
-) -> &'static [&'static str] {
-    let runs_agents = agent_pools
-        .iter()
-        .any(|pool| pools.is_none_or(|pools| pools.contains(pool)));
-    if runs_agents {
-        &SETTLED_STATES
-    } else {
-        &CANCELLED_STATE
-    }
-}
-
-/// How far a process's local subscribers (SSE streams, webhooks, long
-/// polls) may fall behind before they skip events: deep enough to keep up
-/// with bursts.
-const NOTICE_BUFFER: usize = 65_536;
-
-/// Opens the backends: PostgreSQL when `database_url` is set (else SQLite in
-/// `data_dir`), RabbitMQ when `broker_url` is set (else the in-process queue),
-/// and the notices of [`Config::notices_backend`]: RabbitMQ's events exchange
-/// or PostgreSQL `LISTEN`/`NOTIFY` behind one fan-out per process, else
-/// in-process. The one place a backend is chosen.
-///
-/// A process given `only_states` hears, over RabbitMQ, only events of those
-/// states (see [`heard_states`]); `None`, every event, with outcomes on a
-/// binding of their own ([`Split`]).
+/// Opens the backends `config` names, through the fleet's one choice of
+/// them ([`toolfleet_fleet::backends::open`]); the SQLite file's directory
+/// is made owner-only first.
 pub async fn open_backends(
     config: &Config,
     prefetch: u16,
     only_states: Option<&[&str]>,
     agent_pools: &BTreeSet<String>,
 ) -> Result<Backends, String> {
-    let notices_backend = config.notices_backend()?;
-    let store: Arc<dyn Store> = match &config.database_url {
-        Some(url) => Arc::new(
-            PgStore::connect_with(url, config.database_pool, &pg_connect_options(config))
-                .await
-                .map_err(|e| e.to_string())?,
-        ),
-        None => {
-            data_dir(&config.data_dir)?;
-            Arc::new(
-                SqliteStore::open(&config.data_dir.join("toolfleet.db"))
-                    .await
-                    .map_err(|e| e.to_string())?,
-            )
-        }
-    };
-    let rabbit = match &config.broker_url {
-        Some(url) => {
-            let options = rabbit_options(config, prefetch, agent_pools)?;
-            let broker = RabbitBroker::connect(url, options)
-                .await
-                .map_err(|e| format!("cannot reach the broker: {e}"))?;
-            Some(broker)
-        }
-        None => None,
-    };
-    let fanout = FanoutOptions {
-        buffer: NOTICE_BUFFER,
-        ..FanoutOptions::default()
-    };
-    let notices: Arc<dyn Notices> = match (notices_backend, &rabbit, &config.database_url) {
-        (NoticesBackend::Broker, Some(broker), _) => {
-            match only_states {
-                Some(states) => Arc::new(Fanout::with_options(
-                    broker.notices().only_states(states),
-                    fanout,
-                )),
-                // Outcomes on a binding of their own: while no subscriber
-                // asks for every event, each job's `queued` and `running`
-                // are not routed here.
-                None => Arc::new(Split::new(
-                    Arc::new(Fanout::with_options(broker.notices(), fanout.clone())),
-                    Arc::new(Fanout::with_options(
-                        broker.notices().only_states(&SETTLED_STATES),
-                        fanout,
-                    )),
-                )),
-            }
-        }
-        (NoticesBackend::Postgres, _, Some(url)) => {
-            // Fleets sharing a database keep apart by schema, else by prefix.
-            let namespace = config
-                .database_schema
-                .as_deref()
-                .unwrap_or(&config.broker_prefix);
-            let channel = toolfleet_broker::postgres::channel_for(namespace);
-            let options = PgOptions {
-                notice_buffer: NOTICE_BUFFER,
-                ca_file: config.database_ca_file.clone(),
-                ..PgOptions::default()
-            };
-            let notices = PgNotices::connect_with(url, &channel, options)
-                .await
-                .map_err(|e| format!("cannot listen for notices on PostgreSQL: {e}"))?;
-            match &rabbit {
-                // The fleet listens on PostgreSQL; the exchange still carries
-                // every event for those who bind to it.
-                Some(broker) => Arc::new(Fanout::with_options(
-                    Tee::new(notices, broker.notices()),
-                    fanout,
-                )),
-                None => Arc::new(Fanout::with_options(notices, fanout)),
-            }
-        }
-        (NoticesBackend::Memory, _, _) => Arc::new(MemoryNotices::with_capacity(NOTICE_BUFFER)),
-        // notices_backend refuses these before anything is opened.
-        (NoticesBackend::Broker, None, _) | (NoticesBackend::Postgres, _, None) => {
-            return Err(format!(
-                "notices {notices_backend:?} need a server that is not configured"
-            ));
-        }
-    };
-    let in_process = rabbit.is_none();
-    let broker: Arc<dyn Broker> = match rabbit {
-        Some(broker) => Arc::new(broker),
-        None => Arc::new(MemoryBroker::new()),
-    };
-    Ok(Backends {
-        store,
-        broker,
-        notices,
-        in_process,
-    })
+    if config.database_url.is_none() {
+        data_dir(&config.data_dir)?;
+    }
+    toolfleet_fleet::backends::open(
+        &config.backend_settings(),
+        prefetch,
+        only_states,
+        agent_pools,
+    )
+    .await
 }
 
 /// Starts `roles`, with `extra` tools beside the configured ones.
@@ -889,7 +692,9 @@ pub async fn mcp_stdio(config: Config) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use toolfleet_broker::SETTLED_STATES;
     use toolfleet_core::JobState;
+    use toolfleet_fleet::backends::{CANCELLED_STATE, NOTICE_BUFFER};
 
     fn parse(text: &str) -> Config {
         Config::parse(text, std::path::Path::new("toolfleet.toml")).expect("a configuration")
@@ -1002,6 +807,15 @@ allow = []
             assert_eq!(check_tokens(config, &mcp), Ok(()), "mcp speaks on stdio");
         }
         assert_eq!(check_tokens(&open_with_token, &dispatcher), Ok(()));
+    }
+
+    /// The RabbitMQ options of `config`, as `open_backends` makes them.
+    fn rabbit_options(
+        config: &Config,
+        prefetch: u16,
+        agent_pools: &BTreeSet<String>,
+    ) -> Result<toolfleet_broker::rabbit::RabbitOptions, String> {
+        toolfleet_fleet::backends::rabbit_options(&config.backend_settings(), prefetch, agent_pools)
     }
 
     /// A process's event subscriptions on RabbitMQ are as deep as its fan-out.

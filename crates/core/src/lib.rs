@@ -66,8 +66,8 @@ pub use shapes::command::{CommitLog, MemoryCommitLog};
 pub use shapes::fleet::{Fleet, JobRequest, MemoryFleet, TicketRequest};
 pub use shapes::handle::{HandleStore, MemoryHandleStore};
 pub use tool::{
-    AnsweredBy, Budget, CallCtx, CallEvent, CallEvents, Executor, FLEET_OPERATE, FLEET_READ, Hints,
-    Lineage, LogLevel, MiddlewareSpec, Principal, ResolvedHints, Shape, ToolDecl, executor_fn,
-    executor_value, new_id,
+    AnsweredBy, Budget, CallCtx, CallEvent, CallEvents, DEFAULT_POOL, Executor, FLEET_OPERATE,
+    FLEET_READ, Hints, Lineage, LogLevel, MiddlewareSpec, Principal, ResolvedHints, Shape,
+    ToolDecl, executor_fn, executor_value, is_job_id, new_id, now_ms,
 };
 pub use trace::TraceContext;

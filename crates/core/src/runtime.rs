@@ -59,7 +59,7 @@ impl Default for RuntimeConfig {
             handle_threshold: 8 * 1024,
             confirm_ttl: Duration::from_secs(15 * 60),
             default_poll_after_s: 5,
-            default_pool: "default".to_owned(),
+            default_pool: crate::tool::DEFAULT_POOL.to_owned(),
             default_agent_pool: "agents".to_owned(),
             default_max_attempts: 3,
             default_job_timeout: Duration::from_secs(15 * 60),

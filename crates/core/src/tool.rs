@@ -369,6 +369,27 @@ pub fn new_id() -> String {
     uuid::Uuid::now_v7().to_string()
 }
 
+/// True for an id of the form [`new_id`] makes (a hyphenated UUID): what a
+/// job id must be before anyone looks it up.
+pub fn is_job_id(id: &str) -> bool {
+    id.len() == 36
+        && id.bytes().enumerate().all(|(i, b)| match i {
+            8 | 13 | 18 | 23 => b == b'-',
+            _ => b.is_ascii_hexdigit(),
+        })
+}
+
+/// Unix milliseconds now, as the store counts time (0 before 1970).
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+/// The pool of a job or agent tool that names none.
+pub const DEFAULT_POOL: &str = "default";
+
 /// Runs a tool's work. Implemented for async closures by [`executor_fn`] and
 /// [`executor_value`]; the fleet adds executors that call out over HTTP or
 /// run programs.

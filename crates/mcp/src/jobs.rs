@@ -194,7 +194,7 @@ pub fn iso8601(ms: i64) -> String {
 
 /// A job id is a UUID; anything else cannot name a job (or a task).
 pub fn plausible(id: &str) -> bool {
-    id.len() == 36 && id.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-')
+    toolfleet_core::is_job_id(id)
 }
 
 /// The `tasks/*` error for an id this caller has no job for.

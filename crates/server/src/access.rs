@@ -243,7 +243,7 @@ mod tests {
 
     #[test]
     fn events_reach_their_owner_audience_and_readers() {
-        let mut event = crate::dispatch::ticket_event(&ticket(
+        let mut event = toolfleet_fleet::ticket_event(&ticket(
             "alice",
             AnsweredBy::Scope {
                 scope: "expenses:approve".to_owned(),
@@ -255,7 +255,7 @@ mod tests {
         assert!(!hears(&who("bob", &["expenses:read"]), &event));
         event.tenant = "other-tenant".to_owned();
         assert!(!hears(&who("alice", &[FLEET_OPERATE]), &event));
-        let job_event = crate::dispatch::job_event(&job("alice"));
+        let job_event = toolfleet_fleet::job_event(&job("alice"), crate::status::POLL_AFTER_S);
         assert!(hears(&who("alice", &[]), &job_event));
         assert!(!hears(&who("bob", &[]), &job_event));
     }

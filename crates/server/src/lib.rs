@@ -11,7 +11,6 @@ pub mod access;
 pub mod auth;
 pub mod bounds;
 pub mod callbacks;
-pub mod dispatch;
 pub mod http;
 mod mcp;
 mod metrics;
@@ -29,11 +28,11 @@ use toolfleet_store::Store;
 
 pub use access::Access;
 pub use auth::{Auth, token_sha256};
-pub use dispatch::{Dispatcher, StoreAuditSink, StoreCommitLog};
 pub use mcp::McpJobs;
 pub use metrics::{Ops, ops_router};
 pub use routes::router;
 pub use status::{Status, status_tools};
+pub use toolfleet_fleet::{Dispatcher, StoreAuditSink, StoreCommitLog};
 
 /// Limits on what a client may send and hold.
 #[derive(Debug, Clone)]

@@ -123,7 +123,7 @@ impl Jobs for McpJobs {
                 .store
                 .list_jobs(&principal.tenant, &filter, limit, cursor)
                 .await
-                .map_err(crate::dispatch::store_error)?;
+                .map_err(toolfleet_fleet::store_error)?;
             Ok(JobList {
                 jobs: page
                     .jobs
@@ -473,7 +473,7 @@ mod tests {
             .await
             .expect("claim")
             .expect("claimed");
-        let event = crate::dispatch::job_event(&running);
+        let event = toolfleet_fleet::job_event(&running, crate::status::POLL_AFTER_S);
         assert_eq!(notices.publish(&event).await, Ok(()));
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert!(!waiting.is_finished(), "woken by the job starting");
@@ -487,7 +487,12 @@ mod tests {
             .expect("succeed")
             .expect("settled");
         assert_eq!(
-            notices.publish(&crate::dispatch::job_event(&done)).await,
+            notices
+                .publish(&toolfleet_fleet::job_event(
+                    &done,
+                    crate::status::POLL_AFTER_S
+                ))
+                .await,
             Ok(())
         );
         let view = tokio::time::timeout(Duration::from_secs(5), waiting)

@@ -26,8 +26,8 @@ use toolfleet_store::{Answered, JobFilter, Store, TicketRecord};
 
 use crate::AppState;
 use crate::access::{self, Access};
-use crate::dispatch::{now_ms, store_error, ticket_event, ticket_view};
 use crate::metrics::{health_response, metrics_response, ready_response};
+use toolfleet_fleet::{store_error, ticket_view};
 
 /// The router of every route.
 pub fn router(state: AppState) -> Router {
@@ -514,9 +514,9 @@ impl Answerer<'_> {
     }
 }
 
-/// Answers `ticket` (one the caller may answer) with `answer` (one of its
-/// options, when it has them), tells subscribers, and wakes the jobs parked
-/// on it: the answered ticket, or why not.
+/// Answers `ticket` (one the caller may answer) with `answer` through the
+/// fleet, which announces it and wakes the jobs parked on it: the answered
+/// ticket, or why not.
 async fn answer_ticket_as(
     store: &dyn Store,
     broker: &dyn Broker,
@@ -524,21 +524,8 @@ async fn answer_ticket_as(
     ticket: &TicketRecord,
     answer: &Value,
 ) -> Envelope {
-    let (tenant, id) = (ticket.tenant.as_str(), ticket.id.as_str());
-    if !ticket.options.is_empty()
-        && !answer
-            .as_str()
-            .is_some_and(|a| ticket.options.iter().any(|o| o == a))
-    {
-        return Envelope::error(ToolError::invalid_arguments(format!(
-            "answer must be one of the ticket's options: {}",
-            ticket.options.join(", ")
-        )));
-    }
-    match store.answer_ticket(tenant, id, answer, now_ms()).await {
+    match toolfleet_fleet::tickets::answer(store, broker, notices, ticket, answer).await {
         Ok(Some(Answered::Now(ticket))) => {
-            let _ = notices.publish(&ticket_event(&ticket)).await;
-            wake_parked(store, broker, &ticket.id).await;
             Envelope::ok(Json::from(ticket_view(&ticket)), ticket.call_id.clone())
         }
         Ok(Some(Answered::Already(ticket))) => Envelope::error(
@@ -548,26 +535,8 @@ async fn answer_ticket_as(
             )
             .with_details(ticket_view(&ticket)),
         ),
-        Ok(None) => ticket_missing(id),
-        Err(error) => Envelope::error(store_error(error)),
-    }
-}
-
-/// Jobs parked on an answered ticket (agents waiting for this answer) are
-/// due again: publish them now. The sweeper publishes any this misses.
-async fn wake_parked(store: &dyn Store, broker: &dyn Broker, ticket: &str) {
-    match store.wake(ticket, now_ms()).await {
-        Ok(jobs) => {
-            for job in jobs {
-                if let Err(error) = broker
-                    .publish_traced(&job.pool, &job.id, job.trace.as_ref())
-                    .await
-                {
-                    tracing::warn!(job_id = %job.id, %error, "publishing a woken job failed; left to the sweeper");
-                }
-            }
-        }
-        Err(error) => tracing::warn!(ticket, %error, "waking the jobs parked on a ticket failed"),
+        Ok(None) => ticket_missing(&ticket.id),
+        Err(error) => Envelope::error(error),
     }
 }
 

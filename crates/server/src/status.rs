@@ -15,10 +15,11 @@ use toolfleet_core::{
 use toolfleet_store::{JobRecord, Store};
 
 use crate::access::{self, Access};
-use crate::dispatch::{now_ms, store_error};
+use toolfleet_core::now_ms;
+use toolfleet_fleet::store_error;
 
 /// The poll hint of `running` answers from the status API.
-pub const POLL_AFTER_S: u32 = 5;
+pub use toolfleet_fleet::dispatch::POLL_AFTER_S;
 
 fn missing(id: &str) -> ToolError {
     ToolError::not_found(format!(
@@ -228,7 +229,7 @@ impl Status {
         }
         match self.store.cancel(&principal.tenant, id, now_ms()).await {
             Ok(Some(job)) => {
-                let event = crate::dispatch::job_event(&job);
+                let event = toolfleet_fleet::job_event(&job, POLL_AFTER_S);
                 let _ = self.notices.publish(&event).await;
                 Ok(Some(job))
             }

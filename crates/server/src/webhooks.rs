@@ -30,7 +30,9 @@ use toolfleet_core::{Envelope, Json, Metrics};
 use toolfleet_store::{ClaimCommit, CommitClaim, Store, StoreError};
 
 use crate::callbacks::{self, AllowRule, Destination, Refusal};
-use crate::dispatch::{job_event, now_ms, ticket_event};
+use toolfleet_core::now_ms;
+use toolfleet_fleet::dispatch::POLL_AFTER_S;
+use toolfleet_fleet::{job_event, ticket_event};
 
 /// Attempts per delivery before it is given up (and logged).
 const MAX_ATTEMPTS: usize = 12;
@@ -284,7 +286,7 @@ impl Sender {
                         .await?;
                     Ok(jobs
                         .iter()
-                        .map(|job| (job_event(job), job.callback_url.clone()))
+                        .map(|job| (job_event(job, POLL_AFTER_S), job.callback_url.clone()))
                         .collect())
                 })
                 .await
@@ -843,7 +845,10 @@ mod tests {
         // Within the store search's grace: only the event can send it.
         let heard = tokio::time::timeout(Duration::from_secs(5), async {
             loop {
-                assert_eq!(refusing.publish(&job_event(&job)).await, Ok(()));
+                assert_eq!(
+                    refusing.publish(&job_event(&job, POLL_AFTER_S)).await,
+                    Ok(())
+                );
                 tokio::select! {
                     heard = hooks.recv() => return heard,
                     () = tokio::time::sleep(Duration::from_millis(50)) => {}

@@ -25,30 +25,25 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use backon::{BackoffBuilder, ExponentialBuilder};
 use tokio::sync::{Notify, Semaphore, watch};
-use toolfleet_broker::announcer::Announcer;
-use toolfleet_broker::{Broker, Delivery, Event, Notices, Subscription};
+use toolfleet_broker::{Broker, Delivery, Notices, Subscription};
 use toolfleet_core::lifecycle::{self, Transition};
 use toolfleet_core::metrics::{Gauge, PoolGauges};
 use toolfleet_core::middleware::redact_json;
-use toolfleet_core::{CallCtx, ErrorCode, JobState, Principal, Runtime, ToolError, TraceContext};
+use toolfleet_fleet::{Announcer, job_event};
+
+use toolfleet_core::{
+    CallCtx, ErrorCode, JobState, Principal, Runtime, ToolError, TraceContext, is_job_id, now_ms,
+};
 use toolfleet_store::{Fail, Heartbeat, JobRecord, Lease, LeaseRef, Store, Succeed};
 use toolfleet_telemetry::Placement;
 use tracing::Instrument;
 
 /// How long a delivery that could not be handled waits before going back.
 const REQUEUE_PAUSE: Duration = Duration::from_millis(500);
-
-/// Unix milliseconds now.
-pub fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
 
 /// How a worker behaves.
 #[derive(Debug, Clone)]
@@ -648,83 +643,4 @@ enum Outcome {
     Done(Result<toolfleet_core::Json, ToolError>),
     Cancelled,
     LeaseLost,
-}
-
-/// A job id is a hyphenated UUID (`toolfleet_core::new_id`).
-fn is_job_id(id: &str) -> bool {
-    id.len() == 36
-        && id.bytes().enumerate().all(|(i, b)| match i {
-            8 | 13 | 18 | 23 => b == b'-',
-            _ => b.is_ascii_hexdigit(),
-        })
-}
-
-/// The event announcing `job` as it stands.
-pub fn job_event(job: &JobRecord, poll_after_s: u32) -> Event {
-    let envelope = job.envelope(poll_after_s);
-    let mut event = Event::job(
-        &job.id,
-        (&job.tenant, &job.user),
-        &job.tool,
-        job.state,
-        &job.run_id,
-        &envelope,
-    );
-    event.callback = job.callback_url.is_some();
-    event
-}
-
-/// Publishes every job the store says should run now: at start (the
-/// in-process queue is empty after a restart) and then periodically, for
-/// messages never confirmed and leases that expired. Queued jobs younger than
-/// `queued_before` are left alone: their message is most likely still in the
-/// queue. Duplicates are harmless either way. The publishes go at once, so a
-/// broker that groups publishes (RabbitMQ) carries them in a few messages;
-/// the first failure, if any, is answered once all have been tried.
-pub async fn sweep(
-    store: &dyn Store,
-    broker: &dyn Broker,
-    limit: u32,
-    queued_before: Option<i64>,
-) -> Result<usize, String> {
-    let due = store
-        .due_jobs(now_ms(), limit)
-        .await
-        .map_err(|e| e.to_string())?;
-    let stale = due.iter().filter(|job| {
-        let fresh =
-            job.state == JobState::Queued && queued_before.is_some_and(|t| job.updated_at > t);
-        !fresh
-    });
-    let sent = futures_util::future::join_all(
-        stale.map(|job| broker.publish_traced(&job.pool, &job.id, job.trace.as_ref())),
-    )
-    .await;
-    let published = sent.iter().filter(|sent| sent.is_ok()).count();
-    match sent.into_iter().find_map(Result::err) {
-        Some(error) => Err(format!(
-            "{error} ({published} of the due jobs were published)"
-        )),
-        None => Ok(published),
-    }
-}
-
-/// Sweeps every `period` until `shutdown`; a queued job is republished once
-/// it has waited a whole `period` (and stays in the queue's order otherwise).
-pub async fn run_sweeper(
-    store: Arc<dyn Store>,
-    broker: Arc<dyn Broker>,
-    period: Duration,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    loop {
-        tokio::select! {
-            _ = tokio::time::sleep(period) => {}
-            _ = shutdown.changed() => return,
-        }
-        let stale = now_ms() - period.as_millis() as i64;
-        if let Err(error) = sweep(store.as_ref(), broker.as_ref(), 1000, Some(stale)).await {
-            tracing::warn!(%error, "sweep failed");
-        }
-    }
 }

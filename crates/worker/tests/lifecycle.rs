@@ -11,11 +11,13 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 use toolfleet_broker::memory::{MemoryBroker, MemoryNotices};
 use toolfleet_broker::{Acker, Broker, BrokerError, Delivery, Notices};
+use toolfleet_core::now_ms;
 use toolfleet_core::tool::{Budget, Lineage};
 use toolfleet_core::{CallCtx, ErrorCode, JobState, Json, Runtime, ToolDecl, ToolError, new_id};
+use toolfleet_fleet::{job_event, sweep};
 use toolfleet_store::sqlite::SqliteStore;
 use toolfleet_store::{Heartbeat, Inserted, JobRecord, Lease, NewJob, Store, Succeed};
-use toolfleet_worker::{Handled, Worker, WorkerConfig, job_event, now_ms, sweep};
+use toolfleet_worker::{Handled, Worker, WorkerConfig};
 
 const TENANT: &str = "acme";
 const POOL: &str = "lifecycle";

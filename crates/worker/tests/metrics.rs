@@ -13,12 +13,14 @@ use serde_json::json;
 use tokio::sync::watch;
 use toolfleet_broker::memory::{MemoryBroker, MemoryNotices};
 use toolfleet_broker::{Broker, BrokerError, Consumer, Notices};
+use toolfleet_core::now_ms;
 use toolfleet_core::{
     CallCtx, ErrorCode, JobState, Metrics, Runtime, ToolDecl, ToolError, TraceContext, new_id,
 };
+use toolfleet_fleet::job_event;
 use toolfleet_store::sqlite::SqliteStore;
 use toolfleet_store::{NewJob, Store};
-use toolfleet_worker::{Worker, WorkerConfig, job_event, now_ms};
+use toolfleet_worker::{Worker, WorkerConfig};
 
 const POOL: &str = "metered";
 

@@ -12,7 +12,7 @@ const BATCH: usize = 256;
 
 use toolfleet_core::JobState;
 
-use crate::{Event, Notices};
+use toolfleet_broker::{Event, Notices};
 
 /// Hands events to the publishing task.
 #[derive(Clone)]
@@ -91,7 +91,7 @@ fn tracing_warn(event: &Event, why: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::memory::MemoryNotices;
+    use toolfleet_broker::memory::MemoryNotices;
 
     fn event(n: usize) -> Event {
         Event {

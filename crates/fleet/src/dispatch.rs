@@ -1,6 +1,6 @@
 //! The dispatcher's side of the fleet: accepted jobs become job rows and
-//! messages, human calls become tickets, command outcomes and audit records
-//! go to the store.
+//! messages (the lifecycle's `enqueue`), human calls become tickets,
+//! command outcomes and audit records go to the store.
 //!
 //! The job row is written before its message is published, so the row is its
 //! own outbox: if the publish fails the call still answers `running`, and the
@@ -10,26 +10,21 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
-use serde_json::json;
 use tokio::sync::mpsc;
-use toolfleet_broker::announcer::Announcer;
-use toolfleet_broker::{Broker, Event, Notices};
+use toolfleet_broker::{Broker, Notices};
 use toolfleet_core::shapes::command::{COMMIT_WAIT, Claim, ClaimTerms, CommitLog};
 use toolfleet_core::{
     AuditRecord, AuditSink, Envelope, ErrorCode, Fleet, JobRequest, Metrics, TicketRequest,
-    ToolError,
+    ToolError, now_ms,
 };
-use toolfleet_store::{
-    ClaimCommit, CommitClaim, Inserted, NewJob, NewTicket, Store, StoreError, TicketRecord,
-};
+use toolfleet_store::{ClaimCommit, CommitClaim, Inserted, NewJob, NewTicket, Store, StoreError};
 
-/// Unix milliseconds now.
-pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
+use crate::announcer::Announcer;
+use crate::events::{job_event, ticket_event};
+
+/// The poll hint of the envelopes a dispatcher announces (`poll_after_s`
+/// of a job still running).
+pub const POLL_AFTER_S: u32 = 5;
 
 /// A store failure as a caller reads it.
 pub fn store_error(error: StoreError) -> ToolError {
@@ -86,43 +81,6 @@ impl Dispatcher {
         self.metrics = Some(metrics);
         self
     }
-}
-
-/// The event announcing `ticket` as it stands.
-pub fn ticket_event(ticket: &TicketRecord) -> Event {
-    Event {
-        kind: "ticket".to_owned(),
-        id: ticket.id.clone(),
-        tenant: ticket.tenant.clone(),
-        user: ticket.user.clone(),
-        audience: ticket.answered_by.scope().map(str::to_owned),
-        tool: ticket.tool.clone(),
-        state: if ticket.answer.is_some() {
-            "answered"
-        } else {
-            "open"
-        }
-        .to_owned(),
-        run_id: ticket.run_id.clone(),
-        body: ticket_view(ticket),
-        callback: ticket.callback_url.is_some(),
-    }
-}
-
-/// A ticket as clients read it.
-pub fn ticket_view(ticket: &TicketRecord) -> serde_json::Value {
-    json!({
-        "ticket": ticket.id,
-        "tool": ticket.tool,
-        "question": ticket.question,
-        "options": ticket.options,
-        "state": if ticket.answer.is_some() { "answered" } else { "open" },
-        "answer": ticket.answer,
-        "answered_by": ticket.answered_by,
-        "run_id": ticket.run_id,
-        "created_at": ticket.created_at,
-        "answered_at": ticket.answered_at,
-    })
 }
 
 impl Fleet for Dispatcher {
@@ -190,7 +148,7 @@ impl Fleet for Dispatcher {
                     tracing::warn!(pool = %record.pool, %error, "job recorded; publish failed, left to the sweeper")
                 }
             }
-            self.announcer.announce(job_event(&record));
+            self.announcer.announce(job_event(&record, POLL_AFTER_S));
             Ok(record.id)
         };
         Box::pin(tracing::Instrument::instrument(enqueue, span))
@@ -221,21 +179,6 @@ impl Fleet for Dispatcher {
             Ok(record.id)
         })
     }
-}
-
-/// The event of a job as it stands.
-pub fn job_event(job: &toolfleet_store::JobRecord) -> Event {
-    let envelope = job.envelope(crate::status::POLL_AFTER_S);
-    let mut event = Event::job(
-        &job.id,
-        (&job.tenant, &job.user),
-        &job.tool,
-        job.state,
-        &job.run_id,
-        &envelope,
-    );
-    event.callback = job.callback_url.is_some();
-    event
 }
 
 /// Command outcomes in the store, so a confirm token commits once across

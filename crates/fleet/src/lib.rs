@@ -1,0 +1,25 @@
+//! The fleet: what moves a job between the HTTP edge and the store, in one
+//! place. A call of a job tool is submitted here ([`dispatch::Dispatcher`]:
+//! the row, then the message), every change of a job or ticket is announced
+//! from here ([`events`], [`announcer`]), what a crash or a lost message
+//! left behind is published again by the [`sweeper`], an answered ticket
+//! wakes what waits on it ([`tickets`]), and the backends a configuration
+//! names are chosen and opened in [`backends`], the one place a backend is
+//! chosen.
+//!
+//! The job's states and transitions are [`toolfleet_core::lifecycle`]'s; the
+//! store executes them. This crate decides no state of its own, runs no
+//! job (the worker does) and serves no HTTP (the server does): the
+//! dispatcher, the worker and the binary only wire what is here.
+
+pub mod announcer;
+pub mod backends;
+pub mod dispatch;
+pub mod events;
+pub mod sweeper;
+pub mod tickets;
+
+pub use announcer::Announcer;
+pub use dispatch::{Dispatcher, Fault, StoreAuditSink, StoreCommitLog, store_error};
+pub use events::{job_event, ticket_event, ticket_view};
+pub use sweeper::{run_sweeper, sweep};
