@@ -20,7 +20,8 @@ use tokio::sync::Semaphore;
 use toolfleet_core::{CallCtx, ToolDecl, ToolError};
 
 use crate::config::Config;
-use crate::serve::{DEV_TOKEN_FILE, Roles, start};
+use crate::keys::DEV_TOKEN_FILE;
+use crate::serve::{Roles, start};
 
 /// The no-op job every run measures.
 const NOOP: &str = "bench_noop";

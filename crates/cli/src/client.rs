@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::config::Config;
-use crate::serve::DEV_TOKEN_FILE;
+use crate::keys::DEV_TOKEN_FILE;
 
 /// Where the server is and who we are.
 #[derive(clap::Args)]

@@ -5,7 +5,9 @@ mod bench;
 mod client;
 mod config;
 mod files;
+mod keys;
 mod serve;
+mod tools;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
