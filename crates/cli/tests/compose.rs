@@ -13,9 +13,10 @@ use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::time::Duration;
 
+use common::manifests::to_json;
 use common::{TempDir, sha};
 use serde_json::{Map, Value};
-use yaml_rust2::{Yaml, YamlLoader};
+use yaml_rust2::YamlLoader;
 
 /// The token README.md and deploy/compose/toolfleet.toml document.
 const DEMO_TOKEN: &str = "tf_demo_compose";
@@ -23,46 +24,6 @@ const COMPOSE: &str = "docker-compose.yml";
 const COMPOSE_CONFIG: &str = "deploy/compose/toolfleet.toml";
 /// The one port the dispatchers are reached on.
 const PUBLISHED_PORT: &str = "8080";
-
-/// A YAML document as JSON, with `<<` merge keys applied as compose does.
-fn to_json(yaml: &Yaml) -> Value {
-    match yaml {
-        Yaml::Null => Value::Null,
-        Yaml::Boolean(b) => Value::Bool(*b),
-        Yaml::Integer(i) => Value::from(*i),
-        Yaml::Real(text) => Value::from(text.parse::<f64>().expect("a YAML real")),
-        Yaml::String(s) => Value::String(s.clone()),
-        Yaml::Array(items) => Value::Array(items.iter().map(to_json).collect()),
-        Yaml::Hash(hash) => {
-            let mut map = Map::new();
-            if let Some(merged) = hash.get(&Yaml::String("<<".into())) {
-                let sources = match to_json(merged) {
-                    Value::Array(sources) => sources,
-                    source => vec![source],
-                };
-                for source in sources {
-                    let Value::Object(source) = source else {
-                        panic!("a `<<` merge key names a mapping, not {source}");
-                    };
-                    map.extend(source);
-                }
-            }
-            for (key, value) in hash {
-                let key = match key {
-                    Yaml::String(s) => s.clone(),
-                    Yaml::Integer(i) => i.to_string(),
-                    Yaml::Boolean(b) => b.to_string(),
-                    other => panic!("unexpected YAML key {other:?}"),
-                };
-                if key != "<<" {
-                    map.insert(key, to_json(value));
-                }
-            }
-            Value::Object(map)
-        }
-        Yaml::Alias(_) | Yaml::BadValue => panic!("unresolved YAML node {yaml:?}"),
-    }
-}
 
 fn yaml(relative: &str) -> Value {
     let docs = YamlLoader::load_from_str(&read(relative))

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{Server, TOKEN, TempDir, config, dockerfile, exec_form};
+use common::{Server, TOKEN, TempDir, config, dockerfile, exec_form, missing};
 use serde_json::{Value, json};
 
 /// The image's ENTRYPOINT.
@@ -45,19 +45,6 @@ fn the_image_runs_toolfleet_under_tini() {
             })
     });
     assert!(installs_tini, "the runtime stage installs tini");
-}
-
-fn under_ci() -> bool {
-    std::env::var_os("CI").is_some_and(|v| !v.is_empty())
-}
-
-/// What this test needs is absent: a failure under CI, else a skip.
-fn missing(what: &str) {
-    assert!(
-        !under_ci(),
-        "{what}; .ci/run provides it, and CI never skips this test"
-    );
-    eprintln!("SKIPPED (fails under CI): {what}");
 }
 
 /// The tool `orphans` starts a grandchild through a subshell that exits at

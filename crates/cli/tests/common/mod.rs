@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod manifests;
+pub mod promql;
 pub mod scripted;
 
 use std::io::{BufRead, BufReader};
@@ -66,6 +68,21 @@ pub fn exec_form(arguments: &str) -> Vec<String> {
         .unwrap_or_else(|_| panic!("`{arguments}` is not the exec (JSON) form"))
 }
 
+/// Whether the tests run under CI (`CI` set, and not empty).
+pub fn under_ci() -> bool {
+    std::env::var_os("CI").is_some_and(|v| !v.is_empty())
+}
+
+/// What a test needs (a tool, a privilege) is absent: a failure under CI,
+/// else a skip.
+pub fn missing(what: &str) {
+    assert!(
+        !under_ci(),
+        "{what}; .ci/run provides it, and CI never skips this test"
+    );
+    eprintln!("SKIPPED (fails under CI): {what}");
+}
+
 /// `toolfleet <args>` run in the repository's root, with no configuration
 /// named by the environment.
 pub fn toolfleet(args: &[&str]) -> std::process::Output {
@@ -77,6 +94,14 @@ pub fn toolfleet(args: &[&str]) -> std::process::Output {
         .expect("run toolfleet")
 }
 pub const OTHER_TOKEN: &str = "tf_test_mallory";
+
+/// A port nobody listens on now (the kernel's pick).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
 
 /// A temporary directory removed on drop.
 pub struct TempDir(pub PathBuf);

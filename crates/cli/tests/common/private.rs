@@ -5,7 +5,8 @@
 //! makes a CA and a server certificate it signed (with the `openssl`
 //! command line) for the servers' TLS variants.
 //!
-//! Include it with `#[path = "common/private.rs"] mod private;`.
+//! Include it with `#[path = "common/private.rs"] mod private;` beside
+//! `mod common;`, whose [`free_port`] it uses.
 
 #![allow(dead_code)]
 
@@ -14,13 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-/// A port nobody listens on now (the kernel's pick).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
+use crate::common::free_port;
 
 fn is_root() -> bool {
     Command::new("id")
