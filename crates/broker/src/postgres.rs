@@ -52,7 +52,6 @@ use backon::{BackoffBuilder, ExponentialBuilder};
 use serde::Serialize;
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tokio::time::Instant;
-use tokio_postgres::config::Host;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{AsyncMessage, Client, Config, Socket, Statement};
 use toolfleet_tls::postgres::{MakeRustlsConnect, RustlsStream};
@@ -223,7 +222,7 @@ impl PgNotices {
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(options.operation_timeout);
         }
-        let place = describe(&config);
+        let place = toolfleet_tls::postgres::describe(&config);
         let buffer = options.notice_buffer.clamp(1, MAX_NOTICE_BUFFER);
         let (ring, _) = broadcast::channel(buffer);
         let origin = toolfleet_core::new_id().replace('-', "");
@@ -1056,22 +1055,6 @@ fn pg_error(error: &tokio_postgres::Error) -> String {
         text.push_str(&format!(" ({hint})"));
     }
     text
-}
-
-/// "db on host:port", for messages.
-fn describe(config: &Config) -> String {
-    let host = match config.get_hosts().first() {
-        Some(Host::Tcp(name)) => name.clone(),
-        #[cfg(unix)]
-        Some(Host::Unix(path)) => path.display().to_string(),
-        None => "localhost".to_owned(),
-    };
-    let port = config.get_ports().first().copied().unwrap_or(5432);
-    let database = config
-        .get_dbname()
-        .or(config.get_user())
-        .unwrap_or("postgres");
-    format!("{database} on {host}:{port}")
 }
 
 #[cfg(test)]

@@ -22,6 +22,7 @@ use toolfleet_core::{AnsweredBy, AuditRecord, Envelope, JobState, Json, ToolErro
 pub mod conformance;
 pub mod metered;
 pub mod postgres;
+mod rows;
 pub mod sqlite;
 mod view;
 
@@ -122,13 +123,6 @@ pub struct JobRecord {
     pub trace: Option<TraceContext>,
     pub created_at: i64,
     pub updated_at: i64,
-}
-
-/// The trace context of a stored job's `traceparent` and `tracestate`
-/// columns: `None` for a job without one, or one no longer valid (it starts
-/// a trace of its own rather than failing the read).
-fn trace_of(traceparent: Option<&str>, tracestate: Option<&str>) -> Option<TraceContext> {
-    traceparent.and_then(|header| TraceContext::parse(header, tracestate))
 }
 
 /// What [`Store::insert_job`] did.

@@ -11,7 +11,7 @@
 //! All statements run on one connection thread of `tokio-rusqlite`, so the
 //! async runtime never blocks on the file.
 
-use std::fmt::Display;
+use std::borrow::Cow;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -19,14 +19,11 @@ use async_trait::async_trait;
 use rusqlite::{
     Connection, OptionalExtension, Params, Row, TransactionBehavior, named_params, params,
 };
-use serde::Serialize;
-use serde::de::DeserializeOwned;
 use serde_json::Value;
 use toolfleet_core::middleware::canonical_json;
-use toolfleet_core::{
-    AnsweredBy, AuditRecord, Envelope, ErrorCode, JobState, Json, ToolError, TraceContext,
-};
+use toolfleet_core::{AuditRecord, Envelope, ErrorCode, JobState, ToolError, TraceContext};
 
+use crate::rows::{self, Columns, RowName, encode, to_i64};
 use crate::{
     Answered, ClaimCommit, CommitClaim, Fail, Heartbeat, Inserted, JobFilter, JobPage, JobRecord,
     Lease, LeaseRef, NewJob, NewTicket, Park, SaveCheckpoint, SetProgress, Store, StoreError,
@@ -565,8 +562,7 @@ fn applied_version(c: &Connection) -> Result<Option<i64>, StoreError> {
 /// The columns of one row, with errors that name the row.
 struct Fields<'a, 'r> {
     row: &'a Row<'r>,
-    table: &'static str,
-    id: String,
+    name: RowName,
 }
 
 impl<'a, 'r> Fields<'a, 'r> {
@@ -575,133 +571,60 @@ impl<'a, 'r> Fields<'a, 'r> {
             rusqlite::types::ValueRef::Integer(n) => n.to_string(),
             other => other.as_str().map(str::to_owned).unwrap_or_default(),
         };
-        Ok(Fields { row, table, id })
-    }
-
-    fn corrupt(&self, column: &str, e: impl Display) -> StoreError {
-        StoreError::Unavailable(format!(
-            "corrupt row: {} {} column {column}: {e}",
-            self.table, self.id
-        ))
+        let name = RowName { table, id };
+        Ok(Fields { row, name })
     }
 
     fn get<T: rusqlite::types::FromSql>(&self, column: &str) -> Result<T, StoreError> {
         self.row.get(column).map_err(|e| self.corrupt(column, e))
     }
+}
 
-    fn int<T: TryFrom<i64>>(&self, column: &str) -> Result<T, StoreError> {
-        let n: i64 = self.get(column)?;
-        T::try_from(n).map_err(|_| self.corrupt(column, format!("{n} is out of range")))
+impl Columns for Fields<'_, '_> {
+    fn name(&self) -> &RowName {
+        &self.name
     }
 
-    fn json<T: DeserializeOwned>(&self, column: &str) -> Result<T, StoreError> {
-        let text: String = self.get(column)?;
-        serde_json::from_str(&text).map_err(|e| self.corrupt(column, e))
+    /// The id read to name the row.
+    fn id(&self) -> Result<String, StoreError> {
+        Ok(self.name.id.clone())
     }
 
-    /// SQL NULL is `None`; JSON `null` text is a present value.
-    fn json_opt<T: DeserializeOwned>(&self, column: &str) -> Result<Option<T>, StoreError> {
-        let text: Option<String> = self.get(column)?;
-        text.map(|t| serde_json::from_str(&t).map_err(|e| self.corrupt(column, e)))
-            .transpose()
+    fn text(&self, column: &str) -> Result<Cow<'_, str>, StoreError> {
+        self.get(column).map(Cow::Owned)
     }
 
-    fn raw_json_opt(&self, column: &str) -> Result<Option<Json>, StoreError> {
-        let text: Option<String> = self.get(column)?;
-        text.map(|t| Json::parse(&t).map_err(|e| self.corrupt(column, e)))
-            .transpose()
+    fn text_opt(&self, column: &str) -> Result<Option<Cow<'_, str>>, StoreError> {
+        Ok(self.get::<Option<String>>(column)?.map(Cow::Owned))
     }
 
-    fn state(&self) -> Result<JobState, StoreError> {
-        let text: String = self.get("state")?;
-        JobState::parse(&text)
-            .ok_or_else(|| self.corrupt("state", format!("unknown state {text:?}")))
+    fn string(&self, column: &str) -> Result<String, StoreError> {
+        self.get(column)
+    }
+
+    fn string_opt(&self, column: &str) -> Result<Option<String>, StoreError> {
+        self.get(column)
+    }
+
+    fn integer(&self, column: &str) -> Result<i64, StoreError> {
+        self.get(column)
+    }
+
+    fn integer_opt(&self, column: &str) -> Result<Option<i64>, StoreError> {
+        self.get(column)
     }
 }
 
 fn job_from_row(row: &Row<'_>) -> Result<JobRecord, StoreError> {
-    let f = Fields::new(row, "job", "id")?;
-    Ok(JobRecord {
-        tenant: f.get("tenant")?,
-        user: f.get("user")?,
-        tool: f.get("tool")?,
-        pool: f.get("pool")?,
-        args: f.json("args")?,
-        state: f.state()?,
-        attempts: f.int("attempts")?,
-        max_attempts: f.int("max_attempts")?,
-        timeout_ms: f.get("timeout_ms")?,
-        run_at: f.get("run_at")?,
-        lease_owner: f.get("lease_owner")?,
-        lease_until: f.get("lease_until")?,
-        progress: f.json_opt("progress")?,
-        result: f.raw_json_opt("result")?,
-        error: f.json_opt("error")?,
-        idempotency_key: f.get("idempotency_key")?,
-        run_id: f.get("run_id")?,
-        call_id: f.get("call_id")?,
-        callback_url: f.get("callback_url")?,
-        lineage: f.json_opt("lineage")?,
-        scopes: f.json_opt("scopes")?.unwrap_or_default(),
-        trace: crate::trace_of(
-            f.get::<Option<String>>("traceparent")?.as_deref(),
-            f.get::<Option<String>>("tracestate")?.as_deref(),
-        ),
-        created_at: f.get("created_at")?,
-        updated_at: f.get("updated_at")?,
-        id: f.id,
-    })
+    rows::job(&Fields::new(row, "job", "id")?)
 }
 
 fn ticket_from_row(row: &Row<'_>) -> Result<TicketRecord, StoreError> {
-    let f = Fields::new(row, "ticket", "id")?;
-    Ok(TicketRecord {
-        tenant: f.get("tenant")?,
-        user: f.get("user")?,
-        tool: f.get("tool")?,
-        question: f.get("question")?,
-        options: f.json("options")?,
-        args: f.json("args")?,
-        run_id: f.get("run_id")?,
-        call_id: f.get("call_id")?,
-        callback_url: f.get("callback_url")?,
-        answer: f.json_opt("answer")?,
-        answered_by: AnsweredBy::from_scope(f.get("answered_by")?),
-        created_at: f.get("created_at")?,
-        answered_at: f.get("answered_at")?,
-        id: f.id,
-    })
+    rows::ticket(&Fields::new(row, "ticket", "id")?)
 }
 
 fn audit_from_row(row: &Row<'_>) -> Result<AuditRecord, StoreError> {
-    let f = Fields::new(row, "audit", "seq")?;
-    let status: String = f.get("status")?;
-    // AuditRecord's status is static text: map back onto the four words.
-    let status = match status.as_str() {
-        "ok" => "ok",
-        "error" => "error",
-        "running" => "running",
-        "suspended" => "suspended",
-        other => return Err(f.corrupt("status", format!("unknown status {other:?}"))),
-    };
-    let error_code: Option<String> = f.get("error_code")?;
-    let error_code = error_code
-        .map(|code| serde_json::from_value::<ErrorCode>(Value::String(code)))
-        .transpose()
-        .map_err(|e| f.corrupt("error_code", e))?;
-    Ok(AuditRecord {
-        at_ms: f.int("at_ms")?,
-        tool: f.get("tool")?,
-        tenant: f.get("tenant")?,
-        user: f.get("user")?,
-        run_id: f.get("run_id")?,
-        call_id: f.get("call_id")?,
-        parent_run_id: f.get("parent_run_id")?,
-        args: f.json("args")?,
-        status,
-        error_code,
-        duration_us: f.int("duration_us")?,
-    })
+    rows::audit(&Fields::new(row, "audit", "seq")?)
 }
 
 type FromRow<T> = fn(&Row<'_>) -> Result<T, StoreError>;
@@ -730,15 +653,6 @@ fn query_all<T>(
         out.push(map(row)?);
     }
     Ok(out)
-}
-
-fn encode<T: Serialize + ?Sized>(value: &T) -> Result<String, StoreError> {
-    serde_json::to_string(value)
-        .map_err(|e| StoreError::Unavailable(format!("cannot encode a value to store: {e}")))
-}
-
-fn to_i64(n: u64) -> i64 {
-    i64::try_from(n).unwrap_or(i64::MAX)
 }
 
 // Jobs.
@@ -979,9 +893,8 @@ fn claim_commit(
                 .query_row([key], |r| Ok((r.get(0)?, r.get(1)?)))?;
             match envelope {
                 Some(text) => CommitClaim::Settled(serde_json::from_str(&text).map_err(|e| {
-                    StoreError::Unavailable(format!(
-                        "corrupt row: commit {key} column envelope: {e}"
-                    ))
+                    let (table, id) = ("commit", key.to_owned());
+                    RowName { table, id }.corrupt("envelope", e)
                 })?),
                 None if lease_until.is_some_and(|until| until < now) => CommitClaim::Abandoned,
                 None => CommitClaim::Pending,

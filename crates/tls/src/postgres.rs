@@ -27,6 +27,10 @@
 //! with password authentication a server that presented a certificate it
 //! does not hold a session to is caught even where the certificate is not
 //! checked.
+//!
+//! [`describe`] names the place a configuration connects to, for the
+//! messages of every PostgreSQL client (the store's and the notices'),
+//! never with the password.
 
 use std::future::Future;
 use std::io;
@@ -41,6 +45,7 @@ use rustls::pki_types::ServerName;
 use sha2::{Digest, Sha256, Sha384, Sha512};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_postgres::Config;
+use tokio_postgres::config::Host;
 use tokio_postgres::tls::{ChannelBinding, MakeTlsConnect, TlsConnect, TlsStream};
 use tokio_rustls::TlsConnector;
 
@@ -148,6 +153,23 @@ pub fn target(url: &str, ca_file: Option<&Path>) -> Result<PgTarget, String> {
         tls: MakeRustlsConnect { config: tls },
         mode,
     })
+}
+
+/// "db on host:port": the database (else the user, else `postgres`) and
+/// the first host and port of `config`, for messages; never the password.
+pub fn describe(config: &Config) -> String {
+    let host = match config.get_hosts().first() {
+        Some(Host::Tcp(name)) => name.clone(),
+        #[cfg(unix)]
+        Some(Host::Unix(path)) => path.display().to_string(),
+        None => "localhost".to_owned(),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let database = config
+        .get_dbname()
+        .or(config.get_user())
+        .unwrap_or("postgres");
+    format!("{database} on {host}:{port}")
 }
 
 /// What to check when `error` is the server refusing what `sslmode` asked
@@ -537,6 +559,20 @@ mod tests {
             tokio_postgres::config::SslMode::Require
         );
         assert_eq!(ssl_mode("host=db"), tokio_postgres::config::SslMode::Prefer);
+    }
+
+    #[test]
+    fn the_place_names_database_host_and_port_and_never_the_password() {
+        let place = |url: &str| describe(&target(url, None).unwrap().config);
+        assert_eq!(place("postgres://u:secret@db:6543/app"), "app on db:6543");
+        assert_eq!(place("host=db user=u password=secret"), "u on db:5432");
+        assert_eq!(place("postgres://db"), "postgres on db:5432");
+        assert_eq!(place("dbname=app"), "app on localhost:5432");
+        #[cfg(unix)]
+        assert_eq!(
+            place("host=/run/postgresql dbname=app"),
+            "app on /run/postgresql:5432"
+        );
     }
 
     #[test]

@@ -1,0 +1,423 @@
+//! The SQL text of the PostgreSQL store, each statement built once: every
+//! statement that moves a job executes one transition of
+//! [`toolfleet_core::lifecycle`], naming the states it moves from and to as
+//! the lifecycle lists them. It owns no state list of its own, and must
+//! never run a statement or decode a row.
+//!
+//! Rows are read by named columns, never `*`: PostgreSQL refuses to run a
+//! prepared statement whose result columns changed, so a column that a
+//! later migration adds must not break the processes still running.
+
+use std::sync::LazyLock;
+
+use toolfleet_core::lifecycle::{JobState, Transition, sql_list};
+
+/// A statement built once from the lifecycle's state lists.
+type Built = LazyLock<String>;
+
+/// `WHERE` of a statement of the attempt holding a running job (`$1`
+/// the job, `$2` the lease owner, `$3` the attempt).
+fn held() -> String {
+    format!(
+        "id = $1 AND state IN {} AND lease_owner = $2 AND attempts = $3",
+        sql_list(Transition::Heartbeat.from())
+    )
+}
+
+macro_rules! job_columns {
+    () => {
+        r#"id, tenant, "user", tool, pool, args, state, attempts, max_attempts,
+            timeout_ms, run_at, lease_owner, lease_until, progress, result, error,
+            idempotency_key, run_id, call_id, callback_url, lineage, scopes,
+            traceparent, tracestate, created_at, updated_at"#
+    };
+}
+
+macro_rules! ticket_columns {
+    () => {
+        r#"id, tenant, "user", tool, question, options, args, run_id, call_id,
+            callback_url, answer, answered_by, created_at, answered_at"#
+    };
+}
+
+/// `enqueue`: (new) -> queued.
+pub(super) static INSERT_JOB: Built = LazyLock::new(|| {
+    format!(
+        concat!(
+            r#"
+        INSERT INTO jobs (id, tenant, "user", tool, pool, args, state, attempts, max_attempts,
+            timeout_ms, run_at, idempotency_key, run_id, call_id, callback_url, lineage,
+            scopes, traceparent, tracestate, created_at, updated_at)
+        VALUES ($1, $2, $3, $4, $5, $6, '{queued}', 0, $7,
+            $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $9, $9)
+        ON CONFLICT DO NOTHING
+        RETURNING "#,
+            job_columns!()
+        ),
+        queued = Transition::Enqueue.to()
+    )
+});
+
+/// [`INSERT_JOB`] for many jobs at once. A job whose id or key is
+/// taken (by an earlier job or one earlier in the same batch) is not
+/// returned; its caller then takes the one-job path, which tells why.
+pub(super) static INSERT_MANY: Built = LazyLock::new(|| {
+    format!(
+        concat!(
+            r#"
+        INSERT INTO jobs (id, tenant, "user", tool, pool, args, state, attempts, max_attempts,
+            timeout_ms, run_at, idempotency_key, run_id, call_id, callback_url, lineage,
+            scopes, traceparent, tracestate, created_at, updated_at)
+        SELECT id, tenant, "user", tool, pool, args, '{queued}', 0, max_attempts,
+            timeout_ms, now, idempotency_key, run_id, call_id, callback_url, lineage, scopes,
+            traceparent, tracestate, now, now
+        FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
+            $7::bigint[], $8::bigint[], $9::bigint[], $10::text[], $11::text[], $12::text[],
+            $13::text[], $14::text[], $15::text[], $16::text[], $17::text[])
+            WITH ORDINALITY AS n(id, tenant, "user", tool, pool, args, max_attempts,
+            timeout_ms, now, idempotency_key, run_id, call_id, callback_url, lineage, scopes,
+            traceparent, tracestate, ord)
+        ORDER BY ord
+        ON CONFLICT DO NOTHING
+        RETURNING "#,
+            job_columns!()
+        ),
+        queued = Transition::Enqueue.to()
+    )
+});
+
+pub(super) const JOB_BY_KEY: &str = concat!(
+    "SELECT ",
+    job_columns!(),
+    " FROM jobs WHERE tenant = $1 AND tool = $2 AND idempotency_key = $3"
+);
+
+/// queued or due retrying, or running with an expired lease -> running,
+/// for a batch of claims (one row of the arrays each): one conditional
+/// statement, so a job that two claims name, in one batch or in two, is
+/// claimed once. `c_ord` tells which claim won. A job taken over is
+/// runnable from when the expired lease ended.
+///
+/// The grouped statements find their rows by the primary key alone:
+/// their conditions on the state are a `CASE`, which no partial index
+/// matches. Written as plain `state IN (...) AND run_at <= c_now`, the
+/// planner could walk `jobs_due` or `jobs_lease` (every waiting or
+/// running job) once per batch, and did: under a backlog of queued jobs
+/// each claim read thousands of index entries.
+///
+/// `claim` moves the states of its list, `take_over` those of its own.
+pub(super) static CLAIM_MANY: Built = LazyLock::new(|| {
+    let mut cases = String::new();
+    for state in Transition::Claim.from() {
+        cases.push_str(&format!(" WHEN '{state}' THEN run_at <= c_now"));
+    }
+    for state in Transition::TakeOver.from() {
+        cases.push_str(&format!(" WHEN '{state}' THEN lease_until < c_now"));
+    }
+    format!(
+        concat!(
+            "
+        UPDATE jobs SET state = '{running}', attempts = attempts + 1,
+            run_at = CASE WHEN state IN {taken} THEN COALESCE(lease_until, run_at)
+                          ELSE run_at END,
+            lease_owner = c_worker, lease_until = c_until, updated_at = c_now
+        FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::bigint[])
+            WITH ORDINALITY AS c(c_id, c_worker, c_now, c_until, c_ord)
+        WHERE id = c_id
+          AND CASE state{cases} ELSE false END
+        RETURNING c_ord, ",
+            job_columns!()
+        ),
+        running = Transition::Claim.to(),
+        taken = sql_list(Transition::TakeOver.from()),
+        cases = cases,
+    )
+});
+
+// Every statement of a running job's holder names its attempt (`$1`
+// the job, `$2` the lease owner, `$3` the attempt): by lease owner and
+// attempt both, so an attempt that lost the job to a newer claim, even
+// its own worker's, no longer matches.
+
+/// `heartbeat`: running (this attempt) -> running, lease extended.
+pub(super) static HEARTBEAT: Built = LazyLock::new(|| {
+    format!(
+        "UPDATE jobs SET lease_until = $5, updated_at = $4 WHERE {}",
+        held()
+    )
+});
+
+pub(super) const STATE: &str = "SELECT state FROM jobs WHERE id = $1";
+
+/// Under `heartbeat`'s guard: progress recorded.
+pub(super) static PROGRESS: Built = LazyLock::new(|| {
+    format!(
+        "UPDATE jobs SET progress = $4, updated_at = $5 WHERE {}",
+        held()
+    )
+});
+
+/// `park`: running (this attempt) -> parked on a ticket: unleased, the
+/// attempt given back.
+pub(super) static PARK: Built = LazyLock::new(|| {
+    format!(
+        concat!(
+            "
+        UPDATE jobs SET state = '{parked}',
+            attempts = attempts - 1, lease_owner = NULL, lease_until = NULL,
+            waiting_on = $4, updated_at = $5
+        WHERE {held}
+        RETURNING ",
+            job_columns!()
+        ),
+        parked = Transition::Park.to(),
+        held = held()
+    )
+});
+
+/// `wake`: parked on the ticket -> retrying, due now.
+pub(super) static WAKE: Built = LazyLock::new(|| {
+    format!(
+        concat!(
+            "
+        UPDATE jobs SET state = '{to}', run_at = $2, waiting_on = NULL, updated_at = $2
+        WHERE waiting_on = $1 AND state IN {from}
+        RETURNING ",
+            job_columns!()
+        ),
+        to = Transition::Wake.to(),
+        from = sql_list(Transition::Wake.from())
+    )
+});
+
+pub(super) const READ_CHECKPOINT: &str = "SELECT checkpoint FROM jobs WHERE id = $1";
+
+/// Under `heartbeat`'s guard: checkpoint saved.
+pub(super) static CHECKPOINT: Built = LazyLock::new(|| {
+    format!(
+        "UPDATE jobs SET checkpoint = $4, updated_at = $5 WHERE {}",
+        held()
+    )
+});
+
+/// `succeed`: running (this attempt) -> succeeded, for a batch of
+/// successes; `s_ord` tells whose each row was.
+pub(super) static SUCCEED_MANY: Built = LazyLock::new(|| {
+    format!(
+        concat!(
+            "
+        UPDATE jobs SET state = '{to}', result = s_result,
+            lease_owner = NULL, lease_until = NULL, updated_at = s_now
+        FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::text[], $5::bigint[])
+            WITH ORDINALITY AS s(s_id, s_worker, s_attempt, s_result, s_now, s_ord)
+        WHERE id = s_id
+          AND CASE WHEN state IN {from} THEN lease_owner = s_worker AND attempts = s_attempt
+                   ELSE false END
+        RETURNING s_ord, ",
+            job_columns!()
+        ),
+        to = Transition::Succeed.to(),
+        from = sql_list(Transition::Succeed.from())
+    )
+});
+
+/// `retry` (with a time $5) or `fail` (without): running (this
+/// attempt) -> retrying at $5, or failed. The lifecycle decided which
+/// ([`toolfleet_core::lifecycle::after_failure`]).
+pub(super) static FAIL: Built = LazyLock::new(|| {
+    format!(
+        concat!(
+            "
+        UPDATE jobs SET
+            state = CASE WHEN $5::bigint IS NOT NULL THEN '{retrying}' ELSE '{failed}' END,
+            run_at = COALESCE($5::bigint, run_at),
+            error = $4, lease_owner = NULL, lease_until = NULL, updated_at = $6
+        WHERE {held}
+        RETURNING ",
+            job_columns!()
+        ),
+        retrying = Transition::Retry.to(),
+        failed = Transition::Fail.to(),
+        held = held()
+    )
+});
+
+/// `cancel`: queued, retrying, parked or running -> cancelled.
+pub(super) static CANCEL: Built = LazyLock::new(|| {
+    format!(
+        concat!(
+            "
+        UPDATE jobs SET state = '{to}', error = $3,
+            lease_owner = NULL, lease_until = NULL, updated_at = $4
+        WHERE id = $1 AND tenant = $2 AND state IN {from}
+        RETURNING ",
+            job_columns!()
+        ),
+        to = Transition::Cancel.to(),
+        from = sql_list(Transition::Cancel.from())
+    )
+});
+
+/// Two range scans, one per partial index, rather than an OR the planner
+/// may turn into a walk of the whole table.
+/// The earliest due of the waiting jobs and of the expired leases (at
+/// most `$2` of each, read in the order of `jobs_due` and `jobs_lease`,
+/// so a backlog is not read whole), oldest first.
+/// The lists are those of `claim` and `take_over`, as the partial
+/// indexes (migration 1) name them.
+pub(super) static DUE: Built = LazyLock::new(|| {
+    format!(
+        concat!(
+            "SELECT * FROM (SELECT ",
+            job_columns!(),
+            " FROM jobs WHERE state IN {claimed} AND run_at <= $1
+            ORDER BY run_at LIMIT $2) waiting
+        UNION ALL
+        SELECT * FROM (SELECT ",
+            job_columns!(),
+            " FROM jobs WHERE state IN {taken} AND lease_until < $1
+            ORDER BY lease_until LIMIT $2) expired
+        ORDER BY id LIMIT $2"
+        ),
+        claimed = sql_list(Transition::Claim.from()),
+        taken = sql_list(Transition::TakeOver.from()),
+    )
+});
+
+pub(super) const LIST: &str = concat!(
+    "SELECT ",
+    job_columns!(),
+    " FROM jobs
+        WHERE tenant = $1 AND id < $4
+          AND ($2::text[] IS NULL OR state = ANY($2)) AND ($3::text IS NULL OR tool = $3)
+        ORDER BY id DESC LIMIT $5"
+);
+
+/// [`LIST`] of one user's jobs, off `jobs_owner`.
+pub(super) const LIST_OWNED: &str = concat!(
+    "SELECT ",
+    job_columns!(),
+    r#" FROM jobs
+        WHERE tenant = $1 AND "user" = $6 AND id < $4
+          AND ($2::text[] IS NULL OR state = ANY($2)) AND ($3::text IS NULL OR tool = $3)
+        ORDER BY id DESC LIMIT $5"#
+);
+
+pub(super) const JOB: &str = concat!(
+    "SELECT ",
+    job_columns!(),
+    " FROM jobs WHERE id = $1 AND tenant = $2"
+);
+
+pub(super) const JOB_BY_ID: &str = concat!("SELECT ", job_columns!(), " FROM jobs WHERE id = $1");
+
+pub(super) const COUNTS: &str = "SELECT state, COUNT(*) AS n FROM jobs GROUP BY state";
+
+/// A range of `jobs_callbacks`, each probed in the commit log by key.
+/// The key is built in the commit log's collation: built from `j.id`
+/// alone it would take the ids' ("C"), under which `commits_pkey` cannot
+/// be searched, and each job would read the whole log.
+///
+/// The list is the settled states', as `jobs_callbacks` (migration 4)
+/// names them.
+pub(super) static UNNOTIFIED: Built = LazyLock::new(|| {
+    format!(
+        concat!(
+            "SELECT ",
+            job_columns!(),
+            " FROM jobs j
+        WHERE callback_url IS NOT NULL
+          AND state IN {settled}
+          AND updated_at >= $2 AND updated_at < $3
+          AND NOT EXISTS (SELECT 1 FROM commits c
+            WHERE c.key = ($1 || j.id || ':' || j.state) COLLATE \"default\")
+        ORDER BY updated_at, id LIMIT $4"
+        ),
+        settled = sql_list(&JobState::SETTLED)
+    )
+});
+
+pub(super) const UNNOTIFIED_TICKETS: &str = concat!(
+    "SELECT ",
+    ticket_columns!(),
+    " FROM tickets t
+        WHERE callback_url IS NOT NULL AND answer IS NOT NULL
+          AND answered_at >= $2 AND answered_at < $3
+          AND NOT EXISTS (SELECT 1 FROM commits c
+            WHERE c.key = ($1 || t.id || ':answered') COLLATE \"default\")
+        ORDER BY answered_at, id LIMIT $4"
+);
+
+pub(super) const INSERT_TICKET: &str = concat!(
+    r#"
+        INSERT INTO tickets (id, tenant, "user", tool, question, options, args,
+            run_id, call_id, callback_url, created_at, answered_by)
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+        ON CONFLICT DO NOTHING
+        RETURNING "#,
+    ticket_columns!()
+);
+
+pub(super) const TICKET: &str = concat!(
+    "SELECT ",
+    ticket_columns!(),
+    " FROM tickets WHERE id = $1 AND tenant = $2"
+);
+
+/// open -> answered.
+pub(super) const ANSWER: &str = concat!(
+    "
+        UPDATE tickets SET answer = $3, answered_at = $4
+        WHERE id = $1 AND tenant = $2 AND answer IS NULL
+        RETURNING ",
+    ticket_columns!()
+);
+
+/// One statement for a whole batch: the arrays are the columns.
+pub(super) const INSERT_AUDIT: &str = r#"
+        INSERT INTO audit (at_ms, tenant, "user", tool, run_id, call_id, args, status,
+            error_code, duration_us, parent_run_id)
+        SELECT * FROM UNNEST($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[],
+            $6::text[], $7::text[], $8::text[], $9::text[], $10::bigint[], $11::text[])"#;
+
+pub(super) const AUDIT: &str = r#"
+        SELECT seq, at_ms, tenant, "user", tool, run_id, call_id, parent_run_id, args,
+            status, error_code, duration_us
+        FROM audit WHERE tenant = $1 ORDER BY at_ms DESC, seq DESC LIMIT $2"#;
+
+/// Skips rows another pruner holds, so concurrent claims never wait on
+/// each other's housekeeping; the array makes the delete a walk of the
+/// primary key, whatever the planner guesses of the batch size.
+/// Settled outcomes and abandoned claims past keep_until (up to $2 of
+/// each), each read off its partial index (migration 7).
+pub(super) const PRUNE_COMMITS: &str = "
+        DELETE FROM commits WHERE key = ANY (ARRAY(
+            SELECT key FROM commits WHERE state = 'settled' AND keep_until < $1
+            LIMIT $2 FOR UPDATE SKIP LOCKED) || ARRAY(
+            SELECT key FROM commits WHERE state = 'pending' AND keep_until < $1
+            LIMIT $2 FOR UPDATE SKIP LOCKED))";
+
+/// absent, kept past keep_until, or pending past its lease when $5 says
+/// to take it over -> pending until $3, kept until $4. The conflicting
+/// row is locked and its condition checked on its latest version, so
+/// two processes can never both claim a key.
+pub(super) const CLAIM_COMMIT: &str = "
+        INSERT INTO commits (key, state, lease_until, keep_until) VALUES ($1, 'pending', $3, $4)
+        ON CONFLICT (key) DO UPDATE SET
+            state = 'pending', envelope = NULL, lease_until = $3, keep_until = $4
+        WHERE commits.keep_until < $2
+           OR ($5 AND commits.state = 'pending' AND commits.lease_until < $2)
+        RETURNING key";
+
+/// What a claim that did not win found.
+pub(super) const COMMIT: &str = "SELECT state, envelope, lease_until FROM commits WHERE key = $1";
+
+/// pending (or absent) -> settled; a settled outcome is never replaced.
+pub(super) const SETTLE_COMMIT: &str = "
+        INSERT INTO commits (key, state, envelope, keep_until) VALUES ($1, 'settled', $2, $3)
+        ON CONFLICT (key) DO UPDATE SET
+            state = 'settled', envelope = $2, lease_until = NULL, keep_until = $3
+        WHERE commits.state = 'pending'";
+
+/// pending -> absent: the claim is released.
+pub(super) const RELEASE_COMMIT: &str = "DELETE FROM commits WHERE key = $1 AND state = 'pending'";

@@ -1,0 +1,533 @@
+//! The [`Store`] of PostgreSQL: each operation as the statements it runs on
+//! a connection of the pool, or as a request to its group. It must never
+//! read a job and then write it: each transition is one conditional
+//! statement, and what is read after one that changed nothing only tells
+//! why.
+
+use async_trait::async_trait;
+use deadpool_postgres::ClientWrapper;
+use serde_json::Value;
+use tokio_postgres::Row;
+use tokio_postgres::types::ToSql;
+use toolfleet_core::middleware::canonical_json;
+use toolfleet_core::{AuditRecord, Envelope, ErrorCode, JobState, ToolError};
+
+use super::PgStore;
+use super::groups::{Claim, Success};
+use super::rows::{AuditColumns, Fields, Insert, audit_from_row, job_from_row, ticket_from_row};
+use super::statements;
+use crate::rows::{Columns, encode};
+use crate::{
+    Answered, ClaimCommit, CommitClaim, Fail, Heartbeat, Inserted, JobFilter, JobPage, JobRecord,
+    Lease, LeaseRef, NewJob, NewTicket, Park, SaveCheckpoint, SetProgress, Store, StoreError,
+    Succeed, TicketRecord,
+};
+
+/// Bounds of one page of [`Store::list_jobs`].
+const MAX_PAGE: u32 = 100;
+/// Bound of one answer of [`Store::due_jobs`] and [`Store::audit`].
+const MAX_BATCH: u32 = 1000;
+/// Sorts after every id (ids use the "C" collation), so the first page needs
+/// no second statement.
+const NO_CURSOR: &str = "\u{10FFFF}";
+/// Settled commit outcomes pruned per claim, so pruning stays cheap.
+const PRUNE_BATCH: i64 = 100;
+/// Claims of a commit key tried before giving up, when the key keeps being
+/// released between the claim and the read of its outcome.
+const CLAIM_COMMIT_TRIES: usize = 5;
+
+type FromRow<T> = fn(&Row) -> Result<T, StoreError>;
+pub(super) type Params<'a> = &'a [&'a (dyn ToSql + Sync)];
+
+async fn query_one<T>(
+    c: &ClientWrapper,
+    sql: &str,
+    params: Params<'_>,
+    map: FromRow<T>,
+) -> Result<Option<T>, StoreError> {
+    let stmt = c.prepare_cached(sql).await?;
+    c.query_opt(&stmt, params)
+        .await?
+        .as_ref()
+        .map(map)
+        .transpose()
+}
+
+async fn query_all<T>(
+    c: &ClientWrapper,
+    sql: &str,
+    params: Params<'_>,
+    map: FromRow<T>,
+) -> Result<Vec<T>, StoreError> {
+    let stmt = c.prepare_cached(sql).await?;
+    c.query(&stmt, params).await?.iter().map(map).collect()
+}
+
+async fn execute(c: &ClientWrapper, sql: &str, params: Params<'_>) -> Result<u64, StoreError> {
+    let stmt = c.prepare_cached(sql).await?;
+    Ok(c.execute(&stmt, params).await?)
+}
+
+// Jobs.
+
+pub(super) async fn insert_job(c: &ClientWrapper, insert: &Insert) -> Result<Inserted, StoreError> {
+    let (job, args) = (&insert.job, &insert.args);
+    let max_attempts = i64::from(job.max_attempts);
+    let params: Params<'_> = &[
+        &job.id,
+        &job.tenant,
+        &job.user,
+        &job.tool,
+        &job.pool,
+        &args,
+        &max_attempts,
+        &job.timeout_ms,
+        &job.now,
+        &job.idempotency_key,
+        &job.run_id,
+        &job.call_id,
+        &job.callback_url,
+        &insert.lineage,
+        &insert.scopes,
+        &insert.traceparent,
+        &insert.tracestate,
+    ];
+    if let Some(created) = query_one(c, &statements::INSERT_JOB, params, job_from_row).await? {
+        return Ok(Inserted::Created(created));
+    }
+    // Nothing inserted: the key was taken (or, never in practice, the id).
+    let existing = match &job.idempotency_key {
+        Some(key) => {
+            let params: Params<'_> = &[&job.tenant, &job.tool, key];
+            query_one(c, statements::JOB_BY_KEY, params, job_from_row).await?
+        }
+        None => None,
+    };
+    match existing {
+        Some(existing) if canonical_json(&existing.args) == *args => {
+            Ok(Inserted::Existing(existing))
+        }
+        Some(_) => Err(StoreError::Conflict(format!(
+            "idempotency_key was already used for a `{}` job with other arguments; use a new key for new work",
+            job.tool
+        ))),
+        None => Err(StoreError::Conflict(format!(
+            "a job with id {} already exists",
+            job.id
+        ))),
+    }
+}
+
+async fn heartbeat(c: &ClientWrapper, beat: Heartbeat<'_>) -> Result<Lease, StoreError> {
+    let (id, worker, attempt) = parts(beat.lease);
+    let until = beat.now.saturating_add(beat.lease_ms);
+    let params: Params<'_> = &[&id, &worker, &attempt, &beat.now, &until];
+    if execute(c, &statements::HEARTBEAT, params).await? > 0 {
+        return Ok(Lease::Held);
+    }
+    // Read after the update, so a cancel that the update waited for is seen.
+    let stmt = c.prepare_cached(statements::STATE).await?;
+    let row = c.query_opt(&stmt, &[&id]).await?;
+    let state = match &row {
+        Some(row) => Fields::named(row, "job", id).get::<&str>("state")?,
+        None => "",
+    };
+    Ok(match JobState::parse(state) {
+        Some(JobState::Cancelled) => Lease::Cancelled,
+        _ => Lease::Lost,
+    })
+}
+
+/// The parts of `lease` as the statements of its holder bind them.
+fn parts(lease: &LeaseRef) -> (&str, &str, i64) {
+    (&lease.job_id, &lease.worker, i64::from(lease.attempt))
+}
+
+async fn cancel(
+    c: &ClientWrapper,
+    tenant: &str,
+    id: &str,
+    now: i64,
+) -> Result<Option<JobRecord>, StoreError> {
+    let error = encode(&ToolError::new(
+        ErrorCode::Cancelled,
+        "the job was cancelled before it finished; call the tool again if the work is still needed",
+    ))?;
+    let params: Params<'_> = &[&id, &tenant, &error, &now];
+    if let Some(job) = query_one(c, &statements::CANCEL, params, job_from_row).await? {
+        return Ok(Some(job));
+    }
+    // Settled, missing or another tenant's: answered as it stands.
+    query_one(c, statements::JOB, &[&id, &tenant], job_from_row).await
+}
+
+async fn list_jobs(
+    c: &ClientWrapper,
+    tenant: &str,
+    filter: &JobFilter,
+    limit: u32,
+    cursor: Option<&str>,
+) -> Result<JobPage, StoreError> {
+    let limit = limit.clamp(1, MAX_PAGE) as usize;
+    // The stored states the filter means: retrying finds parked jobs too.
+    let state: Option<Vec<&str>> = filter
+        .state
+        .map(|state| state.stored_as().iter().map(|s| s.as_str()).collect());
+    // One row more than the page tells whether there is a next page.
+    let fetch = limit as i64 + 1;
+    let cursor = cursor.unwrap_or(NO_CURSOR);
+    let mut jobs = match &filter.user {
+        None => {
+            let params: Params<'_> = &[&tenant, &state, &filter.tool, &cursor, &fetch];
+            query_all(c, statements::LIST, params, job_from_row).await?
+        }
+        Some(user) => {
+            let params: Params<'_> = &[&tenant, &state, &filter.tool, &cursor, &fetch, user];
+            query_all(c, statements::LIST_OWNED, params, job_from_row).await?
+        }
+    };
+    let next_cursor = if jobs.len() > limit {
+        jobs.truncate(limit);
+        jobs.last().map(|job| job.id.clone())
+    } else {
+        None
+    };
+    Ok(JobPage { jobs, next_cursor })
+}
+
+async fn job_counts(c: &ClientWrapper) -> Result<Vec<(JobState, u64)>, StoreError> {
+    let mut counts: Vec<(JobState, u64)> = JobState::ALL.into_iter().map(|s| (s, 0)).collect();
+    let stmt = c.prepare_cached(statements::COUNTS).await?;
+    for row in c.query(&stmt, &[]).await? {
+        let f = Fields::new(&row, "job count", "state");
+        let state = f.state()?;
+        let n: u64 = f.int("n")?;
+        if let Some(slot) = counts.iter_mut().find(|(s, _)| *s == state) {
+            slot.1 = n;
+        }
+    }
+    Ok(counts)
+}
+
+// Tickets, audit and commits.
+
+async fn insert_ticket(c: &ClientWrapper, t: &NewTicket) -> Result<TicketRecord, StoreError> {
+    let (options, args) = (encode(&t.options)?, encode(&t.args)?);
+    let params: Params<'_> = &[
+        &t.id,
+        &t.tenant,
+        &t.user,
+        &t.tool,
+        &t.question,
+        &options,
+        &args,
+        &t.run_id,
+        &t.call_id,
+        &t.callback_url,
+        &t.now,
+        &t.answered_by.scope(),
+    ];
+    query_one(c, statements::INSERT_TICKET, params, ticket_from_row)
+        .await?
+        .ok_or_else(|| StoreError::Conflict(format!("a ticket with id {} already exists", t.id)))
+}
+
+async fn answer_ticket(
+    c: &ClientWrapper,
+    tenant: &str,
+    id: &str,
+    answer: &str,
+    now: i64,
+) -> Result<Option<Answered>, StoreError> {
+    let params: Params<'_> = &[&id, &tenant, &answer, &now];
+    if let Some(t) = query_one(c, statements::ANSWER, params, ticket_from_row).await? {
+        return Ok(Some(Answered::Now(t)));
+    }
+    let ticket = query_one(c, statements::TICKET, &[&id, &tenant], ticket_from_row).await?;
+    Ok(ticket.map(Answered::Already))
+}
+
+async fn append_audit(c: &ClientWrapper, records: &[AuditRecord]) -> Result<(), StoreError> {
+    let cols = AuditColumns::of(records)?;
+    let params: Params<'_> = &[
+        &cols.at_ms,
+        &cols.tenant,
+        &cols.user,
+        &cols.tool,
+        &cols.run_id,
+        &cols.call_id,
+        &cols.args,
+        &cols.status,
+        &cols.error_code,
+        &cols.duration_us,
+        &cols.parent_run_id,
+    ];
+    execute(c, statements::INSERT_AUDIT, params).await?;
+    Ok(())
+}
+
+/// The claim and the read of an unclaimable key's outcome are two
+/// statements; a key released or pruned in between is claimed afresh.
+async fn claim_commit(
+    c: &ClientWrapper,
+    claim: ClaimCommit<'_>,
+) -> Result<CommitClaim, StoreError> {
+    let (key, now) = (claim.key, claim.now);
+    let until = now.saturating_add(claim.lease_ms);
+    let keep = claim.keep_until.max(until);
+    execute(c, statements::PRUNE_COMMITS, &[&now, &PRUNE_BATCH]).await?;
+    for _ in 0..CLAIM_COMMIT_TRIES {
+        let stmt = c.prepare_cached(statements::CLAIM_COMMIT).await?;
+        let params: Params<'_> = &[&key, &now, &until, &keep, &claim.take_over];
+        if c.query_opt(&stmt, params).await?.is_some() {
+            return Ok(CommitClaim::Run);
+        }
+        let read = c.prepare_cached(statements::COMMIT).await?;
+        let Some(row) = c.query_opt(&read, &[&key]).await? else {
+            continue;
+        };
+        let f = Fields::named(&row, "commit", key);
+        let lease_until: Option<i64> = f.get("lease_until")?;
+        return match f.get::<Option<&str>>("envelope")? {
+            Some(text) => Ok(CommitClaim::Settled(
+                serde_json::from_str(text).map_err(|e| f.corrupt("envelope", e))?,
+            )),
+            None if lease_until.is_some_and(|until| until < now) => Ok(CommitClaim::Abandoned),
+            None => Ok(CommitClaim::Pending),
+        };
+    }
+    Err(StoreError::Unavailable(format!(
+        "commit {key} was claimed and released {CLAIM_COMMIT_TRIES} times while this claim \
+         ran; try again"
+    )))
+}
+
+async fn settle_commit(
+    c: &ClientWrapper,
+    key: &str,
+    envelope: Option<&str>,
+    keep_until: i64,
+) -> Result<(), StoreError> {
+    match envelope {
+        Some(envelope) => {
+            execute(
+                c,
+                statements::SETTLE_COMMIT,
+                &[&key, &envelope, &keep_until],
+            )
+            .await?
+        }
+        None => execute(c, statements::RELEASE_COMMIT, &[&key]).await?,
+    };
+    Ok(())
+}
+
+#[async_trait]
+impl Store for PgStore {
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.client().await?.simple_query("SELECT 1").await?;
+        Ok(())
+    }
+
+    async fn insert_job(&self, job: NewJob) -> Result<Inserted, StoreError> {
+        self.groups.insert.run(Insert::of(job)?).await
+    }
+
+    async fn job(&self, tenant: &str, id: &str) -> Result<Option<JobRecord>, StoreError> {
+        let c = self.client().await?;
+        query_one(&c, statements::JOB, &[&id, &tenant], job_from_row).await
+    }
+
+    async fn job_by_id(&self, id: &str) -> Result<Option<JobRecord>, StoreError> {
+        let c = self.client().await?;
+        query_one(&c, statements::JOB_BY_ID, &[&id], job_from_row).await
+    }
+
+    async fn list_jobs(
+        &self,
+        tenant: &str,
+        filter: &JobFilter,
+        limit: u32,
+        cursor: Option<&str>,
+    ) -> Result<JobPage, StoreError> {
+        list_jobs(&*self.client().await?, tenant, filter, limit, cursor).await
+    }
+
+    async fn claim(
+        &self,
+        id: &str,
+        worker: &str,
+        now: i64,
+        lease_ms: i64,
+    ) -> Result<Option<JobRecord>, StoreError> {
+        let claim = Claim {
+            id: id.to_owned(),
+            worker: worker.to_owned(),
+            now,
+            until: now.saturating_add(lease_ms),
+        };
+        self.groups.claim.run(claim).await
+    }
+
+    async fn heartbeat(&self, beat: Heartbeat<'_>) -> Result<Lease, StoreError> {
+        heartbeat(&*self.client().await?, beat).await
+    }
+
+    async fn set_progress(&self, report: SetProgress<'_>) -> Result<bool, StoreError> {
+        let (id, worker, attempt) = parts(report.lease);
+        let progress = encode(report.progress)?;
+        let c = self.client().await?;
+        let params: Params<'_> = &[&id, &worker, &attempt, &progress, &report.now];
+        Ok(execute(&c, &statements::PROGRESS, params).await? > 0)
+    }
+
+    async fn checkpoint(&self, id: &str) -> Result<Option<Value>, StoreError> {
+        let c = self.client().await?;
+        let read = |row: &Row| Fields::named(row, "job", id).json_opt("checkpoint");
+        let stmt = c.prepare_cached(statements::READ_CHECKPOINT).await?;
+        match c.query_opt(&stmt, &[&id]).await? {
+            Some(row) => read(&row),
+            None => Ok(None),
+        }
+    }
+
+    async fn save_checkpoint(&self, save: SaveCheckpoint<'_>) -> Result<bool, StoreError> {
+        let (id, worker, attempt) = parts(save.lease);
+        let checkpoint = encode(save.checkpoint)?;
+        let c = self.client().await?;
+        let params: Params<'_> = &[&id, &worker, &attempt, &checkpoint, &save.now];
+        Ok(execute(&c, &statements::CHECKPOINT, params).await? > 0)
+    }
+
+    async fn park(&self, park: Park<'_>) -> Result<Option<JobRecord>, StoreError> {
+        let (id, worker, attempt) = parts(park.lease);
+        let c = self.client().await?;
+        let params: Params<'_> = &[&id, &worker, &attempt, &park.ticket, &park.now];
+        query_one(&c, &statements::PARK, params, job_from_row).await
+    }
+
+    async fn wake(&self, ticket: &str, now: i64) -> Result<Vec<JobRecord>, StoreError> {
+        let c = self.client().await?;
+        query_all(&c, &statements::WAKE, &[&ticket, &now], job_from_row).await
+    }
+
+    async fn succeed(&self, done: Succeed<'_>) -> Result<Option<JobRecord>, StoreError> {
+        let success = Success {
+            lease: done.lease.clone(),
+            result: done.result.get().to_owned(),
+            now: done.now,
+        };
+        self.groups.succeed.run(success).await
+    }
+
+    async fn fail(&self, failed: Fail<'_>) -> Result<Option<JobRecord>, StoreError> {
+        let (id, worker, attempt) = parts(failed.lease);
+        let error = encode(failed.error)?;
+        let c = self.client().await?;
+        let params: Params<'_> = &[
+            &id,
+            &worker,
+            &attempt,
+            &error,
+            &failed.retry_at,
+            &failed.now,
+        ];
+        query_one(&c, &statements::FAIL, params, job_from_row).await
+    }
+
+    async fn cancel(
+        &self,
+        tenant: &str,
+        id: &str,
+        now: i64,
+    ) -> Result<Option<JobRecord>, StoreError> {
+        cancel(&*self.client().await?, tenant, id, now).await
+    }
+
+    /// At most 1000 jobs per call, so one sweep stays bounded.
+    async fn due_jobs(&self, now: i64, limit: u32) -> Result<Vec<JobRecord>, StoreError> {
+        let limit = i64::from(limit.min(MAX_BATCH));
+        let c = self.client().await?;
+        query_all(&c, &statements::DUE, &[&now, &limit], job_from_row).await
+    }
+
+    async fn unnotified_jobs(
+        &self,
+        notice_prefix: &str,
+        since: i64,
+        until: i64,
+        limit: u32,
+    ) -> Result<Vec<JobRecord>, StoreError> {
+        let limit = i64::from(limit.min(MAX_BATCH));
+        let c = self.client().await?;
+        let params: Params<'_> = &[&notice_prefix, &since, &until, &limit];
+        query_all(&c, &statements::UNNOTIFIED, params, job_from_row).await
+    }
+
+    async fn job_counts(&self) -> Result<Vec<(JobState, u64)>, StoreError> {
+        job_counts(&*self.client().await?).await
+    }
+
+    async fn unnotified_tickets(
+        &self,
+        notice_prefix: &str,
+        since: i64,
+        until: i64,
+        limit: u32,
+    ) -> Result<Vec<TicketRecord>, StoreError> {
+        let limit = i64::from(limit.min(MAX_BATCH));
+        let c = self.client().await?;
+        let params: Params<'_> = &[&notice_prefix, &since, &until, &limit];
+        query_all(&c, statements::UNNOTIFIED_TICKETS, params, ticket_from_row).await
+    }
+
+    async fn insert_ticket(&self, ticket: NewTicket) -> Result<TicketRecord, StoreError> {
+        insert_ticket(&*self.client().await?, &ticket).await
+    }
+
+    async fn ticket(&self, tenant: &str, id: &str) -> Result<Option<TicketRecord>, StoreError> {
+        let c = self.client().await?;
+        query_one(&c, statements::TICKET, &[&id, &tenant], ticket_from_row).await
+    }
+
+    async fn answer_ticket(
+        &self,
+        tenant: &str,
+        id: &str,
+        answer: &Value,
+        now: i64,
+    ) -> Result<Option<Answered>, StoreError> {
+        let answer = encode(answer)?;
+        answer_ticket(&*self.client().await?, tenant, id, &answer, now).await
+    }
+
+    /// One statement per call, so a batch is appended whole or not at all.
+    async fn append_audit(&self, records: &[AuditRecord]) -> Result<(), StoreError> {
+        if records.is_empty() {
+            return Ok(());
+        }
+        append_audit(&*self.client().await?, records).await
+    }
+
+    /// At most 1000 records per call.
+    async fn audit(&self, tenant: &str, limit: u32) -> Result<Vec<AuditRecord>, StoreError> {
+        let limit = i64::from(limit.clamp(1, MAX_BATCH));
+        let c = self.client().await?;
+        query_all(&c, statements::AUDIT, &[&tenant, &limit], audit_from_row).await
+    }
+
+    async fn claim_commit(&self, claim: ClaimCommit<'_>) -> Result<CommitClaim, StoreError> {
+        claim_commit(&*self.client().await?, claim).await
+    }
+
+    async fn settle_commit(
+        &self,
+        key: &str,
+        outcome: Option<&Envelope>,
+        keep_until: i64,
+    ) -> Result<(), StoreError> {
+        let envelope = outcome.map(Envelope::to_json);
+        let c = self.client().await?;
+        settle_commit(&c, key, envelope.as_deref(), keep_until).await
+    }
+}
