@@ -263,12 +263,20 @@ async fn ownership_probes(base: &str, audit: AuditAt) {
     assert_eq!(open["result"]["state"], "open", "{open}");
 
     // MCP: tasks are jobs, by the same rules.
+    // Another user's task answers exactly as a missing one, its id aside.
+    let missing = toolfleet_core::new_id();
     for method in ["tasks/get", "tasks/result", "tasks/cancel"] {
         let answer = mcp(&bob, "2025-11-25", method, json!({"taskId": job})).await;
         assert!(answer["error"].is_object(), "{method}: {answer}");
         assert!(
             !answer.to_string().contains("slow_ocr"),
             "{method}: {answer}"
+        );
+        let absent = mcp(&bob, "2025-11-25", method, json!({"taskId": missing})).await;
+        assert_eq!(
+            answer["error"].to_string().replace(&job, "ID"),
+            absent["error"].to_string().replace(&missing, "ID"),
+            "{method}: another user's task and a missing one differ"
         );
     }
     let tasks = mcp(&bob, "2025-11-25", "tasks/list", json!({})).await;
@@ -800,7 +808,7 @@ name = "card_job"
 description = "Reads a card, as a job."
 shape = "job"
 input_schema = {{ type = "object" }}
-middleware = {{ redact = ["card_number"] }}
+middleware = {{ audit = true, redact = ["card_number"] }}
 executor = {{ kind = "exec", program = "/bin/sh", args = ["-c", "{program}"] }}
 
 [[tools]]
@@ -836,10 +844,11 @@ async fn redacted_fields_stay_masked_wherever_a_result_leaves() {
     let alice = server.client(TOKEN);
     let events = common::events(&alice);
     let (hook, hooks) = common::hook_receiver(vec![200]).await;
+    let card = json!({"card_number": CARDS[0], "holder": {"card_number": CARDS[1]}});
     let started = alice
         .post(
             "/v1/calls",
-            json!({"tool": "card_job", "args": {}, "callback_url": hook}),
+            json!({"tool": "card_job", "args": card, "callback_url": hook}),
         )
         .await;
     let job = started["job_id"].as_str().expect("a job").to_owned();
@@ -875,6 +884,17 @@ async fn redacted_fields_stay_masked_wherever_a_result_leaves() {
     let page = alice.call("read_handle", json!({"handle": id})).await;
     assert_eq!(page["status"], "ok", "{page}");
     no_card("read_handle", &page.to_string());
+    // The audit record of the call keeps its arguments masked.
+    let db = dir.0.join("data").join("toolfleet.db");
+    let audited = std::process::Command::new("sqlite3")
+        .arg(&db)
+        .arg("SELECT args FROM audit WHERE tool = 'card_job'")
+        .output()
+        .expect("sqlite3 runs");
+    assert!(audited.status.success(), "{audited:?}");
+    let audited = String::from_utf8_lossy(&audited.stdout);
+    assert!(!audited.trim().is_empty(), "the call was audited");
+    no_card("the audit record", &audited);
 }
 
 // Webhooks.

@@ -971,6 +971,48 @@ mod tests {
         assert!(request.contains("host: localhost:"), "{request}");
     }
 
+    /// An attempt connects to the addresses its check passed, never to what
+    /// its name resolves to when the connection is made (DNS rebinding): a
+    /// name that resolves nowhere (`.invalid`) reaches the checked address,
+    /// and a name the check did not pass reaches nothing.
+    #[tokio::test]
+    async fn the_connection_goes_to_the_checked_address_only() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let (url, mut heard) = hooks().await;
+        let checked: SocketAddr = url
+            .trim_start_matches("http://")
+            .trim_end_matches("/hook")
+            .parse()
+            .expect("the receiver's address");
+        let port = checked.port();
+        let destination = Destination {
+            url: reqwest::Url::parse(&format!("http://rebound.invalid:{port}/hook"))
+                .expect("a URL"),
+            name: Some("rebound.invalid".to_owned()),
+            addrs: vec![checked],
+        };
+        let client = pinned_client(&plain_client(), &destination).expect("a client");
+        let answer = client
+            .post(destination.url.clone())
+            .body("{}")
+            .send()
+            .await
+            .expect("sent to the checked address");
+        assert!(answer.status().is_success(), "{answer:?}");
+        let request = heard.try_recv().expect("the request").to_ascii_lowercase();
+        assert!(request.contains("host: rebound.invalid:"), "{request}");
+        let unchecked = client
+            .post(format!("http://localhost:{port}/hook"))
+            .body("{}")
+            .send()
+            .await;
+        assert!(unchecked.is_err(), "an unchecked name was reached");
+        assert!(
+            heard.try_recv().is_err(),
+            "nothing more reached the receiver"
+        );
+    }
+
     /// A redirect is an answer that is not a 2xx: it is not followed.
     #[tokio::test]
     async fn redirects_are_not_followed() {
