@@ -247,7 +247,11 @@ impl CommitLog for StoreCommitLog {
         Box::pin(async move {
             let keep_until = millis(Duration::from_secs(keep_until_unix));
             self.store
-                .settle_commit(key, outcome, keep_until)
+                .settle_commit(toolfleet_store::SettleCommit {
+                    key,
+                    outcome,
+                    keep_until,
+                })
                 .await
                 .map_err(store_error)
         })

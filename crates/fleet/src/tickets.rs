@@ -37,7 +37,12 @@ pub async fn answer(
         )));
     }
     let answered = store
-        .answer_ticket(&ticket.tenant, &ticket.id, answer, now_ms())
+        .answer_ticket(toolfleet_store::AnswerTicket {
+            tenant: &ticket.tenant,
+            id: &ticket.id,
+            answer,
+            now: now_ms(),
+        })
         .await
         .map_err(store_error)?;
     if let Some(Answered::Now(ticket)) = &answered {

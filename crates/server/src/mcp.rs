@@ -121,7 +121,12 @@ impl Jobs for McpJobs {
             let page = self
                 .status
                 .store
-                .list_jobs(&principal.tenant, &filter, limit, cursor)
+                .list_jobs(toolfleet_store::ListJobs {
+                    tenant: &principal.tenant,
+                    filter: &filter,
+                    limit,
+                    cursor,
+                })
                 .await
                 .map_err(toolfleet_fleet::store_error)?;
             Ok(JobList {
@@ -469,7 +474,12 @@ mod tests {
             .await
             .expect("the wait took the outcomes' feed");
         let running = store
-            .claim(&id, "w", 2, 30_000)
+            .claim(toolfleet_store::ClaimJob {
+                id: &id,
+                worker: "w",
+                now: 2,
+                lease_ms: 30_000,
+            })
             .await
             .expect("claim")
             .expect("claimed");

@@ -270,11 +270,11 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use toolfleet_broker::memory::MemoryBroker;
     use toolfleet_broker::{BrokerError, Consumer};
-    use toolfleet_core::{AuditRecord, Envelope, JobState, TraceContext};
+    use toolfleet_core::{AuditRecord, JobState, TraceContext};
     use toolfleet_store::{
-        Answered, ClaimCommit, CommitClaim, Fail, Heartbeat, Inserted, JobFilter, JobPage,
-        JobRecord, Lease, NewJob, NewTicket, Park, SaveCheckpoint, SetProgress, StoreError,
-        Succeed, TicketRecord,
+        AnswerTicket, Answered, CancelJob, ClaimCommit, ClaimJob, CommitClaim, Fail, Heartbeat,
+        Inserted, JobPage, JobRecord, Lease, ListJobs, NewJob, NewTicket, Park, SaveCheckpoint,
+        SetProgress, SettleCommit, StoreError, Succeed, TicketRecord, Unnotified,
     };
 
     /// A broker that never answers.
@@ -334,21 +334,12 @@ mod tests {
             }
             Ok(vec![(JobState::Queued, 3)])
         }
-        async fn unnotified_jobs(
-            &self,
-            _: &str,
-            _: i64,
-            _: i64,
-            _: u32,
-        ) -> Result<Vec<JobRecord>, StoreError> {
+        async fn unnotified_jobs(&self, _: Unnotified<'_>) -> Result<Vec<JobRecord>, StoreError> {
             unreachable!()
         }
         async fn unnotified_tickets(
             &self,
-            _: &str,
-            _: i64,
-            _: i64,
-            _: u32,
+            _: Unnotified<'_>,
         ) -> Result<Vec<TicketRecord>, StoreError> {
             unreachable!()
         }
@@ -361,22 +352,10 @@ mod tests {
         async fn job_by_id(&self, _: &str) -> Result<Option<JobRecord>, StoreError> {
             unreachable!()
         }
-        async fn list_jobs(
-            &self,
-            _: &str,
-            _: &JobFilter,
-            _: u32,
-            _: Option<&str>,
-        ) -> Result<JobPage, StoreError> {
+        async fn list_jobs(&self, _: ListJobs<'_>) -> Result<JobPage, StoreError> {
             unreachable!()
         }
-        async fn claim(
-            &self,
-            _: &str,
-            _: &str,
-            _: i64,
-            _: i64,
-        ) -> Result<Option<JobRecord>, StoreError> {
+        async fn claim(&self, _: ClaimJob<'_>) -> Result<Option<JobRecord>, StoreError> {
             unreachable!()
         }
         async fn heartbeat(&self, _: Heartbeat<'_>) -> Result<Lease, StoreError> {
@@ -403,7 +382,7 @@ mod tests {
         async fn fail(&self, _: Fail<'_>) -> Result<Option<JobRecord>, StoreError> {
             unreachable!()
         }
-        async fn cancel(&self, _: &str, _: &str, _: i64) -> Result<Option<JobRecord>, StoreError> {
+        async fn cancel(&self, _: CancelJob<'_>) -> Result<Option<JobRecord>, StoreError> {
             unreachable!()
         }
         async fn due_jobs(&self, _: i64, _: u32) -> Result<Vec<JobRecord>, StoreError> {
@@ -415,13 +394,7 @@ mod tests {
         async fn ticket(&self, _: &str, _: &str) -> Result<Option<TicketRecord>, StoreError> {
             unreachable!()
         }
-        async fn answer_ticket(
-            &self,
-            _: &str,
-            _: &str,
-            _: &Value,
-            _: i64,
-        ) -> Result<Option<Answered>, StoreError> {
+        async fn answer_ticket(&self, _: AnswerTicket<'_>) -> Result<Option<Answered>, StoreError> {
             unreachable!()
         }
         async fn append_audit(&self, _: &[AuditRecord]) -> Result<(), StoreError> {
@@ -433,12 +406,7 @@ mod tests {
         async fn claim_commit(&self, _: ClaimCommit<'_>) -> Result<CommitClaim, StoreError> {
             unreachable!()
         }
-        async fn settle_commit(
-            &self,
-            _: &str,
-            _: Option<&Envelope>,
-            _: i64,
-        ) -> Result<(), StoreError> {
+        async fn settle_commit(&self, _: SettleCommit<'_>) -> Result<(), StoreError> {
             unreachable!()
         }
     }

@@ -401,7 +401,12 @@ async fn list_jobs(
     };
     match state
         .store
-        .list_jobs(&principal.tenant, &filter, limit, q.cursor.as_deref())
+        .list_jobs(toolfleet_store::ListJobs {
+            tenant: &principal.tenant,
+            filter: &filter,
+            limit,
+            cursor: q.cursor.as_deref(),
+        })
         .await
     {
         Ok(page) => {

@@ -227,7 +227,15 @@ impl Status {
                 ),
             ));
         }
-        match self.store.cancel(&principal.tenant, id, now_ms()).await {
+        match self
+            .store
+            .cancel(toolfleet_store::CancelJob {
+                tenant: &principal.tenant,
+                id,
+                now: now_ms(),
+            })
+            .await
+        {
             Ok(Some(job)) => {
                 let event = toolfleet_fleet::job_event(&job, POLL_AFTER_S);
                 let _ = self.notices.publish(&event).await;

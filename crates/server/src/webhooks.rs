@@ -282,7 +282,12 @@ impl Sender {
             Unsent::Jobs => {
                 self.catch_up_pages(|| async {
                     let jobs = store
-                        .unnotified_jobs(JOB_NOTICE, since, until, CATCH_UP_PAGE)
+                        .unnotified_jobs(toolfleet_store::Unnotified {
+                            notice_prefix: JOB_NOTICE,
+                            since,
+                            until,
+                            limit: CATCH_UP_PAGE,
+                        })
                         .await?;
                     Ok(jobs
                         .iter()
@@ -294,7 +299,12 @@ impl Sender {
             Unsent::Tickets => {
                 self.catch_up_pages(|| async {
                     let tickets = store
-                        .unnotified_tickets(TICKET_NOTICE, since, until, CATCH_UP_PAGE)
+                        .unnotified_tickets(toolfleet_store::Unnotified {
+                            notice_prefix: TICKET_NOTICE,
+                            since,
+                            until,
+                            limit: CATCH_UP_PAGE,
+                        })
                         .await?;
                     Ok(tickets
                         .iter()
@@ -393,7 +403,14 @@ impl Sender {
             // search of the store sends it again in that time.
             let outcome = Envelope::ok(Json::from(json!({ "delivered": delivered })), "");
             let keep = now_ms() + KEEP_MS;
-            if let Err(error) = store.settle_commit(&claim, Some(&outcome), keep).await {
+            if let Err(error) = store
+                .settle_commit(toolfleet_store::SettleCommit {
+                    key: &claim,
+                    outcome: Some(&outcome),
+                    keep_until: keep,
+                })
+                .await
+            {
                 tracing::warn!(%error, "webhooks: cannot record a delivered notice");
             }
         });
@@ -643,7 +660,15 @@ mod tests {
         let job = crate::testing::new_job(Some(url), at - 1);
         let id = job.id.clone();
         store.insert_job(job).await.expect("insert");
-        let claimed = store.claim(&id, "w", at - 1, 30_000).await.expect("claim");
+        let claimed = store
+            .claim(toolfleet_store::ClaimJob {
+                id: &id,
+                worker: "w",
+                now: at - 1,
+                lease_ms: 30_000,
+            })
+            .await
+            .expect("claim");
         let lease = claimed.and_then(|job| job.lease_ref()).expect("claimed");
         let result = Json::from(json!({}));
         let done = Succeed {
@@ -673,7 +698,14 @@ mod tests {
             settled_at(store.as_ref(), url, base + n as i64).await;
         }
         let sender = sender_to(&store);
-        let unsent = || store.unnotified_jobs(JOB_NOTICE, 0, i64::MAX, 1000);
+        let unsent = || {
+            store.unnotified_jobs(toolfleet_store::Unnotified {
+                notice_prefix: JOB_NOTICE,
+                since: 0,
+                until: i64::MAX,
+                limit: 1000,
+            })
+        };
         let now = base + 100_000;
         let next = sender.catch_up_once(Unsent::Jobs, base - 1, now).await;
         assert_eq!(unsent().await.expect("search").len(), 0, "every page taken");
@@ -884,7 +916,12 @@ mod tests {
         let ticket = crate::testing::new_ticket(Some(&url), answered - 1);
         let id = store.insert_ticket(ticket).await.expect("insert").id;
         store
-            .answer_ticket("acme", &id, &json!("travel"), answered)
+            .answer_ticket(toolfleet_store::AnswerTicket {
+                tenant: "acme",
+                id: &id,
+                answer: &json!("travel"),
+                now: answered,
+            })
             .await
             .expect("answer")
             .expect("answered");
@@ -899,7 +936,12 @@ mod tests {
             .expect("a request");
         assert!(heard.contains(&id) && heard.contains("answered"), "{heard}");
         let unsent = store
-            .unnotified_tickets(TICKET_NOTICE, 0, i64::MAX, 10)
+            .unnotified_tickets(toolfleet_store::Unnotified {
+                notice_prefix: TICKET_NOTICE,
+                since: 0,
+                until: i64::MAX,
+                limit: 10,
+            })
             .await
             .expect("search");
         assert!(unsent.is_empty(), "the notice is claimed");

@@ -161,7 +161,15 @@ async fn running(store: &dyn Store, tenant: &str, worker: &str) -> JobRecord {
 }
 
 async fn claim(store: &dyn Store, id: &str, worker: &str, now: i64) -> Option<JobRecord> {
-    store.claim(id, worker, now, LEASE).await.expect("claim")
+    store
+        .claim(crate::ClaimJob {
+            id,
+            worker,
+            now,
+            lease_ms: LEASE,
+        })
+        .await
+        .expect("claim")
 }
 
 /// Attempt `attempt` of `worker` on job `id`, whether it holds the job or not.
@@ -380,7 +388,12 @@ pub async fn another_tenants_job_reads_as_missing(store: &dyn Store) {
     assert_eq!(store.job(&other, &missing).await.expect("job"), None);
     assert_eq!(store.job_by_id(&missing).await.expect("job_by_id"), None);
     let page = store
-        .list_jobs(&other, &JobFilter::default(), 100, None)
+        .list_jobs(crate::ListJobs {
+            tenant: &other,
+            filter: &JobFilter::default(),
+            limit: 100,
+            cursor: None,
+        })
         .await
         .expect("list_jobs");
     assert!(
@@ -389,14 +402,22 @@ pub async fn another_tenants_job_reads_as_missing(store: &dyn Store) {
     );
     assert_eq!(
         store
-            .cancel(&other, &job.id, BASE + 1)
+            .cancel(crate::CancelJob {
+                tenant: &other,
+                id: &job.id,
+                now: BASE + 1
+            })
             .await
             .expect("cancel"),
         None
     );
     assert_eq!(
         store
-            .cancel(&other, &missing, BASE + 1)
+            .cancel(crate::CancelJob {
+                tenant: &other,
+                id: &missing,
+                now: BASE + 1
+            })
             .await
             .expect("cancel"),
         None
@@ -571,7 +592,14 @@ pub async fn heartbeat_extends_the_lease_of_its_holder_only(store: &dyn Store) {
         heartbeat(store, &lease(&new_id(), "w1", 1), beat).await,
         Lease::Lost
     );
-    store.cancel(&t, &job.id, beat + 1).await.expect("cancel");
+    store
+        .cancel(crate::CancelJob {
+            tenant: &t,
+            id: &job.id,
+            now: beat + 1,
+        })
+        .await
+        .expect("cancel");
     assert_eq!(
         heartbeat(store, &lease(&job.id, "w1", 1), beat + 2).await,
         Lease::Cancelled
@@ -648,7 +676,11 @@ pub async fn a_settled_job_is_never_claimed_again(store: &dyn Store) {
     .await;
     let cancelled = queued(store, &t).await;
     store
-        .cancel(&t, &cancelled.id, BASE + 1)
+        .cancel(crate::CancelJob {
+            tenant: &t,
+            id: &cancelled.id,
+            now: BASE + 1,
+        })
         .await
         .expect("cancel");
     let late = BASE + 1_000 * LEASE;
@@ -758,7 +790,11 @@ pub async fn cancel_stops_queued_retrying_and_running_jobs(store: &dyn Store) {
     .await;
     for job in [&queued_job, &running_job, &retrying_job] {
         let cancelled = store
-            .cancel(&t, &job.id, BASE + 2)
+            .cancel(crate::CancelJob {
+                tenant: &t,
+                id: &job.id,
+                now: BASE + 2,
+            })
             .await
             .expect("cancel")
             .expect("the tenant's job");
@@ -794,17 +830,32 @@ pub async fn cancel_leaves_a_settled_job_as_it_is(store: &dyn Store) {
         .await
         .expect("held");
     assert_eq!(
-        store.cancel(&t, &job.id, BASE + 2).await.expect("cancel"),
+        store
+            .cancel(crate::CancelJob {
+                tenant: &t,
+                id: &job.id,
+                now: BASE + 2
+            })
+            .await
+            .expect("cancel"),
         Some(done.clone())
     );
     let cancelled = queued(store, &t).await;
     let first = store
-        .cancel(&t, &cancelled.id, BASE + 1)
+        .cancel(crate::CancelJob {
+            tenant: &t,
+            id: &cancelled.id,
+            now: BASE + 1,
+        })
         .await
         .expect("cancel");
     assert_eq!(
         store
-            .cancel(&t, &cancelled.id, BASE + 2)
+            .cancel(crate::CancelJob {
+                tenant: &t,
+                id: &cancelled.id,
+                now: BASE + 2
+            })
             .await
             .expect("cancel"),
         first
@@ -825,17 +876,32 @@ pub async fn due_jobs_lists_what_should_run_oldest_first(store: &dyn Store) {
     let queued_due = add(t0).await;
     let held = add(t0).await;
     store
-        .claim(&held.id, "w1", t0 + 2, 1_000)
+        .claim(crate::ClaimJob {
+            id: &held.id,
+            worker: "w1",
+            now: t0 + 2,
+            lease_ms: 1_000,
+        })
         .await
         .expect("claim");
     let abandoned = add(t0).await;
     store
-        .claim(&abandoned.id, "w1", t0 + 2, 100)
+        .claim(crate::ClaimJob {
+            id: &abandoned.id,
+            worker: "w1",
+            now: t0 + 2,
+            lease_ms: 100,
+        })
         .await
         .expect("claim");
     let waiting = add(t0).await;
     store
-        .claim(&waiting.id, "w1", t0 + 2, 100)
+        .claim(crate::ClaimJob {
+            id: &waiting.id,
+            worker: "w1",
+            now: t0 + 2,
+            lease_ms: 100,
+        })
         .await
         .expect("claim");
     fail(
@@ -848,7 +914,12 @@ pub async fn due_jobs_lists_what_should_run_oldest_first(store: &dyn Store) {
     .await;
     let retry_due = add(t0).await;
     store
-        .claim(&retry_due.id, "w1", t0 + 2, 100)
+        .claim(crate::ClaimJob {
+            id: &retry_due.id,
+            worker: "w1",
+            now: t0 + 2,
+            lease_ms: 100,
+        })
         .await
         .expect("claim");
     fail(
@@ -861,7 +932,12 @@ pub async fn due_jobs_lists_what_should_run_oldest_first(store: &dyn Store) {
     .await;
     let done = add(t0).await;
     store
-        .claim(&done.id, "w1", t0 + 2, 100)
+        .claim(crate::ClaimJob {
+            id: &done.id,
+            worker: "w1",
+            now: t0 + 2,
+            lease_ms: 100,
+        })
         .await
         .expect("claim");
     succeed(store, &lease(&done.id, "w1", 1), &result_doc(), t0 + 3).await;
@@ -882,7 +958,14 @@ pub async fn due_jobs_lists_what_should_run_oldest_first(store: &dyn Store) {
     assert_eq!(store.due_jobs(now, 1).await.expect("due_jobs").len(), 1);
 
     for job in [queued_due, held, abandoned, waiting, retry_due, not_yet] {
-        store.cancel(&t, &job.id, now).await.expect("cancel");
+        store
+            .cancel(crate::CancelJob {
+                tenant: &t,
+                id: &job.id,
+                now,
+            })
+            .await
+            .expect("cancel");
     }
 }
 
@@ -901,7 +984,12 @@ pub async fn list_jobs_pages_newest_first(store: &dyn Store) {
     let mut cursor: Option<String> = None;
     for expected_len in [2, 2, 1] {
         let page = store
-            .list_jobs(&t, &JobFilter::default(), 2, cursor.as_deref())
+            .list_jobs(crate::ListJobs {
+                tenant: &t,
+                filter: &JobFilter::default(),
+                limit: 2,
+                cursor: cursor.as_deref(),
+            })
             .await
             .expect("list_jobs");
         assert_eq!(page.jobs.len(), expected_len, "{page:?}");
@@ -910,7 +998,12 @@ pub async fn list_jobs_pages_newest_first(store: &dyn Store) {
     }
     assert_eq!((seen, cursor), (ids, None));
     let all = store
-        .list_jobs(&t, &JobFilter::default(), 5, None)
+        .list_jobs(crate::ListJobs {
+            tenant: &t,
+            filter: &JobFilter::default(),
+            limit: 5,
+            cursor: None,
+        })
         .await
         .expect("list_jobs");
     assert_eq!((all.jobs.len(), all.next_cursor), (5, None));
@@ -936,7 +1029,12 @@ pub async fn list_jobs_filters_by_state_and_tool(store: &dyn Store) {
         };
         async move {
             store
-                .list_jobs(t, &filter, 100, cursor.as_deref())
+                .list_jobs(crate::ListJobs {
+                    tenant: t,
+                    filter: &filter,
+                    limit: 100,
+                    cursor: cursor.as_deref(),
+                })
                 .await
                 .expect("list_jobs")
         }
@@ -974,18 +1072,33 @@ pub async fn list_jobs_clamps_the_limit(store: &dyn Store) {
     }
     let filter = JobFilter::default();
     let one = store
-        .list_jobs(&t, &filter, 0, None)
+        .list_jobs(crate::ListJobs {
+            tenant: &t,
+            filter: &filter,
+            limit: 0,
+            cursor: None,
+        })
         .await
         .expect("list_jobs");
     assert_eq!(one.jobs.len(), 1);
     assert!(one.next_cursor.is_some());
     let most = store
-        .list_jobs(&t, &filter, 1000, None)
+        .list_jobs(crate::ListJobs {
+            tenant: &t,
+            filter: &filter,
+            limit: 1000,
+            cursor: None,
+        })
         .await
         .expect("list_jobs");
     assert_eq!(most.jobs.len(), 100);
     let rest = store
-        .list_jobs(&t, &filter, 1000, most.next_cursor.as_deref())
+        .list_jobs(crate::ListJobs {
+            tenant: &t,
+            filter: &filter,
+            limit: 1000,
+            cursor: most.next_cursor.as_deref(),
+        })
         .await
         .expect("list_jobs");
     assert_eq!((rest.jobs.len(), rest.next_cursor), (1, None));
@@ -1006,7 +1119,14 @@ pub async fn job_counts_count_each_state_once(store: &dyn Store) {
     let job = running(store, &t, "w1").await;
     succeed(store, &lease(&job.id, "w1", 1), &result_doc(), BASE + 1).await;
     let job = queued(store, &t).await;
-    store.cancel(&t, &job.id, BASE + 1).await.expect("cancel");
+    store
+        .cancel(crate::CancelJob {
+            tenant: &t,
+            id: &job.id,
+            now: BASE + 1,
+        })
+        .await
+        .expect("cancel");
     let after = store.job_counts().await.expect("job_counts");
     let mut states: Vec<&str> = after.iter().map(|(s, _)| s.as_str()).collect();
     states.sort_unstable();
@@ -1057,7 +1177,12 @@ pub async fn a_ticket_keeps_who_may_answer_it(store: &dyn Store) {
         let read = store.ticket(&t, &new.id).await.expect("ticket");
         assert_eq!(read.map(|r| r.answered_by), Some(who.clone()));
         let answered = store
-            .answer_ticket(&t, &new.id, &json!("travel"), BASE + 1)
+            .answer_ticket(crate::AnswerTicket {
+                tenant: &t,
+                id: &new.id,
+                answer: &json!("travel"),
+                now: BASE + 1,
+            })
             .await
             .expect("answer");
         let Some(Answered::Now(answered)) = answered else {
@@ -1095,7 +1220,12 @@ pub async fn list_jobs_filters_by_user(store: &dyn Store) {
                 ..JobFilter::default()
             };
             store
-                .list_jobs(&t, &filter, limit, cursor.as_deref())
+                .list_jobs(crate::ListJobs {
+                    tenant: &t,
+                    filter: &filter,
+                    limit,
+                    cursor: cursor.as_deref(),
+                })
                 .await
                 .expect("list_jobs")
         }
@@ -1121,10 +1251,23 @@ pub async fn list_jobs_filters_by_user(store: &dyn Store) {
         user: Some("carol".to_owned()),
         ..JobFilter::default()
     };
-    let none = store.list_jobs(&t, &nobody, 10, None).await.expect("list");
+    let none = store
+        .list_jobs(crate::ListJobs {
+            tenant: &t,
+            filter: &nobody,
+            limit: 10,
+            cursor: None,
+        })
+        .await
+        .expect("list");
     assert!(none.jobs.is_empty());
     let everyone = store
-        .list_jobs(&t, &JobFilter::default(), 10, None)
+        .list_jobs(crate::ListJobs {
+            tenant: &t,
+            filter: &JobFilter::default(),
+            limit: 10,
+            cursor: None,
+        })
         .await
         .expect("list");
     assert_eq!(everyone.jobs.len(), 6);
@@ -1178,7 +1321,12 @@ pub async fn a_ticket_is_answered_once(store: &dyn Store) {
         let id = new.id.clone();
         async move {
             store
-                .answer_ticket(&tenant, &id, &value, now)
+                .answer_ticket(crate::AnswerTicket {
+                    tenant: &tenant,
+                    id: &id,
+                    answer: &value,
+                    now,
+                })
                 .await
                 .expect("answer_ticket")
         }
@@ -1201,7 +1349,12 @@ pub async fn a_ticket_is_answered_once(store: &dyn Store) {
         Some(first)
     );
     let missing = store
-        .answer_ticket(&t, &new_id(), &json!("x"), BASE)
+        .answer_ticket(crate::AnswerTicket {
+            tenant: &t,
+            id: &new_id(),
+            answer: &json!("x"),
+            now: BASE,
+        })
         .await
         .expect("answer_ticket");
     assert_eq!(missing, None);
@@ -1312,7 +1465,11 @@ pub async fn a_settled_commit_answers_its_envelope(store: &dyn Store) {
     let keep = FOREVER;
     assert_eq!(claim_commit(store, &key, BASE).await, CommitClaim::Run);
     store
-        .settle_commit(&key, Some(&outcome()), keep)
+        .settle_commit(crate::SettleCommit {
+            key: &key,
+            outcome: Some(&outcome()),
+            keep_until: keep,
+        })
         .await
         .expect("settle_commit");
     for now in [BASE + 1, BASE + 2 * LEASE] {
@@ -1323,11 +1480,19 @@ pub async fn a_settled_commit_answers_its_envelope(store: &dyn Store) {
     }
     let late = Envelope::error(ToolError::new(ErrorCode::Timeout, "late"));
     store
-        .settle_commit(&key, Some(&late), keep)
+        .settle_commit(crate::SettleCommit {
+            key: &key,
+            outcome: Some(&late),
+            keep_until: keep,
+        })
         .await
         .expect("settle_commit");
     store
-        .settle_commit(&key, None, keep)
+        .settle_commit(crate::SettleCommit {
+            key: &key,
+            outcome: None,
+            keep_until: keep,
+        })
         .await
         .expect("settle_commit");
     assert_eq!(
@@ -1341,7 +1506,11 @@ pub async fn releasing_a_commit_lets_it_run_again(store: &dyn Store) {
     let key = new_id();
     assert_eq!(claim_commit(store, &key, BASE).await, CommitClaim::Run);
     store
-        .settle_commit(&key, None, BASE + LEASE)
+        .settle_commit(crate::SettleCommit {
+            key: &key,
+            outcome: None,
+            keep_until: BASE + LEASE,
+        })
         .await
         .expect("settle_commit");
     assert_eq!(claim_commit(store, &key, BASE + 1).await, CommitClaim::Run);
@@ -1376,7 +1545,11 @@ pub async fn an_abandoned_commit_claim_is_never_run_again(store: &dyn Store) {
         assert_eq!(claim_commit(store, &key, now).await, CommitClaim::Abandoned);
     }
     store
-        .settle_commit(&key, Some(&outcome()), FOREVER)
+        .settle_commit(crate::SettleCommit {
+            key: &key,
+            outcome: Some(&outcome()),
+            keep_until: FOREVER,
+        })
         .await
         .expect("settle_commit");
     assert_eq!(
@@ -1396,7 +1569,11 @@ pub async fn a_settled_commit_expires_after_keep_until(store: &dyn Store) {
     let key = new_id();
     assert_eq!(claim_commit(store, &key, LATER).await, CommitClaim::Run);
     store
-        .settle_commit(&key, Some(&outcome()), LATER + 5_000)
+        .settle_commit(crate::SettleCommit {
+            key: &key,
+            outcome: Some(&outcome()),
+            keep_until: LATER + 5_000,
+        })
         .await
         .expect("settle_commit");
     assert_eq!(
@@ -1433,9 +1610,14 @@ pub async fn a_settled_commit_expires_after_keep_until(store: &dyn Store) {
 pub async fn concurrent_claims_of_one_job_give_it_to_one_worker(store: &dyn Store) {
     let job = queued(store, &tenant()).await;
     let workers: Vec<String> = (0..20).map(|n| format!("w{n}")).collect();
-    let claims = workers
-        .iter()
-        .map(|worker| store.claim(&job.id, worker, BASE, LEASE));
+    let claims = workers.iter().map(|worker| {
+        store.claim(crate::ClaimJob {
+            id: &job.id,
+            worker,
+            now: BASE,
+            lease_ms: LEASE,
+        })
+    });
     let answers = futures_util::future::join_all(claims).await;
     let won: Vec<(usize, JobRecord)> = answers
         .into_iter()
@@ -1516,10 +1698,19 @@ pub async fn many_jobs_at_once_each_get_their_own_answer(store: &dyn Store) {
             other => panic!("expected job {n} to be new, got {other:?}"),
         }
     }
-    let claims = ids
-        .iter()
-        .enumerate()
-        .map(|(n, id)| async move { (n, store.claim(id, &format!("w{n}"), BASE, LEASE).await) });
+    let claims = ids.iter().enumerate().map(|(n, id)| async move {
+        (
+            n,
+            store
+                .claim(crate::ClaimJob {
+                    id,
+                    worker: &format!("w{n}"),
+                    now: BASE,
+                    lease_ms: LEASE,
+                })
+                .await,
+        )
+    });
     for (n, answer) in join_all(claims).await {
         let job = answer.expect("claim").expect("each job is claimable");
         assert_eq!(job.id, ids[n]);
@@ -1588,7 +1779,12 @@ pub async fn lineage_travels_with_the_job(store: &dyn Store) {
     let claimed = claim(store, &job.id, "w1", BASE).await.expect("claimable");
     assert_eq!(claimed.lineage.as_ref(), Some(&given));
     let listed = store
-        .list_jobs(&t, &JobFilter::default(), 10, None)
+        .list_jobs(crate::ListJobs {
+            tenant: &t,
+            filter: &JobFilter::default(),
+            limit: 10,
+            cursor: None,
+        })
         .await
         .expect("list_jobs");
     assert_eq!(
@@ -1639,7 +1835,14 @@ pub async fn many_jobs_at_once_keep_their_own_lineage(store: &dyn Store) {
         let job = answer.expect("insert_job");
         assert_eq!(job.job().lineage, expected[n], "job {n}");
     }
-    let claims = ids.iter().map(|id| store.claim(id, "w1", BASE, LEASE));
+    let claims = ids.iter().map(|id| {
+        store.claim(crate::ClaimJob {
+            id,
+            worker: "w1",
+            now: BASE,
+            lease_ms: LEASE,
+        })
+    });
     for (n, answer) in join_all(claims).await.into_iter().enumerate() {
         let job = answer.expect("claim").expect("claimable");
         assert_eq!((&job.id, &job.lineage), (&ids[n], &expected[n]));
@@ -1690,7 +1893,12 @@ pub async fn the_trace_context_travels_with_the_job(store: &dyn Store) {
     let by_id = store.job_by_id(&job.id).await.expect("job_by_id");
     assert_eq!(by_id.and_then(|j| j.trace), Some(given.clone()));
     let listed = store
-        .list_jobs(&t, &JobFilter::default(), 10, None)
+        .list_jobs(crate::ListJobs {
+            tenant: &t,
+            filter: &JobFilter::default(),
+            limit: 10,
+            cursor: None,
+        })
         .await
         .expect("list_jobs");
     assert_eq!(listed.jobs[0].trace.as_ref(), Some(&given));
@@ -1753,7 +1961,14 @@ pub async fn many_jobs_at_once_keep_their_own_trace_context(store: &dyn Store) {
         let job = answer.expect("insert_job");
         assert_eq!(job.job().trace, expected[n], "job {n}");
     }
-    let claims = ids.iter().map(|id| store.claim(id, "w1", BASE, LEASE));
+    let claims = ids.iter().map(|id| {
+        store.claim(crate::ClaimJob {
+            id,
+            worker: "w1",
+            now: BASE,
+            lease_ms: LEASE,
+        })
+    });
     for (n, answer) in join_all(claims).await.into_iter().enumerate() {
         let job = answer.expect("claim").expect("claimable");
         assert_eq!((&job.id, &job.trace), (&ids[n], &expected[n]));
@@ -1817,7 +2032,11 @@ pub async fn a_checkpoint_is_saved_for_the_current_attempt_only(store: &dyn Stor
     assert!(!save_checkpoint(store, &lease(&failed.id, "w1", 1), &step(1)).await);
     let cancelled = running(store, &t, "w1").await;
     store
-        .cancel(&t, &cancelled.id, BASE + 1)
+        .cancel(crate::CancelJob {
+            tenant: &t,
+            id: &cancelled.id,
+            now: BASE + 1,
+        })
         .await
         .expect("cancel");
     assert!(!save_checkpoint(store, &lease(&cancelled.id, "w1", 1), &step(1)).await);
@@ -1981,7 +2200,11 @@ pub async fn a_parked_job_can_be_cancelled_and_stays_so(store: &dyn Store) {
         .await
         .expect("parked");
     let cancelled = store
-        .cancel(&t, &job.id, BASE + 2)
+        .cancel(crate::CancelJob {
+            tenant: &t,
+            id: &job.id,
+            now: BASE + 2,
+        })
         .await
         .expect("cancel")
         .expect("the job");
@@ -2015,7 +2238,15 @@ pub async fn unnotified_jobs_are_settled_jobs_with_callbacks_nobody_notified(sto
         insert(store, job)
     };
     let settle = |id: String, at: i64| async move {
-        store.claim(&id, "w1", t0 + 1, LEASE).await.expect("claim");
+        store
+            .claim(crate::ClaimJob {
+                id: &id,
+                worker: "w1",
+                now: t0 + 1,
+                lease_ms: LEASE,
+            })
+            .await
+            .expect("claim");
         succeed(store, &lease(&id, "w1", 1), &result_doc(), at)
             .await
             .expect("settled");
@@ -2024,7 +2255,12 @@ pub async fn unnotified_jobs_are_settled_jobs_with_callbacks_nobody_notified(sto
     settle(first.id.clone(), t0 + 10).await;
     let notified = add(true).await;
     store
-        .claim(&notified.id, "w1", t0 + 1, LEASE)
+        .claim(crate::ClaimJob {
+            id: &notified.id,
+            worker: "w1",
+            now: t0 + 1,
+            lease_ms: LEASE,
+        })
         .await
         .expect("claim");
     fail(
@@ -2042,13 +2278,22 @@ pub async fn unnotified_jobs_are_settled_jobs_with_callbacks_nobody_notified(sto
     );
     let cancelled = add(true).await;
     store
-        .cancel(&t, &cancelled.id, t0 + 30)
+        .cancel(crate::CancelJob {
+            tenant: &t,
+            id: &cancelled.id,
+            now: t0 + 30,
+        })
         .await
         .expect("cancel")
         .expect("cancelled");
     let running = add(true).await;
     store
-        .claim(&running.id, "w1", t0 + 1, LEASE)
+        .claim(crate::ClaimJob {
+            id: &running.id,
+            worker: "w1",
+            now: t0 + 1,
+            lease_ms: LEASE,
+        })
         .await
         .expect("claim");
     let silent = add(false).await;
@@ -2063,7 +2308,12 @@ pub async fn unnotified_jobs_are_settled_jobs_with_callbacks_nobody_notified(sto
             .collect()
     };
     let listed = store
-        .unnotified_jobs(PREFIX, t0, t0 + 100, 1000)
+        .unnotified_jobs(crate::Unnotified {
+            notice_prefix: PREFIX,
+            since: t0,
+            until: t0 + 100,
+            limit: 1000,
+        })
         .await
         .expect("unnotified jobs");
     assert_eq!(
@@ -2075,7 +2325,12 @@ pub async fn unnotified_jobs_are_settled_jobs_with_callbacks_nobody_notified(sto
         "settled, with a callback, not yet notified, in the range, oldest first"
     );
     let one = store
-        .unnotified_jobs(PREFIX, t0, t0 + 100, 1)
+        .unnotified_jobs(crate::Unnotified {
+            notice_prefix: PREFIX,
+            since: t0,
+            until: t0 + 100,
+            limit: 1,
+        })
         .await
         .expect("unnotified jobs");
     assert_eq!(one.len(), 1, "at most the limit");
@@ -2091,7 +2346,12 @@ pub async fn unnotified_jobs_are_settled_jobs_with_callbacks_nobody_notified(sto
         Ok(CommitClaim::Run)
     );
     let listed = store
-        .unnotified_jobs(PREFIX, t0, t0 + 100, 1000)
+        .unnotified_jobs(crate::Unnotified {
+            notice_prefix: PREFIX,
+            since: t0,
+            until: t0 + 100,
+            limit: 1000,
+        })
         .await
         .expect("unnotified jobs");
     assert_eq!(
@@ -2124,7 +2384,12 @@ pub async fn unnotified_tickets_are_answered_tickets_with_callbacks_nobody_notif
         let t = t.clone();
         async move {
             store
-                .answer_ticket(&t, &id, &json!("travel"), at)
+                .answer_ticket(crate::AnswerTicket {
+                    tenant: &t,
+                    id: &id,
+                    answer: &json!("travel"),
+                    now: at,
+                })
                 .await
                 .expect("answer")
                 .expect("answered");
@@ -2155,7 +2420,12 @@ pub async fn unnotified_tickets_are_answered_tickets_with_callbacks_nobody_notif
             .collect()
     };
     let listed = store
-        .unnotified_tickets(PREFIX, t0, t0 + 100, 1000)
+        .unnotified_tickets(crate::Unnotified {
+            notice_prefix: PREFIX,
+            since: t0,
+            until: t0 + 100,
+            limit: 1000,
+        })
         .await
         .expect("unnotified tickets");
     assert_eq!(
@@ -2164,7 +2434,12 @@ pub async fn unnotified_tickets_are_answered_tickets_with_callbacks_nobody_notif
         "answered, with a callback, not yet notified, in the range, oldest first"
     );
     let one = store
-        .unnotified_tickets(PREFIX, t0, t0 + 100, 1)
+        .unnotified_tickets(crate::Unnotified {
+            notice_prefix: PREFIX,
+            since: t0,
+            until: t0 + 100,
+            limit: 1,
+        })
         .await
         .expect("unnotified tickets");
     assert_eq!(one.len(), 1, "at most the limit");
@@ -2174,7 +2449,12 @@ pub async fn unnotified_tickets_are_answered_tickets_with_callbacks_nobody_notif
         Ok(CommitClaim::Run)
     );
     let listed = store
-        .unnotified_tickets(PREFIX, t0, t0 + 100, 1000)
+        .unnotified_tickets(crate::Unnotified {
+            notice_prefix: PREFIX,
+            since: t0,
+            until: t0 + 100,
+            limit: 1000,
+        })
         .await
         .expect("unnotified tickets");
     assert_eq!(
@@ -2211,7 +2491,14 @@ async fn job_in(store: &dyn Store, tenant: &str, state: JobState) -> (JobRecord,
         JobState::Parked => park(store, &held, &ticket, now).await,
         JobState::Succeeded => succeed(store, &held, &result_doc(), now).await,
         JobState::Failed => fail(store, &held, &failure("broken"), None, now).await,
-        JobState::Cancelled => store.cancel(tenant, &job.id, now).await.expect("cancel"),
+        JobState::Cancelled => store
+            .cancel(crate::CancelJob {
+                tenant,
+                id: &job.id,
+                now,
+            })
+            .await
+            .expect("cancel"),
     };
     let job = moved.unwrap_or_else(|| panic!("a job reaches {state}"));
     assert_eq!(job.state, state, "reached through legal transitions");
@@ -2249,7 +2536,13 @@ async fn apply(
         }
         Transition::Fail => fail(store, last, &failure("broken"), None, DUE_NOW).await,
         Transition::Cancel => {
-            let now = store.cancel(&job.tenant, &job.id, DUE_NOW).await;
+            let now = store
+                .cancel(crate::CancelJob {
+                    tenant: &job.tenant,
+                    id: &job.id,
+                    now: DUE_NOW,
+                })
+                .await;
             now.expect("cancel")
                 .filter(|j| j.state != job.state || j.updated_at != job.updated_at)
         }
@@ -2316,7 +2609,12 @@ pub async fn a_parked_job_is_listed_and_counted_as_it_is_shown(store: &dyn Store
         ..JobFilter::default()
     };
     let page = store
-        .list_jobs(&t, &list(JobState::Retrying), 10, None)
+        .list_jobs(crate::ListJobs {
+            tenant: &t,
+            filter: &list(JobState::Retrying),
+            limit: 10,
+            cursor: None,
+        })
         .await
         .expect("list");
     assert_eq!(
@@ -2326,7 +2624,12 @@ pub async fn a_parked_job_is_listed_and_counted_as_it_is_shown(store: &dyn Store
     );
     for other in [JobState::Queued, JobState::Running, JobState::Succeeded] {
         let page = store
-            .list_jobs(&t, &list(other), 10, None)
+            .list_jobs(crate::ListJobs {
+                tenant: &t,
+                filter: &list(other),
+                limit: 10,
+                cursor: None,
+            })
             .await
             .expect("list");
         assert!(page.jobs.iter().all(|j| j.id != parked.id), "{other}");

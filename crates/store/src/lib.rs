@@ -332,6 +332,66 @@ pub struct ClaimCommit<'a> {
     pub take_over: bool,
 }
 
+/// What [`Store::list_jobs`] takes: a page of `tenant`'s jobs.
+#[derive(Debug, Clone, Copy)]
+pub struct ListJobs<'a> {
+    pub tenant: &'a str,
+    pub filter: &'a JobFilter,
+    /// The most jobs on the page (bounded by the store).
+    pub limit: u32,
+    /// The `next_cursor` of the page before.
+    pub cursor: Option<&'a str>,
+}
+
+/// What [`Store::claim`] takes: `worker` claims job `id` at `now` for
+/// `lease_ms`.
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimJob<'a> {
+    pub id: &'a str,
+    pub worker: &'a str,
+    pub now: i64,
+    pub lease_ms: i64,
+}
+
+/// What [`Store::cancel`] takes: `tenant`'s job `id`, cancelled at `now`.
+#[derive(Debug, Clone, Copy)]
+pub struct CancelJob<'a> {
+    pub tenant: &'a str,
+    pub id: &'a str,
+    pub now: i64,
+}
+
+/// What [`Store::unnotified_jobs`] and [`Store::unnotified_tickets`] take:
+/// records settled (or answered) at or after `since` and before `until`
+/// whose notice has no record under `<notice_prefix><id>:<state>`, at most
+/// `limit`.
+#[derive(Debug, Clone, Copy)]
+pub struct Unnotified<'a> {
+    pub notice_prefix: &'a str,
+    pub since: i64,
+    pub until: i64,
+    pub limit: u32,
+}
+
+/// What [`Store::answer_ticket`] takes: `tenant`'s ticket `id` answered
+/// `answer` at `now`.
+#[derive(Debug, Clone, Copy)]
+pub struct AnswerTicket<'a> {
+    pub tenant: &'a str,
+    pub id: &'a str,
+    pub answer: &'a Value,
+    pub now: i64,
+}
+
+/// What [`Store::settle_commit`] takes: the outcome of `key` (kept until
+/// `keep_until`), or `None` to release the claim.
+#[derive(Debug, Clone, Copy)]
+pub struct SettleCommit<'a> {
+    pub key: &'a str,
+    pub outcome: Option<&'a Envelope>,
+    pub keep_until: i64,
+}
+
 /// Where toolfleet's state lives.
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
@@ -350,25 +410,13 @@ pub trait Store: Send + Sync + 'static {
     async fn job_by_id(&self, id: &str) -> Result<Option<JobRecord>, StoreError>;
     /// The tenant's jobs (of [`JobFilter::user`] alone, if given), newest
     /// first, at most `limit`, after `cursor`.
-    async fn list_jobs(
-        &self,
-        tenant: &str,
-        filter: &JobFilter,
-        limit: u32,
-        cursor: Option<&str>,
-    ) -> Result<JobPage, StoreError>;
+    async fn list_jobs(&self, list: ListJobs<'_>) -> Result<JobPage, StoreError>;
     /// `claim` (queued or due retrying) or `take_over` (running with an
     /// expired lease) -> running, attempts + 1, leased to `worker` until
     /// `now + lease_ms`; a job taken over has `run_at` set to when the
     /// expired lease ended.
     /// `None` when the job is not claimable (settled, leased, not due, missing).
-    async fn claim(
-        &self,
-        id: &str,
-        worker: &str,
-        now: i64,
-        lease_ms: i64,
-    ) -> Result<Option<JobRecord>, StoreError>;
+    async fn claim(&self, claim: ClaimJob<'_>) -> Result<Option<JobRecord>, StoreError>;
     /// Extends the lease of a running job while `beat.lease` holds it;
     /// [`Lease::Lost`] once another attempt does (or it settled),
     /// [`Lease::Cancelled`] once it was cancelled.
@@ -407,12 +455,7 @@ pub trait Store: Send + Sync + 'static {
     async fn fail(&self, failed: Fail<'_>) -> Result<Option<JobRecord>, StoreError>;
     /// `cancel`: queued, retrying, parked or running -> cancelled. The job as it now stands
     /// (already settled ones unchanged), `None` if missing or another tenant's.
-    async fn cancel(
-        &self,
-        tenant: &str,
-        id: &str,
-        now: i64,
-    ) -> Result<Option<JobRecord>, StoreError>;
+    async fn cancel(&self, cancel: CancelJob<'_>) -> Result<Option<JobRecord>, StoreError>;
     /// Jobs a worker should run now: queued, retrying and due, or running
     /// with an expired lease; oldest first, at most `limit`, taken from the
     /// earliest due of each kind (so a long backlog is not read whole).
@@ -423,13 +466,7 @@ pub trait Store: Send + Sync + 'static {
     /// `since` and before `until`, whose notice has no record in the commit
     /// log under the key `<notice_prefix><id>:<state>`: notices nobody has
     /// claimed. Oldest first (then by id), at most `limit` (bounded).
-    async fn unnotified_jobs(
-        &self,
-        notice_prefix: &str,
-        since: i64,
-        until: i64,
-        limit: u32,
-    ) -> Result<Vec<JobRecord>, StoreError>;
+    async fn unnotified_jobs(&self, search: Unnotified<'_>) -> Result<Vec<JobRecord>, StoreError>;
 
     // Tickets.
 
@@ -439,23 +476,15 @@ pub trait Store: Send + Sync + 'static {
     /// claimed. Oldest first (then by id), at most `limit` (bounded).
     async fn unnotified_tickets(
         &self,
-        notice_prefix: &str,
-        since: i64,
-        until: i64,
-        limit: u32,
+        search: Unnotified<'_>,
     ) -> Result<Vec<TicketRecord>, StoreError>;
 
     async fn insert_ticket(&self, ticket: NewTicket) -> Result<TicketRecord, StoreError>;
     /// A ticket of `tenant`; another tenant's ticket is `None`.
     async fn ticket(&self, tenant: &str, id: &str) -> Result<Option<TicketRecord>, StoreError>;
     /// open -> answered; `None` if missing or another tenant's.
-    async fn answer_ticket(
-        &self,
-        tenant: &str,
-        id: &str,
-        answer: &Value,
-        now: i64,
-    ) -> Result<Option<Answered>, StoreError>;
+    async fn answer_ticket(&self, answer: AnswerTicket<'_>)
+    -> Result<Option<Answered>, StoreError>;
 
     // Audit.
 
@@ -471,10 +500,5 @@ pub trait Store: Send + Sync + 'static {
     async fn claim_commit(&self, claim: ClaimCommit<'_>) -> Result<CommitClaim, StoreError>;
     /// Records the outcome of `key` (kept until `keep_until`), or with `None`
     /// releases the claim so the commit may run again.
-    async fn settle_commit(
-        &self,
-        key: &str,
-        outcome: Option<&Envelope>,
-        keep_until: i64,
-    ) -> Result<(), StoreError>;
+    async fn settle_commit(&self, settle: SettleCommit<'_>) -> Result<(), StoreError>;
 }

@@ -4,20 +4,21 @@
 //! [`StoreError::Unavailable`] or [`StoreError::Schema`] is counted (a
 //! [`StoreError::Conflict`] is an answer, not a failure).
 //!
-//! Every method of [`Store`] is forwarded here, those with a default body
-//! included, so that the wrapped store's own implementation always runs.
+//! Every method of [`Store`] is forwarded through one macro, those with a
+//! default body included, so that the wrapped store's own implementation
+//! always runs.
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use serde_json::Value;
 use toolfleet_core::metrics::Backend;
-use toolfleet_core::{AuditRecord, Envelope, JobState, Metrics};
+use toolfleet_core::{AuditRecord, JobState, Metrics};
 
 use crate::{
-    Answered, ClaimCommit, CommitClaim, Fail, Heartbeat, Inserted, JobFilter, JobPage, JobRecord,
-    Lease, NewJob, NewTicket, Park, SaveCheckpoint, SetProgress, Store, StoreError, Succeed,
-    TicketRecord,
+    AnswerTicket, Answered, CancelJob, ClaimCommit, ClaimJob, CommitClaim, Fail, Heartbeat,
+    Inserted, JobPage, JobRecord, Lease, ListJobs, NewJob, NewTicket, Park, SaveCheckpoint,
+    SetProgress, SettleCommit, Store, StoreError, Succeed, TicketRecord, Unnotified,
 };
 
 /// The store `inner`, its failures counted in `metrics`.
@@ -39,159 +40,50 @@ impl MeteredStore {
     }
 }
 
-#[async_trait]
-impl Store for MeteredStore {
-    async fn ping(&self) -> Result<(), StoreError> {
-        self.seen(self.inner.ping().await)
-    }
+/// Implements [`Store`] for [`MeteredStore`] from the list of its methods:
+/// each forwards its arguments to the wrapped store and passes the answer
+/// through [`MeteredStore::seen`]. The one mechanism every method goes
+/// through; a method missing from the list does not compile.
+macro_rules! forward {
+    ($(fn $name:ident(&self $(, $arg:ident: $ty:ty)*) -> $answer:ty;)*) => {
+        #[async_trait]
+        impl Store for MeteredStore {
+            $(
+                async fn $name(&self $(, $arg: $ty)*) -> Result<$answer, StoreError> {
+                    self.seen(self.inner.$name($($arg),*).await)
+                }
+            )*
+        }
+    };
+}
 
-    async fn insert_job(&self, job: NewJob) -> Result<Inserted, StoreError> {
-        self.seen(self.inner.insert_job(job).await)
-    }
-
-    async fn job(&self, tenant: &str, id: &str) -> Result<Option<JobRecord>, StoreError> {
-        self.seen(self.inner.job(tenant, id).await)
-    }
-
-    async fn job_by_id(&self, id: &str) -> Result<Option<JobRecord>, StoreError> {
-        self.seen(self.inner.job_by_id(id).await)
-    }
-
-    async fn list_jobs(
-        &self,
-        tenant: &str,
-        filter: &JobFilter,
-        limit: u32,
-        cursor: Option<&str>,
-    ) -> Result<JobPage, StoreError> {
-        self.seen(self.inner.list_jobs(tenant, filter, limit, cursor).await)
-    }
-
-    async fn claim(
-        &self,
-        id: &str,
-        worker: &str,
-        now: i64,
-        lease_ms: i64,
-    ) -> Result<Option<JobRecord>, StoreError> {
-        self.seen(self.inner.claim(id, worker, now, lease_ms).await)
-    }
-
-    async fn heartbeat(&self, beat: Heartbeat<'_>) -> Result<Lease, StoreError> {
-        self.seen(self.inner.heartbeat(beat).await)
-    }
-
-    async fn set_progress(&self, report: SetProgress<'_>) -> Result<bool, StoreError> {
-        self.seen(self.inner.set_progress(report).await)
-    }
-
-    async fn checkpoint(&self, id: &str) -> Result<Option<Value>, StoreError> {
-        self.seen(self.inner.checkpoint(id).await)
-    }
-
-    async fn save_checkpoint(&self, save: SaveCheckpoint<'_>) -> Result<bool, StoreError> {
-        self.seen(self.inner.save_checkpoint(save).await)
-    }
-
-    async fn park(&self, park: Park<'_>) -> Result<Option<JobRecord>, StoreError> {
-        self.seen(self.inner.park(park).await)
-    }
-
-    async fn wake(&self, ticket: &str, now: i64) -> Result<Vec<JobRecord>, StoreError> {
-        self.seen(self.inner.wake(ticket, now).await)
-    }
-
-    async fn succeed(&self, done: Succeed<'_>) -> Result<Option<JobRecord>, StoreError> {
-        self.seen(self.inner.succeed(done).await)
-    }
-
-    async fn fail(&self, failed: Fail<'_>) -> Result<Option<JobRecord>, StoreError> {
-        self.seen(self.inner.fail(failed).await)
-    }
-
-    async fn cancel(
-        &self,
-        tenant: &str,
-        id: &str,
-        now: i64,
-    ) -> Result<Option<JobRecord>, StoreError> {
-        self.seen(self.inner.cancel(tenant, id, now).await)
-    }
-
-    async fn due_jobs(&self, now: i64, limit: u32) -> Result<Vec<JobRecord>, StoreError> {
-        self.seen(self.inner.due_jobs(now, limit).await)
-    }
-
-    async fn job_counts(&self) -> Result<Vec<(JobState, u64)>, StoreError> {
-        self.seen(self.inner.job_counts().await)
-    }
-
-    async fn unnotified_jobs(
-        &self,
-        notice_prefix: &str,
-        since: i64,
-        until: i64,
-        limit: u32,
-    ) -> Result<Vec<JobRecord>, StoreError> {
-        self.seen(
-            self.inner
-                .unnotified_jobs(notice_prefix, since, until, limit)
-                .await,
-        )
-    }
-
-    async fn unnotified_tickets(
-        &self,
-        notice_prefix: &str,
-        since: i64,
-        until: i64,
-        limit: u32,
-    ) -> Result<Vec<TicketRecord>, StoreError> {
-        self.seen(
-            self.inner
-                .unnotified_tickets(notice_prefix, since, until, limit)
-                .await,
-        )
-    }
-
-    async fn insert_ticket(&self, ticket: NewTicket) -> Result<TicketRecord, StoreError> {
-        self.seen(self.inner.insert_ticket(ticket).await)
-    }
-
-    async fn ticket(&self, tenant: &str, id: &str) -> Result<Option<TicketRecord>, StoreError> {
-        self.seen(self.inner.ticket(tenant, id).await)
-    }
-
-    async fn answer_ticket(
-        &self,
-        tenant: &str,
-        id: &str,
-        answer: &Value,
-        now: i64,
-    ) -> Result<Option<Answered>, StoreError> {
-        self.seen(self.inner.answer_ticket(tenant, id, answer, now).await)
-    }
-
-    async fn append_audit(&self, records: &[AuditRecord]) -> Result<(), StoreError> {
-        self.seen(self.inner.append_audit(records).await)
-    }
-
-    async fn audit(&self, tenant: &str, limit: u32) -> Result<Vec<AuditRecord>, StoreError> {
-        self.seen(self.inner.audit(tenant, limit).await)
-    }
-
-    async fn claim_commit(&self, claim: ClaimCommit<'_>) -> Result<CommitClaim, StoreError> {
-        self.seen(self.inner.claim_commit(claim).await)
-    }
-
-    async fn settle_commit(
-        &self,
-        key: &str,
-        outcome: Option<&Envelope>,
-        keep_until: i64,
-    ) -> Result<(), StoreError> {
-        self.seen(self.inner.settle_commit(key, outcome, keep_until).await)
-    }
+forward! {
+    fn ping(&self) -> ();
+    fn insert_job(&self, job: NewJob) -> Inserted;
+    fn job(&self, tenant: &str, id: &str) -> Option<JobRecord>;
+    fn job_by_id(&self, id: &str) -> Option<JobRecord>;
+    fn list_jobs(&self, list: ListJobs<'_>) -> JobPage;
+    fn claim(&self, claim: ClaimJob<'_>) -> Option<JobRecord>;
+    fn heartbeat(&self, beat: Heartbeat<'_>) -> Lease;
+    fn set_progress(&self, report: SetProgress<'_>) -> bool;
+    fn checkpoint(&self, id: &str) -> Option<Value>;
+    fn save_checkpoint(&self, save: SaveCheckpoint<'_>) -> bool;
+    fn park(&self, park: Park<'_>) -> Option<JobRecord>;
+    fn wake(&self, ticket: &str, now: i64) -> Vec<JobRecord>;
+    fn succeed(&self, done: Succeed<'_>) -> Option<JobRecord>;
+    fn fail(&self, failed: Fail<'_>) -> Option<JobRecord>;
+    fn cancel(&self, cancel: CancelJob<'_>) -> Option<JobRecord>;
+    fn due_jobs(&self, now: i64, limit: u32) -> Vec<JobRecord>;
+    fn job_counts(&self) -> Vec<(JobState, u64)>;
+    fn unnotified_jobs(&self, search: Unnotified<'_>) -> Vec<JobRecord>;
+    fn unnotified_tickets(&self, search: Unnotified<'_>) -> Vec<TicketRecord>;
+    fn insert_ticket(&self, ticket: NewTicket) -> TicketRecord;
+    fn ticket(&self, tenant: &str, id: &str) -> Option<TicketRecord>;
+    fn answer_ticket(&self, answer: AnswerTicket<'_>) -> Option<Answered>;
+    fn append_audit(&self, records: &[AuditRecord]) -> ();
+    fn audit(&self, tenant: &str, limit: u32) -> Vec<AuditRecord>;
+    fn claim_commit(&self, claim: ClaimCommit<'_>) -> CommitClaim;
+    fn settle_commit(&self, settle: SettleCommit<'_>) -> ();
 }
 
 #[cfg(test)]

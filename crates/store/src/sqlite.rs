@@ -25,9 +25,10 @@ use toolfleet_core::{AuditRecord, Envelope, ErrorCode, JobState, ToolError, Trac
 
 use crate::rows::{self, Columns, RowName, encode, to_i64};
 use crate::{
-    Answered, ClaimCommit, CommitClaim, Fail, Heartbeat, Inserted, JobFilter, JobPage, JobRecord,
-    Lease, LeaseRef, NewJob, NewTicket, Park, SaveCheckpoint, SetProgress, Store, StoreError,
-    Succeed, TicketRecord,
+    AnswerTicket, Answered, CancelJob, ClaimCommit, ClaimJob, CommitClaim, Fail, Heartbeat,
+    Inserted, JobFilter, JobPage, JobRecord, Lease, LeaseRef, ListJobs, NewJob, NewTicket, Park,
+    SaveCheckpoint, SetProgress, SettleCommit, Store, StoreError, Succeed, TicketRecord,
+    Unnotified,
 };
 
 mod embedded {
@@ -954,26 +955,26 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn list_jobs(
-        &self,
-        tenant: &str,
-        filter: &JobFilter,
-        limit: u32,
-        cursor: Option<&str>,
-    ) -> Result<JobPage, StoreError> {
+    async fn list_jobs(&self, list: ListJobs<'_>) -> Result<JobPage, StoreError> {
+        let ListJobs {
+            tenant,
+            filter,
+            limit,
+            cursor,
+        } = list;
         let (tenant, filter) = (tenant.to_owned(), filter.clone());
         let cursor = cursor.map(str::to_owned);
         self.call(move |c| list_jobs(c, &tenant, &filter, limit, cursor.as_deref()))
             .await
     }
 
-    async fn claim(
-        &self,
-        id: &str,
-        worker: &str,
-        now: i64,
-        lease_ms: i64,
-    ) -> Result<Option<JobRecord>, StoreError> {
+    async fn claim(&self, claim: ClaimJob<'_>) -> Result<Option<JobRecord>, StoreError> {
+        let ClaimJob {
+            id,
+            worker,
+            now,
+            lease_ms,
+        } = claim;
         let (id, worker) = (id.to_owned(), worker.to_owned());
         let until = now.saturating_add(lease_ms);
         self.call(move |c| {
@@ -1064,12 +1065,8 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn cancel(
-        &self,
-        tenant: &str,
-        id: &str,
-        now: i64,
-    ) -> Result<Option<JobRecord>, StoreError> {
+    async fn cancel(&self, job: CancelJob<'_>) -> Result<Option<JobRecord>, StoreError> {
+        let CancelJob { tenant, id, now } = job;
         let (tenant, id) = (tenant.to_owned(), id.to_owned());
         self.call(move |c| cancel(c, &tenant, &id, now)).await
     }
@@ -1085,13 +1082,13 @@ impl Store for SqliteStore {
         self.call(|c| job_counts(c)).await
     }
 
-    async fn unnotified_jobs(
-        &self,
-        notice_prefix: &str,
-        since: i64,
-        until: i64,
-        limit: u32,
-    ) -> Result<Vec<JobRecord>, StoreError> {
+    async fn unnotified_jobs(&self, search: Unnotified<'_>) -> Result<Vec<JobRecord>, StoreError> {
+        let Unnotified {
+            notice_prefix,
+            since,
+            until,
+            limit,
+        } = search;
         let limit = limit.min(MAX_BATCH);
         let prefix = notice_prefix.to_owned();
         self.call(move |c| {
@@ -1103,11 +1100,14 @@ impl Store for SqliteStore {
 
     async fn unnotified_tickets(
         &self,
-        notice_prefix: &str,
-        since: i64,
-        until: i64,
-        limit: u32,
+        search: Unnotified<'_>,
     ) -> Result<Vec<TicketRecord>, StoreError> {
+        let Unnotified {
+            notice_prefix,
+            since,
+            until,
+            limit,
+        } = search;
         let limit = limit.min(MAX_BATCH);
         let prefix = notice_prefix.to_owned();
         self.call(move |c| {
@@ -1132,11 +1132,14 @@ impl Store for SqliteStore {
 
     async fn answer_ticket(
         &self,
-        tenant: &str,
-        id: &str,
-        answer: &Value,
-        now: i64,
+        answering: AnswerTicket<'_>,
     ) -> Result<Option<Answered>, StoreError> {
+        let AnswerTicket {
+            tenant,
+            id,
+            answer,
+            now,
+        } = answering;
         let (tenant, id, answer) = (tenant.to_owned(), id.to_owned(), encode(answer)?);
         self.call(move |c| answer_ticket(c, &tenant, &id, &answer, now))
             .await
@@ -1170,12 +1173,12 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn settle_commit(
-        &self,
-        key: &str,
-        outcome: Option<&Envelope>,
-        keep_until: i64,
-    ) -> Result<(), StoreError> {
+    async fn settle_commit(&self, settle: SettleCommit<'_>) -> Result<(), StoreError> {
+        let SettleCommit {
+            key,
+            outcome,
+            keep_until,
+        } = settle;
         let (key, envelope) = (key.to_owned(), outcome.map(Envelope::to_json));
         self.call(move |c| settle_commit(c, &key, envelope.as_deref(), keep_until))
             .await

@@ -391,12 +391,28 @@ async fn racing_processes_never_both_win() {
             panic!("a new job was expected");
         };
         let (x, y) = tokio::join!(
-            a.claim(&created.id, "w1", now, 30_000),
-            b.claim(&created.id, "w2", now, 30_000)
+            a.claim(toolfleet_store::ClaimJob {
+                id: &created.id,
+                worker: "w1",
+                now,
+                lease_ms: 30_000
+            }),
+            b.claim(toolfleet_store::ClaimJob {
+                id: &created.id,
+                worker: "w2",
+                now,
+                lease_ms: 30_000
+            })
         );
         let winners = [x.expect("claim a"), y.expect("claim b")];
         assert_eq!(winners.iter().flatten().count(), 1, "{winners:?}");
-        a.cancel("acme", &created.id, now).await.expect("cancel");
+        a.cancel(toolfleet_store::CancelJob {
+            tenant: "acme",
+            id: &created.id,
+            now,
+        })
+        .await
+        .expect("cancel");
     }
 }
 
@@ -547,7 +563,12 @@ async fn claims_read_jobs_by_key_whatever_the_table_held_before() {
         let id = new.id.clone();
         store.insert_job(new).await.expect("insert");
         let claimed = store
-            .claim(&id, "w", now, lease)
+            .claim(toolfleet_store::ClaimJob {
+                id: &id,
+                worker: "w",
+                now,
+                lease_ms: lease,
+            })
             .await
             .expect("claim")
             .expect("claimed");
@@ -566,7 +587,12 @@ async fn claims_read_jobs_by_key_whatever_the_table_held_before() {
     const CLAIMED: usize = 100;
     for id in ids.iter().take(CLAIMED) {
         let claimed = store
-            .claim(id, "w", now, lease)
+            .claim(toolfleet_store::ClaimJob {
+                id,
+                worker: "w",
+                now,
+                lease_ms: lease,
+            })
             .await
             .expect("claim")
             .expect("claimed");
@@ -690,14 +716,24 @@ async fn webhook_searches_probe_the_commit_log_by_key() {
         let id = new.id.clone();
         store.insert_job(new).await.expect("insert");
         let claimed = store
-            .claim(&id, "w", now, 30_000)
+            .claim(toolfleet_store::ClaimJob {
+                id: &id,
+                worker: "w",
+                now,
+                lease_ms: 30_000,
+            })
             .await
             .expect("claim")
             .expect("claimed");
         succeed(&store, &claimed, now + 1).await.expect("settled");
     }
     let found = store
-        .unnotified_jobs("webhook:job:", now, now + 10, 100)
+        .unnotified_jobs(toolfleet_store::Unnotified {
+            notice_prefix: "webhook:job:",
+            since: now,
+            until: now + 10,
+            limit: 100,
+        })
         .await
         .expect("unnotified jobs");
     assert_eq!(found.len(), 5);
@@ -718,13 +754,23 @@ async fn webhook_searches_probe_the_commit_log_by_key() {
         };
         let id = store.insert_ticket(ticket).await.expect("insert").id;
         store
-            .answer_ticket("acme", &id, &json!("travel"), now + 1)
+            .answer_ticket(toolfleet_store::AnswerTicket {
+                tenant: "acme",
+                id: &id,
+                answer: &json!("travel"),
+                now: now + 1,
+            })
             .await
             .expect("answer")
             .expect("answered");
     }
     let found = store
-        .unnotified_tickets("webhook:ticket:", now, now + 10, 100)
+        .unnotified_tickets(toolfleet_store::Unnotified {
+            notice_prefix: "webhook:ticket:",
+            since: now,
+            until: now + 10,
+            limit: 100,
+        })
         .await
         .expect("unnotified tickets");
     assert_eq!(found.len(), 5);

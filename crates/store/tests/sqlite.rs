@@ -154,7 +154,12 @@ async fn a_version_1_file_is_migrated_on_open() {
     assert_eq!(store.checkpoint(&id).await.expect("checkpoint"), None);
     let now = 1_700_000_000_000;
     let claimed = store
-        .claim(&id, "w1", now, 30_000)
+        .claim(toolfleet_store::ClaimJob {
+            id: &id,
+            worker: "w1",
+            now,
+            lease_ms: 30_000,
+        })
         .await
         .expect("claim")
         .expect("claimable");

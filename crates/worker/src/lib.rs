@@ -347,7 +347,12 @@ impl Worker {
         let claimed_at = now_ms();
         let claimed = self
             .store
-            .claim(job_id, &self.config.id, claimed_at, lease_ms)
+            .claim(toolfleet_store::ClaimJob {
+                id: job_id,
+                worker: &self.config.id,
+                now: claimed_at,
+                lease_ms,
+            })
             .await;
         let pool = &self.config.pool;
         let job = match claimed {

@@ -252,7 +252,12 @@ async fn a_retryable_failure_is_retried_with_backoff_until_it_succeeds() {
         // Not claimable before run_at, by anyone.
         assert_eq!(
             rig.store
-                .claim(&id, "someone-else", job.run_at - 1, 1_000)
+                .claim(toolfleet_store::ClaimJob {
+                    id: &id,
+                    worker: "someone-else",
+                    now: job.run_at - 1,
+                    lease_ms: 1_000
+                })
                 .await
                 .unwrap(),
             None,
@@ -468,7 +473,12 @@ async fn a_job_whose_lease_expired_is_claimed_again_and_runs() {
     let id = rig.insert("steady", 3, 5_000).await;
     let ghost = rig
         .store
-        .claim(&id, "ghost", now_ms(), 600)
+        .claim(toolfleet_store::ClaimJob {
+            id: &id,
+            worker: "ghost",
+            now: now_ms(),
+            lease_ms: 600,
+        })
         .await
         .unwrap()
         .expect("the ghost claims it");
@@ -509,7 +519,12 @@ async fn a_job_whose_lease_expired_is_claimed_again_and_runs() {
     let last = rig.insert("steady", 1, 5_000).await;
     let ghost = rig
         .store
-        .claim(&last, "ghost", now_ms(), 50)
+        .claim(toolfleet_store::ClaimJob {
+            id: &last,
+            worker: "ghost",
+            now: now_ms(),
+            lease_ms: 50,
+        })
         .await
         .unwrap()
         .unwrap();
@@ -565,7 +580,12 @@ async fn a_stale_attempt_of_the_same_worker_is_stopped_and_settles_nothing() {
     let worker = rig.worker.config().id.clone();
     let second = rig
         .store
-        .claim(&id, &worker, now_ms() + 60_000, 60_000)
+        .claim(toolfleet_store::ClaimJob {
+            id: &id,
+            worker: &worker,
+            now: now_ms() + 60_000,
+            lease_ms: 60_000,
+        })
         .await
         .unwrap()
         .expect("claimable once the lease is over");
@@ -646,7 +666,11 @@ async fn a_cancel_notice_stops_a_running_executor() {
     // As the server's cancel does: the store, then the event.
     let cancelled = rig
         .store
-        .cancel(TENANT, &id, now_ms())
+        .cancel(toolfleet_store::CancelJob {
+            tenant: TENANT,
+            id: &id,
+            now: now_ms(),
+        })
         .await
         .unwrap()
         .unwrap();
@@ -694,7 +718,14 @@ async fn a_heartbeat_finds_a_cancelled_job_and_stops_its_executor() {
         runs.load(Ordering::SeqCst) == 1
     })
     .await;
-    rig.store.cancel(TENANT, &id, now_ms()).await.unwrap();
+    rig.store
+        .cancel(toolfleet_store::CancelJob {
+            tenant: TENANT,
+            id: &id,
+            now: now_ms(),
+        })
+        .await
+        .unwrap();
     let handled = tokio::time::timeout(Duration::from_secs(5), run)
         .await
         .expect("the run stops")
@@ -947,7 +978,12 @@ async fn a_job_still_running_when_the_grace_ends_is_handed_back() {
     sleep_past(job.lease_until.unwrap()).await;
     let next = rig
         .store
-        .claim(&id, "next-worker", now_ms(), 1_000)
+        .claim(toolfleet_store::ClaimJob {
+            id: &id,
+            worker: "next-worker",
+            now: now_ms(),
+            lease_ms: 1_000,
+        })
         .await
         .unwrap()
         .expect("claimable again");

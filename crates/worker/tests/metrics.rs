@@ -138,7 +138,11 @@ async fn a_worker_counts_what_becomes_of_its_jobs_and_its_slots() {
 
     // Cancelled as the server does it: the store, then the event.
     let cancelled = store
-        .cancel("acme", &long, now_ms())
+        .cancel(toolfleet_store::CancelJob {
+            tenant: "acme",
+            id: &long,
+            now: now_ms(),
+        })
         .await
         .unwrap()
         .unwrap();
@@ -318,7 +322,12 @@ async fn a_job_taken_over_waited_from_when_the_lost_lease_ended() {
     let now = now_ms();
     let id = insert_at(store.as_ref(), "resumed", 3, now - 120_000).await;
     let first = store
-        .claim(&id, "gone", now - 60_000, 50_000)
+        .claim(toolfleet_store::ClaimJob {
+            id: &id,
+            worker: "gone",
+            now: now - 60_000,
+            lease_ms: 50_000,
+        })
         .await
         .unwrap()
         .expect("claimed by the worker that died");

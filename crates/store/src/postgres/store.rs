@@ -18,9 +18,10 @@ use super::rows::{AuditColumns, Fields, Insert, audit_from_row, job_from_row, ti
 use super::statements;
 use crate::rows::{Columns, encode};
 use crate::{
-    Answered, ClaimCommit, CommitClaim, Fail, Heartbeat, Inserted, JobFilter, JobPage, JobRecord,
-    Lease, LeaseRef, NewJob, NewTicket, Park, SaveCheckpoint, SetProgress, Store, StoreError,
-    Succeed, TicketRecord,
+    AnswerTicket, Answered, CancelJob, ClaimCommit, ClaimJob, CommitClaim, Fail, Heartbeat,
+    Inserted, JobFilter, JobPage, JobRecord, Lease, LeaseRef, ListJobs, NewJob, NewTicket, Park,
+    SaveCheckpoint, SetProgress, SettleCommit, Store, StoreError, Succeed, TicketRecord,
+    Unnotified,
 };
 
 /// Bounds of one page of [`Store::list_jobs`].
@@ -343,23 +344,23 @@ impl Store for PgStore {
         query_one(&c, statements::JOB_BY_ID, &[&id], job_from_row).await
     }
 
-    async fn list_jobs(
-        &self,
-        tenant: &str,
-        filter: &JobFilter,
-        limit: u32,
-        cursor: Option<&str>,
-    ) -> Result<JobPage, StoreError> {
+    async fn list_jobs(&self, list: ListJobs<'_>) -> Result<JobPage, StoreError> {
+        let ListJobs {
+            tenant,
+            filter,
+            limit,
+            cursor,
+        } = list;
         list_jobs(&*self.client().await?, tenant, filter, limit, cursor).await
     }
 
-    async fn claim(
-        &self,
-        id: &str,
-        worker: &str,
-        now: i64,
-        lease_ms: i64,
-    ) -> Result<Option<JobRecord>, StoreError> {
+    async fn claim(&self, claim: ClaimJob<'_>) -> Result<Option<JobRecord>, StoreError> {
+        let ClaimJob {
+            id,
+            worker,
+            now,
+            lease_ms,
+        } = claim;
         let claim = Claim {
             id: id.to_owned(),
             worker: worker.to_owned(),
@@ -435,12 +436,8 @@ impl Store for PgStore {
         query_one(&c, &statements::FAIL, params, job_from_row).await
     }
 
-    async fn cancel(
-        &self,
-        tenant: &str,
-        id: &str,
-        now: i64,
-    ) -> Result<Option<JobRecord>, StoreError> {
+    async fn cancel(&self, job: CancelJob<'_>) -> Result<Option<JobRecord>, StoreError> {
+        let CancelJob { tenant, id, now } = job;
         cancel(&*self.client().await?, tenant, id, now).await
     }
 
@@ -451,13 +448,13 @@ impl Store for PgStore {
         query_all(&c, &statements::DUE, &[&now, &limit], job_from_row).await
     }
 
-    async fn unnotified_jobs(
-        &self,
-        notice_prefix: &str,
-        since: i64,
-        until: i64,
-        limit: u32,
-    ) -> Result<Vec<JobRecord>, StoreError> {
+    async fn unnotified_jobs(&self, search: Unnotified<'_>) -> Result<Vec<JobRecord>, StoreError> {
+        let Unnotified {
+            notice_prefix,
+            since,
+            until,
+            limit,
+        } = search;
         let limit = i64::from(limit.min(MAX_BATCH));
         let c = self.client().await?;
         let params: Params<'_> = &[&notice_prefix, &since, &until, &limit];
@@ -470,11 +467,14 @@ impl Store for PgStore {
 
     async fn unnotified_tickets(
         &self,
-        notice_prefix: &str,
-        since: i64,
-        until: i64,
-        limit: u32,
+        search: Unnotified<'_>,
     ) -> Result<Vec<TicketRecord>, StoreError> {
+        let Unnotified {
+            notice_prefix,
+            since,
+            until,
+            limit,
+        } = search;
         let limit = i64::from(limit.min(MAX_BATCH));
         let c = self.client().await?;
         let params: Params<'_> = &[&notice_prefix, &since, &until, &limit];
@@ -492,11 +492,14 @@ impl Store for PgStore {
 
     async fn answer_ticket(
         &self,
-        tenant: &str,
-        id: &str,
-        answer: &Value,
-        now: i64,
+        answering: AnswerTicket<'_>,
     ) -> Result<Option<Answered>, StoreError> {
+        let AnswerTicket {
+            tenant,
+            id,
+            answer,
+            now,
+        } = answering;
         let answer = encode(answer)?;
         answer_ticket(&*self.client().await?, tenant, id, &answer, now).await
     }
@@ -520,12 +523,12 @@ impl Store for PgStore {
         claim_commit(&*self.client().await?, claim).await
     }
 
-    async fn settle_commit(
-        &self,
-        key: &str,
-        outcome: Option<&Envelope>,
-        keep_until: i64,
-    ) -> Result<(), StoreError> {
+    async fn settle_commit(&self, settle: SettleCommit<'_>) -> Result<(), StoreError> {
+        let SettleCommit {
+            key,
+            outcome,
+            keep_until,
+        } = settle;
         let envelope = outcome.map(Envelope::to_json);
         let c = self.client().await?;
         settle_commit(&c, key, envelope.as_deref(), keep_until).await
