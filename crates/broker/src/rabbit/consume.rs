@@ -1,0 +1,345 @@
+//! A worker's side of a pool queue: its [`PoolFeed`] (manual acks, a
+//! bounded prefetch), the [`RabbitConsumer`] handing out each id of a
+//! message as a delivery of its own, and how those deliveries settle the
+//! message: acknowledged once every one of them is, requeued (all of it) if
+//! any was requeued or dropped unsettled, else dead-lettered if any was
+//! rejected. It must never settle a message before each of its ids is
+//! settled, nor hand out a delivery whose channel has closed (RabbitMQ has
+//! put it back, and it comes again).
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lapin::message::Delivery as LapinDelivery;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions, BasicRejectOptions,
+};
+use lapin::types::{AMQPValue, FieldTable, ShortString};
+use tokio::sync::mpsc;
+use toolfleet_core::TraceContext;
+
+use super::link::{Feed, Link, Shared, Subscribed, start_feed};
+use super::topology::{PoolQueues, name};
+use super::{RabbitBroker, lock};
+use crate::{Acker, BrokerError, Consumer, Delivery};
+
+impl RabbitBroker {
+    /// [`Broker::consume`](crate::Broker::consume): a worker's consumer of
+    /// `pool`, subscribed now and again after every reconnect.
+    pub(super) async fn consume_pool(
+        &self,
+        pool: &str,
+        prefetch: u16,
+    ) -> Result<Box<dyn Consumer>, BrokerError> {
+        let shared = self.shared();
+        let prefetch = match prefetch {
+            0 => shared.options.default_prefetch.max(1),
+            n => n,
+        };
+        let (sender, deliveries) = mpsc::unbounded_channel();
+        let feed = PoolFeed {
+            queues: self.queues(pool)?,
+            prefetch,
+            sender,
+        };
+        start_feed(shared, feed).await?;
+        Ok(Box::new(RabbitConsumer {
+            deliveries,
+            timeout: shared.options.operation_timeout,
+            parts: VecDeque::new(),
+            message: None,
+        }))
+    }
+}
+
+/// A worker's feed: one pool queue, manual acks, a bounded prefetch.
+struct PoolFeed {
+    queues: PoolQueues,
+    prefetch: u16,
+    /// Unbounded here because RabbitMQ bounds it: at most `prefetch`
+    /// unacknowledged deliveries are ever in flight.
+    sender: mpsc::UnboundedSender<LapinDelivery>,
+}
+
+impl Feed for PoolFeed {
+    async fn subscribe(&self, shared: &Shared, link: &Link) -> Result<Subscribed, BrokerError> {
+        // Declared on every subscribe: the consumer may have ended because
+        // the queue was deleted.
+        {
+            let _declaring = shared.declaring(link).await?;
+            shared.declare_pool(link, &self.queues).await?;
+        }
+        let channel = shared.channel(link).await?;
+        let qos = channel.basic_qos(self.prefetch, BasicQosOptions::default());
+        shared.bounded("setting the prefetch", qos).await?;
+        let consume = channel.basic_consume(
+            name(&self.queues.pool)?,
+            ShortString::default(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        );
+        let consumer = shared
+            .bounded(&format!("consuming {}", self.queues.pool), consume)
+            .await?;
+        Ok(Subscribed {
+            generation: link.generation,
+            consumer,
+            _channel: channel,
+        })
+    }
+
+    fn forward(&self, delivery: LapinDelivery) -> bool {
+        self.sender.send(delivery).is_ok()
+    }
+
+    async fn abandoned(&self) {
+        self.sender.closed().await;
+    }
+}
+
+struct RabbitConsumer {
+    deliveries: mpsc::UnboundedReceiver<LapinDelivery>,
+    timeout: Duration,
+    /// The ids of a message of several not handed out yet, and that
+    /// message.
+    parts: VecDeque<Delivery>,
+    message: Option<Arc<Mutex<SharedMessage>>>,
+}
+
+#[async_trait]
+impl Consumer for RabbitConsumer {
+    /// Cancel-safe: a delivery leaves the channel only when `recv` returns,
+    /// and nothing is awaited after that.
+    async fn next(&mut self) -> Option<Delivery> {
+        // The rest of a message whose channel has since closed is back in
+        // its queue with the message: dropped here, not handed out twice.
+        let usable = self.message.as_ref().is_some_and(|message| {
+            lock(message)
+                .acker
+                .as_ref()
+                .is_some_and(|acker| acker.acker.usable())
+        });
+        if usable && let Some(part) = self.parts.pop_front() {
+            return Some(part);
+        }
+        self.parts.clear();
+        self.message = None;
+        loop {
+            let delivery = self.deliveries.recv().await?;
+            // One from a channel that has since closed is back in its queue
+            // and comes again; handing it out would only fail its ack.
+            if delivery.acker.usable() {
+                let (mut parts, message) = self.deliveries_of(delivery);
+                if let Some(first) = parts.pop_front() {
+                    self.parts = parts;
+                    self.message = message;
+                    return Some(first);
+                }
+            }
+        }
+    }
+}
+
+impl RabbitConsumer {
+    /// The deliveries of one message: one, or one per id of a message of
+    /// several (their acks settle the message together, which comes too).
+    fn deliveries_of(
+        &self,
+        delivery: LapinDelivery,
+    ) -> (VecDeque<Delivery>, Option<Arc<Mutex<SharedMessage>>>) {
+        let acker = RabbitAcker {
+            acker: delivery.acker,
+            timeout: self.timeout,
+            settled: false,
+        };
+        // A body that is not UTF-8 is no job id; the worker finds no such
+        // job and rejects it into the dead-letter queue.
+        let body = String::from_utf8_lossy(&delivery.data);
+        let ids: Vec<&str> = body.split('\n').filter(|id| !id.is_empty()).collect();
+        if ids.len() <= 1 {
+            let trace = delivery.properties.headers().as_ref().and_then(trace_of);
+            let one = Delivery::new(body.into_owned(), delivery.redelivered, Box::new(acker))
+                .with_trace(trace);
+            return (VecDeque::from([one]), None);
+        }
+        let message = Arc::new(Mutex::new(SharedMessage {
+            acker: Some(acker),
+            unsettled: ids.len(),
+            requeue: false,
+            reject: false,
+        }));
+        let parts = ids
+            .into_iter()
+            .map(|id| {
+                let part = PartAcker {
+                    message: message.clone(),
+                    settled: false,
+                };
+                Delivery::new(id.to_owned(), delivery.redelivered, Box::new(part))
+            })
+            .collect();
+        (parts, Some(message))
+    }
+}
+
+/// A message of several job ids, settled once each of its deliveries is.
+struct SharedMessage {
+    /// Taken by the last delivery settled.
+    acker: Option<RabbitAcker>,
+    unsettled: usize,
+    /// A delivery asked for the message back (or was dropped unsettled).
+    requeue: bool,
+    /// A delivery could not be processed.
+    reject: bool,
+}
+
+/// The acker of one job id of a message of several.
+struct PartAcker {
+    message: Arc<Mutex<SharedMessage>>,
+    settled: bool,
+}
+
+impl PartAcker {
+    /// Notes how this part is settled; the last part takes the message's
+    /// acker and how the message is to be settled: requeued if any part
+    /// asked, else rejected if any was, else acknowledged.
+    fn note(&mut self, how: Settle) -> Option<(RabbitAcker, Settle)> {
+        self.settled = true;
+        let mut message = lock(&self.message);
+        match how {
+            Settle::Ack => {}
+            Settle::Requeue => message.requeue = true,
+            Settle::Reject => message.reject = true,
+        }
+        message.unsettled = message.unsettled.saturating_sub(1);
+        if message.unsettled > 0 {
+            return None;
+        }
+        let how = if message.requeue {
+            Settle::Requeue
+        } else if message.reject {
+            Settle::Reject
+        } else {
+            Settle::Ack
+        };
+        message.acker.take().map(|acker| (acker, how))
+    }
+}
+
+#[async_trait]
+impl Settles for PartAcker {
+    async fn settle(mut self: Box<Self>, how: Settle) -> Result<(), BrokerError> {
+        match self.note(how) {
+            Some((acker, how)) => Box::new(acker).settle(how).await,
+            None => Ok(()),
+        }
+    }
+}
+
+/// A part dropped unsettled asks for the message back; the last one
+/// dropped drops the message's acker unsettled, which requeues it.
+impl Drop for PartAcker {
+    fn drop(&mut self) {
+        if !self.settled {
+            drop(self.note(Settle::Requeue));
+        }
+    }
+}
+
+/// The trace context of a message's headers; `None` without a valid
+/// `traceparent` (a message from an older publisher, or someone else's).
+fn trace_of(headers: &FieldTable) -> Option<TraceContext> {
+    let text = |name: &str| match headers.inner().get(name) {
+        Some(AMQPValue::LongString(value)) => std::str::from_utf8(value.as_bytes()).ok(),
+        Some(AMQPValue::ShortString(value)) => Some(value.as_str()),
+        _ => None,
+    };
+    TraceContext::parse(text("traceparent")?, text("tracestate"))
+}
+
+/// How a delivery is settled.
+#[derive(Clone, Copy)]
+enum Settle {
+    Ack,
+    Requeue,
+    Reject,
+}
+
+struct RabbitAcker {
+    acker: lapin::Acker,
+    timeout: Duration,
+    settled: bool,
+}
+
+#[async_trait]
+impl Settles for RabbitAcker {
+    /// `Closed` when the delivery's channel is gone: RabbitMQ has already
+    /// put the message back, and another consumer may hold it now.
+    async fn settle(mut self: Box<Self>, how: Settle) -> Result<(), BrokerError> {
+        self.settled = true;
+        let acker = &self.acker;
+        let sent = async {
+            match how {
+                Settle::Ack => acker.ack(BasicAckOptions::default()).await,
+                Settle::Requeue => acker.nack(requeue()).await,
+                Settle::Reject => acker.reject(BasicRejectOptions { requeue: false }).await,
+            }
+        };
+        match tokio::time::timeout(self.timeout, sent).await {
+            Ok(Ok(true)) => Ok(()),
+            Ok(Ok(false) | Err(_)) => Err(BrokerError::Closed),
+            Err(_) => Err(BrokerError::Unavailable(format!(
+                "settling a delivery took over {:?}",
+                self.timeout
+            ))),
+        }
+    }
+}
+
+fn requeue() -> BasicNackOptions {
+    BasicNackOptions {
+        multiple: false,
+        requeue: true,
+    }
+}
+
+/// Settles a delivery one way or another; each is an [`Acker`].
+#[async_trait]
+trait Settles: Send + Sync {
+    async fn settle(self: Box<Self>, how: Settle) -> Result<(), BrokerError>;
+}
+
+#[async_trait]
+impl<T: Settles + 'static> Acker for T {
+    async fn ack(self: Box<Self>) -> Result<(), BrokerError> {
+        self.settle(Settle::Ack).await
+    }
+
+    async fn requeue(self: Box<Self>) -> Result<(), BrokerError> {
+        self.settle(Settle::Requeue).await
+    }
+
+    async fn reject(self: Box<Self>) -> Result<(), BrokerError> {
+        self.settle(Settle::Reject).await
+    }
+}
+
+/// A delivery dropped unsettled (its worker panicked or gave up) goes back
+/// to the queue at once instead of holding a place under the prefetch until
+/// its channel closes.
+impl Drop for RabbitAcker {
+    fn drop(&mut self) {
+        if self.settled || !self.acker.usable() {
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let acker = self.acker.clone();
+            runtime.spawn(async move {
+                // Failing means the channel closed, which requeues it too.
+                let _ = acker.nack(requeue()).await;
+            });
+        }
+    }
+}
