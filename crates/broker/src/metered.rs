@@ -4,13 +4,13 @@
 //! [`BrokerError::Unavailable`] or [`BrokerError::Full`] is counted
 //! ([`BrokerError::Closed`] is a shutdown, not a failure).
 //!
-//! Every method of both traits is forwarded here, those with a default body
+//! Every method of both traits is forwarded through
+//! [`toolfleet_core::forward_to_inner!`], those with a default body
 //! included, so that the wrapped implementation's own always runs.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use toolfleet_core::metrics::Backend;
 use toolfleet_core::{Metrics, TraceContext};
 
@@ -43,41 +43,24 @@ impl MeteredBroker {
     }
 }
 
-#[async_trait]
-impl Broker for MeteredBroker {
-    async fn ping(&self) -> Result<(), BrokerError> {
-        self.seen(self.inner.ping().await)
-    }
-
-    async fn publish_traced(
-        &self,
-        pool: &str,
-        job_id: &str,
-        trace: Option<&TraceContext>,
-    ) -> Result<(), BrokerError> {
-        self.seen(self.inner.publish_traced(pool, job_id, trace).await)
-    }
-
-    async fn publish_delayed_traced(
-        &self,
-        pool: &str,
-        job_id: &str,
-        delay: Duration,
-        trace: Option<&TraceContext>,
-    ) -> Result<(), BrokerError> {
-        self.seen(
-            self.inner
-                .publish_delayed_traced(pool, job_id, delay, trace)
-                .await,
-        )
-    }
-
-    async fn consume(&self, pool: &str, prefetch: u16) -> Result<Box<dyn Consumer>, BrokerError> {
-        self.seen(self.inner.consume(pool, prefetch).await)
-    }
-
-    async fn depth(&self, pool: &str) -> Result<u64, BrokerError> {
-        self.seen(self.inner.depth(pool).await)
+toolfleet_core::forward_to_inner! {
+    impl Broker, for MeteredBroker, error BrokerError {
+        fn ping(&self) -> ();
+        fn publish_traced(
+            &self,
+            pool: &str,
+            job_id: &str,
+            trace: Option<&TraceContext>
+        ) -> ();
+        fn publish_delayed_traced(
+            &self,
+            pool: &str,
+            job_id: &str,
+            delay: Duration,
+            trace: Option<&TraceContext>
+        ) -> ();
+        fn consume(&self, pool: &str, prefetch: u16) -> Box<dyn Consumer>;
+        fn depth(&self, pool: &str) -> u64;
     }
 }
 
@@ -97,22 +80,12 @@ impl MeteredNotices {
     }
 }
 
-#[async_trait]
-impl Notices for MeteredNotices {
-    async fn publish(&self, event: &Event) -> Result<(), BrokerError> {
-        self.seen(self.inner.publish(event).await)
-    }
-
-    async fn publish_all(&self, events: &[Event]) -> Result<(), BrokerError> {
-        self.seen(self.inner.publish_all(events).await)
-    }
-
-    async fn subscribe(&self) -> Result<Box<dyn Subscription>, BrokerError> {
-        self.seen(self.inner.subscribe().await)
-    }
-
-    async fn subscribe_settled(&self) -> Result<Box<dyn Subscription>, BrokerError> {
-        self.seen(self.inner.subscribe_settled().await)
+toolfleet_core::forward_to_inner! {
+    impl Notices, for MeteredNotices, error BrokerError {
+        fn publish(&self, event: &Event) -> ();
+        fn publish_all(&self, events: &[Event]) -> ();
+        fn subscribe(&self) -> Box<dyn Subscription>;
+        fn subscribe_settled(&self) -> Box<dyn Subscription>;
     }
 }
 

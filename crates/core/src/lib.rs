@@ -46,6 +46,7 @@
 pub mod adapters;
 pub mod config;
 pub mod envelope;
+pub mod forward;
 pub mod group;
 pub mod lifecycle;
 pub mod metrics;

@@ -4,13 +4,13 @@
 //! [`StoreError::Unavailable`] or [`StoreError::Schema`] is counted (a
 //! [`StoreError::Conflict`] is an answer, not a failure).
 //!
-//! Every method of [`Store`] is forwarded through one macro, those with a
+//! Every method of [`Store`] is forwarded through
+//! [`toolfleet_core::forward_to_inner!`], those with a
 //! default body included, so that the wrapped store's own implementation
 //! always runs.
 
 use std::sync::Arc;
 
-use async_trait::async_trait;
 use serde_json::Value;
 use toolfleet_core::metrics::Backend;
 use toolfleet_core::{AuditRecord, JobState, Metrics};
@@ -40,24 +40,8 @@ impl MeteredStore {
     }
 }
 
-/// Implements [`Store`] for [`MeteredStore`] from the list of its methods:
-/// each forwards its arguments to the wrapped store and passes the answer
-/// through [`MeteredStore::seen`]. The one mechanism every method goes
-/// through; a method missing from the list does not compile.
-macro_rules! forward {
-    ($(fn $name:ident(&self $(, $arg:ident: $ty:ty)*) -> $answer:ty;)*) => {
-        #[async_trait]
-        impl Store for MeteredStore {
-            $(
-                async fn $name(&self $(, $arg: $ty)*) -> Result<$answer, StoreError> {
-                    self.seen(self.inner.$name($($arg),*).await)
-                }
-            )*
-        }
-    };
-}
-
-forward! {
+toolfleet_core::forward_to_inner! {
+impl Store, for MeteredStore, error StoreError {
     fn ping(&self) -> ();
     fn insert_job(&self, job: NewJob) -> Inserted;
     fn job(&self, tenant: &str, id: &str) -> Option<JobRecord>;
@@ -84,6 +68,7 @@ forward! {
     fn audit(&self, tenant: &str, limit: u32) -> Vec<AuditRecord>;
     fn claim_commit(&self, claim: ClaimCommit<'_>) -> CommitClaim;
     fn settle_commit(&self, settle: SettleCommit<'_>) -> ();
+}
 }
 
 #[cfg(test)]
