@@ -272,9 +272,10 @@ mod tests {
     use toolfleet_broker::{BrokerError, Consumer};
     use toolfleet_core::{AuditRecord, JobState, TraceContext};
     use toolfleet_store::{
-        AnswerTicket, Answered, CancelJob, ClaimCommit, ClaimJob, CommitClaim, Fail, Heartbeat,
-        Inserted, JobPage, JobRecord, Lease, ListJobs, NewJob, NewTicket, Park, SaveCheckpoint,
-        SetProgress, SettleCommit, StoreError, Succeed, TicketRecord, Unnotified,
+        AnswerTicket, Answered, CancelJob, ClaimCommit, ClaimJob, ClaimNotice, CommitClaim, Fail,
+        Heartbeat, Inserted, JobPage, JobRecord, Lease, ListJobs, NewJob, NewTicket, Park,
+        SaveCheckpoint, SetProgress, SettleCommit, SettleNotice, StoreError, Succeed, TicketRecord,
+        Unnotified,
     };
 
     /// A broker that never answers.
@@ -401,6 +402,12 @@ mod tests {
             unreachable!()
         }
         async fn audit(&self, _: &str, _: u32) -> Result<Vec<AuditRecord>, StoreError> {
+            unreachable!()
+        }
+        async fn claim_notice(&self, _: ClaimNotice<'_>) -> Result<bool, StoreError> {
+            unreachable!()
+        }
+        async fn settle_notice(&self, _: SettleNotice<'_>) -> Result<(), StoreError> {
             unreachable!()
         }
         async fn claim_commit(&self, _: ClaimCommit<'_>) -> Result<CommitClaim, StoreError> {

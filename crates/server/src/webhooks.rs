@@ -26,8 +26,8 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 use toolfleet_broker::{Event, Notices};
-use toolfleet_core::{Envelope, Json, Metrics};
-use toolfleet_store::{ClaimCommit, CommitClaim, Store, StoreError};
+use toolfleet_core::Metrics;
+use toolfleet_store::{ClaimNotice, SettleNotice, Store, StoreError};
 
 use crate::callbacks::{self, AllowRule, Destination, Refusal};
 use toolfleet_core::now_ms;
@@ -366,23 +366,22 @@ struct Sender {
 impl Sender {
     /// Claims the notice of `event` and, if no one else has, sends it to
     /// `url` in a task of its own, recording the outcome. False when the
-    /// commit log could not be asked (the notice is sent all the same).
+    /// store's notices could not be asked (the notice is sent all the same).
     async fn notify(&self, event: &Event, url: String) -> bool {
         // Every dispatcher hears every event; the first to claim the notice sends it.
         let claim = format!("webhook:{}:{}:{}", event.kind, event.id, event.state);
         // A claim abandoned by a dispatcher that stopped is taken over: a
         // notice may be sent twice, never lost for that.
         let now = now_ms();
-        let commit = ClaimCommit {
+        let notice = ClaimNotice {
             key: &claim,
             now,
             lease_ms: CLAIM_MS,
             keep_until: now + KEEP_MS,
-            take_over: true,
         };
-        let claimed = match self.store.claim_commit(commit).await {
-            Ok(CommitClaim::Run) => true,
-            Ok(_) => return true,
+        let claimed = match self.store.claim_notice(notice).await {
+            Ok(true) => true,
+            Ok(false) => return true,
             Err(error) => {
                 tracing::warn!(%error, "webhooks: cannot claim a notice; sending it anyway");
                 false
@@ -401,16 +400,12 @@ impl Sender {
             // Recorded whether delivered or given up after its last
             // attempt, and kept a day, so neither a redelivered event nor a
             // search of the store sends it again in that time.
-            let outcome = Envelope::ok(Json::from(json!({ "delivered": delivered })), "");
-            let keep = now_ms() + KEEP_MS;
-            if let Err(error) = store
-                .settle_commit(toolfleet_store::SettleCommit {
-                    key: &claim,
-                    outcome: Some(&outcome),
-                    keep_until: keep,
-                })
-                .await
-            {
+            let sent = SettleNotice {
+                key: &claim,
+                delivered,
+                keep_until: now_ms() + KEEP_MS,
+            };
+            if let Err(error) = store.settle_notice(sent).await {
                 tracing::warn!(%error, "webhooks: cannot record a delivered notice");
             }
         });
@@ -587,6 +582,7 @@ impl reqwest::dns::Resolve for Pinned {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use toolfleet_core::{Envelope, Json};
     use toolfleet_store::Succeed;
 
     #[test]

@@ -96,6 +96,7 @@ macro_rules! store_conformance {
             a_checkpoint_outlives_claims_and_retries,
             audit_keeps_the_parent_run_id,
             every_transition_moves_only_from_its_states,
+            a_notice_is_claimed_by_one_sender_and_kept_once_sent,
             a_parked_job_is_listed_and_counted_as_it_is_shown,
         );
     };
@@ -1434,6 +1435,16 @@ async fn claim_commit(store: &dyn Store, key: &str, now: i64) -> CommitClaim {
 
 /// A claim of `key` at `now` as a webhook's notice makes it: one that
 /// takes over a claim abandoned past its lease.
+/// The claim of webhook notice `key` at `now`, kept for good.
+fn a_notice(key: &str, now: i64) -> crate::ClaimNotice<'_> {
+    crate::ClaimNotice {
+        key,
+        now,
+        lease_ms: LEASE,
+        keep_until: FOREVER,
+    }
+}
+
 fn notice_claim(key: &str, now: i64) -> ClaimCommit<'_> {
     ClaimCommit {
         key,
@@ -2272,10 +2283,7 @@ pub async fn unnotified_jobs_are_settled_jobs_with_callbacks_nobody_notified(sto
     )
     .await;
     let key = format!("{PREFIX}{}:failed", notified.id);
-    assert_eq!(
-        store.claim_commit(notice_claim(&key, t0 + 21)).await,
-        Ok(CommitClaim::Run)
-    );
+    assert_eq!(store.claim_notice(a_notice(&key, t0 + 21)).await, Ok(true));
     let cancelled = add(true).await;
     store
         .cancel(crate::CancelJob {
@@ -2337,14 +2345,11 @@ pub async fn unnotified_jobs_are_settled_jobs_with_callbacks_nobody_notified(sto
     // Another prefix's record is not this notice's.
     let other = format!("other:{}:succeeded", first.id);
     assert_eq!(
-        store.claim_commit(notice_claim(&other, t0 + 50)).await,
-        Ok(CommitClaim::Run)
+        store.claim_notice(a_notice(&other, t0 + 50)).await,
+        Ok(true)
     );
     let key = format!("{PREFIX}{}:succeeded", first.id);
-    assert_eq!(
-        store.claim_commit(notice_claim(&key, t0 + 50)).await,
-        Ok(CommitClaim::Run)
-    );
+    assert_eq!(store.claim_notice(a_notice(&key, t0 + 50)).await, Ok(true));
     let listed = store
         .unnotified_jobs(crate::Unnotified {
             notice_prefix: PREFIX,
@@ -2402,10 +2407,7 @@ pub async fn unnotified_tickets_are_answered_tickets_with_callbacks_nobody_notif
     let notified = add(true).await;
     answer(notified.id.clone(), t0 + 30).await;
     let key = format!("{PREFIX}{}:answered", notified.id);
-    assert_eq!(
-        store.claim_commit(notice_claim(&key, t0 + 31)).await,
-        Ok(CommitClaim::Run)
-    );
+    assert_eq!(store.claim_notice(a_notice(&key, t0 + 31)).await, Ok(true));
     let _open = add(true).await;
     let silent = add(false).await;
     answer(silent.id.clone(), t0 + 40).await;
@@ -2444,10 +2446,7 @@ pub async fn unnotified_tickets_are_answered_tickets_with_callbacks_nobody_notif
         .expect("unnotified tickets");
     assert_eq!(one.len(), 1, "at most the limit");
     let key = format!("{PREFIX}{}:answered", first.id);
-    assert_eq!(
-        store.claim_commit(notice_claim(&key, t0 + 50)).await,
-        Ok(CommitClaim::Run)
-    );
+    assert_eq!(store.claim_notice(a_notice(&key, t0 + 50)).await, Ok(true));
     let listed = store
         .unnotified_tickets(crate::Unnotified {
             notice_prefix: PREFIX,
@@ -2649,5 +2648,57 @@ pub async fn a_parked_job_is_listed_and_counted_as_it_is_shown(store: &dyn Store
             .map(|j| (j.id.as_str(), j.state, j.run_at))
             .collect::<Vec<_>>(),
         [(parked.id.as_str(), JobState::Retrying, DUE_NOW)]
+    );
+}
+
+// Webhook notices.
+
+/// A notice is claimed by one sender while it sends, by another once the
+/// first's lease ran out (its dispatcher stopped), and by none once it was
+/// recorded as sent, until its record expires; the notices are apart from
+/// the commit log of confirm tokens, whose keys they never answer.
+pub async fn a_notice_is_claimed_by_one_sender_and_kept_once_sent(store: &dyn Store) {
+    let key = format!("webhook:job:{}:succeeded", new_id());
+    assert_eq!(store.claim_notice(a_notice(&key, BASE)).await, Ok(true));
+    assert_eq!(
+        store.claim_notice(a_notice(&key, BASE + 1)).await,
+        Ok(false)
+    );
+    assert_eq!(
+        store.claim_notice(a_notice(&key, BASE + LEASE + 1)).await,
+        Ok(true),
+        "taken over once the sender's lease ran out"
+    );
+    let sent = crate::SettleNotice {
+        key: &key,
+        delivered: true,
+        keep_until: LATER,
+    };
+    store.settle_notice(sent).await.expect("settle_notice");
+    for now in [BASE + LEASE + 2, BASE + 10 * LEASE, LATER - 1] {
+        assert_eq!(
+            store.claim_notice(a_notice(&key, now)).await,
+            Ok(false),
+            "a sent notice is kept until its keep_until"
+        );
+    }
+    // The commit log knows nothing of it.
+    assert_eq!(claim_commit(store, &key, BASE + 2).await, CommitClaim::Run);
+    // Given up counts as sent; an expired record may be claimed again.
+    let other = format!("webhook:ticket:t_{}:answered", new_id());
+    assert_eq!(store.claim_notice(a_notice(&other, BASE)).await, Ok(true));
+    let given_up = crate::SettleNotice {
+        key: &other,
+        delivered: false,
+        keep_until: BASE + 5,
+    };
+    store.settle_notice(given_up).await.expect("settle_notice");
+    assert_eq!(
+        store.claim_notice(a_notice(&other, BASE + 4)).await,
+        Ok(false)
+    );
+    assert_eq!(
+        store.claim_notice(a_notice(&other, BASE + 6)).await,
+        Ok(true)
     );
 }

@@ -392,6 +392,26 @@ pub struct SettleCommit<'a> {
     pub keep_until: i64,
 }
 
+/// What [`Store::claim_notice`] takes: the webhook notice `key`
+/// (`webhook:<kind>:<id>:<state>`) claimed at `now` for `lease_ms`, its
+/// record kept until `keep_until` (at least as long as the claim holds).
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimNotice<'a> {
+    pub key: &'a str,
+    pub now: i64,
+    pub lease_ms: i64,
+    pub keep_until: i64,
+}
+
+/// What [`Store::settle_notice`] takes: the notice `key` was sent,
+/// `delivered` (a 2xx) or given up, and is kept until `keep_until`.
+#[derive(Debug, Clone, Copy)]
+pub struct SettleNotice<'a> {
+    pub key: &'a str,
+    pub delivered: bool,
+    pub keep_until: i64,
+}
+
 /// Where toolfleet's state lives.
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
@@ -463,17 +483,18 @@ pub trait Store: Send + Sync + 'static {
     /// Counts of jobs by state, for metrics.
     async fn job_counts(&self) -> Result<Vec<(JobState, u64)>, StoreError>;
     /// Settled jobs that named a `callback_url`, last updated at or after
-    /// `since` and before `until`, whose notice has no record in the commit
-    /// log under the key `<notice_prefix><id>:<state>`: notices nobody has
-    /// claimed. Oldest first (then by id), at most `limit` (bounded).
+    /// `since` and before `until`, whose notice has no record among the
+    /// notices ([`Store::claim_notice`]) under the key
+    /// `<notice_prefix><id>:<state>`: notices nobody has claimed. Oldest
+    /// first (then by id), at most `limit` (bounded).
     async fn unnotified_jobs(&self, search: Unnotified<'_>) -> Result<Vec<JobRecord>, StoreError>;
 
     // Tickets.
 
     /// Answered tickets that named a `callback_url`, answered at or after
-    /// `since` and before `until`, whose notice has no record in the commit
-    /// log under the key `<notice_prefix><id>:answered`: notices nobody has
-    /// claimed. Oldest first (then by id), at most `limit` (bounded).
+    /// `since` and before `until`, whose notice has no record among the
+    /// notices under the key `<notice_prefix><id>:answered`: notices nobody
+    /// has claimed. Oldest first (then by id), at most `limit` (bounded).
     async fn unnotified_tickets(
         &self,
         search: Unnotified<'_>,
@@ -491,6 +512,16 @@ pub trait Store: Send + Sync + 'static {
     async fn append_audit(&self, records: &[AuditRecord]) -> Result<(), StoreError>;
     /// The tenant's latest audit records, newest first.
     async fn audit(&self, tenant: &str, limit: u32) -> Result<Vec<AuditRecord>, StoreError>;
+
+    // Webhook notices: which a fleet has sent, or is sending.
+
+    /// Claims the notice `claim.key` for sending: true when it was absent,
+    /// kept past its `keep_until`, or claimed by a sender whose lease ran
+    /// out (a dispatcher that stopped; the notice may then be sent twice,
+    /// never lost); false when it was sent, or another sender holds it.
+    async fn claim_notice(&self, claim: ClaimNotice<'_>) -> Result<bool, StoreError>;
+    /// Records the notice `settle.key` as sent, delivered or given up.
+    async fn settle_notice(&self, settle: SettleNotice<'_>) -> Result<(), StoreError>;
 
     // Command outcomes (the durable commit log).
 

@@ -16,9 +16,10 @@ use toolfleet_core::metrics::Backend;
 use toolfleet_core::{AuditRecord, JobState, Metrics};
 
 use crate::{
-    AnswerTicket, Answered, CancelJob, ClaimCommit, ClaimJob, CommitClaim, Fail, Heartbeat,
-    Inserted, JobPage, JobRecord, Lease, ListJobs, NewJob, NewTicket, Park, SaveCheckpoint,
-    SetProgress, SettleCommit, Store, StoreError, Succeed, TicketRecord, Unnotified,
+    AnswerTicket, Answered, CancelJob, ClaimCommit, ClaimJob, ClaimNotice, CommitClaim, Fail,
+    Heartbeat, Inserted, JobPage, JobRecord, Lease, ListJobs, NewJob, NewTicket, Park,
+    SaveCheckpoint, SetProgress, SettleCommit, SettleNotice, Store, StoreError, Succeed,
+    TicketRecord, Unnotified,
 };
 
 /// The store `inner`, its failures counted in `metrics`.
@@ -66,6 +67,8 @@ impl Store, for MeteredStore, error StoreError {
     fn answer_ticket(&self, answer: AnswerTicket<'_>) -> Option<Answered>;
     fn append_audit(&self, records: &[AuditRecord]) -> ();
     fn audit(&self, tenant: &str, limit: u32) -> Vec<AuditRecord>;
+    fn claim_notice(&self, claim: ClaimNotice<'_>) -> bool;
+    fn settle_notice(&self, settle: SettleNotice<'_>) -> ();
     fn claim_commit(&self, claim: ClaimCommit<'_>) -> CommitClaim;
     fn settle_commit(&self, settle: SettleCommit<'_>) -> ();
 }

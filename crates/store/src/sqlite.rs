@@ -25,10 +25,10 @@ use toolfleet_core::{AuditRecord, Envelope, ErrorCode, JobState, ToolError, Trac
 
 use crate::rows::{self, Columns, RowName, encode, to_i64};
 use crate::{
-    AnswerTicket, Answered, CancelJob, ClaimCommit, ClaimJob, CommitClaim, Fail, Heartbeat,
-    Inserted, JobFilter, JobPage, JobRecord, Lease, LeaseRef, ListJobs, NewJob, NewTicket, Park,
-    SaveCheckpoint, SetProgress, SettleCommit, Store, StoreError, Succeed, TicketRecord,
-    Unnotified,
+    AnswerTicket, Answered, CancelJob, ClaimCommit, ClaimJob, ClaimNotice, CommitClaim, Fail,
+    Heartbeat, Inserted, JobFilter, JobPage, JobRecord, Lease, LeaseRef, ListJobs, NewJob,
+    NewTicket, Park, SaveCheckpoint, SetProgress, SettleCommit, SettleNotice, Store, StoreError,
+    Succeed, TicketRecord, Unnotified,
 };
 
 mod embedded {
@@ -239,7 +239,7 @@ mod sql {
         WHERE callback_url IS NOT NULL
           AND state IN {settled}
           AND updated_at >= ?2 AND updated_at < ?3
-          AND NOT EXISTS (SELECT 1 FROM commits c WHERE c.key = ?1 || j.id || ':' || j.state)
+          AND NOT EXISTS (SELECT 1 FROM notices n WHERE n.key = ?1 || j.id || ':' || j.state)
         ORDER BY updated_at, id LIMIT ?4",
             settled = sql_list(&JobState::SETTLED)
         )
@@ -249,7 +249,7 @@ mod sql {
         SELECT * FROM tickets t
         WHERE callback_url IS NOT NULL AND answer IS NOT NULL
           AND answered_at >= ?2 AND answered_at < ?3
-          AND NOT EXISTS (SELECT 1 FROM commits c WHERE c.key = ?1 || t.id || ':answered')
+          AND NOT EXISTS (SELECT 1 FROM notices n WHERE n.key = ?1 || t.id || ':answered')
         ORDER BY answered_at, id LIMIT ?4";
 
     /// `?2`: a JSON array of the stored states of the state filter.
@@ -286,6 +286,27 @@ mod sql {
         INSERT INTO audit (at_ms, tenant, user, tool, run_id, call_id, args, status,
             error_code, duration_us, parent_run_id)
         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)";
+
+    /// Notices past keep_until, up to ?2, off `notices_expiry`.
+    pub const PRUNE_NOTICES: &str = "
+        DELETE FROM notices WHERE key IN (
+            SELECT key FROM notices WHERE keep_until < ?1 LIMIT ?2)";
+
+    /// absent, kept past keep_until, or sending past its lease -> sending
+    /// until ?3, kept until ?4.
+    pub const CLAIM_NOTICE: &str = "
+        INSERT INTO notices (key, state, lease_until, keep_until) VALUES (?1, 'sending', ?3, ?4)
+        ON CONFLICT (key) DO UPDATE SET
+            state = 'sending', delivered = NULL, lease_until = ?3, keep_until = ?4
+        WHERE notices.keep_until < ?2
+           OR (notices.state = 'sending' AND notices.lease_until < ?2)
+        RETURNING key";
+
+    /// sending (or absent) -> sent, delivered or given up.
+    pub const SETTLE_NOTICE: &str = "
+        INSERT INTO notices (key, state, delivered, keep_until) VALUES (?1, 'sent', ?2, ?3)
+        ON CONFLICT (key) DO UPDATE SET
+            state = 'sent', delivered = ?2, lease_until = NULL, keep_until = ?3";
 
     /// Settled outcomes and abandoned claims past keep_until (up to ?2 of
     /// each), each read off its partial index (migration 8).
@@ -870,6 +891,22 @@ fn append_audit(c: &mut Connection, records: &[AuditRecord]) -> Result<(), Store
 
 /// [`Store::claim_commit`] of `key` at `now`, pending until `until` and
 /// kept until `keep`.
+/// Claims a notice (see [`Store::claim_notice`]), pruning a batch of
+/// expired ones first.
+fn claim_notice(c: &mut Connection, claim: &ClaimNotice<'_>) -> Result<bool, StoreError> {
+    let until = claim.now.saturating_add(claim.lease_ms);
+    let keep = claim.keep_until.max(until);
+    let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    tx.prepare_cached(sql::PRUNE_NOTICES)?
+        .execute(params![claim.now, PRUNE_BATCH])?;
+    let claimed = tx
+        .prepare_cached(sql::CLAIM_NOTICE)?
+        .query_row(params![claim.key, claim.now, until, keep], |_| Ok(()))
+        .optional()?;
+    tx.commit()?;
+    Ok(claimed.is_some())
+}
+
 fn claim_commit(
     c: &mut Connection,
     key: &str,
@@ -1161,6 +1198,32 @@ impl Store for SqliteStore {
             let sql =
                 "SELECT * FROM audit WHERE tenant = ?1 ORDER BY at_ms DESC, seq DESC LIMIT ?2";
             query_all(c, sql, params![tenant, limit], audit_from_row)
+        })
+        .await
+    }
+
+    async fn claim_notice(&self, claim: ClaimNotice<'_>) -> Result<bool, StoreError> {
+        let key = claim.key.to_owned();
+        let (now, lease_ms, keep_until) = (claim.now, claim.lease_ms, claim.keep_until);
+        self.call(move |c| {
+            let claim = ClaimNotice {
+                key: &key,
+                now,
+                lease_ms,
+                keep_until,
+            };
+            claim_notice(c, &claim)
+        })
+        .await
+    }
+
+    async fn settle_notice(&self, settle: SettleNotice<'_>) -> Result<(), StoreError> {
+        let key = settle.key.to_owned();
+        let (delivered, keep_until) = (settle.delivered, settle.keep_until);
+        self.call(move |c| {
+            c.prepare_cached(sql::SETTLE_NOTICE)?
+                .execute(params![key, delivered, keep_until])?;
+            Ok(())
         })
         .await
     }

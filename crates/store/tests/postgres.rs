@@ -690,21 +690,22 @@ async fn due_reads(admin: &tokio_postgres::Client, schema: &str) -> (i64, i64, i
     (table.get(0), due, table.get(1))
 }
 
-/// The webhook searches probe the commit log by key for each settled job
-/// and each answered ticket: a commit log of thousands of entries is not
-/// read for every one.
+/// The webhook searches probe the notices by key for each settled job and
+/// each answered ticket: thousands of notices sent are not read for every
+/// one.
 #[tokio::test]
-async fn webhook_searches_probe_the_commit_log_by_key() {
+async fn webhook_searches_probe_the_notices_by_key() {
     let schema = Schema::migrated().await;
     let admin = admin().await;
     admin
         .batch_execute(&format!(
-            r#"INSERT INTO "{}".commits (key, state, lease_until)
-               SELECT 'command:' || g, 'pending', 0 FROM generate_series(1, 3000) g"#,
+            r#"INSERT INTO "{}".notices (key, state, delivered, keep_until)
+               SELECT 'webhook:job:' || g || ':succeeded', 'sent', true, 0
+               FROM generate_series(1, 3000) g"#,
             schema.name
         ))
         .await
-        .expect("a commit log of 3,000 entries");
+        .expect("3,000 notices sent");
     let store = PgStore::connect_in_schema(&url(), &schema.name, 1)
         .await
         .expect("connect");
@@ -781,12 +782,12 @@ async fn webhook_searches_probe_the_commit_log_by_key() {
             .query_one(
                 "SELECT COALESCE(t.seq_tup_read, 0), COALESCE(i.idx_tup_read, 0), i.idx_scan
                  FROM pg_stat_user_tables t JOIN pg_stat_user_indexes i USING (relid)
-                 WHERE t.schemaname = $1 AND t.relname = 'commits'
-                   AND i.indexrelname = 'commits_pkey'",
+                 WHERE t.schemaname = $1 AND t.relname = 'notices'
+                   AND i.indexrelname = 'notices_pkey'",
                 &[&schema.name],
             )
             .await
-            .expect("commit log statistics")
+            .expect("notices' statistics")
     };
     let mut row = read().await;
     for _ in 0..100 {
@@ -799,14 +800,11 @@ async fn webhook_searches_probe_the_commit_log_by_key() {
     let (scanned, from_index): (i64, i64) = (row.get(0), row.get(1));
     assert!(
         row.get::<_, i64>(2) >= 10,
-        "the commit log was searched by key, once for each job and ticket"
+        "the notices were searched by key, once for each job and ticket"
     );
-    assert_eq!(
-        scanned, 0,
-        "entries of the commit log read by sequential scans"
-    );
+    assert_eq!(scanned, 0, "notices read by sequential scans");
     assert!(
         from_index < 100,
-        "{from_index} entries of commits_pkey were read to probe 10 keys"
+        "{from_index} entries of notices_pkey were read to probe 10 keys"
     );
 }

@@ -247,6 +247,69 @@ async fn a_version_8_file_moves_its_parked_jobs_to_their_state() {
     remove(&path);
 }
 
+/// A file of schema version 9, whose webhook notices were kept in the
+/// commit log, is brought to version 10 on open: the notices move to their
+/// own table (a sent one is not claimed again) and the commit log keeps the
+/// confirm tokens' outcomes only.
+#[tokio::test]
+async fn a_version_9_file_moves_its_notices_out_of_the_commit_log() {
+    let path = temp_db();
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).expect("create the directory");
+    }
+    let mut conn = rusqlite::Connection::open(&path).expect("open directly");
+    embedded::migrations::runner()
+        .set_target(refinery::Target::Version(9))
+        .run(&mut conn)
+        .expect("migrate to version 9");
+    let far = 4_000_000_000_000_i64;
+    conn.execute(
+        "INSERT INTO commits (key, state, envelope, keep_until) VALUES
+            ('webhook:job:j1:succeeded', 'settled',
+             '{\"status\":\"ok\",\"result\":{\"delivered\":true},\"call_id\":\"\"}', ?1),
+            ('ct1.command', 'settled',
+             '{\"status\":\"ok\",\"result\":{\"report\":\"r1\"},\"call_id\":\"\"}', ?1)",
+        [far],
+    )
+    .expect("commits of version 9");
+    drop(conn);
+
+    let store = SqliteStore::open(&path).await.expect("open and migrate");
+    let now = 1_700_000_000_000;
+    let notice = toolfleet_store::ClaimNotice {
+        key: "webhook:job:j1:succeeded",
+        now,
+        lease_ms: 30_000,
+        keep_until: far,
+    };
+    assert_eq!(store.claim_notice(notice).await, Ok(false), "sent already");
+    let command = toolfleet_store::ClaimCommit {
+        key: "ct1.command",
+        now,
+        lease_ms: 30_000,
+        keep_until: far,
+        take_over: false,
+    };
+    assert!(
+        matches!(
+            store.claim_commit(command).await,
+            Ok(toolfleet_store::CommitClaim::Settled(_))
+        ),
+        "the command's outcome stays in the commit log"
+    );
+    let moved = toolfleet_store::ClaimCommit {
+        key: "webhook:job:j1:succeeded",
+        ..command
+    };
+    assert_eq!(
+        store.claim_commit(moved).await,
+        Ok(toolfleet_store::CommitClaim::Run),
+        "the notice left the commit log"
+    );
+    store.close().await.expect("close");
+    remove(&path);
+}
+
 #[tokio::test]
 async fn the_file_is_in_wal_mode() {
     let path = temp_db();

@@ -329,8 +329,8 @@ pub(super) static UNNOTIFIED: Built = LazyLock::new(|| {
         WHERE callback_url IS NOT NULL
           AND state IN {settled}
           AND updated_at >= $2 AND updated_at < $3
-          AND NOT EXISTS (SELECT 1 FROM commits c
-            WHERE c.key = ($1 || j.id || ':' || j.state) COLLATE \"default\")
+          AND NOT EXISTS (SELECT 1 FROM notices n
+            WHERE n.key = ($1 || j.id || ':' || j.state) COLLATE \"default\")
         ORDER BY updated_at, id LIMIT $4"
         ),
         settled = sql_list(&JobState::SETTLED)
@@ -343,8 +343,8 @@ pub(super) const UNNOTIFIED_TICKETS: &str = concat!(
     " FROM tickets t
         WHERE callback_url IS NOT NULL AND answer IS NOT NULL
           AND answered_at >= $2 AND answered_at < $3
-          AND NOT EXISTS (SELECT 1 FROM commits c
-            WHERE c.key = ($1 || t.id || ':answered') COLLATE \"default\")
+          AND NOT EXISTS (SELECT 1 FROM notices n
+            WHERE n.key = ($1 || t.id || ':answered') COLLATE \"default\")
         ORDER BY answered_at, id LIMIT $4"
 );
 
@@ -384,6 +384,31 @@ pub(super) const AUDIT: &str = r#"
         SELECT seq, at_ms, tenant, "user", tool, run_id, call_id, parent_run_id, args,
             status, error_code, duration_us
         FROM audit WHERE tenant = $1 ORDER BY at_ms DESC, seq DESC LIMIT $2"#;
+
+/// Notices past keep_until, up to $2, off `notices_expiry`; rows another
+/// pruner holds are skipped.
+pub(super) const PRUNE_NOTICES: &str = "
+        DELETE FROM notices WHERE key = ANY (ARRAY(
+            SELECT key FROM notices WHERE keep_until < $1
+            LIMIT $2 FOR UPDATE SKIP LOCKED))";
+
+/// absent, kept past keep_until, or sending past its lease -> sending
+/// until $3, kept until $4. The conflicting row is locked and its
+/// condition checked on its latest version, so two dispatchers can never
+/// both claim a notice.
+pub(super) const CLAIM_NOTICE: &str = "
+        INSERT INTO notices (key, state, lease_until, keep_until) VALUES ($1, 'sending', $3, $4)
+        ON CONFLICT (key) DO UPDATE SET
+            state = 'sending', delivered = NULL, lease_until = $3, keep_until = $4
+        WHERE notices.keep_until < $2
+           OR (notices.state = 'sending' AND notices.lease_until < $2)
+        RETURNING key";
+
+/// sending (or absent) -> sent, delivered or given up.
+pub(super) const SETTLE_NOTICE: &str = "
+        INSERT INTO notices (key, state, delivered, keep_until) VALUES ($1, 'sent', $2, $3)
+        ON CONFLICT (key) DO UPDATE SET
+            state = 'sent', delivered = $2, lease_until = NULL, keep_until = $3";
 
 /// Skips rows another pruner holds, so concurrent claims never wait on
 /// each other's housekeeping; the array makes the delete a walk of the

@@ -18,10 +18,10 @@ use super::rows::{AuditColumns, Fields, Insert, audit_from_row, job_from_row, ti
 use super::statements;
 use crate::rows::{Columns, encode};
 use crate::{
-    AnswerTicket, Answered, CancelJob, ClaimCommit, ClaimJob, CommitClaim, Fail, Heartbeat,
-    Inserted, JobFilter, JobPage, JobRecord, Lease, LeaseRef, ListJobs, NewJob, NewTicket, Park,
-    SaveCheckpoint, SetProgress, SettleCommit, Store, StoreError, Succeed, TicketRecord,
-    Unnotified,
+    AnswerTicket, Answered, CancelJob, ClaimCommit, ClaimJob, ClaimNotice, CommitClaim, Fail,
+    Heartbeat, Inserted, JobFilter, JobPage, JobRecord, Lease, LeaseRef, ListJobs, NewJob,
+    NewTicket, Park, SaveCheckpoint, SetProgress, SettleCommit, SettleNotice, Store, StoreError,
+    Succeed, TicketRecord, Unnotified,
 };
 
 /// Bounds of one page of [`Store::list_jobs`].
@@ -303,6 +303,17 @@ async fn claim_commit(
     )))
 }
 
+/// Claims a notice (see [`Store::claim_notice`]), pruning a batch of
+/// expired ones first.
+async fn claim_notice(c: &ClientWrapper, claim: ClaimNotice<'_>) -> Result<bool, StoreError> {
+    let until = claim.now.saturating_add(claim.lease_ms);
+    let keep = claim.keep_until.max(until);
+    execute(c, statements::PRUNE_NOTICES, &[&claim.now, &PRUNE_BATCH]).await?;
+    let stmt = c.prepare_cached(statements::CLAIM_NOTICE).await?;
+    let params: Params<'_> = &[&claim.key, &claim.now, &until, &keep];
+    Ok(c.query_opt(&stmt, params).await?.is_some())
+}
+
 async fn settle_commit(
     c: &ClientWrapper,
     key: &str,
@@ -517,6 +528,16 @@ impl Store for PgStore {
         let limit = i64::from(limit.clamp(1, MAX_BATCH));
         let c = self.client().await?;
         query_all(&c, statements::AUDIT, &[&tenant, &limit], audit_from_row).await
+    }
+
+    async fn claim_notice(&self, claim: ClaimNotice<'_>) -> Result<bool, StoreError> {
+        claim_notice(&*self.client().await?, claim).await
+    }
+
+    async fn settle_notice(&self, settle: SettleNotice<'_>) -> Result<(), StoreError> {
+        let params: Params<'_> = &[&settle.key, &settle.delivered, &settle.keep_until];
+        execute(&*self.client().await?, statements::SETTLE_NOTICE, params).await?;
+        Ok(())
     }
 
     async fn claim_commit(&self, claim: ClaimCommit<'_>) -> Result<CommitClaim, StoreError> {
