@@ -178,10 +178,8 @@ fn seconds(key: &str, s: f64) -> Result<std::time::Duration, String> {
 pub(crate) struct Config {
     #[serde(default = "default_listen")]
     pub listen: String,
-    /// Where a process without the HTTP API (a worker) serves `/metrics`,
-    /// `/healthz` and `/readyz`.
     /// Where `/metrics`, `/healthz` and `/readyz` are served off the API
-    /// port: always for a worker (see [`Config::metrics_address`]), and
+    /// port: always for a worker (at [`DEFAULT_METRICS_LISTEN`] when not set), and
     /// for a dispatcher or `serve` when set, which then serves none of
     /// them on `listen` beside its API.
     pub metrics_listen: Option<String>,
