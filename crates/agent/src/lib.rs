@@ -26,6 +26,7 @@ pub struct Agents {
 }
 
 impl Agents {
+    /// Binds agents sharing `env`, whose model calls go through `client`.
     pub fn new(env: Arc<AgentEnv>, client: reqwest::Client) -> Self {
         Agents { env, client }
     }

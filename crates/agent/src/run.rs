@@ -59,6 +59,7 @@ pub struct AgentEnv {
 }
 
 impl AgentEnv {
+    /// The environment over `store` and `notices`, agents nesting [`DEFAULT_MAX_DEPTH`] deep.
     pub fn new(store: Arc<dyn Store>, notices: Arc<dyn Notices>) -> Arc<AgentEnv> {
         Arc::new(AgentEnv {
             runtime: OnceLock::new(),
@@ -68,6 +69,7 @@ impl AgentEnv {
         })
     }
 
+    /// The environment over `store` and `notices`, agents nesting `max_depth` deep (at least one).
     pub fn with_max_depth(
         store: Arc<dyn Store>,
         notices: Arc<dyn Notices>,
@@ -154,15 +156,20 @@ impl Executor for AgentExecutor {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Exceeded {
+    /// The run made as many model calls as its budget allows.
     Steps,
+    /// The run used as many tokens as its budget allows.
     Tokens,
+    /// The run took as long as its budget allows.
     WallTime,
 }
 
 /// A tool call the answer relied on.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Evidence {
+    /// The tool called.
     pub tool: String,
+    /// The arguments it was called with.
     pub args: Value,
     /// The start of the result.
     pub excerpt: String,

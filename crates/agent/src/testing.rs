@@ -37,11 +37,18 @@ pub enum Scripted {
     /// Calls tools: `(tool, arguments)` in order. The call ids are
     /// `call_<step>_<n>`, `n` counting from 0 within the reply.
     Calls {
+        /// The tool calls, `(tool, arguments)` in order.
         calls: Vec<(String, Value)>,
+        /// The tokens the reply reports.
         usage: Usage,
     },
     /// Answers with text and no calls.
-    Answer { text: String, usage: Usage },
+    Answer {
+        /// The answer.
+        text: String,
+        /// The tokens the reply reports.
+        usage: Usage,
+    },
     /// Waits, then replies; for timeouts.
     Delay(Duration, Box<Scripted>),
 }

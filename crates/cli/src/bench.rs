@@ -27,7 +27,7 @@ use crate::serve::{Roles, start};
 const NOOP: &str = "bench_noop";
 
 #[derive(clap::Args, Clone)]
-pub struct BenchArgs {
+pub(crate) struct BenchArgs {
     /// Jobs of the burn-down.
     #[arg(long, short = 'n', default_value_t = 5000)]
     jobs: usize,
@@ -396,7 +396,7 @@ fn render_json(report: &Report) -> String {
     serde_json::to_string_pretty(report).unwrap_or_default()
 }
 
-pub async fn bench(mut config: Config, args: BenchArgs) -> Result<(), String> {
+pub(crate) async fn bench(mut config: Config, args: BenchArgs) -> Result<(), String> {
     let report = if args.servers.is_empty() {
         let data =
             std::env::temp_dir().join(format!("toolfleet-bench-{}", uuid::Uuid::now_v7().simple()));

@@ -11,7 +11,7 @@ use crate::keys::DEV_TOKEN_FILE;
 
 /// Where the server is and who we are.
 #[derive(clap::Args)]
-pub struct ServerArgs {
+pub(crate) struct ServerArgs {
     /// The server (default: http:// and the `listen` address of the configuration).
     #[arg(long, env = "TOOLFLEET_URL")]
     server: Option<String>,
@@ -102,14 +102,14 @@ fn outcome(envelope: &Value) -> Result<(), String> {
     }
 }
 
-pub async fn tools(config: &Config, args: &ServerArgs, format: &str) -> Result<(), String> {
+pub(crate) async fn tools(config: &Config, args: &ServerArgs, format: &str) -> Result<(), String> {
     let client = Client::new(config, args)?;
     let specs = client.get(&format!("/v1/tools?format={format}")).await?;
     print(&specs);
     outcome(&specs)
 }
 
-pub async fn call(
+pub(crate) async fn call(
     config: &Config,
     args: &ServerArgs,
     tool: &str,

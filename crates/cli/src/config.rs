@@ -15,7 +15,7 @@ use toolfleet_telemetry::LogFormat;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct TokenConfig {
+pub(crate) struct TokenConfig {
     pub sha256: String,
     pub tenant: String,
     pub user: String,
@@ -25,7 +25,7 @@ pub struct TokenConfig {
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct AuthConfig {
+pub(crate) struct AuthConfig {
     #[serde(default)]
     pub tokens: Vec<TokenConfig>,
 }
@@ -33,7 +33,7 @@ pub struct AuthConfig {
 /// `[webhooks]`: every tenant's, but those with their own.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct WebhookConfig {
+pub(crate) struct WebhookConfig {
     /// What a `callback_url` may reach: `host` (ports 80 and 443),
     /// `host:port`, `host:*`, addresses and networks (see
     /// [`toolfleet_server::callbacks`]), read here, so a bad entry stops
@@ -48,7 +48,7 @@ pub struct WebhookConfig {
 /// one left out is the global one of `[webhooks]`.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct TenantWebhookConfig {
+pub(crate) struct TenantWebhookConfig {
     /// Replaces `[webhooks] allow` for the tenant (`[]`: no callback).
     pub allow: Option<Vec<AllowRule>>,
     /// Replaces `[webhooks] secret` for the tenant's notices.
@@ -58,14 +58,14 @@ pub struct TenantWebhookConfig {
 /// `[tenants.<name>]`: the settings of one tenant.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct TenantConfig {
+pub(crate) struct TenantConfig {
     pub webhooks: Option<TenantWebhookConfig>,
 }
 
 /// `[mcp]`: how `/mcp` and `toolfleet mcp` behave.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct McpConfig {
+pub(crate) struct McpConfig {
     /// Browser origins (`https://app.example.com`) that may call `/mcp`
     /// beside the server's own host.
     #[serde(default)]
@@ -88,13 +88,13 @@ impl Default for McpConfig {
     }
 }
 
-pub use toolfleet_fleet::backends::NoticesBackend;
+pub(crate) use toolfleet_fleet::backends::NoticesBackend;
 
 /// `[limits]`: how many connections, streams and long polls a process
 /// holds, and how long a request may take to arrive.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct LimitsConfig {
+pub(crate) struct LimitsConfig {
     /// Connections held at once by one process; one more is answered 503.
     pub connections: usize,
     /// Seconds a request's head may take to arrive, and a keep-alive
@@ -128,7 +128,7 @@ impl Default for LimitsConfig {
 impl LimitsConfig {
     /// The limits of the HTTP API with a body of at most `max_body` bytes,
     /// or what is wrong with them.
-    pub fn api(&self, max_body: usize) -> Result<toolfleet_server::Limits, String> {
+    pub(crate) fn api(&self, max_body: usize) -> Result<toolfleet_server::Limits, String> {
         let at_least_one = [
             ("event_streams", self.event_streams),
             (
@@ -151,7 +151,7 @@ impl LimitsConfig {
     }
 
     /// The limits of a process's connections, or what is wrong with them.
-    pub fn connections(&self) -> Result<toolfleet_server::http::ConnectionLimits, String> {
+    pub(crate) fn connections(&self) -> Result<toolfleet_server::http::ConnectionLimits, String> {
         if self.connections == 0 {
             return Err("[limits] connections must be at least 1".to_owned());
         }
@@ -175,7 +175,7 @@ fn seconds(key: &str, s: f64) -> Result<std::time::Duration, String> {
 /// The settings of a process.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Config {
+pub(crate) struct Config {
     #[serde(default = "default_listen")]
     pub listen: String,
     /// Where `/metrics`, `/healthz` and `/readyz` are served off the API
@@ -264,7 +264,7 @@ fn default_listen() -> String {
     "127.0.0.1:8080".to_owned()
 }
 /// Where a worker serves its metrics when `metrics_listen` is not set.
-pub const DEFAULT_METRICS_LISTEN: &str = "127.0.0.1:9091";
+pub(crate) const DEFAULT_METRICS_LISTEN: &str = "127.0.0.1:9091";
 fn default_data_dir() -> PathBuf {
     PathBuf::from(".toolfleet")
 }
@@ -295,7 +295,7 @@ fn default_max_body() -> usize {
 
 /// The shortest webhook key (`[webhooks] secret`, TOOLFLEET_WEBHOOK_SECRET)
 /// taken, in bytes: as long as the HMAC-SHA256 it keys.
-pub const MIN_WEBHOOK_SECRET_BYTES: usize = 32;
+pub(crate) const MIN_WEBHOOK_SECRET_BYTES: usize = 32;
 
 fn read(path: &Path) -> Result<String, String> {
     std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
@@ -305,7 +305,7 @@ impl Config {
     /// The file named by `--config`, else `TOOLFLEET_CONFIG`, else
     /// `./toolfleet.toml`; with none, the defaults and the expense pack
     /// (`examples/expenses/toolfleet.toml`, built into the binary).
-    pub fn load(explicit: Option<&Path>) -> Result<Config, String> {
+    pub(crate) fn load(explicit: Option<&Path>) -> Result<Config, String> {
         let named = explicit
             .map(Path::to_path_buf)
             .or_else(|| std::env::var_os("TOOLFLEET_CONFIG").map(PathBuf::from));
@@ -329,7 +329,7 @@ impl Config {
     /// short to be keys: a webhook key (global or a tenant's) under
     /// [`MIN_WEBHOOK_SECRET_BYTES`], a confirm-token key that is not 32
     /// bytes in hex.
-    pub fn check_secrets(&self) -> Result<(), String> {
+    pub(crate) fn check_secrets(&self) -> Result<(), String> {
         if let Some(secret) = &self.webhooks.secret
             && secret.len() < MIN_WEBHOOK_SECRET_BYTES
         {
@@ -361,7 +361,7 @@ impl Config {
     }
 
     /// Parses one file's text; `path` places its tool schema files.
-    pub fn parse(text: &str, path: &Path) -> Result<Config, String> {
+    pub(crate) fn parse(text: &str, path: &Path) -> Result<Config, String> {
         let mut config: Config =
             toml::from_str(text).map_err(|e| format!("{}: {e}", path.display()))?;
         let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
@@ -434,7 +434,7 @@ impl Config {
     }
 
     /// What the backends are made from ([`toolfleet_fleet::backends`]).
-    pub fn backend_settings(&self) -> toolfleet_fleet::backends::Settings {
+    pub(crate) fn backend_settings(&self) -> toolfleet_fleet::backends::Settings {
         toolfleet_fleet::backends::Settings {
             database_url: self.database_url.clone(),
             database_schema: self.database_schema.clone(),

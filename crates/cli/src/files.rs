@@ -14,7 +14,7 @@ use std::path::Path;
 
 /// Makes `dir` (and any missing parent) owner-only, or checks an existing
 /// one: refused if group or others may write in it.
-pub fn data_dir(dir: &Path) -> Result<(), String> {
+pub(crate) fn data_dir(dir: &Path) -> Result<(), String> {
     let mut builder = std::fs::DirBuilder::new();
     builder.recursive(true);
     #[cfg(unix)]
@@ -42,7 +42,7 @@ pub fn data_dir(dir: &Path) -> Result<(), String> {
 
 /// What a secret's file holds.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Kept {
+pub(crate) enum Kept {
     /// No file.
     Missing,
     /// A file with nothing but white space (never written by this version).
@@ -53,7 +53,7 @@ pub enum Kept {
 
 /// Reads the secret in `path`. A file that group or others may read or
 /// change is refused, with the command that makes it owner-only.
-pub fn read_secret(path: &Path) -> Result<Kept, String> {
+pub(crate) fn read_secret(path: &Path) -> Result<Kept, String> {
     let mut file = match std::fs::File::open(path) {
         Ok(file) => file,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Kept::Missing),
@@ -91,7 +91,7 @@ pub fn read_secret(path: &Path) -> Result<Kept, String> {
 /// process ever reads it half written, nor replaces one it made first.
 /// Answers the secret kept (the other process's when it came first) and
 /// whether it is `value`.
-pub fn keep_secret(path: &Path, value: &str) -> Result<(String, bool), String> {
+pub(crate) fn keep_secret(path: &Path, value: &str) -> Result<(String, bool), String> {
     let cannot = |e: std::io::Error| format!("cannot write {}: {e}", path.display());
     let name = path
         .file_name()
@@ -130,7 +130,7 @@ pub fn keep_secret(path: &Path, value: &str) -> Result<(String, bool), String> {
 
 /// The secret kept as `name` in `dir`, made with `make()` when there is
 /// none: answers it and whether it was just made.
-pub fn kept_secret(
+pub(crate) fn kept_secret(
     dir: &Path,
     name: &str,
     make: impl FnOnce() -> String,

@@ -18,7 +18,7 @@ use crate::files::kept_secret;
 use crate::serve::Roles;
 
 /// The development token's file in the data directory.
-pub const DEV_TOKEN_FILE: &str = "dev-token";
+pub(crate) const DEV_TOKEN_FILE: &str = "dev-token";
 
 fn random_hex(bytes: usize) -> String {
     let mut out = String::new();

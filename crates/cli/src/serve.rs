@@ -43,7 +43,7 @@ fn shutdown_grace(config: &Config) -> Result<Duration, String> {
 
 /// `toolfleet migrate`: PostgreSQL's migrations with `database_url`, else
 /// the SQLite file's (which `serve` also applies when it opens it).
-pub async fn migrate(config: &Config) -> Result<(), String> {
+pub(crate) async fn migrate(config: &Config) -> Result<(), String> {
     if config.database_url.is_none() {
         data_dir(&config.data_dir)?;
     }
@@ -54,7 +54,7 @@ pub async fn migrate(config: &Config) -> Result<(), String> {
 
 /// Which parts a process runs.
 #[derive(Debug, Clone)]
-pub struct Roles {
+pub(crate) struct Roles {
     /// The HTTP API, webhooks and the sweeper.
     pub dispatcher: bool,
     /// Workers of these pools; `None`: every pool of the registered tools.
@@ -67,7 +67,7 @@ pub struct Roles {
 
 impl Roles {
     /// `toolfleet serve`: everything.
-    pub fn all() -> Roles {
+    pub(crate) fn all() -> Roles {
         Roles {
             dispatcher: true,
             pools: None,
@@ -77,7 +77,7 @@ impl Roles {
     }
 
     /// The `role` of `toolfleet_build_info`: what this process runs as.
-    pub fn metrics_role(&self) -> Role {
+    pub(crate) fn metrics_role(&self) -> Role {
         match (self.dispatcher, self.http, self.no_workers) {
             (false, _, _) => Role::Worker,
             (true, false, _) => Role::Mcp,
@@ -88,7 +88,7 @@ impl Roles {
 }
 
 /// Runs `roles` until SIGTERM or Ctrl-C, then stops gracefully.
-pub async fn run(config: Config, roles: Roles) -> Result<(), String> {
+pub(crate) async fn run(config: Config, roles: Roles) -> Result<(), String> {
     let grace = shutdown_grace(&config)?;
     let served = start(config, Vec::new(), roles).await?;
     wait_for_signal().await;
@@ -100,7 +100,7 @@ pub async fn run(config: Config, roles: Roles) -> Result<(), String> {
 }
 
 /// A server running in this process.
-pub struct Served {
+pub(crate) struct Served {
     /// Where the HTTP API listens, for processes that serve it.
     pub address: Option<std::net::SocketAddr>,
     /// The runtime every call goes through.
@@ -115,7 +115,7 @@ pub struct Served {
 
 impl Served {
     /// Stops taking calls and work, lets running jobs finish, and waits.
-    pub async fn stop(self) -> Result<(), String> {
+    pub(crate) async fn stop(self) -> Result<(), String> {
         let _ = self.stop.send(true);
         self.done.await.map_err(|e| e.to_string())?
     }
@@ -124,7 +124,7 @@ impl Served {
 /// Opens the backends `config` names, through the fleet's one choice of
 /// them ([`toolfleet_fleet::backends::open`]); the SQLite file's directory
 /// is made owner-only first.
-pub async fn open_backends(
+pub(crate) async fn open_backends(
     config: &Config,
     prefetch: u16,
     only_states: Option<&[&str]>,
@@ -146,7 +146,11 @@ pub async fn open_backends(
 /// backends and the runtime every role shares, then `/metrics` off the API
 /// port where it is served there, the workers of its pools, and the
 /// dispatcher (the sweeper, webhooks and the HTTP API).
-pub async fn start(config: Config, extra: Vec<ToolDecl>, roles: Roles) -> Result<Served, String> {
+pub(crate) async fn start(
+    config: Config,
+    extra: Vec<ToolDecl>,
+    roles: Roles,
+) -> Result<Served, String> {
     // Refused before anything is opened. The data directory is made when
     // something is kept in it (SQLite, a secret, the development token).
     check_tokens(&config, &roles)?;
@@ -502,7 +506,7 @@ async fn wait_for_signal() {
 /// with this process's own runtime, workers and sweeper on the configured
 /// backends. Refuses to start without a known token. Logs go to stderr:
 /// stdout carries only the protocol.
-pub async fn mcp_stdio(config: Config) -> Result<(), String> {
+pub(crate) async fn mcp_stdio(config: Config) -> Result<(), String> {
     let token = std::env::var("TOOLFLEET_TOKEN")
         .ok()
         .filter(|t| !t.trim().is_empty())

@@ -20,6 +20,7 @@ use crate::tool::{AnsweredBy, Executor, Hints, MiddlewareSpec, Shape, ToolDecl};
 /// A configuration that could not be read, with where and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError {
+    /// Where the configuration is wrong and why, for the operator.
     pub message: String,
 }
 
@@ -44,19 +45,28 @@ impl std::error::Error for ConfigError {}
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum ExecutorSpec {
     /// A Rust function registered under `name`.
-    Builtin { name: String },
+    Builtin {
+        /// The name the function is registered under.
+        name: String,
+    },
     /// POST the arguments as JSON to `url`.
     Http {
+        /// The service's endpoint.
         url: String,
+        /// Headers sent with every request.
         #[serde(default)]
         headers: BTreeMap<String, String>,
+        /// How long one request may take, in seconds.
         timeout_s: Option<f64>,
     },
     /// Run `program` with the arguments as JSON on standard input.
     Exec {
+        /// The program to run.
         program: String,
+        /// The program's command-line arguments.
         #[serde(default)]
         args: Vec<String>,
+        /// How long one run may take, in seconds.
         timeout_s: Option<f64>,
         /// Variables set to these values in the program's environment.
         #[serde(default)]
@@ -83,6 +93,7 @@ pub enum ModelProvider {
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AgentSpec {
+    /// The wire format the model endpoint speaks.
     pub provider: ModelProvider,
     /// The API root, e.g. `https://api.openai.com/v1` or
     /// `https://api.anthropic.com/v1`; the client appends
@@ -91,11 +102,13 @@ pub struct AgentSpec {
     /// An environment variable that, when set, replaces `base_url` (one
     /// declaration, a model server per deployment).
     pub base_url_env: Option<String>,
+    /// The model to ask for, as the endpoint names it.
     pub model: String,
     /// The environment variable holding the API key.
     pub api_key_env: Option<String>,
     /// A file holding the API key (a mounted secret).
     pub api_key_file: Option<String>,
+    /// The system prompt of every run.
     pub system_prompt: String,
     /// The registered tools the sub-agent may call.
     #[serde(default)]
@@ -103,10 +116,13 @@ pub struct AgentSpec {
     /// The scopes it runs with, intersected with the caller's.
     #[serde(default)]
     pub scopes: Vec<String>,
+    /// Model calls a run may make (8 by default).
     #[serde(default = "default_max_steps")]
     pub max_steps: u32,
+    /// Input plus output tokens a run may use (50,000 by default).
     #[serde(default = "default_max_tokens")]
     pub max_tokens: u64,
+    /// Wall time a run may take, in seconds (300 by default).
     #[serde(default = "default_max_wall_s")]
     pub max_wall_s: f64,
     /// Output tokens one model call may produce.
@@ -137,6 +153,7 @@ fn default_model_timeout_s() -> f64 {
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CacheConfig {
+    /// How long a read's answer is cached, in seconds.
     pub ttl_s: f64,
 }
 
@@ -144,7 +161,9 @@ pub struct CacheConfig {
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RateLimitConfig {
+    /// Calls allowed per window.
     pub max: u32,
+    /// The window, in seconds.
     pub per_s: f64,
 }
 
@@ -152,13 +171,19 @@ pub struct RateLimitConfig {
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MiddlewareConfig {
+    /// Records each call in the audit log.
     #[serde(default)]
     pub audit: bool,
+    /// The scopes a caller must hold, all of them.
     #[serde(default)]
     pub require_scope: Vec<String>,
+    /// How often the tool may be called, per tenant.
     pub rate_limit: Option<RateLimitConfig>,
+    /// Caches the `ok` answers of a read-only tool.
     pub cache_reads: Option<CacheConfig>,
+    /// How long a call may run, in seconds.
     pub timeout_s: Option<f64>,
+    /// Fields masked in audit records and in results.
     #[serde(default)]
     pub redact: Vec<String>,
 }
@@ -167,23 +192,38 @@ pub struct MiddlewareConfig {
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ToolConfig {
+    /// The name clients call the tool by.
     pub name: String,
+    /// The tool's shape.
     pub shape: Shape,
+    /// A human-readable title.
     pub title: Option<String>,
+    /// What the tool does and when to call it, for the model.
     #[serde(default)]
     pub description: String,
+    /// The JSON Schema of the arguments, inline.
     pub input_schema: Option<Value>,
+    /// A JSON file holding the schema of the arguments.
     pub input_schema_file: Option<String>,
+    /// The JSON Schema of the result, inline.
     pub output_schema: Option<Value>,
+    /// A JSON file holding the schema of the result.
     pub output_schema_file: Option<String>,
+    /// The hints as declared; left out, the shape's defaults.
     #[serde(default)]
     pub hints: Hints,
+    /// The tool's middleware table.
     #[serde(default)]
     pub middleware: MiddlewareConfig,
+    /// How the tool's work is done; human tools have none.
     pub executor: Option<ExecutorSpec>,
+    /// Handle tools: results larger than this many bytes become a handle.
     pub handle_threshold: Option<usize>,
+    /// Job and agent tools: the poll hint of the `running` answer, in seconds.
     pub poll_after_s: Option<u32>,
+    /// Job and agent tools: the worker pool that runs them.
     pub pool: Option<String>,
+    /// Job and agent tools: how many times a retryable failure is tried.
     pub max_attempts: Option<u32>,
     /// The result is MCP content blocks (see [`ToolDecl::content_blocks`]).
     #[serde(default)]

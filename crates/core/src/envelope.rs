@@ -106,21 +106,37 @@ impl<'de> Deserialize<'de> for Json {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorCode {
+    /// No registered tool of that name.
     UnknownTool,
+    /// The arguments do not match the tool's JSON Schema.
     InvalidArguments,
+    /// The caller lacks a scope the tool or the job requires.
     Forbidden,
+    /// No bearer token, or one that is not configured.
     Unauthenticated,
+    /// The tool's rate limit refused the call; `retry_after_s` says when to call again.
     RateLimited,
+    /// The call or the job's attempt ran past its time budget.
     Timeout,
+    /// The tool's executor failed or panicked.
     ToolFailed,
+    /// No such job, ticket or handle for this caller.
     NotFound,
+    /// An idempotency key reused with other arguments, a confirm token in use, or a ticket answered already.
     Conflict,
+    /// A command's commit without its confirm token.
     ConfirmRequired,
+    /// A confirm token this runtime did not issue, expired, or made for another call.
     InvalidConfirmToken,
+    /// An agent's budget ran out (reserved in the contract).
     BudgetExceeded,
+    /// The job was cancelled.
     Cancelled,
+    /// A backend (store, broker, notices) is down, or the process is full or starting.
     Unavailable,
+    /// A request body, provider tool call or tool answer over its bound.
     PayloadTooLarge,
+    /// A request the route cannot take: malformed, out of bounds or refused by the allow-list.
     BadRequest,
 }
 
@@ -165,8 +181,11 @@ impl fmt::Display for ErrorCode {
 /// An error a model can read and act on.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolError {
+    /// What went wrong, from the fixed list of the contract.
     pub code: ErrorCode,
+    /// What went wrong and what to do next, written for a model.
     pub message: String,
+    /// Whether making the same call again later may succeed.
     pub retryable: bool,
     /// Set with `rate_limited`, and with the `conflict` of a commit whose
     /// confirm token another commit still runs: when the call may be made
@@ -213,24 +232,29 @@ impl ToolError {
                 .unwrap_or(false)
     }
 
+    /// The arguments do not match what the tool takes.
     pub fn invalid_arguments(message: impl Into<String>) -> Self {
         ToolError::new(ErrorCode::InvalidArguments, message)
     }
 
+    /// No such job, ticket or handle for this caller.
     pub fn not_found(message: impl Into<String>) -> Self {
         ToolError::new(ErrorCode::NotFound, message)
     }
 
+    /// Overrides whether a retry may succeed.
     pub fn retryable(mut self, retryable: bool) -> Self {
         self.retryable = retryable;
         self
     }
 
+    /// Attaches machine-readable detail.
     pub fn with_details(mut self, details: Value) -> Self {
         self.details = Some(details);
         self
     }
 
+    /// Says the call may be made again after `seconds`.
     pub fn with_retry_after(mut self, seconds: u64) -> Self {
         self.retry_after_s = Some(seconds);
         self
@@ -249,34 +273,50 @@ impl std::error::Error for ToolError {}
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "status", rename_all = "snake_case")]
 pub enum Envelope {
+    /// The call succeeded.
     Ok {
+        /// The tool's JSON result.
         result: Json,
+        /// The call that produced the result (for a job, the call that made it).
         call_id: String,
     },
+    /// The call failed.
     Error {
+        /// The error, with its code and message.
         error: ToolError,
         /// Set by `get_job` for a settled job: `failed` or `cancelled`.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         state: Option<JobState>,
     },
+    /// A job was accepted or has not settled.
     Running {
+        /// The job to poll.
         job_id: String,
+        /// How long to wait before polling again, in seconds.
         poll_after_s: u32,
+        /// Set by `get_job`: `queued`, `running` or `retrying`.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         state: Option<JobState>,
+        /// Set by `get_job`: the attempts started so far.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         attempts: Option<u32>,
+        /// Set by `get_job`: the progress the tool last reported.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         progress: Option<Value>,
     },
+    /// A human tool opened a ticket and waits for its answer.
     Suspended {
+        /// The ticket id (`t_` and 32 hex digits).
         ticket: String,
+        /// What the person is asked.
         question: String,
+        /// The answers the person may choose from; empty for a free answer.
         options: Vec<String>,
     },
 }
 
 impl Envelope {
+    /// A successful call's answer.
     pub fn ok(result: Json, call_id: impl Into<String>) -> Self {
         Envelope::Ok {
             result,
@@ -284,6 +324,7 @@ impl Envelope {
         }
     }
 
+    /// A failed call's answer.
     pub fn error(error: ToolError) -> Self {
         Envelope::Error { error, state: None }
     }
@@ -309,6 +350,7 @@ impl Envelope {
         }
     }
 
+    /// True for an `ok` envelope.
     pub fn is_ok(&self) -> bool {
         matches!(self, Envelope::Ok { .. })
     }

@@ -53,6 +53,7 @@ pub enum Denial {
 }
 
 impl Denial {
+    /// The `reason` label of `toolfleet_denials_total`.
     pub fn as_str(self) -> &'static str {
         match self {
             Denial::Unauthenticated => "unauthenticated",
@@ -76,14 +77,19 @@ impl Denial {
 /// `toolfleet_backend_errors_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Backend {
+    /// The job and ticket store.
     Store,
+    /// The broker that hands jobs to workers.
     Broker,
+    /// The notices that announce settled work.
     Notices,
 }
 
 impl Backend {
+    /// Every backend, in label order.
     pub const ALL: [Backend; 3] = [Backend::Store, Backend::Broker, Backend::Notices];
 
+    /// The `backend` label.
     pub fn as_str(self) -> &'static str {
         match self {
             Backend::Store => "store",
@@ -107,8 +113,10 @@ pub enum Role {
 }
 
 impl Role {
+    /// Every role, in label order.
     pub const ALL: [Role; 4] = [Role::Dispatcher, Role::Worker, Role::Serve, Role::Mcp];
 
+    /// The `role` label.
     pub fn as_str(self) -> &'static str {
         match self {
             Role::Dispatcher => "dispatcher",
@@ -506,6 +514,7 @@ impl Metrics {
             .observe(elapsed.as_secs_f64());
     }
 
+    /// Counts a call of `tool` whose arguments failed validation.
     pub fn validation_failure(&self, tool: &str) {
         self.validation_failures
             .get_or_create(&tool_label(tool))
@@ -522,14 +531,17 @@ impl Metrics {
             .inc();
     }
 
+    /// Counts a call of `tool` answered from the read cache.
     pub fn cache_hit(&self, tool: &str) {
         self.cache_hits.get_or_create(&tool_label(tool)).inc();
     }
 
+    /// Counts a call of `tool` the read cache could not answer.
     pub fn cache_miss(&self, tool: &str) {
         self.cache_misses.get_or_create(&tool_label(tool)).inc();
     }
 
+    /// Counts a job of `tool` enqueued.
     pub fn job_enqueued(&self, tool: &str) {
         self.jobs_enqueued.get_or_create(&tool_label(tool)).inc();
     }
@@ -549,6 +561,7 @@ impl Metrics {
             .inc();
     }
 
+    /// Counts a webhook given up: after its last attempt, or refused by the allow-list.
     pub fn webhook_abandoned(&self) {
         self.webhook_abandoned.inc();
     }
@@ -589,6 +602,7 @@ impl Metrics {
         };
     }
 
+    /// Counts a message of `pool` a worker could not process and dead-lettered.
     pub fn dead_letter(&self, pool: &str) {
         self.dead_letters.get_or_create(&pool_label(pool)).inc();
     }
@@ -622,6 +636,7 @@ impl Metrics {
 
     // Backends and the state at scrape time.
 
+    /// Counts a failure of `backend`.
     pub fn backend_error(&self, backend: Backend) {
         self.backend_errors
             .get_or_create(&BackendLabel {
@@ -700,7 +715,7 @@ mod tests {
     use crate::tool::new_id;
 
     /// The value of the sample `series` (name and labels as rendered).
-    pub fn sample(text: &str, series: &str) -> Option<f64> {
+    pub(super) fn sample(text: &str, series: &str) -> Option<f64> {
         text.lines()
             .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
     }

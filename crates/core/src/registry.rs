@@ -23,8 +23,11 @@ const MAX_VIOLATIONS: usize = 10;
 /// A declaration that registration refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RegistrationError {
+    /// The tool refused.
     pub tool: String,
+    /// The rule it broke, in a word (`unique_name`).
     pub rule: &'static str,
+    /// Why, and what to change.
     pub message: String,
 }
 
@@ -69,15 +72,19 @@ impl fmt::Debug for Tool {
 }
 
 impl Tool {
+    /// The name clients call the tool by.
     pub fn name(&self) -> &str {
         &self.decl.name
     }
+    /// The human-readable title, if declared.
     pub fn title(&self) -> Option<&str> {
         self.decl.title.as_deref()
     }
+    /// What the tool does, for the model.
     pub fn description(&self) -> &str {
         &self.decl.description
     }
+    /// The tool's shape.
     pub fn shape(&self) -> Shape {
         self.decl.shape
     }
@@ -85,12 +92,15 @@ impl Tool {
     pub fn input_schema(&self) -> &Value {
         &self.decl.input_schema
     }
+    /// The JSON Schema of the result, if declared.
     pub fn output_schema(&self) -> Option<&Value> {
         self.decl.output_schema.as_ref()
     }
+    /// The hints after the shape's defaults.
     pub fn hints(&self) -> ResolvedHints {
         self.hints
     }
+    /// The middleware the tool declares.
     pub fn middleware(&self) -> &MiddlewareSpec {
         &self.decl.middleware
     }
@@ -98,9 +108,11 @@ impl Tool {
     pub fn required_scopes(&self) -> &[String] {
         &self.decl.middleware.scopes
     }
+    /// The executor that runs the tool; human tools have none.
     pub fn executor(&self) -> Option<&Arc<dyn Executor>> {
         self.decl.executor.as_ref()
     }
+    /// The declaration as registered.
     pub fn declaration(&self) -> &ToolDecl {
         &self.decl
     }
@@ -175,6 +187,7 @@ impl fmt::Debug for Registry {
 }
 
 impl Registry {
+    /// The tool registered as `name`.
     pub fn get(&self, name: &str) -> Option<&Arc<Tool>> {
         self.by_name.get(name)
     }
@@ -184,10 +197,12 @@ impl Registry {
         self.order.iter()
     }
 
+    /// How many tools are registered.
     pub fn len(&self) -> usize {
         self.order.len()
     }
 
+    /// True when no tool is registered.
     pub fn is_empty(&self) -> bool {
         self.order.is_empty()
     }

@@ -80,6 +80,7 @@ pub struct RuntimeBuilder {
 }
 
 impl RuntimeBuilder {
+    /// Sets the defaults and bounds of the runtime.
     pub fn config(mut self, config: RuntimeConfig) -> Self {
         self.config = config;
         self
@@ -90,18 +91,22 @@ impl RuntimeBuilder {
         self.secret = Some(secret);
         self
     }
+    /// Where audit records go (kept in memory when not set).
     pub fn audit_sink(mut self, sink: Arc<dyn AuditSink>) -> Self {
         self.audit_sink = Some(sink);
         self
     }
+    /// The fleet that takes jobs and tickets (none when not set: enqueued shapes answer `unavailable`).
     pub fn fleet(mut self, fleet: Arc<dyn Fleet>) -> Self {
         self.fleet = Some(fleet);
         self
     }
+    /// Where command commits are recorded, so a confirm token never runs its tool twice.
     pub fn commit_log(mut self, log: Arc<dyn CommitLog>) -> Self {
         self.commit_log = Some(log);
         self
     }
+    /// Where the results of handle tools are kept for `read_handle`.
     pub fn handles(mut self, store: Arc<dyn HandleStore>) -> Self {
         self.handles = Some(store);
         self
@@ -113,6 +118,7 @@ impl RuntimeBuilder {
         self
     }
 
+    /// The runtime, with the built-in `read_handle` tool registered.
     pub fn build(self) -> Runtime {
         let secret = self.secret.unwrap_or_else(random_secret);
         let handles = self
@@ -163,6 +169,7 @@ pub struct Runtime {
 }
 
 impl Runtime {
+    /// A builder with the default configuration and everything in memory.
     pub fn builder() -> RuntimeBuilder {
         RuntimeBuilder {
             config: RuntimeConfig::default(),
@@ -192,14 +199,17 @@ impl Runtime {
         Ok(())
     }
 
+    /// The registered tools.
     pub fn registry(&self) -> &Registry {
         &self.registry
     }
 
+    /// The runtime's defaults and bounds.
     pub fn config(&self) -> &RuntimeConfig {
         &self.config
     }
 
+    /// Where audit records go.
     pub fn audit_sink(&self) -> &Arc<dyn AuditSink> {
         &self.services.audit_sink
     }

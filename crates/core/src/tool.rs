@@ -21,15 +21,22 @@ use crate::middleware::{Layer, RateLimit};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Shape {
+    /// A read that answers inline.
     Query,
+    /// A read whose large result comes back as a handle to page through.
     Handle,
+    /// A change that runs only once its caller confirms it with a token.
     Command,
+    /// Work enqueued on the fleet as a job and polled for.
     Job,
+    /// A sub-agent's model loop, run as a job on the agent pool.
     Agent,
+    /// A question a person answers through a ticket.
     Human,
 }
 
 impl Shape {
+    /// The shape's name as declarations and envelopes write it.
     pub fn as_str(self) -> &'static str {
         match self {
             Shape::Query => "query",
@@ -68,18 +75,26 @@ impl fmt::Display for Shape {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Hints {
+    /// The tool only reads; `None` takes the shape's default.
     pub read_only: Option<bool>,
+    /// The tool may destroy data; `None` takes the shape's default.
     pub destructive: Option<bool>,
+    /// Calling the tool twice with the same arguments does no more than once.
     pub idempotent: Option<bool>,
+    /// The tool reaches outside the system (people, the internet).
     pub open_world: Option<bool>,
 }
 
 /// Hints after the shape's defaults are applied: what clients are told.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct ResolvedHints {
+    /// The tool only reads.
     pub read_only: bool,
+    /// The tool may destroy data.
     pub destructive: bool,
+    /// Repeating a call with the same arguments does no more than once.
     pub idempotent: bool,
+    /// The tool reaches outside the system.
     pub open_world: bool,
 }
 
@@ -100,12 +115,16 @@ impl Hints {
 /// Who is calling: the identity every policy and every key is built from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Principal {
+    /// The tenant the caller acts in; every job, ticket and key is scoped to it.
     pub tenant: String,
+    /// The user within the tenant.
     pub user: String,
+    /// The scopes the caller was granted.
     pub scopes: BTreeSet<String>,
 }
 
 impl Principal {
+    /// A principal of `user` in `tenant` holding `scopes`.
     pub fn new<S: Into<String>>(
         tenant: impl Into<String>,
         user: impl Into<String>,
@@ -118,6 +137,7 @@ impl Principal {
         }
     }
 
+    /// Holds `scope`.
     pub fn has_scope(&self, scope: &str) -> bool {
         self.scopes.contains(scope)
     }
@@ -214,6 +234,7 @@ impl AnsweredBy {
 /// caller may attach.
 #[derive(Debug, Clone)]
 pub struct CallCtx {
+    /// Who makes the call.
     pub principal: Arc<Principal>,
     /// The agent run this call belongs to; its events and audit share it.
     pub run_id: String,
@@ -241,25 +262,41 @@ pub struct CallCtx {
 pub enum CallEvent {
     /// How far the call has got: `progress` of `total` (when known).
     Progress {
+        /// The work done so far.
         progress: f64,
+        /// The work there is in all, when known.
         total: Option<f64>,
+        /// What the call is doing now.
         message: Option<String>,
     },
     /// A log message at a syslog severity.
-    Log { level: LogLevel, message: String },
+    Log {
+        /// How severe the message is.
+        level: LogLevel,
+        /// The message.
+        message: String,
+    },
 }
 
 /// The syslog severities of a [`CallEvent::Log`], least severe first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum LogLevel {
+    /// Detail for debugging.
     Debug,
+    /// Information.
     Info,
+    /// Normal but significant.
     Notice,
+    /// A warning.
     Warning,
+    /// An error.
     Error,
+    /// A critical condition.
     Critical,
+    /// Action must be taken at once.
     Alert,
+    /// The system is unusable.
     Emergency,
 }
 
@@ -269,10 +306,12 @@ pub enum LogLevel {
 pub struct CallEvents(Arc<dyn Fn(CallEvent) + Send + Sync>);
 
 impl CallEvents {
+    /// A listener that hands each event to `listener`.
     pub fn new(listener: impl Fn(CallEvent) + Send + Sync + 'static) -> Self {
         CallEvents(Arc::new(listener))
     }
 
+    /// Hands `event` to the listener.
     pub fn report(&self, event: CallEvent) {
         (self.0)(event)
     }
@@ -345,20 +384,24 @@ impl CallCtx {
         }
     }
 
+    /// The call as part of the agent run `run_id`.
     pub fn with_run_id(mut self, run_id: impl Into<String>) -> Self {
         self.run_id = run_id.into();
         self
     }
 
+    /// The call with the caller's idempotency key.
     pub fn with_idempotency_key(mut self, key: impl Into<String>) -> Self {
         self.idempotency_key = Some(key.into());
         self
     }
 
+    /// The caller's tenant.
     pub fn tenant(&self) -> &str {
         &self.principal.tenant
     }
 
+    /// The calling user.
     pub fn user(&self) -> &str {
         &self.principal.user
     }
@@ -394,6 +437,7 @@ pub const DEFAULT_POOL: &str = "default";
 /// [`executor_value`]; the fleet adds executors that call out over HTTP or
 /// run programs.
 pub trait Executor: Send + Sync + 'static {
+    /// Runs one call of the tool on its validated arguments; the result is encoded JSON.
     fn execute(&self, ctx: CallCtx, args: Value) -> BoxFuture<'static, Result<Json, ToolError>>;
 }
 
@@ -446,12 +490,19 @@ where
 /// custom layers, tool, whatever order it was written in.
 #[derive(Clone, Default)]
 pub struct MiddlewareSpec {
+    /// Records each call in the audit log.
     pub audit: bool,
+    /// The scopes a caller must hold, all of them.
     pub scopes: Vec<String>,
+    /// How often the tool may be called, per tenant.
     pub rate_limit: Option<RateLimit>,
+    /// How long a read's `ok` answer is cached, per tenant, user and arguments.
     pub cache_ttl: Option<Duration>,
+    /// How long a call may run before it fails with a timeout.
     pub timeout: Option<Duration>,
+    /// Fields masked in audit records and in results.
     pub redact: Vec<String>,
+    /// Layers of the user's own, innermost after the built-in ones.
     pub custom: Vec<Arc<dyn Layer>>,
 }
 
@@ -472,13 +523,21 @@ impl fmt::Debug for MiddlewareSpec {
 /// A tool as declared, before registration checks it.
 #[derive(Clone)]
 pub struct ToolDecl {
+    /// The name clients call the tool by, unique in a registry.
     pub name: String,
+    /// A human-readable title for clients that show one.
     pub title: Option<String>,
+    /// What the tool does and when to call it, for the model.
     pub description: String,
+    /// The tool's shape, which fixes its contract.
     pub shape: Shape,
+    /// The JSON Schema the arguments are validated against.
     pub input_schema: Value,
+    /// The JSON Schema of the result, when declared.
     pub output_schema: Option<Value>,
+    /// The hints as declared.
     pub hints: Hints,
+    /// The middleware the tool declares.
     pub middleware: MiddlewareSpec,
     /// Runs the tool. Human tools have none: a person answers them.
     pub executor: Option<Arc<dyn Executor>>,
@@ -537,21 +596,27 @@ impl ToolDecl {
         }
     }
 
+    /// A declaration of a query tool.
     pub fn query(name: impl Into<String>) -> Self {
         ToolDecl::new(name, Shape::Query)
     }
+    /// A declaration of a handle tool.
     pub fn handle(name: impl Into<String>) -> Self {
         ToolDecl::new(name, Shape::Handle)
     }
+    /// A declaration of a command tool.
     pub fn command(name: impl Into<String>) -> Self {
         ToolDecl::new(name, Shape::Command)
     }
+    /// A declaration of a job tool.
     pub fn job(name: impl Into<String>) -> Self {
         ToolDecl::new(name, Shape::Job)
     }
+    /// A declaration of an agent tool.
     pub fn agent(name: impl Into<String>) -> Self {
         ToolDecl::new(name, Shape::Agent)
     }
+    /// A declaration of a human tool.
     pub fn human(name: impl Into<String>) -> Self {
         ToolDecl::new(name, Shape::Human)
     }
@@ -562,42 +627,52 @@ impl ToolDecl {
         self
     }
 
+    /// Sets the title clients show.
     pub fn title(mut self, title: impl Into<String>) -> Self {
         self.title = Some(title.into());
         self
     }
+    /// Sets the description the model reads.
     pub fn description(mut self, description: impl Into<String>) -> Self {
         self.description = description.into();
         self
     }
+    /// Sets the JSON Schema of the arguments.
     pub fn input_schema(mut self, schema: Value) -> Self {
         self.input_schema = schema;
         self
     }
+    /// Sets the JSON Schema of the result.
     pub fn output_schema(mut self, schema: Value) -> Self {
         self.output_schema = Some(schema);
         self
     }
+    /// Sets all hints at once.
     pub fn hints(mut self, hints: Hints) -> Self {
         self.hints = hints;
         self
     }
+    /// Declares whether the tool only reads.
     pub fn read_only(mut self, yes: bool) -> Self {
         self.hints.read_only = Some(yes);
         self
     }
+    /// Declares whether the tool may destroy data.
     pub fn destructive(mut self, yes: bool) -> Self {
         self.hints.destructive = Some(yes);
         self
     }
+    /// Declares whether repeating a call does no more than once.
     pub fn idempotent(mut self, yes: bool) -> Self {
         self.hints.idempotent = Some(yes);
         self
     }
+    /// Declares whether the tool reaches outside the system.
     pub fn open_world(mut self, yes: bool) -> Self {
         self.hints.open_world = Some(yes);
         self
     }
+    /// Sets the executor that runs the tool.
     pub fn executor(mut self, executor: Arc<dyn Executor>) -> Self {
         self.executor = Some(executor);
         self
@@ -612,14 +687,17 @@ impl ToolDecl {
     {
         self.executor(executor_fn(f))
     }
+    /// Handle tools: results larger than `bytes` become a handle.
     pub fn handle_threshold(mut self, bytes: usize) -> Self {
         self.handle_threshold = Some(bytes);
         self
     }
+    /// Job and agent tools: the poll hint of the `running` answer, in seconds.
     pub fn poll_after_s(mut self, seconds: u32) -> Self {
         self.poll_after_s = Some(seconds);
         self
     }
+    /// Job and agent tools: the worker pool that runs them.
     pub fn pool(mut self, pool: impl Into<String>) -> Self {
         self.pool = Some(pool.into());
         self
@@ -630,6 +708,7 @@ impl ToolDecl {
         self
     }
 
+    /// Job and agent tools: how many times a retryable failure is tried.
     pub fn max_attempts(mut self, attempts: u32) -> Self {
         self.max_attempts = Some(attempts);
         self
@@ -642,26 +721,32 @@ impl ToolDecl {
     }
 
     // Middleware, in any order: the runtime fixes the order.
+    /// Records each call in the audit log.
     pub fn audit(mut self) -> Self {
         self.middleware.audit = true;
         self
     }
+    /// Requires callers to hold `scope` (in addition to any already required).
     pub fn require_scope(mut self, scope: impl Into<String>) -> Self {
         self.middleware.scopes.push(scope.into());
         self
     }
+    /// Limits how often the tool may be called, per tenant.
     pub fn rate_limit(mut self, limit: RateLimit) -> Self {
         self.middleware.rate_limit = Some(limit);
         self
     }
+    /// Caches a read's `ok` answers for `ttl`, per tenant, user and arguments.
     pub fn cache_reads(mut self, ttl: Duration) -> Self {
         self.middleware.cache_ttl = Some(ttl);
         self
     }
+    /// Fails a call that runs longer than `timeout`.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.middleware.timeout = Some(timeout);
         self
     }
+    /// Masks these fields in audit records and in results.
     pub fn redact<S: Into<String>>(mut self, fields: impl IntoIterator<Item = S>) -> Self {
         self.middleware
             .redact

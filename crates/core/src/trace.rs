@@ -149,10 +149,12 @@ impl TraceContext {
         hex::encode(self.span_id)
     }
 
+    /// The trace id as 16 bytes.
     pub fn trace_id_bytes(&self) -> [u8; 16] {
         self.trace_id
     }
 
+    /// The span id as 8 bytes.
     pub fn span_id_bytes(&self) -> [u8; 8] {
         self.span_id
     }

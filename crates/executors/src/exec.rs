@@ -201,10 +201,12 @@ impl ExecExecutor {
         self
     }
 
+    /// The program it runs.
     pub fn program(&self) -> &str {
         &self.program
     }
 
+    /// How long one run may take.
     pub fn timeout(&self) -> Duration {
         self.timeout
     }

@@ -121,10 +121,12 @@ impl HttpExecutor {
         self
     }
 
+    /// The service's endpoint.
     pub fn url(&self) -> &Url {
         &self.url
     }
 
+    /// How long one request may take.
     pub fn timeout(&self) -> Duration {
         self.timeout
     }

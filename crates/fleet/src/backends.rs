@@ -119,8 +119,11 @@ impl Settings {
 
 /// The store, broker and notices a configuration names.
 pub struct Backends {
+    /// The store of jobs, tickets and outcomes.
     pub store: Arc<dyn Store>,
+    /// The broker that hands jobs to workers.
     pub broker: Arc<dyn Broker>,
+    /// The notices that announce settled work.
     pub notices: Arc<dyn Notices>,
     /// True for the in-process queue, which starts empty and is refilled
     /// from the store.

@@ -66,6 +66,7 @@ pub struct Dispatcher {
 }
 
 impl Dispatcher {
+    /// A dispatcher recording in `store`, publishing on `broker` and announcing on `notices`.
     pub fn new(store: Arc<dyn Store>, broker: Arc<dyn Broker>, notices: Arc<dyn Notices>) -> Self {
         Dispatcher {
             store,
@@ -195,6 +196,7 @@ impl StoreCommitLog {
     /// How often a claim that waits reads the token again.
     const POLL: Duration = Duration::from_millis(50);
 
+    /// A commit log in `store`.
     pub fn new(store: Arc<dyn Store>) -> Self {
         StoreCommitLog {
             store,

@@ -17,20 +17,26 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// One job as a task needs it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct JobView {
+    /// The job id.
     pub id: String,
+    /// The job tool called.
     pub tool: String,
+    /// Where the job is in its life.
     pub state: JobState,
     /// What `get_job` answers for it now.
     pub envelope: Envelope,
+    /// The progress the tool last reported.
     pub progress: Option<Value>,
     /// Milliseconds since the epoch.
     pub created_at: i64,
+    /// Milliseconds since the epoch of the job's last change.
     pub updated_at: i64,
 }
 
 /// One page of a tenant's jobs, newest first.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct JobList {
+    /// The jobs of this page.
     pub jobs: Vec<JobView>,
     /// Pass back for the next page; absent on the last.
     pub next_cursor: Option<String>,

@@ -90,6 +90,7 @@ pub struct Options {
     pub page_size: usize,
     /// Largest request body over HTTP, in bytes.
     pub max_body: usize,
+    /// Told of every call answered without reaching the runtime.
     pub on_call: Option<CallHook>,
     /// The fleet's jobs and tickets: with them, job and agent calls become
     /// tasks for clients of the tasks extension, and human tools ask clients
@@ -140,6 +141,7 @@ pub struct ToolServer {
 }
 
 impl ToolServer {
+    /// A server of `runtime`: every request as `principal` (stdio), or, `None`, as the principal each HTTP request carries.
     pub fn new(runtime: Arc<Runtime>, principal: Option<Arc<Principal>>, options: Options) -> Self {
         let page_size = options.page_size.clamp(1, MAX_PAGE_SIZE);
         ToolServer {
@@ -876,6 +878,7 @@ pub struct HttpEndpoint {
 const MAX_PATCHED: usize = 16 * 1024 * 1024;
 
 impl HttpEndpoint {
+    /// The Streamable HTTP endpoint of `runtime`.
     pub fn new(runtime: Arc<Runtime>, options: Options) -> Self {
         let max_body = options.max_body;
         let server = ToolServer::new(runtime, None, options);

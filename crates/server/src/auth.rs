@@ -25,6 +25,7 @@ impl Auth {
             .insert(sha256_hex.to_ascii_lowercase(), Arc::new(principal));
     }
 
+    /// True when no token is known.
     pub fn is_empty(&self) -> bool {
         self.by_hash.is_empty()
     }

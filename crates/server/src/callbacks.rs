@@ -498,6 +498,7 @@ impl Refusal {
 /// passed the allow-list, to which its host is pinned.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Destination {
+    /// Where to deliver.
     pub url: Url,
     /// The URL's host name as the HTTP client reads it, when it names one
     /// (an address is connected to as it is).

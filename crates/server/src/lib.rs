@@ -87,14 +87,20 @@ impl Default for McpSettings {
 /// Everything a request handler reaches.
 #[derive(Clone)]
 pub struct AppState {
+    /// The tool runtime every call goes through.
     pub runtime: Arc<Runtime>,
+    /// The store of jobs, tickets and outcomes.
     pub store: Arc<dyn Store>,
+    /// The broker that hands jobs to workers.
     pub broker: Arc<dyn Broker>,
+    /// The notices that announce settled jobs and answered tickets.
     pub notices: Arc<dyn Notices>,
+    /// The known bearer tokens and their principals.
     pub auth: Arc<Auth>,
     /// Each tenant's webhook allow-list (which `callback_url`s a call may
     /// name) and signing key.
     pub webhooks: Arc<webhooks::Webhooks>,
+    /// What a client may send and hold.
     pub limits: Limits,
     /// `/metrics` and `/readyz`; the metrics are also the runtime's.
     pub ops: Arc<Ops>,

@@ -35,6 +35,7 @@ pub struct McpJobs {
 }
 
 impl McpJobs {
+    /// MCP's tasks and tickets over `status`; an answered ticket's waiting job goes back on `broker`.
     pub fn new(status: Status, broker: Arc<dyn Broker>) -> Self {
         McpJobs { status, broker }
     }
@@ -160,10 +161,10 @@ impl Jobs for McpJobs {
 
 /// Where the protected-resource metadata is served: the plain well-known
 /// path, and RFC 9728's form with the resource's path appended.
-pub const METADATA_PATH: &str = "/.well-known/oauth-protected-resource";
+pub(crate) const METADATA_PATH: &str = "/.well-known/oauth-protected-resource";
 
 /// The `/mcp` route and the metadata routes.
-pub fn routes(state: &AppState) -> Router<AppState> {
+pub(crate) fn routes(state: &AppState) -> Router<AppState> {
     let metrics = state.runtime.metrics().clone();
     let endpoint = Arc::new(HttpEndpoint::new(
         state.runtime.clone(),

@@ -105,6 +105,7 @@ impl Ops {
         self
     }
 
+    /// The process's metrics.
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
     }

@@ -475,7 +475,7 @@ async fn answer_ticket(
 
 /// What answering a ticket touches: the store, the broker that wakes the
 /// jobs parked on it, the notices and the audit.
-pub struct Answerer<'a> {
+pub(crate) struct Answerer<'a> {
     pub store: &'a dyn Store,
     pub broker: &'a dyn Broker,
     pub notices: &'a dyn Notices,
@@ -486,7 +486,7 @@ impl Answerer<'_> {
     /// Answers ticket `id` as `principal` (see [`access::answers_ticket`])
     /// and audits who did: `POST /v1/tickets/{id}/answer` and MCP
     /// elicitation both answer through here.
-    pub async fn answer(&self, principal: &Principal, id: &str, answer: &Value) -> Envelope {
+    pub(crate) async fn answer(&self, principal: &Principal, id: &str, answer: &Value) -> Envelope {
         let envelope = self.answer_unaudited(principal, id, answer).await;
         let args = json!({
             "ticket": toolfleet_core::registry::truncate(id, 64),

@@ -19,7 +19,7 @@ use toolfleet_core::now_ms;
 use toolfleet_fleet::store_error;
 
 /// The poll hint of `running` answers from the status API.
-pub use toolfleet_fleet::dispatch::POLL_AFTER_S;
+pub(crate) use toolfleet_fleet::dispatch::POLL_AFTER_S;
 
 fn missing(id: &str) -> ToolError {
     ToolError::not_found(format!(
@@ -38,12 +38,16 @@ pub(crate) fn plausible(id: &str) -> bool {
 /// tasks share.
 #[derive(Clone)]
 pub struct Status {
+    /// The store of jobs and tickets.
     pub store: Arc<dyn Store>,
+    /// The notices that say a job settled or a ticket was answered.
     pub notices: Arc<dyn Notices>,
+    /// Who may read, cancel and answer what.
     pub access: Access,
 }
 
 impl Status {
+    /// The status API over `store` and `notices`, under `access`.
     pub fn new(store: Arc<dyn Store>, notices: Arc<dyn Notices>, access: Access) -> Self {
         Status {
             store,

@@ -8,10 +8,10 @@ use toolfleet_core::{AnsweredBy, JobState};
 use toolfleet_store::{JobRecord, NewJob, NewTicket, Store, TicketRecord};
 
 /// The tenant of the jobs and tickets built here.
-pub const TENANT: &str = "acme";
+pub(crate) const TENANT: &str = "acme";
 
 /// A store of a test's own, in memory.
-pub async fn memory_store() -> Arc<dyn Store> {
+pub(crate) async fn memory_store() -> Arc<dyn Store> {
     Arc::new(
         toolfleet_store::sqlite::SqliteStore::open_in_memory()
             .await
@@ -20,7 +20,7 @@ pub async fn memory_store() -> Arc<dyn Store> {
 }
 
 /// A queued job of tenant `acme`, recorded at `now`, with a new id.
-pub fn new_job(callback_url: Option<&str>, now: i64) -> NewJob {
+pub(crate) fn new_job(callback_url: Option<&str>, now: i64) -> NewJob {
     NewJob {
         id: toolfleet_core::new_id(),
         tenant: TENANT.to_owned(),
@@ -42,7 +42,7 @@ pub fn new_job(callback_url: Option<&str>, now: i64) -> NewJob {
 }
 
 /// An open ticket of tenant `acme`, opened at `now`, with a new id.
-pub fn new_ticket(callback_url: Option<&str>, now: i64) -> NewTicket {
+pub(crate) fn new_ticket(callback_url: Option<&str>, now: i64) -> NewTicket {
     NewTicket {
         id: format!("t_{}", toolfleet_core::new_id()),
         tenant: TENANT.to_owned(),
@@ -60,7 +60,7 @@ pub fn new_ticket(callback_url: Option<&str>, now: i64) -> NewTicket {
 }
 
 /// `job` as the store records it, queued.
-pub fn record_of(job: NewJob) -> JobRecord {
+pub(crate) fn record_of(job: NewJob) -> JobRecord {
     JobRecord {
         id: job.id,
         tenant: job.tenant,
@@ -91,7 +91,7 @@ pub fn record_of(job: NewJob) -> JobRecord {
 }
 
 /// `ticket` as the store records it, open.
-pub fn ticket_record(ticket: NewTicket) -> TicketRecord {
+pub(crate) fn ticket_record(ticket: NewTicket) -> TicketRecord {
     TicketRecord {
         id: ticket.id,
         tenant: ticket.tenant,
@@ -111,13 +111,16 @@ pub fn ticket_record(ticket: NewTicket) -> TicketRecord {
 }
 
 /// The user who makes the jobs and tickets built here.
-pub fn alice() -> toolfleet_core::Principal {
+pub(crate) fn alice() -> toolfleet_core::Principal {
     toolfleet_core::Principal::new(TENANT, "alice", Vec::<String>::new())
 }
 
 /// The status API over `store` and `notices`, knowing no tool's scopes (a
 /// job's result needs none) and auditing into memory.
-pub fn status(store: Arc<dyn Store>, notices: Arc<dyn toolfleet_broker::Notices>) -> crate::Status {
+pub(crate) fn status(
+    store: Arc<dyn Store>,
+    notices: Arc<dyn toolfleet_broker::Notices>,
+) -> crate::Status {
     let access = crate::Access::new(Arc::new(toolfleet_core::MemoryAuditSink::default()), 32);
     access.learn(toolfleet_core::Runtime::builder().build().registry());
     crate::Status::new(store, notices, access)
@@ -125,7 +128,7 @@ pub fn status(store: Arc<dyn Store>, notices: Arc<dyn toolfleet_broker::Notices>
 
 /// What a server at `address` answers a `GET path` (the whole response,
 /// read to its close), asked again until it answers, for ten seconds.
-pub async fn eventually_get(address: &str, path: &str) -> String {
+pub(crate) async fn eventually_get(address: &str, path: &str) -> String {
     let request = format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
@@ -138,7 +141,7 @@ pub async fn eventually_get(address: &str, path: &str) -> String {
 }
 
 /// What a server at `address` answers a `POST path` of `body`.
-pub async fn raw_post(address: &str, path: &str, body: &str) -> String {
+pub(crate) async fn raw_post(address: &str, path: &str, body: &str) -> String {
     let request = format!(
         "POST {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
         body.len()

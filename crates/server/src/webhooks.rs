@@ -54,7 +54,9 @@ pub fn signature(key: &[u8], t: u64, body: &str) -> String {
 /// and the key its notices are signed with.
 #[derive(Clone)]
 pub struct HookSettings {
+    /// Which `callback_url`s the tenant's calls may name.
     pub allow: Arc<[AllowRule]>,
+    /// The key the tenant's notices are signed with.
     pub key: Arc<[u8]>,
 }
 

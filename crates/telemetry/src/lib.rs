@@ -183,6 +183,7 @@ struct Made {
 }
 
 impl<'a> Placement<'a> {
+    /// A placement under `parent`, or at the root of a new trace.
     pub fn new(parent: Option<&'a TraceContext>) -> Placement<'a> {
         let made = (!exporting()).then(|| {
             let context = match parent {

@@ -61,10 +61,15 @@ pub const ADVICE: Advice = Advice {
 /// libpq's `sslmode`, all of it but `allow`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SslMode {
+    /// No TLS.
     Disable,
+    /// TLS when the server offers it, else plain; the certificate is not checked.
     Prefer,
+    /// TLS always; the chain is checked only when a CA file is given.
     Require,
+    /// TLS, with the certificate's chain checked against the trusted roots.
     VerifyCa,
+    /// TLS, with the chain checked and the host name matched against the certificate.
     VerifyFull,
 }
 
@@ -95,8 +100,11 @@ impl FromStr for SslMode {
 /// `ssl_mode` set, and the TLS connector for it.
 #[derive(Clone)]
 pub struct PgTarget {
+    /// tokio-postgres's configuration, its `ssl_mode` set from `mode`.
     pub config: Config,
+    /// The TLS connector for the server's certificate.
     pub tls: MakeRustlsConnect,
+    /// The `sslmode` the URL asked for.
     pub mode: SslMode,
 }
 

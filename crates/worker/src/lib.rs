@@ -50,6 +50,7 @@ const REQUEUE_PAUSE: Duration = Duration::from_millis(500);
 pub struct WorkerConfig {
     /// Unique per worker process and pool; the lease owner.
     pub id: String,
+    /// The pool whose jobs the worker takes.
     pub pool: String,
     /// Jobs run at once.
     pub concurrency: usize,
@@ -57,12 +58,14 @@ pub struct WorkerConfig {
     pub lease: Duration,
     /// First retry delay; doubled per attempt, with jitter.
     pub backoff_min: Duration,
+    /// The longest retry delay.
     pub backoff_max: Duration,
     /// The poll hint written into announced envelopes.
     pub poll_after_s: u32,
 }
 
 impl WorkerConfig {
+    /// A worker of `pool`: 8 jobs at once, 30 s leases, retries backing off from 1 s to 5 min.
     pub fn new(pool: impl Into<String>) -> Self {
         let pool = pool.into();
         WorkerConfig {
@@ -185,6 +188,7 @@ impl Drop for AbortOnDrop {
 }
 
 impl Worker {
+    /// A worker taking jobs of its pool from `broker`, claiming them in `store` and announcing on `notices`.
     pub fn new(
         config: WorkerConfig,
         runtime: Arc<Runtime>,
@@ -204,6 +208,7 @@ impl Worker {
         })
     }
 
+    /// How the worker behaves.
     pub fn config(&self) -> &WorkerConfig {
         &self.config
     }

@@ -28,16 +28,22 @@ pub const SEED_MONTH: &str = "2026-09";
 /// One expense line.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Line {
+    /// The line's id, which reports and receipts name.
     pub id: String,
+    /// The day of the expense, `YYYY-MM-DD`.
     pub date: String,
+    /// Where the money was spent.
     pub merchant: String,
     /// `None` while the category is ambiguous; see `category_options`.
     pub category: Option<String>,
+    /// The categories an ambiguous line may take; empty once it has one.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub category_options: Vec<String>,
     /// `None` while only the receipt image is known.
     pub amount_cents: Option<i64>,
+    /// The currency of the amount (always `EUR`).
     pub currency: &'static str,
+    /// The receipt OCR reads the amount from, for a line known only by its image.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub receipt_id: Option<String>,
 }
@@ -45,10 +51,15 @@ pub struct Line {
 /// A submitted report.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Report {
+    /// The report's id, `rpt-` and its number.
     pub report_id: String,
+    /// The lines the report claims.
     pub line_ids: Vec<String>,
+    /// The sum of the lines' amounts, in cents.
     pub total_cents: i64,
+    /// The currency of the total (always `EUR`).
     pub currency: &'static str,
+    /// What the expense policy flagged, such as a meal over the limit.
     pub policy_flags: Vec<String>,
 }
 
@@ -330,7 +341,9 @@ fn plan_of(ledger: &Ledger, args: &SubmitArgs) -> Result<Plan, ToolError> {
 /// A page of `find_expenses`.
 #[derive(Debug, Serialize)]
 pub struct Page<L = Line> {
+    /// The lines of this page.
     pub lines: Vec<L>,
+    /// The cursor of the next page; `None` on the last.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub next_cursor: Option<String>,
 }
@@ -338,19 +351,28 @@ pub struct Page<L = Line> {
 /// What OCR read off one receipt.
 #[derive(Debug, Clone, Serialize)]
 pub struct Receipt {
+    /// The receipt read.
     pub receipt_id: String,
+    /// The line whose amount it filled in.
     pub line_id: String,
+    /// The amount read, in cents.
     pub amount_cents: i64,
 }
 
 /// The plan a dry run of `submit_report` shows.
 #[derive(Debug, Default, Serialize)]
 pub struct Plan {
+    /// How many lines the report would claim.
     pub lines: usize,
+    /// The sum of the known amounts, in cents.
     pub total_cents: i64,
+    /// The currency of the total (always `EUR`).
     pub currency: &'static str,
+    /// What the expense policy would flag, such as a meal over the limit.
     pub policy_flags: Vec<String>,
+    /// Lines with no amount yet: run OCR on their receipts first.
     pub missing_amounts: Vec<String>,
+    /// Lines with no category, neither their own nor one passed in.
     pub needs_category: Vec<String>,
 }
 

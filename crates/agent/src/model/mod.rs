@@ -30,7 +30,9 @@ pub use wire::{Wire, WireModel};
 /// A tool as the model is offered it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolSpec {
+    /// The registered tool's name.
     pub name: String,
+    /// What the tool does, for the model.
     pub description: String,
     /// JSON Schema of the arguments.
     pub input_schema: Value,
@@ -41,6 +43,7 @@ pub struct ToolSpec {
 pub struct ToolCall {
     /// The model's id of the call; the result names it.
     pub id: String,
+    /// The tool the model wants called.
     pub name: String,
     /// The arguments as the model sent them: a JSON value, or, when the
     /// model's text was not JSON, that text as a JSON string.
@@ -50,10 +53,13 @@ pub struct ToolCall {
 /// What a tool call came to, as the model is told.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolResult {
+    /// The model's id of the call this answers.
     pub call_id: String,
+    /// The tool that was called.
     pub name: String,
     /// Text for the model: the result's JSON, or an error it can act on.
     pub content: String,
+    /// The call failed; `content` says why.
     pub is_error: bool,
 }
 
@@ -62,28 +68,40 @@ pub struct ToolResult {
 #[serde(tag = "role", rename_all = "snake_case")]
 pub enum Turn {
     /// The task, from the caller.
-    User { text: String },
+    User {
+        /// What the agent is asked to do.
+        text: String,
+    },
     /// A reply of the model: text, tool calls, or both.
     Assistant {
+        /// What the model said, if anything.
         text: Option<String>,
+        /// The tool calls it asked for, in its order.
         calls: Vec<ToolCall>,
     },
     /// The results of the previous reply's tool calls, in its order.
-    Tool { results: Vec<ToolResult> },
+    Tool {
+        /// One result per call, in the reply's order.
+        results: Vec<ToolResult>,
+    },
 }
 
 /// Tokens a model call used, as the model reports them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Usage {
+    /// Tokens the model read.
     pub input_tokens: u64,
+    /// Tokens the model wrote.
     pub output_tokens: u64,
 }
 
 impl Usage {
+    /// Input plus output tokens.
     pub fn total(&self) -> u64 {
         self.input_tokens.saturating_add(self.output_tokens)
     }
 
+    /// Adds another call's usage to this one.
     pub fn add(&mut self, other: Usage) {
         self.input_tokens = self.input_tokens.saturating_add(other.input_tokens);
         self.output_tokens = self.output_tokens.saturating_add(other.output_tokens);
@@ -93,17 +111,24 @@ impl Usage {
 /// What the loop asks of a model.
 #[derive(Debug, Clone, Copy)]
 pub struct ModelRequest<'a> {
+    /// The agent's system prompt.
     pub system: &'a str,
+    /// The conversation so far.
     pub turns: &'a [Turn],
+    /// The tools the agent may call.
     pub tools: &'a [ToolSpec],
+    /// Output tokens the reply may use.
     pub max_output_tokens: u32,
 }
 
 /// The model's next reply.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelReply {
+    /// What the model said, if anything.
     pub text: Option<String>,
+    /// The tool calls it asked for; none ends the loop.
     pub calls: Vec<ToolCall>,
+    /// Tokens the call used.
     pub usage: Usage,
 }
 
@@ -133,6 +158,7 @@ impl std::error::Error for ModelError {}
 /// A model endpoint.
 #[async_trait]
 pub trait Model: Send + Sync {
+    /// Asks the model for its next reply to the conversation in `request`.
     async fn complete(&self, request: &ModelRequest<'_>) -> Result<ModelReply, ModelError>;
 }
 
@@ -142,6 +168,7 @@ pub trait Model: Send + Sync {
 pub struct ApiKey(String);
 
 impl ApiKey {
+    /// Wraps the key text.
     pub fn new(key: impl Into<String>) -> Self {
         ApiKey(key.into())
     }

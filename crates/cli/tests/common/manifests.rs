@@ -21,21 +21,21 @@ use yaml_rust2::{Yaml, YamlLoader};
 use super::{dockerfile, missing, repo, sha, toolfleet, under_ci};
 
 /// The manifests, relative to the repository.
-pub const K8S: &str = "deploy/k8s";
+pub(crate) const K8S: &str = "deploy/k8s";
 /// The vendored KEDA CRDs, relative to [`K8S`].
 const CRDS: &str = "schemas/keda";
 /// The oldest Kubernetes release the manifests are validated against
 /// (deploy/k8s/README.md says so).
-pub const MIN_KUBERNETES: &str = "1.29";
+pub(crate) const MIN_KUBERNETES: &str = "1.29";
 /// The `kubernetes-validate` of `.ci/run`, required under CI.
 const VALIDATOR_VERSION: &str = "1.37.0";
 /// The file of the ConfigMap the processes read.
-pub const CONFIG_FILE: &str = "toolfleet.toml";
+pub(crate) const CONFIG_FILE: &str = "toolfleet.toml";
 /// What the dispatcher serves (crates/server/src/routes.rs) and workers
 /// serve on `metrics_listen`.
 const LIVENESS: &str = "/healthz";
 const READINESS: &str = "/readyz";
-pub const METRICS: &str = "/metrics";
+pub(crate) const METRICS: &str = "/metrics";
 /// The least a pod's terminationGracePeriodSeconds leaves beyond
 /// `shutdown_grace_s`: unfinished jobs are handed back, connections closed.
 const GRACE_MARGIN_S: f64 = 5.0;
@@ -43,10 +43,10 @@ const GRACE_MARGIN_S: f64 = 5.0;
 const PLACEHOLDER: &str = "REPLACE-ME";
 /// The Secret key KEDA reads RabbitMQ's management API URL from: over HTTP
 /// a queue's count includes the messages workers hold unacknowledged.
-pub const MANAGEMENT_URL_KEY: &str = "broker-management-url";
+pub(crate) const MANAGEMENT_URL_KEY: &str = "broker-management-url";
 /// The most PostgreSQL connections the fleet may hold at once: 90 of the
 /// default `max_connections` of 100 (deploy/k8s/README.md says why).
-pub const POSTGRES_CONNECTIONS: u64 = 90;
+pub(crate) const POSTGRES_CONNECTIONS: u64 = 90;
 /// `database_pool` when nothing sets it (crates/cli/src/config.rs).
 const DEFAULT_DATABASE_POOL: u64 = 16;
 /// The least time, in seconds, a dispatcher's readiness probe fails before
@@ -54,10 +54,10 @@ const DEFAULT_DATABASE_POOL: u64 = 16;
 const READINESS_TOLERANCE_S: u64 = 30;
 /// The label whose value (`hpa` or `keda`) tells an overlay's autoscalers
 /// apart, for deleting one overlay's when switching to the other.
-pub const AUTOSCALER_LABEL: &str = "toolfleet/autoscaler";
+pub(crate) const AUTOSCALER_LABEL: &str = "toolfleet/autoscaler";
 
 /// The text of the file at `path`.
-pub fn read(path: &Path) -> String {
+pub(crate) fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
 }
 
@@ -65,7 +65,7 @@ pub fn read(path: &Path) -> String {
 
 /// A YAML node as JSON, with `<<` merge keys applied as compose does
 /// (kustomize writes none).
-pub fn to_json(yaml: &Yaml) -> Value {
+pub(crate) fn to_json(yaml: &Yaml) -> Value {
     match yaml {
         Yaml::Null => Value::Null,
         Yaml::Boolean(b) => Value::Bool(*b),
@@ -105,7 +105,7 @@ pub fn to_json(yaml: &Yaml) -> Value {
 }
 
 /// The documents of a YAML stream, empty ones left out.
-pub fn documents(text: &str, what: &str) -> Vec<Value> {
+pub(crate) fn documents(text: &str, what: &str) -> Vec<Value> {
     YamlLoader::load_from_str(text)
         .unwrap_or_else(|e| panic!("{what} is not YAML: {e}"))
         .iter()
@@ -140,7 +140,7 @@ fn kustomize(dir: &Path) -> Option<Result<String, String>> {
 
 /// Every overlay under `root/overlays`, rendered: `(name, objects)`. None
 /// (skipped, or failed under CI) without kustomize.
-pub fn render_overlays(root: &Path) -> Option<Vec<(String, Vec<Value>)>> {
+pub(crate) fn render_overlays(root: &Path) -> Option<Vec<(String, Vec<Value>)>> {
     let mut dirs: Vec<PathBuf> = std::fs::read_dir(root.join("overlays"))
         .expect("deploy/k8s/overlays")
         .map(|entry| entry.expect("a directory entry").path())
@@ -167,7 +167,7 @@ pub fn render_overlays(root: &Path) -> Option<Vec<(String, Vec<Value>)>> {
 }
 
 /// A copy of `from` (a directory tree) at `to`.
-pub fn copy_tree(from: &Path, to: &Path) {
+pub(crate) fn copy_tree(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
     for entry in std::fs::read_dir(from).unwrap() {
         let entry = entry.unwrap();
@@ -181,7 +181,7 @@ pub fn copy_tree(from: &Path, to: &Path) {
 }
 
 /// Replaces `old` (which must occur exactly once) in the file `path`.
-pub fn edit(path: &Path, old: &str, new: &str) {
+pub(crate) fn edit(path: &Path, old: &str, new: &str) {
     let text = read(path);
     assert_eq!(
         text.matches(old).count(),
@@ -194,15 +194,15 @@ pub fn edit(path: &Path, old: &str, new: &str) {
 
 // ------------------------------------------------------------------ objects
 
-pub fn kind(object: &Value) -> &str {
+pub(crate) fn kind(object: &Value) -> &str {
     object["kind"].as_str().unwrap_or_default()
 }
 
-pub fn name(object: &Value) -> &str {
+pub(crate) fn name(object: &Value) -> &str {
     object["metadata"]["name"].as_str().unwrap_or_default()
 }
 
-pub fn label(object: &Value) -> String {
+pub(crate) fn label(object: &Value) -> String {
     format!("{}/{}", kind(object), name(object))
 }
 
@@ -211,13 +211,17 @@ fn of_kind<'a>(objects: &'a [Value], wanted: &'a str) -> impl Iterator<Item = &'
 }
 
 /// The only object of `wanted` kind named `object_name`.
-pub fn find<'a>(objects: &'a [Value], wanted: &str, object_name: &str) -> Option<&'a Value> {
+pub(crate) fn find<'a>(objects: &'a [Value], wanted: &str, object_name: &str) -> Option<&'a Value> {
     objects
         .iter()
         .find(|o| kind(o) == wanted && name(o) == object_name)
 }
 
-pub fn find_mut<'a>(objects: &'a mut [Value], wanted: &str, object_name: &str) -> &'a mut Value {
+pub(crate) fn find_mut<'a>(
+    objects: &'a mut [Value],
+    wanted: &str,
+    object_name: &str,
+) -> &'a mut Value {
     objects
         .iter_mut()
         .find(|o| kind(o) == wanted && name(o) == object_name)
@@ -233,7 +237,7 @@ fn env<'a>(container: &'a Value, variable: &str) -> Option<&'a Value> {
 }
 
 /// The literal value of env entry `variable`.
-pub fn env_value<'a>(container: &'a Value, variable: &str) -> Option<&'a str> {
+pub(crate) fn env_value<'a>(container: &'a Value, variable: &str) -> Option<&'a str> {
     env(container, variable)?["value"].as_str()
 }
 
@@ -248,7 +252,7 @@ fn env_secret(container: &Value, variable: &str) -> Option<(String, String)> {
 
 /// The value of a Secret's key under `stringData`; a key under `data` is
 /// there too, but stays base64 (the Secret of base/ uses `stringData`).
-pub fn secret_value(objects: &[Value], secret: &str, key: &str) -> Option<String> {
+pub(crate) fn secret_value(objects: &[Value], secret: &str, key: &str) -> Option<String> {
     let object = find(objects, "Secret", secret)?;
     if let Some(value) = object["stringData"][key].as_str() {
         return Some(value.to_owned());
@@ -276,7 +280,7 @@ fn port_of(address: &str) -> Option<u64> {
     address.rsplit_once(':')?.1.parse().ok()
 }
 
-pub fn host_of(address: &str) -> &str {
+pub(crate) fn host_of(address: &str) -> &str {
     address.rsplit_once(':').map_or(address, |(host, _)| host)
 }
 
@@ -360,7 +364,7 @@ fn image() -> Image {
 // -------------------------------------------------------- the configuration
 
 /// The ConfigMap holding toolfleet.toml: `(its name, the file)`.
-pub fn config_map(objects: &[Value]) -> (String, String) {
+pub(crate) fn config_map(objects: &[Value]) -> (String, String) {
     let maps: Vec<&Value> = of_kind(objects, "ConfigMap")
         .filter(|m| m["data"][CONFIG_FILE].is_string())
         .collect();
@@ -411,7 +415,7 @@ fn configured_pools(text: &str, config: &toml::Table) -> BTreeSet<String> {
 }
 
 /// `line` with the value of top-level `key = ...` replaced, in TOML text.
-pub fn set_key(text: &str, key: &str, literal: &str) -> String {
+pub(crate) fn set_key(text: &str, key: &str, literal: &str) -> String {
     let prefix = format!("{key} = ");
     let mut found = false;
     let lines: Vec<String> = text
@@ -436,7 +440,7 @@ pub fn set_key(text: &str, key: &str, literal: &str) -> String {
 /// directory in `dir`, the image's included files at their repository
 /// paths, and the token placeholder replaced by the digest of `token`
 /// (kept with None).
-pub fn local_config(text: &str, dir: &Path, token: Option<&str>) -> String {
+pub(crate) fn local_config(text: &str, dir: &Path, token: Option<&str>) -> String {
     let config: toml::Table = toml::from_str(text).expect("TOML");
     let includes: Vec<String> = included_files(&config)
         .iter()
@@ -468,7 +472,7 @@ pub fn local_config(text: &str, dir: &Path, token: Option<&str>) -> String {
 // ------------------------------------------------------------- validation
 
 /// A served version of a vendored CRD, compiled strict.
-pub struct Crd {
+pub(crate) struct Crd {
     group: String,
     pub kind: String,
     versions: BTreeMap<String, jsonschema::Validator>,
@@ -510,7 +514,7 @@ fn forbid_unknown_fields(schema: &mut Value) {
 }
 
 /// The CRDs vendored under `root/schemas/keda`.
-pub fn vendored_crds(root: &Path) -> Vec<Crd> {
+pub(crate) fn vendored_crds(root: &Path) -> Vec<Crd> {
     let dir = root.join(CRDS);
     let mut crds = Vec::new();
     for entry in std::fs::read_dir(&dir).expect("the vendored CRDs") {
@@ -545,14 +549,14 @@ pub fn vendored_crds(root: &Path) -> Vec<Crd> {
 }
 
 /// The vendored CRD an object is an instance of.
-pub fn crd_of<'a>(object: &Value, crds: &'a [Crd]) -> Option<&'a Crd> {
+pub(crate) fn crd_of<'a>(object: &Value, crds: &'a [Crd]) -> Option<&'a Crd> {
     let group = object["apiVersion"].as_str()?.split_once('/')?.0;
     crds.iter()
         .find(|crd| crd.group == group && crd.kind == kind(object))
 }
 
 /// What is wrong with the custom resources among `objects`, by their CRDs.
-pub fn custom_resource_problems(objects: &[Value], crds: &[Crd]) -> Vec<String> {
+pub(crate) fn custom_resource_problems(objects: &[Value], crds: &[Crd]) -> Vec<String> {
     let mut problems = Vec::new();
     for object in objects {
         let Some(crd) = crd_of(object, crds) else {
@@ -625,7 +629,7 @@ json.dump({"validator": __version__, "versions": versions, "results": results}, 
 
 /// What `kubernetes-validate` says of `objects`; None (skipped, or failed
 /// under CI) when it is not installed.
-pub fn kubernetes_validate(objects: &[Value]) -> Option<Value> {
+pub(crate) fn kubernetes_validate(objects: &[Value]) -> Option<Value> {
     let installed = Command::new("python3")
         .args(["-c", "import kubernetes_validate"])
         .output()
@@ -674,7 +678,11 @@ pub fn kubernetes_validate(objects: &[Value]) -> Option<Value> {
 
 /// What is wrong with `objects` by the Kubernetes schemas (`report`) and
 /// the vendored CRDs. An object neither knows is a problem too.
-pub fn schema_problems(objects: &[Value], report: Option<&Value>, crds: &[Crd]) -> Vec<String> {
+pub(crate) fn schema_problems(
+    objects: &[Value],
+    report: Option<&Value>,
+    crds: &[Crd],
+) -> Vec<String> {
     let mut problems = custom_resource_problems(objects, crds);
     let Some(report) = report else {
         return problems;
@@ -727,7 +735,7 @@ fn pre_stop_s(container: &Value) -> f64 {
 }
 
 /// The pool of a worker's arguments (`--pool P` or `--pool=P`), if exactly one.
-pub fn pool_of(args: &[String]) -> Result<String, String> {
+pub(crate) fn pool_of(args: &[String]) -> Result<String, String> {
     let mut pools = Vec::new();
     let mut rest = args.iter();
     while let Some(arg) = rest.next() {
@@ -757,7 +765,7 @@ macro_rules! ensure {
 
 /// What the checks of every workload read: the objects, the image and the
 /// ConfigMap's configuration.
-pub struct Fleet<'a> {
+pub(crate) struct Fleet<'a> {
     objects: &'a [Value],
     image: Image,
     config_map: String,
@@ -770,7 +778,7 @@ pub struct Fleet<'a> {
 }
 
 impl<'a> Fleet<'a> {
-    pub fn of(objects: &'a [Value], problems: &mut Vec<String>) -> Fleet<'a> {
+    pub(crate) fn of(objects: &'a [Value], problems: &mut Vec<String>) -> Fleet<'a> {
         let (config_map, text) = config_map(objects);
         let config: toml::Table =
             toml::from_str(&text).unwrap_or_else(|e| panic!("{CONFIG_FILE} is not TOML: {e}"));
@@ -820,7 +828,7 @@ impl<'a> Fleet<'a> {
 /// What is wrong with the fleet `objects` make, beyond the schemas: the
 /// configuration each process reads, the probes, the grace of stopping
 /// pods, the pools, their autoscalers and the queues those watch.
-pub fn fleet_problems(objects: &[Value]) -> Vec<String> {
+pub(crate) fn fleet_problems(objects: &[Value]) -> Vec<String> {
     let mut problems = Vec::new();
     let fleet = Fleet::of(objects, &mut problems);
     let mut worker_pools = BTreeSet::new();
@@ -922,7 +930,7 @@ pub fn fleet_problems(objects: &[Value]) -> Vec<String> {
 /// The commands of deploy/k8s/README.md that delete one overlay's
 /// autoscalers before switching to the other: the resources they name, the
 /// kinds those are and the value of [`AUTOSCALER_LABEL`] they select.
-pub const SWITCHES: [(&str, &[&str], &str); 2] = [
+pub(crate) const SWITCHES: [(&str, &[&str], &str); 2] = [
     ("hpa", &["HorizontalPodAutoscaler"], "hpa"),
     (
         "scaledobject,triggerauthentication",
@@ -931,12 +939,12 @@ pub const SWITCHES: [(&str, &[&str], &str); 2] = [
     ),
 ];
 
-pub fn switch_command(resources: &str, value: &str) -> String {
+pub(crate) fn switch_command(resources: &str, value: &str) -> String {
     format!("kubectl -n toolfleet delete {resources} -l {AUTOSCALER_LABEL}={value}")
 }
 
 /// A workload's toolfleet containers: those naming TOOLFLEET_CONFIG.
-pub fn toolfleet_containers(workload: &Value) -> Vec<&Value> {
+pub(crate) fn toolfleet_containers(workload: &Value) -> Vec<&Value> {
     workload["spec"]["template"]["spec"]["containers"]
         .as_array()
         .into_iter()
@@ -1000,7 +1008,10 @@ fn most_pods(objects: &[Value], workload: &Value) -> (u64, u64) {
 /// (TOOLFLEET_DATABASE_POOL of its container, else the ConfigMap's), two
 /// more with PostgreSQL notices (a listener and a publisher), at the most
 /// pods its Deployment runs; `toolfleet migrate` one.
-pub fn postgres_connections(fleet: &Fleet, problems: &mut Vec<String>) -> (u64, Vec<String>) {
+pub(crate) fn postgres_connections(
+    fleet: &Fleet,
+    problems: &mut Vec<String>,
+) -> (u64, Vec<String>) {
     let mut total = 0;
     let mut parts = Vec::new();
     for workload in fleet
@@ -1568,7 +1579,7 @@ fn scaled_object_problems(
 // -------------------------------------------------------------- processes
 
 /// Waits for `child` to exit, at most `limit`; kills it past that.
-pub fn exit_within(mut child: Child, limit: Duration) -> Output {
+pub(crate) fn exit_within(mut child: Child, limit: Duration) -> Output {
     let start = Instant::now();
     while child.try_wait().unwrap().is_none() {
         if start.elapsed() > limit {
@@ -1585,7 +1596,7 @@ pub fn exit_within(mut child: Child, limit: Duration) -> Output {
 }
 
 /// A `toolfleet` process of these tests, killed when dropped.
-pub struct Process(Child);
+pub(crate) struct Process(Child);
 
 impl Drop for Process {
     fn drop(&mut self) {
@@ -1596,7 +1607,7 @@ impl Drop for Process {
 
 /// Starts `toolfleet --config <config> <args>` with `env`, and waits for
 /// the stderr line starting with `ready`: (the process, the rest of it).
-pub fn start(
+pub(crate) fn start(
     config: &Path,
     args: &[String],
     env: &[(&str, String)],
@@ -1662,7 +1673,7 @@ fn http_get(address: SocketAddr, path: &str) -> Result<(u16, String), String> {
 }
 
 /// `GET path` until it answers 200, for at most `limit`.
-pub fn get_ok(address: SocketAddr, path: &str, limit: Duration) -> String {
+pub(crate) fn get_ok(address: SocketAddr, path: &str, limit: Duration) -> String {
     let start = Instant::now();
     loop {
         let outcome = http_get(address, path);
@@ -1675,7 +1686,7 @@ pub fn get_ok(address: SocketAddr, path: &str, limit: Duration) -> String {
 }
 
 /// The httpGet paths of a container's liveness and readiness probes.
-pub fn probe_paths(container: &Value) -> Vec<String> {
+pub(crate) fn probe_paths(container: &Value) -> Vec<String> {
     ["livenessProbe", "readinessProbe"]
         .iter()
         .map(|p| {
@@ -1692,15 +1703,15 @@ fn probe<'a>(container: &'a Value, which: &str) -> &'a Value {
     &container[which]["httpGet"]
 }
 
-pub fn first_container(workload: &Value) -> &Value {
+pub(crate) fn first_container(workload: &Value) -> &Value {
     &workload["spec"]["template"]["spec"]["containers"][0]
 }
 
-pub fn first_container_mut(workload: &mut Value) -> &mut Value {
+pub(crate) fn first_container_mut(workload: &mut Value) -> &mut Value {
     &mut workload["spec"]["template"]["spec"]["containers"][0]
 }
 
-pub fn string_args(container: &Value) -> Vec<String> {
+pub(crate) fn string_args(container: &Value) -> Vec<String> {
     container["args"]
         .as_array()
         .expect("args")
@@ -1710,7 +1721,7 @@ pub fn string_args(container: &Value) -> Vec<String> {
 }
 
 /// The rendered overlay `wanted`.
-pub fn overlay(wanted: &str) -> Option<Vec<Value>> {
+pub(crate) fn overlay(wanted: &str) -> Option<Vec<Value>> {
     let overlays = render_overlays(&repo().join(K8S))?;
     Some(
         overlays

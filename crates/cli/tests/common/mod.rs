@@ -3,9 +3,9 @@
 
 #![allow(dead_code)]
 
-pub mod manifests;
-pub mod promql;
-pub mod scripted;
+pub(crate) mod manifests;
+pub(crate) mod promql;
+pub(crate) mod scripted;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -15,13 +15,13 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-pub const TOKEN: &str = "tf_test_alice";
+pub(crate) const TOKEN: &str = "tf_test_alice";
 
 /// The webhook key of [`config_with`]: at least 32 bytes, as toolfleet requires.
-pub const WEBHOOK_SECRET: &str = "test-webhook-key-0123456789abcdef";
+pub(crate) const WEBHOOK_SECRET: &str = "test-webhook-key-0123456789abcdef";
 
 /// The repository's root directory.
-pub fn repo() -> PathBuf {
+pub(crate) fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../..")
         .canonicalize()
@@ -29,14 +29,14 @@ pub fn repo() -> PathBuf {
 }
 
 /// The text of the repository file at `relative`.
-pub fn read_repo(relative: &str) -> String {
+pub(crate) fn read_repo(relative: &str) -> String {
     let path = repo().join(relative);
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
 }
 
 /// The Dockerfile's instructions, continuation lines joined and comments
 /// dropped: `(INSTRUCTION, arguments)`.
-pub fn dockerfile() -> Vec<(String, String)> {
+pub(crate) fn dockerfile() -> Vec<(String, String)> {
     let mut instructions = Vec::new();
     let mut current = String::new();
     for line in read_repo("Dockerfile").lines() {
@@ -63,19 +63,19 @@ pub fn dockerfile() -> Vec<(String, String)> {
 }
 
 /// A JSON-form (`["a", "b"]`) Dockerfile argument.
-pub fn exec_form(arguments: &str) -> Vec<String> {
+pub(crate) fn exec_form(arguments: &str) -> Vec<String> {
     serde_json::from_str(arguments)
         .unwrap_or_else(|_| panic!("`{arguments}` is not the exec (JSON) form"))
 }
 
 /// Whether the tests run under CI (`CI` set, and not empty).
-pub fn under_ci() -> bool {
+pub(crate) fn under_ci() -> bool {
     std::env::var_os("CI").is_some_and(|v| !v.is_empty())
 }
 
 /// What a test needs (a tool, a privilege) is absent: a failure under CI,
 /// else a skip.
-pub fn missing(what: &str) {
+pub(crate) fn missing(what: &str) {
     assert!(
         !under_ci(),
         "{what}; .ci/run provides it, and CI never skips this test"
@@ -85,7 +85,7 @@ pub fn missing(what: &str) {
 
 /// `toolfleet <args>` run in the repository's root, with no configuration
 /// named by the environment.
-pub fn toolfleet(args: &[&str]) -> std::process::Output {
+pub(crate) fn toolfleet(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_toolfleet"))
         .args(args)
         .current_dir(repo())
@@ -93,10 +93,10 @@ pub fn toolfleet(args: &[&str]) -> std::process::Output {
         .output()
         .expect("run toolfleet")
 }
-pub const OTHER_TOKEN: &str = "tf_test_mallory";
+pub(crate) const OTHER_TOKEN: &str = "tf_test_mallory";
 
 /// A port nobody listens on now (the kernel's pick).
-pub fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -104,10 +104,10 @@ pub fn free_port() -> u16 {
 }
 
 /// A temporary directory removed on drop.
-pub struct TempDir(pub PathBuf);
+pub(crate) struct TempDir(pub PathBuf);
 
 impl TempDir {
-    pub fn new(name: &str) -> TempDir {
+    pub(crate) fn new(name: &str) -> TempDir {
         let dir = std::env::temp_dir().join(format!(
             "toolfleet-{name}-{}",
             uuid::Uuid::now_v7().simple()
@@ -124,19 +124,19 @@ impl Drop for TempDir {
 }
 
 /// The hex SHA-256 of a token, as `[[auth.tokens]]` names it.
-pub fn sha(token: &str) -> String {
+pub(crate) fn sha(token: &str) -> String {
     hex::encode(Sha256::digest(token.as_bytes()))
 }
 
 /// A configuration with two tenants' tokens and the expense pack, plus
 /// top-level keys `top` and tables `extra`; webhooks may reach any port of
 /// 127.0.0.1 (where [`hook_receiver`]s listen).
-pub fn config_with(dir: &Path, top: &str, extra: &str) -> String {
+pub(crate) fn config_with(dir: &Path, top: &str, extra: &str) -> String {
     config_allowing(dir, top, r#"["127.0.0.1:*"]"#, extra)
 }
 
 /// As [`config_with`], with `[webhooks] allow = <allow>` (TOML).
-pub fn config_allowing(dir: &Path, top: &str, allow: &str, extra: &str) -> String {
+pub(crate) fn config_allowing(dir: &Path, top: &str, allow: &str, extra: &str) -> String {
     let pack = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/expenses/toolfleet.toml");
     format!(
         r#"
@@ -171,12 +171,12 @@ secret = "{webhook_secret}"
 }
 
 /// A configuration with two tenants' tokens and the expense pack, plus tables `extra`.
-pub fn config(dir: &Path, extra: &str) -> String {
+pub(crate) fn config(dir: &Path, extra: &str) -> String {
     config_with(dir, "", extra)
 }
 
 /// A running `toolfleet serve`.
-pub struct Server {
+pub(crate) struct Server {
     pub child: Child,
     pub base: String,
     pub config: PathBuf,
@@ -186,25 +186,30 @@ pub struct Server {
 
 impl Server {
     /// Starts the binary on `config_text` written into `dir`.
-    pub fn start(dir: &Path, config_text: &str) -> Server {
+    pub(crate) fn start(dir: &Path, config_text: &str) -> Server {
         let config = dir.join("toolfleet.toml");
         std::fs::write(&config, config_text).expect("config written");
         Server::start_with(&config)
     }
 
-    pub fn start_with(config: &Path) -> Server {
+    pub(crate) fn start_with(config: &Path) -> Server {
         Server::start_role(config, "serve", "toolfleet serving on ")
     }
 
     /// Starts `toolfleet <role>` and waits for the stderr line starting with `ready`.
-    pub fn start_role(config: &Path, role: &str, ready: &str) -> Server {
+    pub(crate) fn start_role(config: &Path, role: &str, ready: &str) -> Server {
         Server::start_role_env(config, role, ready, &[])
     }
 
     /// As [`Server::start_role`], with extra environment variables. A
     /// worker's metrics listen on a port of their own unless `env` names one
     /// (`TOOLFLEET_METRICS_LISTEN`), so workers of one machine never collide.
-    pub fn start_role_env(config: &Path, role: &str, ready: &str, env: &[(&str, &str)]) -> Server {
+    pub(crate) fn start_role_env(
+        config: &Path,
+        role: &str,
+        ready: &str,
+        env: &[(&str, &str)],
+    ) -> Server {
         let mut command = Command::new(env!("CARGO_BIN_EXE_toolfleet"));
         command
             .envs(env.iter().copied())
@@ -219,7 +224,7 @@ impl Server {
     /// toolfleet logs at `warn` unless `TOOLFLEET_LOG` says otherwise, and a
     /// worker's metrics listen on a port of their own unless `command` names
     /// one (a dispatcher's are served beside its API unless it names one).
-    pub fn launch(mut command: Command, config: &Path, ready: &str) -> Server {
+    pub(crate) fn launch(mut command: Command, config: &Path, ready: &str) -> Server {
         let worker = command.get_args().any(|arg| arg == "worker");
         let mut defaults = vec![(
             "TOOLFLEET_LOG",
@@ -274,12 +279,12 @@ impl Server {
     }
 
     /// Kills the process at once, as SIGKILL does.
-    pub fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
 
-    pub fn client(&self, token: &str) -> Client {
+    pub(crate) fn client(&self, token: &str) -> Client {
         Client {
             http: toolfleet_executors::http_client().expect("client"),
             base: self.base.clone(),
@@ -296,14 +301,14 @@ impl Drop for Server {
 
 /// A client of the HTTP API.
 #[derive(Clone)]
-pub struct Client {
+pub(crate) struct Client {
     pub http: reqwest::Client,
     pub base: String,
     pub token: String,
 }
 
 impl Client {
-    pub async fn raw(
+    pub(crate) async fn raw(
         &self,
         method: reqwest::Method,
         path: &str,
@@ -327,13 +332,13 @@ impl Client {
         )
     }
 
-    pub async fn get(&self, path: &str) -> Value {
+    pub(crate) async fn get(&self, path: &str) -> Value {
         let (status, body) = self.raw(reqwest::Method::GET, path, None).await;
         assert_eq!(status, 200, "GET {path}: {body}");
         body
     }
 
-    pub async fn post(&self, path: &str, body: Value) -> Value {
+    pub(crate) async fn post(&self, path: &str, body: Value) -> Value {
         let (status, body) = self
             .raw(
                 reqwest::Method::POST,
@@ -345,14 +350,14 @@ impl Client {
         body
     }
 
-    pub async fn call(&self, tool: &str, args: Value) -> Value {
+    pub(crate) async fn call(&self, tool: &str, args: Value) -> Value {
         self.post("/v1/calls", json!({"tool": tool, "args": args}))
             .await
     }
 }
 
 /// Waits for a job to settle through the long-poll.
-pub async fn settle(client: &Client, job_id: &str) -> Value {
+pub(crate) async fn settle(client: &Client, job_id: &str) -> Value {
     for _ in 0..60 {
         let envelope = client.get(&format!("/v1/jobs/{job_id}?wait_s=5")).await;
         if envelope["status"] != "running" {
@@ -363,7 +368,7 @@ pub async fn settle(client: &Client, job_id: &str) -> Value {
 }
 
 /// Runs `f` until it answers `Some`, for at most `limit`.
-pub async fn eventually<T, F, Fut>(limit: Duration, mut f: F) -> T
+pub(crate) async fn eventually<T, F, Fut>(limit: Duration, mut f: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
@@ -383,7 +388,7 @@ where
 
 /// One request a [`hook_receiver`] got.
 #[derive(Debug, Clone)]
-pub struct Hook {
+pub(crate) struct Hook {
     /// The `Toolfleet-Signature` header.
     pub signature: String,
     /// The `Toolfleet-Delivery` header.
@@ -394,7 +399,7 @@ pub struct Hook {
 
 /// A webhook receiver on 127.0.0.1: records every request and answers the
 /// HTTP statuses of `answers` in turn, repeating the last one.
-pub async fn hook_receiver(
+pub(crate) async fn hook_receiver(
     answers: Vec<u16>,
 ) -> (String, std::sync::Arc<std::sync::Mutex<Vec<Hook>>>) {
     use std::sync::{Arc, Mutex};
@@ -463,12 +468,12 @@ pub async fn hook_receiver(
 }
 
 /// Checks a `Toolfleet-Signature` against the test configuration's key.
-pub fn signed(signature: &str, body: &str) -> bool {
+pub(crate) fn signed(signature: &str, body: &str) -> bool {
     signed_with(WEBHOOK_SECRET, signature, body)
 }
 
 /// Checks a `Toolfleet-Signature` against `key`.
-pub fn signed_with(key: &str, signature: &str, body: &str) -> bool {
+pub(crate) fn signed_with(key: &str, signature: &str, body: &str) -> bool {
     use hmac::{Hmac, KeyInit, Mac};
     let Some((t, v1)) = signature.split_once(",v1=") else {
         return false;
@@ -481,18 +486,18 @@ pub fn signed_with(key: &str, signature: &str, body: &str) -> bool {
     hex::encode(mac.finalize().into_bytes()) == v1
 }
 
-pub fn shared_database_url() -> String {
+pub(crate) fn shared_database_url() -> String {
     std::env::var("TOOLFLEET_TEST_DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
 }
 
-pub fn shared_amqp_url() -> String {
+pub(crate) fn shared_amqp_url() -> String {
     std::env::var("TOOLFLEET_TEST_AMQP_URL")
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
 }
 
 /// The first value `sql` answers on the database at `url`, through `psql`.
-pub fn psql_value(url: &str, sql: &str) -> String {
+pub(crate) fn psql_value(url: &str, sql: &str) -> String {
     let output = std::process::Command::new("psql")
         .arg(url)
         .args(["-XtAq", "-c", sql])
@@ -507,7 +512,7 @@ pub fn psql_value(url: &str, sql: &str) -> String {
 }
 
 /// Runs `f` on a runtime of its own (for drops, which cannot await).
-pub fn block_on<F: std::future::Future + Send>(f: F) -> F::Output
+pub(crate) fn block_on<F: std::future::Future + Send>(f: F) -> F::Output
 where
     F::Output: Send,
 {
@@ -529,7 +534,7 @@ where
 /// secret, 1 s leases, 2 slots, then `top`, and the tools `tools` makes of
 /// the directory), the cleanup that removes the schema and the prefix, and
 /// its id.
-pub fn shared_fleet(
+pub(crate) fn shared_fleet(
     name: &str,
     top: &str,
     tools: impl FnOnce(&Path) -> String,
@@ -559,7 +564,7 @@ pub fn shared_fleet(
 }
 
 /// `toolfleet migrate` with `config`, which must succeed.
-pub fn migrate(config: &Path) {
+pub(crate) fn migrate(config: &Path) {
     let migrated = Command::new(env!("CARGO_BIN_EXE_toolfleet"))
         .arg("--config")
         .arg(config)
@@ -575,7 +580,7 @@ pub fn migrate(config: &Path) {
 
 /// Removes what a test left on the shared servers, whatever its outcome:
 /// its schema on PostgreSQL and its queues and exchanges on RabbitMQ.
-pub struct SharedCleanup {
+pub(crate) struct SharedCleanup {
     pub database: Option<(String, String)>,
     pub broker: Option<(String, String)>,
 }
@@ -624,13 +629,16 @@ impl Drop for SharedCleanup {
 }
 
 /// Collects the SSE events of one client.
-pub fn events(client: &Client) -> std::sync::Arc<std::sync::Mutex<Vec<Value>>> {
+pub(crate) fn events(client: &Client) -> std::sync::Arc<std::sync::Mutex<Vec<Value>>> {
     events_at(client, "/v1/events")
 }
 
 /// Collects the SSE events of one client on `path` (`/v1/events` with a
 /// query, say).
-pub fn events_at(client: &Client, path: &str) -> std::sync::Arc<std::sync::Mutex<Vec<Value>>> {
+pub(crate) fn events_at(
+    client: &Client,
+    path: &str,
+) -> std::sync::Arc<std::sync::Mutex<Vec<Value>>> {
     let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let store = seen.clone();
     let client = client.clone();
@@ -662,7 +670,7 @@ pub fn events_at(client: &Client, path: &str) -> std::sync::Arc<std::sync::Mutex
 /// Sends `request` as it is to the server at `address` (`host:port`) and
 /// reads the answer until the server closes the connection (at most ten
 /// seconds): its status and its whole text, head and body.
-pub async fn raw_request(address: &str, request: &str) -> (u16, String) {
+pub(crate) async fn raw_request(address: &str, request: &str) -> (u16, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(address)
         .await

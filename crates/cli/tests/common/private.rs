@@ -77,7 +77,7 @@ fn openssl(dir: &Path, args: &[&str]) {
 /// A CA, a server certificate it signed for `localhost` and 127.0.0.1 (and
 /// nothing else), the server's key, and a second CA that signed nothing,
 /// all PEM files in a temporary directory removed when dropped.
-pub struct TestCerts {
+pub(crate) struct TestCerts {
     dir: PathBuf,
     pub ca: PathBuf,
     pub cert: PathBuf,
@@ -87,7 +87,7 @@ pub struct TestCerts {
 
 impl TestCerts {
     /// ECDSA P-256 keys, valid for two days.
-    pub fn generate() -> TestCerts {
+    pub(crate) fn generate() -> TestCerts {
         let dir = fresh_dir("certs");
         let ec = [
             "-newkey",
@@ -160,7 +160,7 @@ impl Drop for TestCerts {
 /// A PostgreSQL cluster of this test alone: `initdb` into a temporary
 /// directory (as the `postgres` OS user when the test runs as root, since
 /// initdb refuses root), served on a free port with trust authentication.
-pub struct PrivatePostgres {
+pub(crate) struct PrivatePostgres {
     dir: PathBuf,
     bin: PathBuf,
     port: u16,
@@ -192,7 +192,7 @@ impl PrivatePostgres {
     }
 
     /// Creates a cluster and starts it.
-    pub fn start() -> PrivatePostgres {
+    pub(crate) fn start() -> PrivatePostgres {
         let pg = PrivatePostgres::init();
         pg.start_again();
         pg
@@ -201,7 +201,7 @@ impl PrivatePostgres {
     /// Creates a cluster that speaks TLS with `certs`' server certificate
     /// and refuses every TCP connection without it (`hostssl` lines only:
     /// trust, but a password over SCRAM for role `tf_scram`), and starts it.
-    pub fn start_tls(certs: &TestCerts) -> PrivatePostgres {
+    pub(crate) fn start_tls(certs: &TestCerts) -> PrivatePostgres {
         let pg = PrivatePostgres::init();
         let (cert, key) = (pg.dir.join("server.crt"), pg.dir.join("server.key"));
         std::fs::copy(&certs.cert, &cert).expect("certificate copied");
@@ -290,17 +290,17 @@ impl PrivatePostgres {
     }
 
     /// `postgres://postgres@127.0.0.1:<port>/postgres`.
-    pub fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
     }
 
-    pub fn port(&self) -> u16 {
+    pub(crate) fn port(&self) -> u16 {
         self.port
     }
 
     /// Starts the (stopped) server on its port and waits until it accepts
     /// connections.
-    pub fn start_again(&self) {
+    pub(crate) fn start_again(&self) {
         let options = format!(
             "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200",
             self.port,
@@ -324,7 +324,7 @@ impl PrivatePostgres {
     }
 
     /// Stops the server (fast: sessions are disconnected) and waits.
-    pub fn stop(&self) {
+    pub(crate) fn stop(&self) {
         let stopped = self
             .command("pg_ctl")
             .arg("-D")
@@ -341,13 +341,13 @@ impl PrivatePostgres {
         assert!(!listening(self.port), "PostgreSQL still listens after stop");
     }
 
-    pub fn restart(&self) {
+    pub(crate) fn restart(&self) {
         self.stop();
         self.start_again();
     }
 
     /// The end of the server's log.
-    pub fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         format!("--- PostgreSQL log ---\n{}", tail(&self.log_file(), 8_000))
     }
 }
@@ -373,7 +373,7 @@ impl Drop for PrivatePostgres {
 /// database, logs, cookie (`HOME` is its directory), configuration (one AMQP
 /// listener on a free port, no plugins, so no management port) and
 /// distribution port. It runs as a child process of the test.
-pub struct PrivateRabbit {
+pub(crate) struct PrivateRabbit {
     dir: PathBuf,
     node: String,
     port: u16,
@@ -404,13 +404,13 @@ fn rabbit_script(name: &str) -> PathBuf {
 
 impl PrivateRabbit {
     /// Starts a fresh node and waits until its AMQP port listens.
-    pub fn start() -> PrivateRabbit {
+    pub(crate) fn start() -> PrivateRabbit {
         PrivateRabbit::start_with(None)
     }
 
     /// Starts a fresh node that also listens for AMQP over TLS with
     /// `certs`' server certificate, and waits until both ports listen.
-    pub fn start_tls(certs: &TestCerts) -> PrivateRabbit {
+    pub(crate) fn start_tls(certs: &TestCerts) -> PrivateRabbit {
         PrivateRabbit::start_with(Some(certs))
     }
 
@@ -464,23 +464,23 @@ impl PrivateRabbit {
     }
 
     /// `amqp://guest:guest@127.0.0.1:<port>/%2f`.
-    pub fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.port)
     }
 
     /// `amqps://guest:guest@<host>:<TLS port>/%2f` (a node started with
     /// [`PrivateRabbit::start_tls`]).
-    pub fn tls_url(&self, host: &str) -> String {
+    pub(crate) fn tls_url(&self, host: &str) -> String {
         let port = self.tls_port.expect("a node started with start_tls");
         format!("amqps://guest:guest@{host}:{port}/%2f")
     }
 
-    pub fn node(&self) -> &str {
+    pub(crate) fn node(&self) -> &str {
         &self.node
     }
 
     /// Starts the (stopped) node on its port, with the data it had.
-    pub fn start_again(&mut self) {
+    pub(crate) fn start_again(&mut self) {
         assert!(self.child.is_none(), "the node is already running");
         self.starts += 1;
         let out = std::fs::File::create(self.dir.join(format!("console-{}.log", self.starts)))
@@ -531,7 +531,7 @@ impl PrivateRabbit {
 
     /// Stops the node as an operator would (SIGTERM: RabbitMQ shuts down
     /// cleanly, closing every connection) and waits for it to exit.
-    pub fn stop(&mut self) {
+    pub(crate) fn stop(&mut self) {
         let Some(mut child) = self.child.take() else {
             return;
         };
@@ -552,12 +552,12 @@ impl PrivateRabbit {
         assert!(!listening(self.port), "RabbitMQ still listens after stop");
     }
 
-    pub fn restart(&mut self) {
+    pub(crate) fn restart(&mut self) {
         self.stop();
         self.start_again();
     }
 
-    pub fn is_running(&self) -> bool {
+    pub(crate) fn is_running(&self) -> bool {
         self.child.is_some()
     }
 
@@ -570,7 +570,7 @@ impl PrivateRabbit {
     }
 
     /// Runs `rabbitmqctl -n <node> <args>` against this node.
-    pub fn ctl(&self, args: &[&str]) -> Output {
+    pub(crate) fn ctl(&self, args: &[&str]) -> Output {
         let mut command = Command::new(rabbit_script("rabbitmqctl"));
         self.env(&mut command);
         command
@@ -583,7 +583,7 @@ impl PrivateRabbit {
     }
 
     /// The node's console output and the end of its log.
-    pub fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         let mut text = String::new();
         for n in 1..=self.starts {
             let file = self.dir.join(format!("console-{n}.log"));
@@ -620,7 +620,7 @@ impl Drop for PrivateRabbit {
 }
 
 /// Sends `SIGname` to process `pid`.
-pub fn signal(pid: u32, name: &str) {
+pub(crate) fn signal(pid: u32, name: &str) {
     let _ = Command::new("kill")
         .arg(format!("-{name}"))
         .arg(pid.to_string())

@@ -256,7 +256,7 @@ const AGGREGATIONS: &[&str] = &[
 
 /// A PromQL expression taken apart: its tokens, which of them are metric
 /// names, and where each bracket closes.
-pub struct Walked {
+pub(crate) struct Walked {
     tokens: Vec<Token>,
     /// `metric[i]`: token `i` is a metric name.
     metric: Vec<bool>,
@@ -266,7 +266,7 @@ pub struct Walked {
 
 /// How a label matcher compares.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum MatchOp {
+pub(crate) enum MatchOp {
     Equal,
     NotEqual,
     Regex,
@@ -276,7 +276,7 @@ pub enum MatchOp {
 /// One label matcher of a selector: `label op "value"`; `value` is `None`
 /// for a Grafana variable.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Matcher {
+pub(crate) struct Matcher {
     pub label: String,
     pub op: MatchOp,
     pub value: Option<String>,
@@ -286,13 +286,13 @@ pub struct Matcher {
 /// labels it groups: those of its argument, but the right-hand operands of
 /// `and` and `unless`, which give it no labels.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Grouping {
+pub(crate) struct Grouping {
     pub labels: Vec<String>,
     pub metrics: BTreeSet<String>,
 }
 
 impl Walked {
-    pub fn names(&self) -> BTreeSet<String> {
+    pub(crate) fn names(&self) -> BTreeSet<String> {
         self.metric_indices().map(|i| self.ident(i)).collect()
     }
 
@@ -324,7 +324,7 @@ impl Walked {
     }
 
     /// Every metric with a `{...}` and its matchers.
-    pub fn selectors(&self) -> Result<Vec<(String, Vec<Matcher>)>, String> {
+    pub(crate) fn selectors(&self) -> Result<Vec<(String, Vec<Matcher>)>, String> {
         let mut found = Vec::new();
         for i in self.metric_indices() {
             if self.tokens.get(i + 1) != Some(&Token::Open('{')) {
@@ -377,7 +377,7 @@ impl Walked {
 
     /// Every `by (...)` and `without (...)` of an aggregation, in either
     /// place: `sum by (x) (...)` or `sum (...) by (x)`.
-    pub fn groupings(&self) -> Vec<Grouping> {
+    pub(crate) fn groupings(&self) -> Vec<Grouping> {
         let mut found = Vec::new();
         for (i, token) in self.tokens.iter().enumerate() {
             let Token::Ident(word) = token else { continue };
@@ -448,7 +448,7 @@ impl Walked {
 /// Takes a PromQL expression apart (see [`Walked`]); label names,
 /// functions, keywords, strings, numbers, durations and Grafana variables
 /// are not metric names.
-pub fn walk(expr: &str) -> Result<Walked, String> {
+pub(crate) fn walk(expr: &str) -> Result<Walked, String> {
     if expr.contains("__name__") {
         return Err(format!(
             "`{expr}` selects by __name__; name the metric instead"
@@ -516,14 +516,14 @@ pub fn walk(expr: &str) -> Result<Walked, String> {
 
 /// The metric names of a PromQL expression; label names, functions,
 /// keywords, strings, numbers, durations and Grafana variables are not.
-pub fn metric_names(expr: &str) -> Result<BTreeSet<String>, String> {
+pub(crate) fn metric_names(expr: &str) -> Result<BTreeSet<String>, String> {
     walk(expr).map(|walked| walked.names())
 }
 
 /// The PromQL of a Grafana template variable query for Prometheus, and the
 /// label it lists: `label_values(selector, label)`, `label_values(label)`
 /// (no PromQL), `query_result(expr)`, or a plain expression.
-pub fn variable_query_parts(query: &str) -> Result<(Option<&str>, Option<&str>), String> {
+pub(crate) fn variable_query_parts(query: &str) -> Result<(Option<&str>, Option<&str>), String> {
     let query = query.trim();
     let inner = |prefix: &str| {
         query
@@ -555,7 +555,7 @@ pub fn variable_query_parts(query: &str) -> Result<(Option<&str>, Option<&str>),
 
 /// The metric names of a Grafana template variable query (see
 /// [`variable_query_parts`]).
-pub fn variable_metric_names(query: &str) -> Result<BTreeSet<String>, String> {
+pub(crate) fn variable_metric_names(query: &str) -> Result<BTreeSet<String>, String> {
     match variable_query_parts(query)? {
         (Some(expr), _) => metric_names(expr),
         (None, _) => Ok(BTreeSet::new()),
@@ -567,7 +567,7 @@ pub fn variable_metric_names(query: &str) -> Result<BTreeSet<String>, String> {
 /// The series names of a Prometheus or OpenMetrics text exposition: those
 /// of its samples, and those each `# TYPE` line's family gives (a family
 /// with no sample yet shows only its TYPE line).
-pub fn exposition_names(text: &str, openmetrics: bool) -> BTreeSet<String> {
+pub(crate) fn exposition_names(text: &str, openmetrics: bool) -> BTreeSet<String> {
     let mut names = BTreeSet::new();
     for line in text.lines() {
         if let Some(rest) = line.strip_prefix("# TYPE ") {
@@ -597,7 +597,7 @@ pub fn exposition_names(text: &str, openmetrics: bool) -> BTreeSet<String> {
 
 /// The label names each series of an exposition shows, by series name
 /// (`le` of a histogram's `_bucket` included).
-pub fn exposition_labels(text: &str) -> BTreeMap<String, BTreeSet<String>> {
+pub(crate) fn exposition_labels(text: &str) -> BTreeMap<String, BTreeSet<String>> {
     let mut labels: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for line in text.lines() {
         if line.starts_with('#') || line.trim().is_empty() {
@@ -637,7 +637,7 @@ pub fn exposition_labels(text: &str) -> BTreeMap<String, BTreeSet<String>> {
 // ------------------------------------------------------------------ regexes
 
 /// A Prometheus regex as Prometheus reads it: anchored at both ends.
-pub fn prometheus_regex(pattern: &str) -> Regex {
+pub(crate) fn prometheus_regex(pattern: &str) -> Regex {
     Regex::new(&format!("^(?:{pattern})$"))
         .unwrap_or_else(|e| panic!("`{pattern}` is no regex: {e}"))
 }

@@ -15,15 +15,15 @@ use toolfleet_agent::testing::{Scripted, ScriptedModel};
 use super::{Server, TOKEN, TempDir, config_with, eventually, hook_receiver, settle, sha};
 
 /// A token of tenant `acme` holding no scope.
-pub const READER: &str = "tf_test_reader";
+pub(crate) const READER: &str = "tf_test_reader";
 
 /// One scrape of a process's `/metrics`.
-pub struct Scrape {
+pub(crate) struct Scrape {
     pub text: String,
 }
 
 impl Scrape {
-    pub async fn of(base: &str) -> Scrape {
+    pub(crate) async fn of(base: &str) -> Scrape {
         let response = reqwest_client()
             .get(format!("{base}/metrics"))
             .send()
@@ -46,25 +46,25 @@ impl Scrape {
     }
 
     /// The value of `series` (its name and labels as rendered), if shown.
-    pub fn value(&self, series: &str) -> Option<f64> {
+    pub(crate) fn value(&self, series: &str) -> Option<f64> {
         self.text
             .lines()
             .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
     }
 
     /// The value of `series`, which must be shown.
-    pub fn get(&self, series: &str) -> f64 {
+    pub(crate) fn get(&self, series: &str) -> f64 {
         self.value(series)
             .unwrap_or_else(|| panic!("no `{series}` in\n{}", self.text))
     }
 
-    pub fn has_type(&self, family: &str, kind: &str) -> bool {
+    pub(crate) fn has_type(&self, family: &str, kind: &str) -> bool {
         let line = format!("# TYPE {family} {kind}");
         self.text.lines().any(|l| l == line)
     }
 }
 
-pub fn reqwest_client() -> reqwest::Client {
+pub(crate) fn reqwest_client() -> reqwest::Client {
     toolfleet_executors::http_client().expect("a client")
 }
 
@@ -122,7 +122,7 @@ tools = []
 
 /// What a scripted run leaves: the server, still running, and its scrape
 /// once every job settled and every worker is idle.
-pub struct ScriptedRun {
+pub(crate) struct ScriptedRun {
     pub server: Server,
     pub scrape: Scrape,
     _dir: TempDir,
@@ -130,7 +130,7 @@ pub struct ScriptedRun {
 }
 
 /// Runs the script against a new `toolfleet serve`.
-pub async fn scripted_run() -> ScriptedRun {
+pub(crate) async fn scripted_run() -> ScriptedRun {
     let model = ScriptedModel::start().await;
     model.script(
         "gpt-metrics",

@@ -54,6 +54,7 @@ pub enum Format {
 }
 
 impl Format {
+    /// Every format, in the order docs/API.md lists them.
     pub const ALL: [Format; 6] = [
         Format::Neutral,
         Format::OpenAi,
@@ -76,6 +77,7 @@ impl Format {
         })
     }
 
+    /// The format's name in docs/API.md.
     pub fn as_str(self) -> &'static str {
         match self {
             Format::Neutral => "neutral",

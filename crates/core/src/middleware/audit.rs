@@ -18,10 +18,15 @@ use crate::envelope::{Envelope, ErrorCode};
 pub struct AuditRecord {
     /// Unix time of the call's start, in milliseconds.
     pub at_ms: u64,
+    /// The tool called.
     pub tool: String,
+    /// The caller's tenant.
     pub tenant: String,
+    /// The calling user.
     pub user: String,
+    /// The agent run the call belongs to.
     pub run_id: String,
+    /// The call.
     pub call_id: String,
     /// Set when a sub-agent made the call: the run id of the agent it
     /// serves (its lineage's `parent_run_id`), beside its own `run_id`.
@@ -31,14 +36,17 @@ pub struct AuditRecord {
     pub args: Value,
     /// The envelope's status: ok, error, running or suspended.
     pub status: &'static str,
+    /// The error code of an `error` envelope.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error_code: Option<ErrorCode>,
+    /// How long the call took, in microseconds.
     pub duration_us: u64,
 }
 
 /// Where audit records go. `record` must not block: a sink that writes to a
 /// store hands the record to a task of its own.
 pub trait AuditSink: Send + Sync + 'static {
+    /// Takes one record; must not block.
     fn record(&self, record: AuditRecord);
 }
 
@@ -49,6 +57,7 @@ pub struct MemoryAuditSink {
 }
 
 impl MemoryAuditSink {
+    /// A sink that keeps at most `capacity` records (at least one).
     pub fn new(capacity: usize) -> Self {
         MemoryAuditSink {
             capacity: capacity.max(1),
@@ -89,6 +98,7 @@ pub struct Audit {
 }
 
 impl Audit {
+    /// An audit layer writing to `sink`.
     pub fn new(sink: Arc<dyn AuditSink>) -> Self {
         Audit { sink }
     }

@@ -108,6 +108,7 @@ impl ReadCache {
         self.entries.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 
+    /// True when the cache holds no entry.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -127,6 +128,7 @@ pub struct CacheReads {
 }
 
 impl CacheReads {
+    /// The layer keeping `ok` answers for `ttl` in the shared `cache`.
     pub fn new(ttl: Duration, cache: Arc<ReadCache>) -> Self {
         CacheReads {
             ttl,

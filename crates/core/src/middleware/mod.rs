@@ -50,11 +50,17 @@ pub use timeout::Timeout;
 /// Where a layer sits in the stack, outermost first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Stage {
+    /// Records the call in the audit log.
     Audit,
+    /// Masks configured fields.
     Redact,
+    /// Checks the scopes the tool requires.
     Authorise,
+    /// Applies the tool's rate limit.
     RateLimit,
+    /// Answers reads from the cache.
     Cache,
+    /// Bounds the call's run time.
     Timeout,
     /// Layers of the user's own run innermost, just before the tool.
     Custom,
@@ -62,7 +68,9 @@ pub enum Stage {
 
 /// One call on its way through the stack.
 pub struct Call<'a> {
+    /// The registered tool called.
     pub tool: &'a Tool,
+    /// Principal, run and call ids of the call.
     pub ctx: &'a CallCtx,
     /// Arguments, already validated against the tool's schema.
     pub args: Value,
@@ -113,8 +121,11 @@ impl<'a> Next<'a> {
 /// The shared state that built-in layers keep between calls.
 #[derive(Clone)]
 pub struct LayerServices {
+    /// Where the audit layer writes its records.
     pub audit_sink: Arc<dyn AuditSink>,
+    /// The read cache every tool's cache layer shares.
     pub cache: Arc<ReadCache>,
+    /// The token buckets of every rate-limited tool.
     pub rate_limits: Arc<RateLimits>,
     /// Where the cache counts its hits and misses.
     pub metrics: Arc<crate::metrics::Metrics>,

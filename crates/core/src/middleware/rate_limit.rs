@@ -14,7 +14,9 @@ use crate::envelope::{Envelope, ErrorCode, ToolError};
 /// At most `max` calls per `per`, per tenant and tool; bursts up to `max`.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct RateLimit {
+    /// Calls allowed per window, and the largest burst.
     pub max: u32,
+    /// The window, written in seconds.
     #[serde(with = "secs")]
     pub per: Duration,
 }
@@ -23,11 +25,11 @@ mod secs {
     use serde::{Deserialize, Deserializer, Serializer};
     use std::time::Duration;
 
-    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    pub(super) fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_f64(d.as_secs_f64())
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         let secs = f64::deserialize(d)?;
         Duration::try_from_secs_f64(secs).map_err(serde::de::Error::custom)
     }
@@ -45,6 +47,7 @@ pub struct RateLimits {
 }
 
 impl RateLimits {
+    /// Buckets for at most `capacity` tenant and tool pairs (at least one).
     pub fn new(capacity: usize) -> Self {
         RateLimits {
             capacity: capacity.max(1),
@@ -99,6 +102,7 @@ pub struct RateLimiter {
 }
 
 impl RateLimiter {
+    /// The layer applying `limit`, its buckets kept in `buckets`.
     pub fn new(limit: RateLimit, buckets: Arc<RateLimits>) -> Self {
         RateLimiter { limit, buckets }
     }

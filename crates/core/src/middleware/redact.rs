@@ -47,6 +47,7 @@ pub struct Redact {
 }
 
 impl Redact {
+    /// A layer masking `fields`.
     pub fn new(fields: Vec<String>) -> Self {
         Redact { fields }
     }

@@ -5,11 +5,13 @@ use futures_util::future::BoxFuture;
 use super::{Call, Layer, Next, Stage};
 use crate::envelope::{Envelope, ErrorCode, ToolError};
 
+/// The scope layer: a caller lacking any of the scopes answers `forbidden`.
 pub struct RequireScopes {
     scopes: Vec<String>,
 }
 
 impl RequireScopes {
+    /// A layer requiring every one of `scopes`.
     pub fn new(scopes: Vec<String>) -> Self {
         RequireScopes { scopes }
     }

@@ -16,11 +16,13 @@ use crate::envelope::{Envelope, ErrorCode, ToolError};
 use crate::shapes::command::is_commit;
 use crate::tool::Shape;
 
+/// The timeout layer: an inline call past its limit answers `timeout`.
 pub struct Timeout {
     limit: Duration,
 }
 
 impl Timeout {
+    /// A layer bounding each call by `limit`.
     pub fn new(limit: Duration) -> Self {
         Timeout { limit }
     }

@@ -59,8 +59,11 @@ pub fn unix_now() -> u64 {
 
 /// What a token is bound to.
 pub struct Binding<'a> {
+    /// The caller's tenant.
     pub tenant: &'a str,
+    /// The calling user.
     pub user: &'a str,
+    /// The command tool called.
     pub tool: &'a str,
     /// The call's arguments; `dry_run` and `confirm_token` are left out of the digest.
     pub args: &'a Value,
@@ -84,10 +87,12 @@ impl Binding<'_> {
 }
 
 impl ConfirmSigner {
+    /// A signer whose tokens are signed with `key` and valid for `ttl`.
     pub fn new(key: [u8; 32], ttl: Duration) -> Self {
         ConfirmSigner { key, ttl }
     }
 
+    /// How long a confirm token stays valid.
     pub fn ttl(&self) -> Duration {
         self.ttl
     }

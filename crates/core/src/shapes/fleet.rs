@@ -17,13 +17,17 @@ use crate::tool::{CallCtx, Shape, new_id};
 /// A job to enqueue.
 #[derive(Debug, Clone)]
 pub struct JobRequest {
+    /// The job tool called.
     pub tool: String,
+    /// Job or agent.
     pub shape: Shape,
     /// The worker pool that runs it.
     pub pool: String,
+    /// The call's validated arguments.
     pub args: Value,
     /// Principal, run id, call id, the caller's idempotency key and callback.
     pub ctx: CallCtx,
+    /// How many attempts a retryable failure gets, the first included.
     pub max_attempts: u32,
     /// Wall-time budget of one attempt.
     pub timeout: std::time::Duration,
@@ -32,10 +36,15 @@ pub struct JobRequest {
 /// A question for a person.
 #[derive(Debug, Clone)]
 pub struct TicketRequest {
+    /// The human tool called.
     pub tool: String,
+    /// What the person is asked.
     pub question: String,
+    /// The answers the person may choose from; empty for a free answer.
     pub options: Vec<String>,
+    /// The call's validated arguments.
     pub args: Value,
+    /// Principal, run id and call id of the call that opened the ticket.
     pub ctx: CallCtx,
     /// Who may answer it, as its tool declares.
     pub answered_by: crate::AnsweredBy,
@@ -89,8 +98,11 @@ impl Fleet for NoFleet {
 /// A job as [`MemoryFleet`] keeps it.
 #[derive(Debug, Clone)]
 pub struct MemoryJob {
+    /// The job id.
     pub id: String,
+    /// The job as submitted.
     pub request: JobRequest,
+    /// Where the job is in its life.
     pub state: JobState,
 }
 
@@ -109,14 +121,17 @@ pub struct MemoryFleet {
 }
 
 impl MemoryFleet {
+    /// The job `id`, if submitted.
     pub fn job(&self, id: &str) -> Option<MemoryJob> {
         self.lock().jobs.get(id).cloned()
     }
 
+    /// Every job submitted, in no order.
     pub fn jobs(&self) -> Vec<MemoryJob> {
         self.lock().jobs.values().cloned().collect()
     }
 
+    /// Every ticket opened, with its id, oldest first.
     pub fn tickets(&self) -> Vec<(String, TicketRequest)> {
         self.lock().tickets.clone()
     }

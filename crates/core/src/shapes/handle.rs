@@ -53,6 +53,7 @@ pub struct MemoryHandleStore {
 }
 
 impl MemoryHandleStore {
+    /// A store of at most `capacity` handles, each kept for `ttl`.
     pub fn new(capacity: usize, ttl: Duration) -> Self {
         MemoryHandleStore {
             ttl,
