@@ -160,6 +160,7 @@ pub mod broker {
         assert_eq!(within("ack", delivery.ack()).await, Ok(()), "acking {id}");
     }
 
+    /// A published job id is delivered, not marked redelivered.
     pub async fn publish_then_consume(broker: &dyn Broker) {
         let pool = unique("publish");
         publish_all(broker, &pool, &["job-a".to_owned()]).await;
@@ -170,6 +171,7 @@ pub mod broker {
         ack(delivery).await;
     }
 
+    /// One consumer receives a pool's messages in publish order.
     pub async fn fifo_for_one_consumer(broker: &dyn Broker) {
         let pool = unique("fifo");
         let ids = job_ids(5);
@@ -214,6 +216,8 @@ pub mod broker {
         assert_eq!(all, expected, "together all messages, each once");
     }
 
+    /// Four consumers acking at once, each with prefetch 3: every message is
+    /// delivered exactly once.
     pub async fn concurrent_consumers_lose_and_duplicate_nothing(broker: &dyn Broker) {
         let pool = unique("concurrent");
         let ids = job_ids(100);
@@ -283,6 +287,8 @@ pub mod broker {
         }
     }
 
+    /// A consumer holds at most `prefetch` unacknowledged deliveries; an ack
+    /// lets the next one through, in order.
     pub async fn prefetch_bounds_unacked_deliveries(broker: &dyn Broker) {
         let pool = unique("prefetch");
         let ids = job_ids(5);
@@ -298,6 +304,7 @@ pub mod broker {
         ack(third).await;
     }
 
+    /// A requeued message comes back, marked redelivered.
     pub async fn requeue_redelivers(broker: &dyn Broker) {
         let pool = unique("requeue");
         publish_all(broker, &pool, &["job-a".to_owned()]).await;
@@ -405,6 +412,7 @@ pub mod broker {
         assert_nothing_delivered(consumer.as_mut(), "after every settlement").await;
     }
 
+    /// A rejected message is not delivered again, and does not block the next.
     pub async fn rejected_message_is_not_redelivered(broker: &dyn Broker) {
         let pool = unique("reject");
         let ids = job_ids(2);
@@ -512,6 +520,7 @@ pub mod broker {
         );
     }
 
+    /// A consumer receives only the messages of its own pool.
     pub async fn pools_are_isolated(broker: &dyn Broker) {
         let (left, right) = (unique("left"), unique("right"));
         publish_all(broker, &left, &["job-left".to_owned()]).await;
@@ -611,6 +620,7 @@ pub mod notices {
         }
     }
 
+    /// Every subscriber receives each event, in publish order.
     pub async fn every_subscriber_receives_each_event_in_order(notices: &dyn Notices) {
         let tenant = unique("tenant");
         let mut subscribers = [subscribe(notices).await, subscribe(notices).await];
@@ -626,6 +636,7 @@ pub mod notices {
         }
     }
 
+    /// A subscriber receives only the events published after it subscribed.
     pub async fn events_before_subscribing_are_not_received(notices: &dyn Notices) {
         let tenant = unique("tenant");
         publish(notices, &event(&tenant, 0)).await;
@@ -638,6 +649,8 @@ pub mod notices {
         );
     }
 
+    /// An event arrives whole, and its routing key is
+    /// `<tenant>.<tool>.<state>`.
     pub async fn event_arrives_whole_with_its_routing_key(notices: &dyn Notices) {
         let tenant = unique("tenant");
         let mut subscriber = subscribe(notices).await;

@@ -59,6 +59,7 @@ impl std::error::Error for BrokerError {}
 
 /// A job id handed to a worker, to be acknowledged once handled.
 pub struct Delivery {
+    /// The id the message carried: the job to run.
     pub job_id: String,
     /// True when the broker knows this message was delivered before.
     pub redelivered: bool,
@@ -69,6 +70,8 @@ pub struct Delivery {
 }
 
 impl Delivery {
+    /// A delivery of `job_id`, carrying no trace context, settled through
+    /// `acker`.
     pub fn new(job_id: String, redelivered: bool, acker: Box<dyn Acker>) -> Self {
         Delivery {
             job_id,
@@ -114,8 +117,11 @@ impl std::fmt::Debug for Delivery {
 /// Settles one delivery with the broker.
 #[async_trait]
 pub trait Acker: Send + Sync {
+    /// Acknowledges the delivery: the message is done with.
     async fn ack(self: Box<Self>) -> Result<(), BrokerError>;
+    /// Gives the message back to the queue, marked redelivered.
     async fn requeue(self: Box<Self>) -> Result<(), BrokerError>;
+    /// The message cannot be processed: it is dead-lettered.
     async fn reject(self: Box<Self>) -> Result<(), BrokerError>;
 }
 
@@ -178,7 +184,9 @@ pub trait Broker: Send + Sync + 'static {
 pub struct Event {
     /// `job` or `ticket`.
     pub kind: String,
+    /// The job's or ticket's id.
     pub id: String,
+    /// The tenant it belongs to.
     pub tenant: String,
     /// The user of the tenant who made the job or ticket: its owner, who
     /// (with the tenant's operators) may hear of it.
@@ -188,9 +196,11 @@ pub struct Event {
     /// the scope its answerers hold.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub audience: Option<String>,
+    /// The tool called.
     pub tool: String,
     /// For jobs, the job state; for tickets, `open` or `answered`.
     pub state: String,
+    /// The agent run of the call that made it.
     pub run_id: String,
     /// The envelope `get_job` would answer now (or the ticket).
     pub body: Value,
@@ -249,6 +259,7 @@ pub trait Subscription: Send {
 /// implementation spans them.
 #[async_trait]
 pub trait Notices: Send + Sync + 'static {
+    /// Publishes `event` to every subscriber.
     async fn publish(&self, event: &Event) -> Result<(), BrokerError>;
     /// Publishes `events` together, in order. An implementation may carry
     /// several in one message (see [`batches`]); each job's events still

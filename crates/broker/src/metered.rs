@@ -34,6 +34,7 @@ pub struct MeteredBroker {
 }
 
 impl MeteredBroker {
+    /// The broker `inner`, its failures counted in `metrics`.
     pub fn new(inner: Arc<dyn Broker>, metrics: Arc<Metrics>) -> Self {
         MeteredBroker { inner, metrics }
     }
@@ -71,6 +72,7 @@ pub struct MeteredNotices {
 }
 
 impl MeteredNotices {
+    /// The notices `inner`, their failures counted in `metrics`.
     pub fn new(inner: Arc<dyn Notices>, metrics: Arc<Metrics>) -> Self {
         MeteredNotices { inner, metrics }
     }

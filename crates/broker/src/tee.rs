@@ -21,6 +21,7 @@ pub struct Tee<I, O> {
 }
 
 impl<I: Notices, O: Notices> Tee<I, O> {
+    /// Publishes to both `inner` and `outer`, subscribes to `inner`.
     pub fn new(inner: I, outer: O) -> Self {
         Tee { inner, outer }
     }

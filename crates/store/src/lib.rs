@@ -60,15 +60,23 @@ impl toolfleet_core::group::GroupError for StoreError {
 pub struct NewJob {
     /// UUIDv7.
     pub id: String,
+    /// The caller's tenant; the job is scoped to it.
     pub tenant: String,
+    /// The user of the tenant who made the job: its owner.
     pub user: String,
+    /// The job tool called.
     pub tool: String,
+    /// The worker pool that runs it.
     pub pool: String,
+    /// The call's validated arguments, which the tool runs with.
     pub args: Value,
     /// With tenant and tool: a second job with the same key is the same job.
     pub idempotency_key: Option<String>,
+    /// The agent run the call belongs to.
     pub run_id: String,
+    /// The call that made the job.
     pub call_id: String,
+    /// Where to announce the settled job, if the call named one.
     pub callback_url: Option<String>,
     /// Where the call that made the job stands among agents: set when a
     /// sub-agent's loop made it. The worker hands it to the executor.
@@ -78,39 +86,60 @@ pub struct NewJob {
     /// The trace context of the dispatcher's span that enqueued the job:
     /// the worker's span of each attempt is its child. Republished with it.
     pub trace: Option<TraceContext>,
+    /// How many attempts a retryable failure gets, the first included.
     pub max_attempts: u32,
     /// Wall-time budget of one attempt.
     pub timeout_ms: i64,
+    /// When the job was accepted, in Unix milliseconds: it is due from then.
     pub now: i64,
 }
 
 /// A job as stored.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JobRecord {
+    /// The [`NewJob::id`] it was made with.
     pub id: String,
+    /// The [`NewJob::tenant`] it was made with.
     pub tenant: String,
+    /// The [`NewJob::user`] it was made with.
     pub user: String,
+    /// The [`NewJob::tool`] it was made with.
     pub tool: String,
+    /// The [`NewJob::pool`] it was made with.
     pub pool: String,
+    /// The [`NewJob::args`] it was made with.
     pub args: Value,
+    /// Where the job stands, as stored: a parked job is `parked` here
+    /// ([`JobState::shown`] makes it `retrying`).
     pub state: JobState,
     /// Attempts started so far.
     pub attempts: u32,
+    /// The [`NewJob::max_attempts`] it was made with.
     pub max_attempts: u32,
+    /// The [`NewJob::timeout_ms`] it was made with.
     pub timeout_ms: i64,
     /// Not before this time (retries wait here); for a job running, when it
     /// became runnable for its attempt: inserted, due again, woken, or, for
     /// one taken over after its lease expired, when that lease ended.
     pub run_at: i64,
+    /// The worker whose attempt holds the job while it runs; `None` otherwise.
     pub lease_owner: Option<String>,
+    /// When the lease of the running job ends, in Unix milliseconds; `None`
+    /// when not leased.
     pub lease_until: Option<i64>,
+    /// The progress the tool last reported ([`Store::set_progress`]).
     pub progress: Option<Value>,
+    /// The tool's result, once the job succeeded.
     pub result: Option<Json>,
     /// The last error; for a failed job, the final one.
     pub error: Option<ToolError>,
+    /// The [`NewJob::idempotency_key`] it was made with.
     pub idempotency_key: Option<String>,
+    /// The [`NewJob::run_id`] it was made with.
     pub run_id: String,
+    /// The [`NewJob::call_id`] it was made with.
     pub call_id: String,
+    /// The [`NewJob::callback_url`] it was made with.
     pub callback_url: Option<String>,
     /// The [`NewJob::lineage`] it was made with.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -121,19 +150,24 @@ pub struct JobRecord {
     /// The [`NewJob::trace`] it was made with.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace: Option<TraceContext>,
+    /// When the job was recorded, in Unix milliseconds.
     pub created_at: i64,
+    /// When the job was last written (a transition, heartbeat, progress or
+    /// checkpoint), in Unix milliseconds.
     pub updated_at: i64,
 }
 
 /// What [`Store::insert_job`] did.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Inserted {
+    /// No such job existed: this call recorded it.
     Created(JobRecord),
     /// A job with the same tenant, tool, key and arguments already existed.
     Existing(JobRecord),
 }
 
 impl Inserted {
+    /// The job, created or existing.
     pub fn job(&self) -> &JobRecord {
         match self {
             Inserted::Created(job) | Inserted::Existing(job) => job,
@@ -147,6 +181,7 @@ pub struct JobFilter {
     /// A state as the contract shows it: `retrying` finds parked jobs too
     /// ([`JobState::stored_as`]).
     pub state: Option<JobState>,
+    /// Only the jobs of this tool.
     pub tool: Option<String>,
     /// Only the jobs this user of the tenant made (a caller's own list).
     pub user: Option<String>,
@@ -155,6 +190,7 @@ pub struct JobFilter {
 /// One page of the job list, newest first.
 #[derive(Debug, Clone, PartialEq)]
 pub struct JobPage {
+    /// The jobs of the page, newest first.
     pub jobs: Vec<JobRecord>,
     /// Pass back to get the next page; absent on the last.
     pub next_cursor: Option<String>,
@@ -180,8 +216,11 @@ pub enum Lease {
 /// the same worker, the older attempt changes nothing.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct LeaseRef {
+    /// The running job.
     pub job_id: String,
+    /// The worker that claimed it: the job's [`JobRecord::lease_owner`].
     pub worker: String,
+    /// The attempt its claim started.
     pub attempt: u32,
 }
 
@@ -204,40 +243,55 @@ impl JobRecord {
 /// What [`Store::heartbeat`] takes: extend `lease` to `now + lease_ms`.
 #[derive(Debug, Clone, Copy)]
 pub struct Heartbeat<'a> {
+    /// The attempt that holds the job.
     pub lease: &'a LeaseRef,
+    /// When the worker beats, in Unix milliseconds.
     pub now: i64,
+    /// How long the lease holds from `now`, in milliseconds.
     pub lease_ms: i64,
 }
 
 /// What [`Store::set_progress`] takes.
 #[derive(Debug, Clone, Copy)]
 pub struct SetProgress<'a> {
+    /// The attempt that holds the job.
     pub lease: &'a LeaseRef,
+    /// The progress the tool reported.
     pub progress: &'a Value,
+    /// When it was reported, in Unix milliseconds.
     pub now: i64,
 }
 
 /// What [`Store::save_checkpoint`] takes.
 #[derive(Debug, Clone, Copy)]
 pub struct SaveCheckpoint<'a> {
+    /// The attempt that holds the job.
     pub lease: &'a LeaseRef,
+    /// The agent loop's state to save.
     pub checkpoint: &'a Value,
+    /// When it is saved, in Unix milliseconds.
     pub now: i64,
 }
 
 /// What [`Store::park`] takes: park the job of `lease` on `ticket`.
 #[derive(Debug, Clone, Copy)]
 pub struct Park<'a> {
+    /// The attempt that holds the job.
     pub lease: &'a LeaseRef,
+    /// The id of the ticket the job waits on.
     pub ticket: &'a str,
+    /// When the job is parked, in Unix milliseconds.
     pub now: i64,
 }
 
 /// What [`Store::succeed`] takes.
 #[derive(Debug, Clone, Copy)]
 pub struct Succeed<'a> {
+    /// The attempt that holds the job.
     pub lease: &'a LeaseRef,
+    /// The tool's result.
     pub result: &'a Json,
+    /// When the job succeeded, in Unix milliseconds.
     pub now: i64,
 }
 
@@ -245,49 +299,76 @@ pub struct Succeed<'a> {
 /// retry ([`toolfleet_core::lifecycle::after_failure`]), `None` to fail.
 #[derive(Debug, Clone, Copy)]
 pub struct Fail<'a> {
+    /// The attempt that holds the job.
     pub lease: &'a LeaseRef,
+    /// The error the attempt failed with.
     pub error: &'a ToolError,
+    /// When the job is due again, in Unix milliseconds; `None` to fail it.
     pub retry_at: Option<i64>,
+    /// When the attempt failed, in Unix milliseconds.
     pub now: i64,
 }
 
 /// A question for a person.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewTicket {
+    /// `t_` and a UUIDv7, as the dispatcher makes it.
     pub id: String,
+    /// The caller's tenant; the ticket is scoped to it.
     pub tenant: String,
+    /// The user of the tenant who opened the ticket: its owner.
     pub user: String,
+    /// The human tool called.
     pub tool: String,
+    /// What the person is asked.
     pub question: String,
+    /// The answers the person may choose from; empty for a free answer.
     pub options: Vec<String>,
+    /// The call's validated arguments.
     pub args: Value,
+    /// The agent run the call belongs to.
     pub run_id: String,
+    /// The call that opened the ticket.
     pub call_id: String,
+    /// Where to announce the answer, if the call named one.
     pub callback_url: Option<String>,
     /// Who may answer it beside the tenant's operators.
     pub answered_by: AnsweredBy,
+    /// When the ticket was opened, in Unix milliseconds.
     pub now: i64,
 }
 
 /// A ticket as stored.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TicketRecord {
+    /// The [`NewTicket::id`] it was made with.
     pub id: String,
+    /// The [`NewTicket::tenant`] it was made with.
     pub tenant: String,
+    /// The [`NewTicket::user`] it was made with.
     pub user: String,
+    /// The [`NewTicket::tool`] it was made with.
     pub tool: String,
+    /// The [`NewTicket::question`] it was made with.
     pub question: String,
+    /// The [`NewTicket::options`] it was made with.
     pub options: Vec<String>,
+    /// The [`NewTicket::args`] it was made with.
     pub args: Value,
+    /// The [`NewTicket::run_id`] it was made with.
     pub run_id: String,
+    /// The [`NewTicket::call_id`] it was made with.
     pub call_id: String,
+    /// The [`NewTicket::callback_url`] it was made with.
     pub callback_url: Option<String>,
     /// `None` while open.
     pub answer: Option<Value>,
     /// Who may answer it beside the tenant's operators.
     #[serde(default)]
     pub answered_by: AnsweredBy,
+    /// When the ticket was opened, in Unix milliseconds.
     pub created_at: i64,
+    /// When it was answered, in Unix milliseconds; `None` while open.
     pub answered_at: Option<i64>,
 }
 
@@ -318,7 +399,9 @@ pub enum CommitClaim {
 /// What [`Store::claim_commit`] takes.
 #[derive(Debug, Clone, Copy)]
 pub struct ClaimCommit<'a> {
+    /// The key the commit is recorded under (a confirm token's).
     pub key: &'a str,
+    /// When the claim is made, in Unix milliseconds.
     pub now: i64,
     /// The claim holds until `now + lease_ms`.
     pub lease_ms: i64,
@@ -335,7 +418,9 @@ pub struct ClaimCommit<'a> {
 /// What [`Store::list_jobs`] takes: a page of `tenant`'s jobs.
 #[derive(Debug, Clone, Copy)]
 pub struct ListJobs<'a> {
+    /// The tenant whose jobs are listed.
     pub tenant: &'a str,
+    /// Which of its jobs.
     pub filter: &'a JobFilter,
     /// The most jobs on the page (bounded by the store).
     pub limit: u32,
@@ -347,17 +432,24 @@ pub struct ListJobs<'a> {
 /// `lease_ms`.
 #[derive(Debug, Clone, Copy)]
 pub struct ClaimJob<'a> {
+    /// The job to claim.
     pub id: &'a str,
+    /// The worker claiming it: the lease owner if the claim wins.
     pub worker: &'a str,
+    /// When the claim is made, in Unix milliseconds.
     pub now: i64,
+    /// How long the lease holds from `now`, in milliseconds.
     pub lease_ms: i64,
 }
 
 /// What [`Store::cancel`] takes: `tenant`'s job `id`, cancelled at `now`.
 #[derive(Debug, Clone, Copy)]
 pub struct CancelJob<'a> {
+    /// The tenant the job must belong to.
     pub tenant: &'a str,
+    /// The job to cancel.
     pub id: &'a str,
+    /// When it is cancelled, in Unix milliseconds.
     pub now: i64,
 }
 
@@ -367,9 +459,15 @@ pub struct CancelJob<'a> {
 /// `limit`.
 #[derive(Debug, Clone, Copy)]
 pub struct Unnotified<'a> {
+    /// The start of the notice keys looked up: `webhook:job:` or
+    /// `webhook:ticket:` in the server.
     pub notice_prefix: &'a str,
+    /// The earliest settle (or answer) time included, in Unix milliseconds.
     pub since: i64,
+    /// The settle (or answer) time from which records are left out, in Unix
+    /// milliseconds.
     pub until: i64,
+    /// The most records answered.
     pub limit: u32,
 }
 
@@ -377,9 +475,13 @@ pub struct Unnotified<'a> {
 /// `answer` at `now`.
 #[derive(Debug, Clone, Copy)]
 pub struct AnswerTicket<'a> {
+    /// The tenant the ticket must belong to.
     pub tenant: &'a str,
+    /// The ticket answered.
     pub id: &'a str,
+    /// The person's answer.
     pub answer: &'a Value,
+    /// When it was answered, in Unix milliseconds.
     pub now: i64,
 }
 
@@ -387,8 +489,12 @@ pub struct AnswerTicket<'a> {
 /// `keep_until`), or `None` to release the claim.
 #[derive(Debug, Clone, Copy)]
 pub struct SettleCommit<'a> {
+    /// The key claimed.
     pub key: &'a str,
+    /// The command's outcome, answered to later claims; `None` releases the
+    /// claim.
     pub outcome: Option<&'a Envelope>,
+    /// Until when the settled record is kept, in Unix milliseconds.
     pub keep_until: i64,
 }
 
@@ -397,9 +503,13 @@ pub struct SettleCommit<'a> {
 /// record kept until `keep_until` (at least as long as the claim holds).
 #[derive(Debug, Clone, Copy)]
 pub struct ClaimNotice<'a> {
+    /// The notice's key, `webhook:<kind>:<id>:<state>`.
     pub key: &'a str,
+    /// When the claim is made, in Unix milliseconds.
     pub now: i64,
+    /// How long the claim holds from `now`, in milliseconds.
     pub lease_ms: i64,
+    /// Until when the notice's record is kept, in Unix milliseconds.
     pub keep_until: i64,
 }
 
@@ -407,8 +517,11 @@ pub struct ClaimNotice<'a> {
 /// `delivered` (a 2xx) or given up, and is kept until `keep_until`.
 #[derive(Debug, Clone, Copy)]
 pub struct SettleNotice<'a> {
+    /// The notice's key, as it was claimed.
     pub key: &'a str,
+    /// True when the receiver answered a 2xx; false when sending gave up.
     pub delivered: bool,
+    /// Until when the notice's record is kept, in Unix milliseconds.
     pub keep_until: i64,
 }
 
@@ -500,6 +613,7 @@ pub trait Store: Send + Sync + 'static {
         search: Unnotified<'_>,
     ) -> Result<Vec<TicketRecord>, StoreError>;
 
+    /// Records an open ticket, as given.
     async fn insert_ticket(&self, ticket: NewTicket) -> Result<TicketRecord, StoreError>;
     /// A ticket of `tenant`; another tenant's ticket is `None`.
     async fn ticket(&self, tenant: &str, id: &str) -> Result<Option<TicketRecord>, StoreError>;
@@ -509,6 +623,7 @@ pub trait Store: Send + Sync + 'static {
 
     // Audit.
 
+    /// Appends `records` to the audit, in order.
     async fn append_audit(&self, records: &[AuditRecord]) -> Result<(), StoreError>;
     /// The tenant's latest audit records, newest first.
     async fn audit(&self, tenant: &str, limit: u32) -> Result<Vec<AuditRecord>, StoreError>;

@@ -29,6 +29,7 @@ pub struct MeteredStore {
 }
 
 impl MeteredStore {
+    /// The store `inner`, its failures counted in `metrics`.
     pub fn new(inner: Arc<dyn Store>, metrics: Arc<Metrics>) -> Self {
         MeteredStore { inner, metrics }
     }

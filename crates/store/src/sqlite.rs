@@ -61,7 +61,7 @@ mod sql {
     type Built = LazyLock<String>;
 
     /// `enqueue`: (new) -> queued.
-    pub static INSERT_JOB: Built = LazyLock::new(|| {
+    pub(super) static INSERT_JOB: Built = LazyLock::new(|| {
         format!(
             "
         INSERT INTO jobs (id, tenant, user, tool, pool, args, state, attempts, max_attempts,
@@ -76,13 +76,13 @@ mod sql {
         )
     });
 
-    pub const JOB_BY_KEY: &str =
+    pub(super) const JOB_BY_KEY: &str =
         "SELECT * FROM jobs WHERE tenant = ?1 AND tool = ?2 AND idempotency_key = ?3";
 
     /// `claim` (queued or retrying, due) and `take_over` (running, its
     /// lease expired) -> running. A job taken over is runnable from when
     /// the expired lease ended.
-    pub static CLAIM: Built = LazyLock::new(|| {
+    pub(super) static CLAIM: Built = LazyLock::new(|| {
         format!(
             "
         UPDATE jobs SET state = '{running}', attempts = attempts + 1,
@@ -113,7 +113,7 @@ mod sql {
     }
 
     /// `heartbeat`: running (this attempt) -> running, lease extended.
-    pub static HEARTBEAT: Built = LazyLock::new(|| {
+    pub(super) static HEARTBEAT: Built = LazyLock::new(|| {
         format!(
             "UPDATE jobs SET lease_until = ?5, updated_at = ?4 WHERE {}",
             held()
@@ -121,7 +121,7 @@ mod sql {
     });
 
     /// Under `heartbeat`'s guard: progress recorded.
-    pub static PROGRESS: Built = LazyLock::new(|| {
+    pub(super) static PROGRESS: Built = LazyLock::new(|| {
         format!(
             "UPDATE jobs SET progress = ?4, updated_at = ?5 WHERE {}",
             held()
@@ -130,7 +130,7 @@ mod sql {
 
     /// `park`: running (this attempt) -> parked on a ticket: unleased, the
     /// attempt given back.
-    pub static PARK: Built = LazyLock::new(|| {
+    pub(super) static PARK: Built = LazyLock::new(|| {
         format!(
             "
         UPDATE jobs SET state = '{parked}',
@@ -144,7 +144,7 @@ mod sql {
     });
 
     /// `wake`: parked on the ticket -> retrying, due now.
-    pub static WAKE: Built = LazyLock::new(|| {
+    pub(super) static WAKE: Built = LazyLock::new(|| {
         format!(
             "
         UPDATE jobs SET state = '{to}', run_at = ?2, waiting_on = NULL, updated_at = ?2
@@ -156,7 +156,7 @@ mod sql {
     });
 
     /// Under `heartbeat`'s guard: checkpoint saved.
-    pub static CHECKPOINT: Built = LazyLock::new(|| {
+    pub(super) static CHECKPOINT: Built = LazyLock::new(|| {
         format!(
             "UPDATE jobs SET checkpoint = ?4, updated_at = ?5 WHERE {}",
             held()
@@ -164,7 +164,7 @@ mod sql {
     });
 
     /// `succeed`: running (this attempt) -> succeeded.
-    pub static SUCCEED: Built = LazyLock::new(|| {
+    pub(super) static SUCCEED: Built = LazyLock::new(|| {
         format!(
             "
         UPDATE jobs SET state = '{to}', result = ?4,
@@ -179,7 +179,7 @@ mod sql {
     /// `retry` (with a time ?5) or `fail` (without): running (this
     /// attempt) -> retrying at ?5, or failed. The lifecycle decided which
     /// ([`toolfleet_core::lifecycle::after_failure`]).
-    pub static FAIL: Built = LazyLock::new(|| {
+    pub(super) static FAIL: Built = LazyLock::new(|| {
         format!(
             "
         UPDATE jobs SET
@@ -195,7 +195,7 @@ mod sql {
     });
 
     /// `cancel`: queued, retrying, parked or running -> cancelled.
-    pub static CANCEL: Built = LazyLock::new(|| {
+    pub(super) static CANCEL: Built = LazyLock::new(|| {
         format!(
             "
         UPDATE jobs SET state = '{to}', error = ?3,
@@ -215,7 +215,7 @@ mod sql {
     /// WHERE that implies its predicate, so the state list here must stay
     /// as it is in migration 6, literally (the plan test checks).
     /// The lists are those of `claim` and `take_over`.
-    pub static DUE: Built = LazyLock::new(|| {
+    pub(super) static DUE: Built = LazyLock::new(|| {
         format!(
             "
         SELECT * FROM (SELECT * FROM jobs INDEXED BY jobs_waiting_due
@@ -232,7 +232,7 @@ mod sql {
 
     /// The list is the settled states', as `jobs_callbacks` (migration 4)
     /// names them.
-    pub static UNNOTIFIED: Built = LazyLock::new(|| {
+    pub(super) static UNNOTIFIED: Built = LazyLock::new(|| {
         format!(
             "
         SELECT * FROM jobs j
@@ -245,7 +245,7 @@ mod sql {
         )
     });
 
-    pub const UNNOTIFIED_TICKETS: &str = "
+    pub(super) const UNNOTIFIED_TICKETS: &str = "
         SELECT * FROM tickets t
         WHERE callback_url IS NOT NULL AND answer IS NOT NULL
           AND answered_at >= ?2 AND answered_at < ?3
@@ -253,7 +253,7 @@ mod sql {
         ORDER BY answered_at, id LIMIT ?4";
 
     /// `?2`: a JSON array of the stored states of the state filter.
-    pub const LIST: &str = "
+    pub(super) const LIST: &str = "
         SELECT * FROM jobs
         WHERE tenant = ?1 AND id < ?4
           AND (?2 IS NULL OR state IN (SELECT value FROM json_each(?2)))
@@ -261,14 +261,14 @@ mod sql {
         ORDER BY id DESC LIMIT ?5";
 
     /// [`LIST`] of one user's jobs, off `jobs_owner`.
-    pub const LIST_OWNED: &str = "
+    pub(super) const LIST_OWNED: &str = "
         SELECT * FROM jobs INDEXED BY jobs_owner
         WHERE tenant = ?1 AND user = ?6 AND id < ?4
           AND (?2 IS NULL OR state IN (SELECT value FROM json_each(?2)))
           AND (?3 IS NULL OR tool = ?3)
         ORDER BY id DESC LIMIT ?5";
 
-    pub const INSERT_TICKET: &str = "
+    pub(super) const INSERT_TICKET: &str = "
         INSERT INTO tickets (id, tenant, user, tool, question, options, args,
             run_id, call_id, callback_url, answered_by, created_at)
         VALUES (:id, :tenant, :user, :tool, :question, :options, :args,
@@ -277,24 +277,24 @@ mod sql {
         RETURNING *";
 
     /// open -> answered.
-    pub const ANSWER: &str = "
+    pub(super) const ANSWER: &str = "
         UPDATE tickets SET answer = ?3, answered_at = ?4
         WHERE id = ?1 AND tenant = ?2 AND answer IS NULL
         RETURNING *";
 
-    pub const INSERT_AUDIT: &str = "
+    pub(super) const INSERT_AUDIT: &str = "
         INSERT INTO audit (at_ms, tenant, user, tool, run_id, call_id, args, status,
             error_code, duration_us, parent_run_id)
         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)";
 
     /// Notices past keep_until, up to ?2, off `notices_expiry`.
-    pub const PRUNE_NOTICES: &str = "
+    pub(super) const PRUNE_NOTICES: &str = "
         DELETE FROM notices WHERE key IN (
             SELECT key FROM notices WHERE keep_until < ?1 LIMIT ?2)";
 
     /// absent, kept past keep_until, or sending past its lease -> sending
     /// until ?3, kept until ?4.
-    pub const CLAIM_NOTICE: &str = "
+    pub(super) const CLAIM_NOTICE: &str = "
         INSERT INTO notices (key, state, lease_until, keep_until) VALUES (?1, 'sending', ?3, ?4)
         ON CONFLICT (key) DO UPDATE SET
             state = 'sending', delivered = NULL, lease_until = ?3, keep_until = ?4
@@ -303,14 +303,14 @@ mod sql {
         RETURNING key";
 
     /// sending (or absent) -> sent, delivered or given up.
-    pub const SETTLE_NOTICE: &str = "
+    pub(super) const SETTLE_NOTICE: &str = "
         INSERT INTO notices (key, state, delivered, keep_until) VALUES (?1, 'sent', ?2, ?3)
         ON CONFLICT (key) DO UPDATE SET
             state = 'sent', delivered = ?2, lease_until = NULL, keep_until = ?3";
 
     /// Settled outcomes and abandoned claims past keep_until (up to ?2 of
     /// each), each read off its partial index (migration 8).
-    pub const PRUNE_COMMITS: &str = "
+    pub(super) const PRUNE_COMMITS: &str = "
         DELETE FROM commits WHERE key IN (
             SELECT key FROM (SELECT key FROM commits
                 WHERE state = 'settled' AND keep_until < ?1 LIMIT ?2)
@@ -320,7 +320,7 @@ mod sql {
 
     /// absent, kept past keep_until, or pending past its lease when ?5 says
     /// to take it over -> pending until ?3, kept until ?4.
-    pub const CLAIM_COMMIT: &str = "
+    pub(super) const CLAIM_COMMIT: &str = "
         INSERT INTO commits (key, state, lease_until, keep_until) VALUES (?1, 'pending', ?3, ?4)
         ON CONFLICT (key) DO UPDATE SET
             state = 'pending', envelope = NULL, lease_until = ?3, keep_until = ?4
@@ -329,10 +329,10 @@ mod sql {
         RETURNING key";
 
     /// What a claim that did not win found.
-    pub const COMMIT: &str = "SELECT envelope, lease_until FROM commits WHERE key = ?1";
+    pub(super) const COMMIT: &str = "SELECT envelope, lease_until FROM commits WHERE key = ?1";
 
     /// pending (or absent) -> settled; a settled outcome is never replaced.
-    pub const SETTLE_COMMIT: &str = "
+    pub(super) const SETTLE_COMMIT: &str = "
         INSERT INTO commits (key, state, envelope, keep_until) VALUES (?1, 'settled', ?2, ?3)
         ON CONFLICT (key) DO UPDATE SET
             state = 'settled', envelope = ?2, lease_until = NULL, keep_until = ?3
