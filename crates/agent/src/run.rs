@@ -650,7 +650,7 @@ impl Run {
             };
             let answered = async {
                 while let Some(event) = events.next().await {
-                    if event.kind == "ticket" && event.id == ticket {
+                    if event.kind == toolfleet_broker::EventKind::Ticket && event.id == ticket {
                         return;
                     }
                 }

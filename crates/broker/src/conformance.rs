@@ -573,11 +573,11 @@ pub mod notices {
 
     fn event(tenant: &str, n: usize) -> Event {
         Event {
-            kind: "job".to_owned(),
+            kind: crate::EventKind::Job,
             id: format!("job-{n}"),
             tenant: tenant.to_owned(),
             tool: "receipt_ocr".to_owned(),
-            state: "succeeded".to_owned(),
+            state: crate::EventState::parse("succeeded").expect("a state"),
             run_id: "run-1".to_owned(),
             body: json!({"status": "ok", "n": n}),
             callback: n % 2 == 1,
@@ -697,7 +697,7 @@ pub mod notices {
         for state in states {
             for n in 0..2 {
                 let mut e = event(&tenant, n);
-                e.state = state.to_owned();
+                e.state = crate::EventState::parse(state).expect("a state");
                 e.body = json!({"n": n, "state": state});
                 events.push(e);
             }
@@ -741,12 +741,12 @@ pub mod notices {
         };
         let job = |n: usize, state: &str| {
             let mut e = event(&tenant, n);
-            e.state = state.to_owned();
+            e.state = crate::EventState::parse(state).expect("a state");
             e
         };
         let ticket = |state: &str| {
             let mut e = job(9, state);
-            e.kind = "ticket".to_owned();
+            e.kind = crate::EventKind::Ticket;
             e.id = "t_1".to_owned();
             e
         };
@@ -766,12 +766,12 @@ pub mod notices {
         }
         let expected: Vec<&Event> = sent
             .iter()
-            .filter(|e| crate::SETTLED_STATES.contains(&e.state.as_str()))
+            .filter(|e| crate::SETTLED_STATES.contains(&e.state))
             .collect();
         let mut heard = Vec::new();
         while heard.len() < expected.len() {
             let got = next_of(outcomes.as_mut(), &tenant, "each outcome").await;
-            if crate::SETTLED_STATES.contains(&got.state.as_str()) {
+            if crate::SETTLED_STATES.contains(&got.state) {
                 heard.push(got);
             }
         }

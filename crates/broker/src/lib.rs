@@ -179,11 +179,124 @@ pub trait Broker: Send + Sync + 'static {
     async fn depth(&self, pool: &str) -> Result<u64, BrokerError>;
 }
 
+/// What an event is about: a job or a ticket.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventKind {
+    /// A job (a call of a job or agent tool).
+    #[default]
+    Job,
+    /// A ticket (a question for a person).
+    Ticket,
+}
+
+impl EventKind {
+    /// Its name on the wire: `job` or `ticket`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventKind::Job => "job",
+            EventKind::Ticket => "ticket",
+        }
+    }
+}
+
+impl std::fmt::Display for EventKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Where a ticket is: waiting for its answer, or answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TicketState {
+    /// Waiting for its answer.
+    Open,
+    /// Answered; its first answer stands.
+    Answered,
+}
+
+/// The state an event announces: a job's state as the contract shows it,
+/// or a ticket's. Written on the wire (and at the end of the events
+/// exchange's routing keys) by its name alone: the names of the two kinds
+/// never meet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EventState {
+    /// A job's state ([`JobState::shown`]: never `parked`).
+    Job(JobState),
+    /// A ticket's state.
+    Ticket(TicketState),
+}
+
+impl Default for EventState {
+    fn default() -> Self {
+        EventState::Job(JobState::Queued)
+    }
+}
+
+impl EventState {
+    /// Every state an event can carry: the job states the contract shows,
+    /// then `open` and `answered`.
+    pub const ALL: [EventState; 8] = [
+        EventState::Job(JobState::Queued),
+        EventState::Job(JobState::Running),
+        EventState::Job(JobState::Retrying),
+        EventState::Job(JobState::Succeeded),
+        EventState::Job(JobState::Failed),
+        EventState::Job(JobState::Cancelled),
+        EventState::Ticket(TicketState::Open),
+        EventState::Ticket(TicketState::Answered),
+    ];
+
+    /// Its name: a job state's, `open` or `answered`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventState::Job(state) => state.as_str(),
+            EventState::Ticket(TicketState::Open) => "open",
+            EventState::Ticket(TicketState::Answered) => "answered",
+        }
+    }
+
+    /// The state of the name `text`, one of [`EventState::ALL`].
+    pub fn parse(text: &str) -> Option<EventState> {
+        EventState::ALL.into_iter().find(|s| s.as_str() == text)
+    }
+
+    /// True for a settled job's state and an answered ticket's: an
+    /// outcome, which nothing follows.
+    pub fn is_outcome(self) -> bool {
+        match self {
+            EventState::Job(state) => state.is_settled(),
+            EventState::Ticket(state) => state == TicketState::Answered,
+        }
+    }
+}
+
+impl std::fmt::Display for EventState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for EventState {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for EventState {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
+        EventState::parse(&text).ok_or_else(|| {
+            serde::de::Error::custom(format!("`{text}` is not the state of a job or a ticket"))
+        })
+    }
+}
+
 /// What is announced when a job or ticket changes.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Event {
-    /// `job` or `ticket`.
-    pub kind: String,
+    /// A job or a ticket.
+    pub kind: EventKind,
     /// The job's or ticket's id.
     pub id: String,
     /// The tenant it belongs to.
@@ -199,7 +312,7 @@ pub struct Event {
     /// The tool called.
     pub tool: String,
     /// For jobs, the job state; for tickets, `open` or `answered`.
-    pub state: String,
+    pub state: EventState,
     /// The agent run of the call that made it.
     pub run_id: String,
     /// The envelope `get_job` would answer now (or the ticket).
@@ -222,14 +335,14 @@ impl Event {
         envelope: &toolfleet_core::Envelope,
     ) -> Event {
         Event {
-            kind: "job".to_owned(),
+            kind: EventKind::Job,
             id: id.to_owned(),
             tenant: tenant.to_owned(),
             user: user.to_owned(),
             audience: None,
             tool: tool.to_owned(),
             // As the contract shows it: a parked job is `retrying`.
-            state: state.shown().as_str().to_owned(),
+            state: EventState::Job(state.shown()),
             run_id: run_id.to_owned(),
             body: serde_json::to_value(envelope).unwrap_or_default(),
             callback: false,
@@ -243,7 +356,7 @@ impl Event {
 
     /// True for a job that can no longer change.
     pub fn is_settled_job(&self) -> bool {
-        self.kind == "job" && JobState::parse(&self.state).is_some_and(JobState::is_settled)
+        matches!(self.state, EventState::Job(state) if state.is_settled())
     }
 }
 
@@ -285,7 +398,12 @@ pub trait Notices: Send + Sync + 'static {
 
 /// The states of a settled job and of an answered ticket, as events carry
 /// them and routing keys on the events exchange end.
-pub const SETTLED_STATES: [&str; 4] = ["succeeded", "failed", "cancelled", "answered"];
+pub const SETTLED_STATES: [EventState; 4] = [
+    EventState::Job(JobState::Succeeded),
+    EventState::Job(JobState::Failed),
+    EventState::Job(JobState::Cancelled),
+    EventState::Ticket(TicketState::Answered),
+];
 
 /// Splits `events` into groups that share a routing key, so that each group
 /// can travel as one message, without reordering any job's own events: the
@@ -295,12 +413,12 @@ pub const SETTLED_STATES: [&str; 4] = ["succeeded", "failed", "cancelled", "answ
 /// few messages carry hundreds of events.
 pub fn batches(events: &[Event]) -> Vec<(String, Vec<&Event>)> {
     use std::collections::HashMap;
-    let mut seen: HashMap<(&str, &str), usize> = HashMap::new();
+    let mut seen: HashMap<(EventKind, &str), usize> = HashMap::new();
     // (round, key) -> index into `groups`.
     let mut placed: HashMap<(usize, String), usize> = HashMap::new();
     let mut groups: Vec<(usize, String, Vec<&Event>)> = Vec::new();
     for event in events {
-        let count = seen.entry((&event.kind, &event.id)).or_insert(0);
+        let count = seen.entry((event.kind, event.id.as_str())).or_insert(0);
         let round = *count;
         *count += 1;
         let key = event.routing_key();
@@ -326,11 +444,11 @@ mod batch_tests {
 
     fn event(id: &str, tool: &str, state: &str) -> Event {
         Event {
-            kind: "job".into(),
+            kind: crate::EventKind::Job,
             id: id.into(),
             tenant: "t".into(),
             tool: tool.into(),
-            state: state.into(),
+            state: EventState::parse(state).expect("a state"),
             run_id: "r".into(),
             body: Value::Null,
             callback: false,
@@ -341,7 +459,11 @@ mod batch_tests {
     fn flat(groups: &[(String, Vec<&Event>)]) -> Vec<(String, String)> {
         groups
             .iter()
-            .flat_map(|(_, events)| events.iter().map(|e| (e.id.clone(), e.state.clone())))
+            .flat_map(|(_, events)| {
+                events
+                    .iter()
+                    .map(|e| (e.id.clone(), e.state.as_str().to_owned()))
+            })
             .collect()
     }
 

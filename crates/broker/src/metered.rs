@@ -116,11 +116,11 @@ mod tests {
         assert_eq!(broker.depth("default").await, Ok(1));
         let mut events = notices.subscribe().await.expect("subscribe");
         let event = Event {
-            kind: "job".into(),
+            kind: crate::EventKind::Job,
             id: "j".into(),
             tenant: "t".into(),
             tool: "ocr".into(),
-            state: "succeeded".into(),
+            state: crate::EventState::parse("succeeded").expect("a state"),
             run_id: "r".into(),
             body: serde_json::Value::Null,
             callback: false,

@@ -1064,11 +1064,11 @@ mod tests {
 
     fn event(body: serde_json::Value) -> Event {
         Event {
-            kind: "job".into(),
+            kind: crate::EventKind::Job,
             id: "job-1".into(),
             tenant: "acme".into(),
             tool: "ocr".into(),
-            state: "succeeded".into(),
+            state: crate::EventState::parse("succeeded").expect("a state"),
             run_id: "run-1".into(),
             body,
             callback: true,

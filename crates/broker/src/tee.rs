@@ -72,11 +72,11 @@ mod tests {
 
     fn event(n: usize) -> Event {
         Event {
-            kind: "job".into(),
+            kind: crate::EventKind::Job,
             id: format!("job-{n}"),
             tenant: "t".into(),
             tool: "ocr".into(),
-            state: "succeeded".into(),
+            state: crate::EventState::parse("succeeded").expect("a state"),
             run_id: "r".into(),
             body: json!({"n": n}),
             callback: false,

@@ -273,11 +273,11 @@ async fn notices_take_any_buffer_and_need_no_subscriber() {
     for buffer in [0, usize::MAX] {
         let notices = MemoryNotices::with_capacity(buffer);
         let event = toolfleet_broker::Event {
-            kind: "job".to_owned(),
+            kind: toolfleet_broker::EventKind::Job,
             id: "job-a".to_owned(),
             tenant: "acme".to_owned(),
             tool: "receipt_ocr".to_owned(),
-            state: "succeeded".to_owned(),
+            state: toolfleet_broker::EventState::parse("succeeded").expect("a state"),
             run_id: "run-1".to_owned(),
             body: serde_json::json!({}),
             callback: false,
@@ -370,11 +370,11 @@ impl Subscription for FlakySubscription {
 
 fn event(tenant: &str, id: &str) -> Event {
     Event {
-        kind: "job".to_owned(),
+        kind: toolfleet_broker::EventKind::Job,
         id: id.to_owned(),
         tenant: tenant.to_owned(),
         tool: "receipt_ocr".to_owned(),
-        state: "succeeded".to_owned(),
+        state: toolfleet_broker::EventState::parse("succeeded").expect("a state"),
         run_id: "run-1".to_owned(),
         body: serde_json::json!({}),
         callback: false,

@@ -147,11 +147,11 @@ async fn listening_sessions(application_name: &str) -> i64 {
 
 fn event(tenant: &str, id: &str, body: serde_json::Value) -> Event {
     Event {
-        kind: "job".to_owned(),
+        kind: toolfleet_broker::EventKind::Job,
         id: id.to_owned(),
         tenant: tenant.to_owned(),
         tool: "receipt_ocr".to_owned(),
-        state: "succeeded".to_owned(),
+        state: toolfleet_broker::EventState::parse("succeeded").expect("a state"),
         run_id: "run-1".to_owned(),
         body,
         callback: true,

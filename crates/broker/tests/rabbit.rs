@@ -259,8 +259,8 @@ async fn split_notices_bind_every_state_only_once_asked() {
     for subscription in [&mut outcomes, &mut others] {
         let got = timeout(ARRIVAL, subscription.next()).await;
         assert_eq!(
-            got.ok().flatten().map(|e| e.state),
-            Some("succeeded".to_owned()),
+            got.ok().flatten().map(|e| e.state.as_str()),
+            Some("succeeded"),
             "the first event an outcome subscriber hears is the outcome"
         );
     }
@@ -273,8 +273,8 @@ async fn split_notices_bind_every_state_only_once_asked() {
     assert_eq!(split.publish(&event("running")).await, Ok(()));
     let got = timeout(ARRIVAL, every.next()).await;
     assert_eq!(
-        got.ok().flatten().map(|e| e.state),
-        Some("running".to_owned())
+        got.ok().flatten().map(|e| e.state.as_str()),
+        Some("running")
     );
     // Once that subscriber is gone, the next event unheard unbinds every key.
     drop(every);
@@ -288,19 +288,19 @@ async fn split_notices_bind_every_state_only_once_asked() {
     assert_eq!(split.publish(&event("succeeded")).await, Ok(()));
     let got = timeout(ARRIVAL, outcomes.next()).await;
     assert_eq!(
-        got.ok().flatten().map(|e| e.state),
-        Some("succeeded".to_owned())
+        got.ok().flatten().map(|e| e.state.as_str()),
+        Some("succeeded")
     );
 }
 
 /// The event of job `job-a` of `tenant` in `state`.
 fn job_event(tenant: &str, state: &str) -> Event {
     Event {
-        kind: "job".to_owned(),
+        kind: toolfleet_broker::EventKind::Job,
         id: "job-a".to_owned(),
         tenant: tenant.to_owned(),
         tool: "receipt_ocr".to_owned(),
-        state: state.to_owned(),
+        state: toolfleet_broker::EventState::parse(state).expect("a state"),
         run_id: "run-1".to_owned(),
         body: serde_json::json!({"state": state}),
         callback: false,
@@ -769,7 +769,10 @@ async fn fanout_carries_on_after_a_reconnect() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_subscription_for_some_states_hears_only_those() {
     let notices = notices().await;
-    let settled = notices.0.clone().only_states(&["succeeded", "cancelled"]);
+    let settled = notices.0.clone().only_states(&[
+        toolfleet_broker::EventState::parse("succeeded").expect("a state"),
+        toolfleet_broker::EventState::parse("cancelled").expect("a state"),
+    ]);
     let mut some = settled
         .subscribe()
         .await
@@ -781,11 +784,11 @@ async fn a_subscription_for_some_states_hears_only_those() {
         .expect("subscribing to every state");
     let tenant = format!("{}.eu", unique("tenant"));
     let event = |id: &str, state: &str| Event {
-        kind: "job".to_owned(),
+        kind: toolfleet_broker::EventKind::Job,
         id: id.to_owned(),
         tenant: tenant.clone(),
         tool: "receipt.ocr.v2".to_owned(),
-        state: state.to_owned(),
+        state: toolfleet_broker::EventState::parse(state).expect("a state"),
         run_id: "run-1".to_owned(),
         body: serde_json::json!({"state": state}),
         callback: false,
@@ -816,7 +819,7 @@ async fn a_subscription_for_some_states_hears_only_those() {
     }
     let mut heard = Vec::new();
     while let Ok(Some(got)) = timeout(Duration::from_millis(300), some.next()).await {
-        heard.push((got.id, got.state));
+        heard.push((got.id, got.state.as_str().to_owned()));
     }
     assert_eq!(
         heard,

@@ -127,7 +127,7 @@ impl Served {
 pub(crate) async fn open_backends(
     config: &Config,
     prefetch: u16,
-    only_states: Option<&[&str]>,
+    only_states: Option<&[toolfleet_broker::EventState]>,
     agent_pools: &BTreeSet<String>,
 ) -> Result<Backends, String> {
     if config.database_url.is_none() {
@@ -613,14 +613,20 @@ mod tests {
     /// answered tickets.
     #[test]
     fn settled_states_are_the_settled_job_states() {
-        for state in JobState::ALL {
-            let name = state.as_str();
-            assert_eq!(SETTLED_STATES.contains(&name), state.is_settled(), "{name}");
+        use toolfleet_broker::{EventState, TicketState};
+        for state in JobState::SHOWN {
+            assert_eq!(
+                SETTLED_STATES.contains(&EventState::Job(state)),
+                state.is_settled(),
+                "{state}"
+            );
         }
-        assert!(SETTLED_STATES.contains(&"answered"));
-        for state in SETTLED_STATES.iter().filter(|s| **s != "answered") {
-            assert!(
-                JobState::parse(state).is_some_and(JobState::is_settled),
+        assert!(SETTLED_STATES.contains(&EventState::Ticket(TicketState::Answered)));
+        assert!(!SETTLED_STATES.contains(&EventState::Ticket(TicketState::Open)));
+        for state in EventState::ALL {
+            assert_eq!(
+                SETTLED_STATES.contains(&state),
+                state.is_outcome(),
                 "{state}"
             );
         }

@@ -10,9 +10,7 @@ use tokio::sync::mpsc;
 /// Events published together at most.
 const BATCH: usize = 256;
 
-use toolfleet_core::JobState;
-
-use toolfleet_broker::{Event, Notices};
+use toolfleet_broker::{Event, EventKind, Notices};
 
 /// Hands events to the publishing task.
 #[derive(Clone)]
@@ -67,11 +65,11 @@ fn coalesce(batch: &mut Vec<Event>) {
     let mut later: HashSet<(&str, &str)> = HashSet::new();
     let mut keep = vec![true; batch.len()];
     for (at, event) in batch.iter().enumerate().rev() {
-        if event.kind != "job" {
+        if event.kind != EventKind::Job {
             continue;
         }
         let seen_later = !later.insert((&event.tenant, &event.id));
-        let settled = JobState::parse(&event.state).is_some_and(JobState::is_settled);
+        let settled = event.is_settled_job();
         if seen_later && !settled {
             keep[at] = false;
         }
@@ -95,11 +93,11 @@ mod tests {
 
     fn event(n: usize) -> Event {
         Event {
-            kind: "job".into(),
+            kind: toolfleet_broker::EventKind::Job,
             id: n.to_string(),
             tenant: "t".into(),
             tool: "x".into(),
-            state: "running".into(),
+            state: toolfleet_broker::EventState::parse("running").expect("a state"),
             run_id: "r".into(),
             body: serde_json::Value::Null,
             callback: false,
@@ -113,8 +111,12 @@ mod tests {
     #[test]
     fn a_jobs_events_waiting_together_leave_only_the_last() {
         let with = |n: usize, kind: &str, state: &str| Event {
-            kind: kind.into(),
-            state: state.into(),
+            kind: if kind == "ticket" {
+                EventKind::Ticket
+            } else {
+                EventKind::Job
+            },
+            state: toolfleet_broker::EventState::parse(state).expect("a state"),
             ..event(n)
         };
         let mut batch = vec![

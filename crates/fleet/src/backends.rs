@@ -18,7 +18,8 @@ use toolfleet_broker::postgres::{PgNotices, PgOptions};
 use toolfleet_broker::rabbit::{MAX_IDS_PER_MESSAGE, RabbitBroker, RabbitOptions};
 use toolfleet_broker::split::Split;
 use toolfleet_broker::tee::Tee;
-use toolfleet_broker::{Broker, Notices};
+use toolfleet_broker::{Broker, EventState, Notices};
+use toolfleet_core::JobState;
 use toolfleet_store::Store;
 use toolfleet_store::postgres::{PgConnectOptions, PgStore};
 use toolfleet_store::sqlite::SqliteStore;
@@ -135,7 +136,7 @@ pub struct Backends {
 const MAX_POOL_NAME: usize = 255;
 
 /// What a worker that runs no agent hears: cancels.
-pub const CANCELLED_STATE: [&str; 1] = ["cancelled"];
+pub const CANCELLED_STATE: [EventState; 1] = [EventState::Job(JobState::Cancelled)];
 
 /// How far a process's local subscribers (SSE streams, webhooks, long
 /// polls) may fall behind before they skip events: deep enough to keep up
@@ -192,7 +193,7 @@ pub fn rabbit_options(
 pub fn heard_states(
     agent_pools: &BTreeSet<String>,
     pools: Option<&[String]>,
-) -> &'static [&'static str] {
+) -> &'static [EventState] {
     let runs_agents = agent_pools
         .iter()
         .any(|pool| pools.is_none_or(|pools| pools.contains(pool)));
@@ -234,7 +235,7 @@ pub async fn migrate(settings: &Settings) -> Result<String, String> {
 pub async fn open(
     settings: &Settings,
     prefetch: u16,
-    only_states: Option<&[&str]>,
+    only_states: Option<&[EventState]>,
     agent_pools: &BTreeSet<String>,
 ) -> Result<Backends, String> {
     let notices_backend = settings.notices_backend()?;

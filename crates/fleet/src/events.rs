@@ -5,7 +5,7 @@
 //! job is `retrying`).
 
 use serde_json::json;
-use toolfleet_broker::Event;
+use toolfleet_broker::{Event, EventState, TicketState};
 use toolfleet_store::{JobRecord, TicketRecord};
 
 /// The event announcing `job` as it stands: its `get_job` envelope with the
@@ -28,13 +28,17 @@ pub fn job_event(job: &JobRecord, poll_after_s: u32) -> Event {
 /// its owner and to those its tool names as who may answer it.
 pub fn ticket_event(ticket: &TicketRecord) -> Event {
     Event {
-        kind: "ticket".to_owned(),
+        kind: toolfleet_broker::EventKind::Ticket,
         id: ticket.id.clone(),
         tenant: ticket.tenant.clone(),
         user: ticket.user.clone(),
         audience: ticket.answered_by.scope().map(str::to_owned),
         tool: ticket.tool.clone(),
-        state: ticket_state(ticket).to_owned(),
+        state: EventState::Ticket(if ticket.answer.is_some() {
+            TicketState::Answered
+        } else {
+            TicketState::Open
+        }),
         run_id: ticket.run_id.clone(),
         body: ticket_view(ticket),
         callback: ticket.callback_url.is_some(),

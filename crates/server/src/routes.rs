@@ -16,7 +16,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use toolfleet_broker::{Broker, Notices};
+use toolfleet_broker::{Broker, EventKind, EventState, Notices};
 use toolfleet_core::adapters::{Format, tool_specs};
 use toolfleet_core::metrics::{Denial, UNKNOWN_TOOL};
 use toolfleet_core::{
@@ -552,33 +552,23 @@ struct EventsQuery {
 }
 
 /// The states a job or ticket event can carry.
-const EVENT_STATES: [&str; 8] = [
-    "queued",
-    "running",
-    "retrying",
-    "succeeded",
-    "failed",
-    "cancelled",
-    "open",
-    "answered",
-];
-
-/// The states of `?state=a,b`: each one of [`EVENT_STATES`]; `None` for
+/// The states of `?state=a,b`: each one of [`EventState::ALL`]; `None` for
 /// every state.
-fn event_states(query: Option<&str>) -> Result<Option<Vec<&'static str>>, String> {
+fn event_states(query: Option<&str>) -> Result<Option<Vec<EventState>>, String> {
     let Some(query) = query else {
         return Ok(None);
     };
     let mut states = Vec::new();
     for word in query.split(',').map(str::trim) {
-        match EVENT_STATES.iter().find(|s| **s == word) {
-            Some(state) if !states.contains(state) => states.push(*state),
+        match EventState::parse(word) {
+            Some(state) if !states.contains(&state) => states.push(state),
             Some(_) => {}
             None => {
+                let names: Vec<&str> = EventState::ALL.iter().map(|s| s.as_str()).collect();
                 return Err(format!(
                     "state `{}` is not one of {}",
                     toolfleet_core::registry::truncate(word, 32),
-                    EVENT_STATES.join(", ")
+                    names.join(", ")
                 ));
             }
         }
@@ -647,20 +637,20 @@ async fn events(
                 if !access::hears(&principal, &event)
                     || states
                         .as_ref()
-                        .is_some_and(|states| !states.contains(&event.state.as_str()))
+                        .is_some_and(|states| !states.contains(&event.state))
                 {
                     continue;
                 }
                 // A job's result only to those who may read it.
                 let body = match access.result_refused(&principal, &event.tool) {
-                    Some(refusal) if event.kind == "job" => {
+                    Some(refusal) if event.kind == EventKind::Job => {
                         serde_json::to_value(Envelope::error(refusal)).unwrap_or_default()
                     }
                     _ => event.body,
                 };
                 let data = json!({"kind": event.kind, "id": event.id, "tool": event.tool, "state": event.state, "run_id": event.run_id, "body": body});
                 let sse = SseEvent::default()
-                    .event(event.kind.clone())
+                    .event(event.kind.as_str())
                     .id(event.id.clone())
                     .data(data.to_string());
                 return Some((Ok::<_, Infallible>(sse), subscription));

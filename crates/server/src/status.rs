@@ -160,7 +160,7 @@ impl Status {
         let tenant = &principal.tenant;
         let _ = tokio::time::timeout(wait, async {
             while let Some(event) = events.next().await {
-                if event.kind == "job"
+                if event.kind == toolfleet_broker::EventKind::Job
                     && event.id == id
                     && &event.tenant == tenant
                     && wakes.by(&event)

@@ -25,7 +25,7 @@ use hmac::{Hmac, KeyInit, Mac};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use tokio::sync::watch;
-use toolfleet_broker::{Event, Notices};
+use toolfleet_broker::{Event, EventKind, EventState, Notices, TicketState};
 use toolfleet_core::Metrics;
 use toolfleet_store::{ClaimNotice, SettleNotice, Store, StoreError};
 
@@ -99,8 +99,8 @@ async fn callback_of(store: &dyn Store, event: &Event) -> Option<String> {
     if !event.callback {
         return None;
     }
-    match event.kind.as_str() {
-        "job" if event.is_settled_job() => {
+    match (event.kind, event.state) {
+        (EventKind::Job, _) if event.is_settled_job() => {
             store
                 .job_by_id(&event.id)
                 .await
@@ -108,7 +108,7 @@ async fn callback_of(store: &dyn Store, event: &Event) -> Option<String> {
                 .flatten()?
                 .callback_url
         }
-        "ticket" if event.state == "answered" => {
+        (EventKind::Ticket, EventState::Ticket(TicketState::Answered)) => {
             store
                 .ticket(&event.tenant, &event.id)
                 .await
@@ -130,7 +130,7 @@ pub fn notice_body(event: &Event) -> Value {
     body["event"] = json!(format!("{}.{}", event.kind, event.state));
     body["run_id"] = json!(event.run_id);
     body["tenant"] = json!(event.tenant);
-    if event.kind == "ticket" {
+    if event.kind == EventKind::Ticket {
         body["ticket"] = json!(event.id);
     } else {
         body["job_id"] = json!(event.id);

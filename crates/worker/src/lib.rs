@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use backon::{BackoffBuilder, ExponentialBuilder};
 use tokio::sync::{Notify, Semaphore, watch};
-use toolfleet_broker::{Broker, Delivery, Notices, Subscription};
+use toolfleet_broker::{Broker, Delivery, EventState, Notices, Subscription};
 use toolfleet_core::lifecycle::{self, Transition};
 use toolfleet_core::metrics::{Gauge, PoolGauges};
 use toolfleet_core::middleware::redact_json;
@@ -635,8 +635,7 @@ impl Worker {
     /// Stops running executors of jobs announced as cancelled in `events`.
     async fn follow_cancels(self: Arc<Self>, mut events: Box<dyn Subscription>) {
         while let Some(event) = events.next().await {
-            if event.kind == "job"
-                && event.state == JobState::Cancelled.as_str()
+            if event.state == EventState::Job(JobState::Cancelled)
                 && let Some(cancelled) = self.lock_running().get(&event.id)
             {
                 cancelled.notify_one();

@@ -304,7 +304,7 @@ async fn retries_reach_the_worker_through_the_broker() {
             .expect("an event")
             .expect("notices open");
         if event.id == id {
-            seen.push(event.state);
+            seen.push(event.state.as_str().to_owned());
         }
     }
     assert_eq!(
@@ -627,11 +627,11 @@ async fn a_stale_attempt_of_the_same_worker_is_stopped_and_settles_nothing() {
             .await
             .expect("an event")
             .expect("notices open");
-        if event.id == marker && event.state == "succeeded" {
+        if event.id == marker && event.state.as_str() == "succeeded" {
             break;
         }
         if event.id == id {
-            seen.push(event.state);
+            seen.push(event.state.as_str());
         }
     }
     assert_eq!(seen, ["running"]);

@@ -86,7 +86,7 @@ impl RabbitNotices {
     /// routes nor delivers the rest to this process: a worker that follows
     /// only cancels and settled jobs skips each job's `queued` and
     /// `running`. Publishing is unchanged.
-    pub fn only_states(mut self, states: &[&str]) -> Self {
+    pub fn only_states(mut self, states: &[crate::EventState]) -> Self {
         self.keys = states.iter().map(|state| format!("#.{state}")).collect();
         self
     }
@@ -312,11 +312,11 @@ mod tests {
     #[test]
     fn an_events_message_holds_one_event_or_an_array() {
         let event = |id: &str| Event {
-            kind: "job".into(),
+            kind: crate::EventKind::Job,
             id: id.into(),
             tenant: "t".into(),
             tool: "x".into(),
-            state: "succeeded".into(),
+            state: crate::EventState::parse("succeeded").expect("a state"),
             run_id: "r".into(),
             body: serde_json::json!({"status": "ok"}),
             callback: false,
