@@ -70,9 +70,6 @@ fn noop_tool() -> ToolDecl {
         .run(|_: CallCtx, _: Value| async { Ok::<_, ToolError>(json!({})) })
 }
 
-/// The states of a settled job: the events the bench reads.
-const OUTCOMES: [&str; 3] = ["succeeded", "failed", "cancelled"];
-
 /// What the bench reads of an event on `/v1/events`.
 #[derive(serde::Deserialize)]
 struct Seen<'a> {
@@ -230,7 +227,9 @@ impl Probe {
             .get(format!(
                 "{}/v1/events?state={}",
                 self.bases[0],
-                OUTCOMES.join(",")
+                toolfleet_core::JobState::SETTLED
+                    .map(|s| s.as_str())
+                    .join(",")
             ))
             .bearer_auth(&self.token)
             .send()
@@ -253,7 +252,9 @@ impl Probe {
                 let Ok(event) = serde_json::from_str::<Seen>(data) else {
                     continue;
                 };
-                if event.kind != "job" || !OUTCOMES.contains(&event.state.as_ref()) {
+                let settled = toolfleet_core::JobState::parse(&event.state)
+                    .is_some_and(toolfleet_core::JobState::is_settled);
+                if event.kind != "job" || !settled {
                     continue;
                 }
                 let now = Instant::now();

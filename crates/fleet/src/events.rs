@@ -34,11 +34,7 @@ pub fn ticket_event(ticket: &TicketRecord) -> Event {
         user: ticket.user.clone(),
         audience: ticket.answered_by.scope().map(str::to_owned),
         tool: ticket.tool.clone(),
-        state: EventState::Ticket(if ticket.answer.is_some() {
-            TicketState::Answered
-        } else {
-            TicketState::Open
-        }),
+        state: ticket_state(ticket),
         run_id: ticket.run_id.clone(),
         body: ticket_view(ticket),
         callback: ticket.callback_url.is_some(),
@@ -46,12 +42,12 @@ pub fn ticket_event(ticket: &TicketRecord) -> Event {
 }
 
 /// `answered` once a ticket has its answer, else `open`.
-fn ticket_state(ticket: &TicketRecord) -> &'static str {
-    if ticket.answer.is_some() {
-        "answered"
+fn ticket_state(ticket: &TicketRecord) -> EventState {
+    EventState::Ticket(if ticket.answer.is_some() {
+        TicketState::Answered
     } else {
-        "open"
-    }
+        TicketState::Open
+    })
 }
 
 /// A ticket as clients read it.
@@ -61,7 +57,7 @@ pub fn ticket_view(ticket: &TicketRecord) -> serde_json::Value {
         "tool": ticket.tool,
         "question": ticket.question,
         "options": ticket.options,
-        "state": ticket_state(ticket),
+        "state": ticket_state(ticket).as_str(),
         "answer": ticket.answer,
         "answered_by": ticket.answered_by,
         "run_id": ticket.run_id,

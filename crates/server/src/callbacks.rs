@@ -90,21 +90,8 @@ impl Network {
     /// True when `ip` is inside: an IPv4-mapped IPv6 address is its IPv4
     /// address.
     pub fn contains(&self, ip: IpAddr) -> bool {
-        match (self.addr, ip.to_canonical()) {
-            (IpAddr::V4(net), IpAddr::V4(ip)) => {
-                let mask = u32::MAX
-                    .checked_shl(32 - u32::from(self.prefix))
-                    .unwrap_or(0);
-                u32::from(net) & mask == u32::from(ip) & mask
-            }
-            (IpAddr::V6(net), IpAddr::V6(ip)) => {
-                let mask = u128::MAX
-                    .checked_shl(128 - u32::from(self.prefix))
-                    .unwrap_or(0);
-                u128::from(net) & mask == u128::from(ip) & mask
-            }
-            _ => false,
-        }
+        let ip = ip.to_canonical();
+        ip.is_ipv4() == self.addr.is_ipv4() && masked(ip, self.prefix) == self.first()
     }
 
     fn parse(text: &str, entry: &str) -> Result<Network, String> {
@@ -146,19 +133,21 @@ impl Network {
 
     /// The network's first address.
     fn first(&self) -> IpAddr {
-        match self.addr {
-            IpAddr::V4(addr) => {
-                let mask = u32::MAX
-                    .checked_shl(32 - u32::from(self.prefix))
-                    .unwrap_or(0);
-                IpAddr::V4(Ipv4Addr::from(u32::from(addr) & mask))
-            }
-            IpAddr::V6(addr) => {
-                let mask = u128::MAX
-                    .checked_shl(128 - u32::from(self.prefix))
-                    .unwrap_or(0);
-                IpAddr::V6(Ipv6Addr::from(u128::from(addr) & mask))
-            }
+        masked(self.addr, self.prefix)
+    }
+}
+
+/// `ip` with all but its first `prefix` bits cleared (a prefix of 0 clears
+/// them all).
+fn masked(ip: IpAddr, prefix: u8) -> IpAddr {
+    match ip {
+        IpAddr::V4(ip) => {
+            let mask = u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0);
+            IpAddr::V4(Ipv4Addr::from(u32::from(ip) & mask))
+        }
+        IpAddr::V6(ip) => {
+            let mask = u128::MAX.checked_shl(128 - u32::from(prefix)).unwrap_or(0);
+            IpAddr::V6(Ipv6Addr::from(u128::from(ip) & mask))
         }
     }
 }

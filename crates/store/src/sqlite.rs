@@ -893,15 +893,20 @@ fn append_audit(c: &mut Connection, records: &[AuditRecord]) -> Result<(), Store
 /// kept until `keep`.
 /// Claims a notice (see [`Store::claim_notice`]), pruning a batch of
 /// expired ones first.
-fn claim_notice(c: &mut Connection, claim: &ClaimNotice<'_>) -> Result<bool, StoreError> {
-    let until = claim.now.saturating_add(claim.lease_ms);
-    let keep = claim.keep_until.max(until);
+/// `(until, keep)`: the claim's lease ends at `until`, its record is kept
+/// until `keep`.
+fn claim_notice(
+    c: &mut Connection,
+    key: &str,
+    now: i64,
+    (until, keep): (i64, i64),
+) -> Result<bool, StoreError> {
     let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
     tx.prepare_cached(sql::PRUNE_NOTICES)?
-        .execute(params![claim.now, PRUNE_BATCH])?;
+        .execute(params![now, PRUNE_BATCH])?;
     let claimed = tx
         .prepare_cached(sql::CLAIM_NOTICE)?
-        .query_row(params![claim.key, claim.now, until, keep], |_| Ok(()))
+        .query_row(params![key, now, until, keep], |_| Ok(()))
         .optional()?;
     tx.commit()?;
     Ok(claimed.is_some())
@@ -1203,18 +1208,11 @@ impl Store for SqliteStore {
     }
 
     async fn claim_notice(&self, claim: ClaimNotice<'_>) -> Result<bool, StoreError> {
-        let key = claim.key.to_owned();
-        let (now, lease_ms, keep_until) = (claim.now, claim.lease_ms, claim.keep_until);
-        self.call(move |c| {
-            let claim = ClaimNotice {
-                key: &key,
-                now,
-                lease_ms,
-                keep_until,
-            };
-            claim_notice(c, &claim)
-        })
-        .await
+        let (key, now) = (claim.key.to_owned(), claim.now);
+        let until = now.saturating_add(claim.lease_ms);
+        let keep = claim.keep_until.max(until);
+        self.call(move |c| claim_notice(c, &key, now, (until, keep)))
+            .await
     }
 
     async fn settle_notice(&self, settle: SettleNotice<'_>) -> Result<(), StoreError> {
