@@ -17,7 +17,9 @@ use toolfleet_core::{
     AuditRecord, AuditSink, Envelope, ErrorCode, Fleet, JobRequest, Metrics, TicketRequest,
     ToolError, now_ms,
 };
-use toolfleet_store::{ClaimCommit, CommitClaim, Inserted, NewJob, NewTicket, Store, StoreError};
+use toolfleet_store::{
+    ClaimCommit, CommitClaim, Inserted, NewJob, NewTicket, Store, StoreError, TicketKind,
+};
 
 use crate::announcer::Announcer;
 use crate::events::{job_event, ticket_event};
@@ -173,6 +175,10 @@ impl Fleet for Dispatcher {
                 call_id: ctx.call_id.clone(),
                 callback_url: ctx.callback_url.clone(),
                 answered_by: ticket.answered_by,
+                kind: TicketKind::Question,
+                plan: None,
+                scopes: ctx.principal.scopes.iter().cloned().collect(),
+                expires_at: None,
                 now: now_ms(),
             };
             let record = self.store.insert_ticket(new).await.map_err(store_error)?;

@@ -274,9 +274,10 @@ mod tests {
     use toolfleet_core::{AuditRecord, JobState, TraceContext};
     use toolfleet_store::{
         AnswerTicket, Answered, CancelJob, ClaimCommit, ClaimJob, ClaimNotice, CommitClaim, Fail,
-        Heartbeat, Inserted, JobPage, JobRecord, Lease, ListJobs, NewJob, NewTicket, Park,
-        SaveCheckpoint, SetProgress, SettleCommit, SettleNotice, StoreError, Succeed, TicketRecord,
-        Unnotified,
+        Heartbeat, Inserted, JobPage, JobRecord, Lease, ListJobs, ListRuns, ListTickets, NewJob,
+        NewRun, NewTicket, Park, RunInserted, RunPage, RunRecord, SaveCheckpoint, SetProgress,
+        SettleCommit, SettleNotice, SettleTicket, StaleRuns, StoreError, Succeed, TicketPage,
+        TicketRecord, Unnotified, UpdateRun,
     };
 
     /// A broker that never answers.
@@ -415,6 +416,42 @@ mod tests {
             unreachable!()
         }
         async fn settle_commit(&self, _: SettleCommit<'_>) -> Result<(), StoreError> {
+            unreachable!()
+        }
+        async fn list_tickets(&self, _: ListTickets<'_>) -> Result<TicketPage, StoreError> {
+            unreachable!()
+        }
+        async fn expire_tickets(&self, _: i64, _: u32) -> Result<Vec<TicketRecord>, StoreError> {
+            unreachable!()
+        }
+        async fn settle_ticket(
+            &self,
+            _: SettleTicket<'_>,
+        ) -> Result<Option<TicketRecord>, StoreError> {
+            unreachable!()
+        }
+        async fn unsettled_tickets(&self, _: i64, _: u32) -> Result<Vec<TicketRecord>, StoreError> {
+            unreachable!()
+        }
+        async fn insert_run(&self, _: NewRun) -> Result<RunInserted, StoreError> {
+            unreachable!()
+        }
+        async fn run(&self, _: &str, _: &str) -> Result<Option<RunRecord>, StoreError> {
+            unreachable!()
+        }
+        async fn run_by_id(&self, _: &str) -> Result<Option<RunRecord>, StoreError> {
+            unreachable!()
+        }
+        async fn list_runs(&self, _: ListRuns<'_>) -> Result<RunPage, StoreError> {
+            unreachable!()
+        }
+        async fn update_run(&self, _: UpdateRun<'_>) -> Result<Option<RunRecord>, StoreError> {
+            unreachable!()
+        }
+        async fn waiting_runs(&self, _: &str) -> Result<Vec<RunRecord>, StoreError> {
+            unreachable!()
+        }
+        async fn stale_runs(&self, _: StaleRuns) -> Result<Vec<RunRecord>, StoreError> {
             unreachable!()
         }
     }

@@ -55,6 +55,10 @@ pub(crate) fn new_ticket(callback_url: Option<&str>, now: i64) -> NewTicket {
         call_id: toolfleet_core::new_id(),
         callback_url: callback_url.map(str::to_owned),
         answered_by: AnsweredBy::Caller,
+        kind: toolfleet_store::TicketKind::Question,
+        plan: None,
+        scopes: Vec::new(),
+        expires_at: None,
         now,
     }
 }
@@ -105,6 +109,12 @@ pub(crate) fn ticket_record(ticket: NewTicket) -> TicketRecord {
         callback_url: ticket.callback_url,
         answer: None,
         answered_by: ticket.answered_by,
+        kind: ticket.kind,
+        plan: ticket.plan,
+        scopes: ticket.scopes,
+        expires_at: ticket.expires_at,
+        expired_at: None,
+        outcome: None,
         created_at: ticket.now,
         answered_at: None,
     }

@@ -6,9 +6,10 @@
 //! `#[tokio::test]` each. Every test makes its own tenants, ids and keys, so
 //! tests may share one database, run in parallel and run again on a database
 //! that earlier runs left behind. Times are explicit milliseconds near
-//! [`BASE`], so nothing depends on the wall clock; the two tests whose
-//! queries reach beyond their own rows (due jobs, outcome expiry) work in
-//! time ranges of their own. This module must never hold state between
+//! [`BASE`], so nothing depends on the wall clock; the tests whose queries
+//! reach beyond their own rows (due jobs, outcome expiry, and in `runs`
+//! ticket expiry, unsettled tickets and stale runs) work in time ranges of
+//! their own. This module must never hold state between
 //! tests or assume a table is empty.
 
 use serde_json::{Value, json};
@@ -23,6 +24,10 @@ use crate::{
     LeaseRef, NewJob, NewTicket, Park, SaveCheckpoint, SetProgress, Store, StoreError, Succeed,
     TicketRecord,
 };
+
+mod runs;
+
+pub use runs::*;
 
 /// The time the tests start at (November 2023), in Unix milliseconds.
 pub const BASE: i64 = 1_700_000_000_000;
@@ -98,6 +103,19 @@ macro_rules! store_conformance {
             every_transition_moves_only_from_its_states,
             a_notice_is_claimed_by_one_sender_and_kept_once_sent,
             a_parked_job_is_listed_and_counted_as_it_is_shown,
+            a_run_is_recorded_once_per_key,
+            another_tenants_run_reads_as_missing,
+            update_run_is_a_compare_and_set,
+            a_waiting_run_is_found_by_each_item_it_waits_on,
+            update_run_keeps_the_fields_it_is_not_given,
+            list_runs_filters_and_pages_newest_first,
+            stale_runs_are_those_left_in_a_state_oldest_first,
+            a_ticket_keeps_its_kind_plan_scopes_and_expiry,
+            list_tickets_shows_each_answerer_their_inbox,
+            list_tickets_filters_open_answered_and_kind,
+            expired_tickets_are_no_longer_answered,
+            a_ticket_is_settled_once,
+            unsettled_tickets_are_answered_tickets_without_an_outcome,
         );
     };
     (@tests $make:expr; $($name:ident),* $(,)?) => {
@@ -1157,6 +1175,10 @@ fn ticket_for(tenant: &str) -> NewTicket {
         call_id: new_id(),
         callback_url: None,
         answered_by: AnsweredBy::Caller,
+        kind: crate::TicketKind::Question,
+        plan: None,
+        scopes: Vec::new(),
+        expires_at: None,
         now: BASE,
     }
 }

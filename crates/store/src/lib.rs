@@ -23,8 +23,14 @@ pub mod conformance;
 pub mod metered;
 pub mod postgres;
 mod rows;
+pub mod runs;
 pub mod sqlite;
 mod view;
+
+pub use runs::{
+    Answerer, ListRuns, ListTickets, NewRun, RunFilter, RunInserted, RunPage, RunRecord, RunState,
+    RunWait, SettleTicket, StaleRuns, TicketKind, TicketPage, TicketShown, UpdateRun, WaitFor,
+};
 
 /// Why a store operation failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -334,6 +340,14 @@ pub struct NewTicket {
     pub callback_url: Option<String>,
     /// Who may answer it beside the tenant's operators.
     pub answered_by: AnsweredBy,
+    /// A question, or an approval of a command's commit.
+    pub kind: TicketKind,
+    /// An approval's plan: what the command's dry run answered.
+    pub plan: Option<Value>,
+    /// The scopes of the caller who opened it: an approved commit runs with them.
+    pub scopes: Vec<String>,
+    /// When it expires unanswered, in Unix milliseconds; `None`: never.
+    pub expires_at: Option<i64>,
     /// When the ticket was opened, in Unix milliseconds.
     pub now: i64,
 }
@@ -366,10 +380,36 @@ pub struct TicketRecord {
     /// Who may answer it beside the tenant's operators.
     #[serde(default)]
     pub answered_by: AnsweredBy,
+    /// The [`NewTicket::kind`] it was made with.
+    #[serde(default)]
+    pub kind: TicketKind,
+    /// The [`NewTicket::plan`] it was made with.
+    #[serde(default)]
+    pub plan: Option<Value>,
+    /// The [`NewTicket::scopes`] it was made with.
+    #[serde(default)]
+    pub scopes: Vec<String>,
+    /// The [`NewTicket::expires_at`] it was made with.
+    #[serde(default)]
+    pub expires_at: Option<i64>,
+    /// When it expired unanswered ([`Store::expire_tickets`]); `None` otherwise.
+    #[serde(default)]
+    pub expired_at: Option<i64>,
+    /// What it came to ([`Store::settle_ticket`]): an approval's commit,
+    /// its rejection, an expiry; `None` until then.
+    #[serde(default)]
+    pub outcome: Option<Envelope>,
     /// When the ticket was opened, in Unix milliseconds.
     pub created_at: i64,
     /// When it was answered, in Unix milliseconds; `None` while open.
     pub answered_at: Option<i64>,
+}
+
+impl TicketRecord {
+    /// Neither answered nor expired.
+    pub fn is_open(&self) -> bool {
+        self.answer.is_none() && self.expired_at.is_none()
+    }
 }
 
 /// What [`Store::answer_ticket`] did.
@@ -617,9 +657,51 @@ pub trait Store: Send + Sync + 'static {
     async fn insert_ticket(&self, ticket: NewTicket) -> Result<TicketRecord, StoreError>;
     /// A ticket of `tenant`; another tenant's ticket is `None`.
     async fn ticket(&self, tenant: &str, id: &str) -> Result<Option<TicketRecord>, StoreError>;
-    /// open -> answered; `None` if missing or another tenant's.
+    /// open -> answered; `None` if missing or another tenant's. An expired
+    /// ticket is not answered: `Already`, with the record as it is.
     async fn answer_ticket(&self, answer: AnswerTicket<'_>)
     -> Result<Option<Answered>, StoreError>;
+    /// A page of the tickets of `list.tenant` its answerer may answer
+    /// (an operator: all), newest first.
+    async fn list_tickets(&self, list: ListTickets<'_>) -> Result<TicketPage, StoreError>;
+    /// open with `expires_at <= now` -> expired (`expired_at = now`), at
+    /// most `limit` (bounded): the tickets this call expired.
+    async fn expire_tickets(&self, now: i64, limit: u32) -> Result<Vec<TicketRecord>, StoreError>;
+    /// Records what an answered or expired ticket came to, once: `None` if
+    /// missing, another tenant's or still open; the record as it is when
+    /// its outcome was recorded before (the first outcome is kept).
+    async fn settle_ticket(
+        &self,
+        settle: SettleTicket<'_>,
+    ) -> Result<Option<TicketRecord>, StoreError>;
+    /// Answered tickets whose outcome was not recorded, answered before
+    /// `before`, oldest first, at most `limit`: approvals whose commit a
+    /// stopped process left to run.
+    async fn unsettled_tickets(
+        &self,
+        before: i64,
+        limit: u32,
+    ) -> Result<Vec<TicketRecord>, StoreError>;
+
+    // Runs.
+
+    /// Records a run; the same tenant, user and idempotency key answer the
+    /// existing run.
+    async fn insert_run(&self, run: NewRun) -> Result<RunInserted, StoreError>;
+    /// A run of `tenant`; another tenant's is `None`.
+    async fn run(&self, tenant: &str, id: &str) -> Result<Option<RunRecord>, StoreError>;
+    /// A run by id alone, for the runtime's own loop.
+    async fn run_by_id(&self, id: &str) -> Result<Option<RunRecord>, StoreError>;
+    /// A page of a tenant's runs, newest first.
+    async fn list_runs(&self, list: ListRuns<'_>) -> Result<RunPage, StoreError>;
+    /// Compare-and-set of a run's state (see [`UpdateRun`]): the run as
+    /// written, or `None` when it is missing, its version moved on, or its
+    /// state is not one of `from`.
+    async fn update_run(&self, update: UpdateRun<'_>) -> Result<Option<RunRecord>, StoreError>;
+    /// The waiting runs whose wait names `item` (a job or ticket id).
+    async fn waiting_runs(&self, item: &str) -> Result<Vec<RunRecord>, StoreError>;
+    /// Runs left in one state since before some time (see [`StaleRuns`]).
+    async fn stale_runs(&self, stale: StaleRuns) -> Result<Vec<RunRecord>, StoreError>;
 
     // Audit.
 

@@ -17,9 +17,10 @@ use toolfleet_core::{AuditRecord, JobState, Metrics};
 
 use crate::{
     AnswerTicket, Answered, CancelJob, ClaimCommit, ClaimJob, ClaimNotice, CommitClaim, Fail,
-    Heartbeat, Inserted, JobPage, JobRecord, Lease, ListJobs, NewJob, NewTicket, Park,
-    SaveCheckpoint, SetProgress, SettleCommit, SettleNotice, Store, StoreError, Succeed,
-    TicketRecord, Unnotified,
+    Heartbeat, Inserted, JobPage, JobRecord, Lease, ListJobs, ListRuns, ListTickets, NewJob,
+    NewRun, NewTicket, Park, RunInserted, RunPage, RunRecord, SaveCheckpoint, SetProgress,
+    SettleCommit, SettleNotice, SettleTicket, StaleRuns, Store, StoreError, Succeed, TicketPage,
+    TicketRecord, Unnotified, UpdateRun,
 };
 
 /// The store `inner`, its failures counted in `metrics`.
@@ -66,6 +67,17 @@ impl Store, for MeteredStore, error StoreError {
     fn insert_ticket(&self, ticket: NewTicket) -> TicketRecord;
     fn ticket(&self, tenant: &str, id: &str) -> Option<TicketRecord>;
     fn answer_ticket(&self, answer: AnswerTicket<'_>) -> Option<Answered>;
+    fn list_tickets(&self, list: ListTickets<'_>) -> TicketPage;
+    fn expire_tickets(&self, now: i64, limit: u32) -> Vec<TicketRecord>;
+    fn settle_ticket(&self, settle: SettleTicket<'_>) -> Option<TicketRecord>;
+    fn unsettled_tickets(&self, before: i64, limit: u32) -> Vec<TicketRecord>;
+    fn insert_run(&self, run: NewRun) -> RunInserted;
+    fn run(&self, tenant: &str, id: &str) -> Option<RunRecord>;
+    fn run_by_id(&self, id: &str) -> Option<RunRecord>;
+    fn list_runs(&self, list: ListRuns<'_>) -> RunPage;
+    fn update_run(&self, update: UpdateRun<'_>) -> Option<RunRecord>;
+    fn waiting_runs(&self, item: &str) -> Vec<RunRecord>;
+    fn stale_runs(&self, stale: StaleRuns) -> Vec<RunRecord>;
     fn append_audit(&self, records: &[AuditRecord]) -> ();
     fn audit(&self, tenant: &str, limit: u32) -> Vec<AuditRecord>;
     fn claim_notice(&self, claim: ClaimNotice<'_>) -> bool;

@@ -1,9 +1,10 @@
 //! Stored rows read into records, the same way for every backend: the
 //! columns of one row, as a backend's [`Columns`] gives them, decoded into a
-//! [`JobRecord`], [`TicketRecord`] or [`AuditRecord`], their JSON, states and
-//! integers checked on the way, with errors that name the row; and values
-//! encoded as the JSON text that is stored. It owns the order in which a
-//! record's columns are read and the words of a corrupt row's error. It must
+//! [`JobRecord`], [`TicketRecord`], [`RunRecord`] or [`AuditRecord`], their
+//! JSON, states and integers checked on the way, with errors that name the
+//! row; values encoded as the JSON text that is stored; and the paging of
+//! the lists, newest first by id. It owns the order in which a record's
+//! columns are read and the words of a corrupt row's error. It must
 //! never know a backend's SQL or row type, and never panic on what a row
 //! holds: a value it cannot decode is a [`StoreError::Unavailable`] naming
 //! the row.
@@ -16,7 +17,50 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use toolfleet_core::{AnsweredBy, AuditRecord, ErrorCode, JobState, Json, TraceContext};
 
-use crate::{JobRecord, StoreError, TicketRecord};
+use crate::{JobRecord, RunRecord, RunState, StoreError, TicketKind, TicketRecord};
+
+/// Bounds of one page of a list ([`Store::list_jobs`](crate::Store::list_jobs),
+/// [`Store::list_tickets`](crate::Store::list_tickets),
+/// [`Store::list_runs`](crate::Store::list_runs)).
+const MAX_PAGE: u32 = 100;
+/// Sorts after every id (ids use the "C" collation on PostgreSQL), so the
+/// first page needs no second statement.
+const NO_CURSOR: &str = "\u{10FFFF}";
+
+/// One page of a list read newest first by id, paged by "id < cursor": the
+/// page's size (bounded), the cursor to read below, and how many rows to
+/// fetch (one more than the page tells whether there is a next page).
+pub(crate) struct Paging<'a> {
+    limit: usize,
+    /// The id the page's rows sort below.
+    pub(crate) cursor: &'a str,
+}
+
+impl<'a> Paging<'a> {
+    /// A page of at most `limit` rows (1 to [`MAX_PAGE`]) below `cursor`.
+    pub(crate) fn new(limit: u32, cursor: Option<&'a str>) -> Self {
+        Paging {
+            limit: limit.clamp(1, MAX_PAGE) as usize,
+            cursor: cursor.unwrap_or(NO_CURSOR),
+        }
+    }
+
+    /// How many rows to fetch: one more than the page.
+    pub(crate) fn fetch(&self) -> i64 {
+        self.limit as i64 + 1
+    }
+
+    /// Cuts `rows` (fetched newest first, at most [`Paging::fetch`]) to the
+    /// page, answering the cursor of the next page when there is one.
+    pub(crate) fn cut<T>(&self, rows: &mut Vec<T>, id: fn(&T) -> &str) -> Option<String> {
+        if rows.len() > self.limit {
+            rows.truncate(self.limit);
+            rows.last().map(|row| id(row).to_owned())
+        } else {
+            None
+        }
+    }
+}
 
 /// Which row a column is of, for errors: its table and id.
 pub(crate) struct RowName {
@@ -137,8 +181,44 @@ pub(crate) fn ticket(f: &impl Columns) -> Result<TicketRecord, StoreError> {
         callback_url: f.string_opt("callback_url")?,
         answer: f.json_opt("answer")?,
         answered_by: AnsweredBy::from_scope(f.string_opt("answered_by")?),
+        kind: {
+            let text = f.text("kind")?;
+            TicketKind::parse(&text)
+                .ok_or_else(|| f.corrupt("kind", format!("unknown kind {text:?}")))?
+        },
+        plan: f.json_opt("plan")?,
+        scopes: f.json("scopes")?,
+        expires_at: f.integer_opt("expires_at")?,
+        expired_at: f.integer_opt("expired_at")?,
+        outcome: f.json_opt("outcome")?,
         created_at: f.integer("created_at")?,
         answered_at: f.integer_opt("answered_at")?,
+    })
+}
+
+pub(crate) fn run(f: &impl Columns) -> Result<RunRecord, StoreError> {
+    Ok(RunRecord {
+        id: f.id()?,
+        tenant: f.string("tenant")?,
+        user: f.string("user")?,
+        agent: f.string_opt("agent")?,
+        state: {
+            let text = f.text("state")?;
+            RunState::parse(&text)
+                .ok_or_else(|| f.corrupt("state", format!("unknown state {text:?}")))?
+        },
+        checkpoint: f.json_opt("checkpoint")?,
+        wait: f.json_opt("wait")?,
+        resumed: f.json_opt("resumed")?,
+        answer: f.string_opt("answer")?,
+        error: f.json_opt("error")?,
+        usage: f.json_opt("usage")?,
+        callback_url: f.string_opt("callback_url")?,
+        idempotency_key: f.string_opt("idempotency_key")?,
+        scopes: f.json("scopes")?,
+        version: f.integer("version")?,
+        created_at: f.integer("created_at")?,
+        updated_at: f.integer("updated_at")?,
     })
 }
 

@@ -1,7 +1,7 @@
 //! The SQLite store: the embedded default, one file in the data directory.
 //!
-//! This module owns the SQL of every transition of a job, ticket and command
-//! outcome for SQLite, and the opening of the file (pragmas, migrations
+//! This module owns the SQL of every transition of a job, ticket, run and
+//! command outcome for SQLite, and the opening of the file (pragmas, migrations
 //! embedded from `migrations/sqlite`). It must never read a job and then write
 //! it: each transition is one conditional `UPDATE ... RETURNING`, so two
 //! workers or two processes on the same file cannot both win. It must never
@@ -23,12 +23,14 @@ use serde_json::Value;
 use toolfleet_core::middleware::canonical_json;
 use toolfleet_core::{AuditRecord, Envelope, ErrorCode, JobState, ToolError, TraceContext};
 
-use crate::rows::{self, Columns, RowName, encode, to_i64};
+use crate::rows::{self, Columns, Paging, RowName, encode, to_i64};
 use crate::{
-    AnswerTicket, Answered, CancelJob, ClaimCommit, ClaimJob, ClaimNotice, CommitClaim, Fail,
-    Heartbeat, Inserted, JobFilter, JobPage, JobRecord, Lease, LeaseRef, ListJobs, NewJob,
-    NewTicket, Park, SaveCheckpoint, SetProgress, SettleCommit, SettleNotice, Store, StoreError,
-    Succeed, TicketRecord, Unnotified,
+    AnswerTicket, Answered, Answerer, CancelJob, ClaimCommit, ClaimJob, ClaimNotice, CommitClaim,
+    Fail, Heartbeat, Inserted, JobFilter, JobPage, JobRecord, Lease, LeaseRef, ListJobs, ListRuns,
+    ListTickets, NewJob, NewRun, NewTicket, Park, RunFilter, RunInserted, RunPage, RunRecord,
+    RunState, SaveCheckpoint, SetProgress, SettleCommit, SettleNotice, SettleTicket, StaleRuns,
+    Store, StoreError, Succeed, TicketKind, TicketPage, TicketRecord, TicketShown, Unnotified,
+    UpdateRun,
 };
 
 mod embedded {
@@ -40,12 +42,9 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// The pause between two attempts to set up a database being set up by
 /// another process too.
 const SET_UP_PAUSE: Duration = Duration::from_millis(20);
-/// Bounds of one page of [`Store::list_jobs`].
-const MAX_PAGE: u32 = 100;
-/// Bound of one answer of [`Store::due_jobs`] and [`Store::audit`].
+/// Bound of one answer of [`Store::due_jobs`], [`Store::audit`] and the
+/// other sweeps.
 const MAX_BATCH: u32 = 1000;
-/// Sorts after every id, so the first page needs no second statement.
-const NO_CURSOR: &str = "\u{10FFFF}";
 /// Settled commit outcomes pruned per claim, so pruning stays cheap.
 const PRUNE_BATCH: i64 = 100;
 
@@ -56,6 +55,8 @@ mod sql {
     use std::sync::LazyLock;
 
     use toolfleet_core::lifecycle::{JobState, Transition, sql_list};
+
+    use crate::RunState;
 
     /// A statement built once from the lifecycle's state lists.
     type Built = LazyLock<String>;
@@ -270,17 +271,149 @@ mod sql {
 
     pub(super) const INSERT_TICKET: &str = "
         INSERT INTO tickets (id, tenant, user, tool, question, options, args,
-            run_id, call_id, callback_url, answered_by, created_at)
+            run_id, call_id, callback_url, answered_by, kind, plan, scopes, expires_at,
+            created_at)
         VALUES (:id, :tenant, :user, :tool, :question, :options, :args,
-            :run_id, :call_id, :callback_url, :answered_by, :now)
+            :run_id, :call_id, :callback_url, :answered_by, :kind, :plan, :scopes, :expires_at,
+            :now)
         ON CONFLICT DO NOTHING
         RETURNING *";
 
-    /// open -> answered.
+    /// open (neither answered nor expired) -> answered.
     pub(super) const ANSWER: &str = "
         UPDATE tickets SET answer = ?3, answered_at = ?4
-        WHERE id = ?1 AND tenant = ?2 AND answer IS NULL
+        WHERE id = ?1 AND tenant = ?2 AND answer IS NULL AND expired_at IS NULL
         RETURNING *";
+
+    /// The conditions of the inbox's filters: `?2` open or answered (both
+    /// when NULL), `?3` the kind (both when NULL).
+    const TICKET_FILTERS: &str = "
+          AND (?2 IS NULL OR (?2 = 'open') = (answer IS NULL AND expired_at IS NULL))
+          AND (?3 IS NULL OR kind = ?3)";
+
+    /// An operator's inbox: every ticket of the tenant, off `tickets_tenant`.
+    pub(super) static LIST_TICKETS: Built = LazyLock::new(|| {
+        format!(
+            "
+        SELECT * FROM tickets WHERE tenant = ?1 AND id < ?4 {TICKET_FILTERS}
+        ORDER BY id DESC LIMIT ?5"
+        )
+    });
+
+    /// A user's inbox (`?6`, holding the scopes of the JSON array `?7`):
+    /// the tickets they opened that their caller answers, off
+    /// `tickets_owner`, and those a scope they hold answers, off
+    /// `tickets_scope`; each half a page at most.
+    pub(super) static LIST_TICKETS_OF: Built = LazyLock::new(|| {
+        format!(
+            "
+        SELECT * FROM (SELECT * FROM tickets INDEXED BY tickets_owner
+            WHERE tenant = ?1 AND user = ?6 AND answered_by IS NULL AND id < ?4 {TICKET_FILTERS}
+            ORDER BY id DESC LIMIT ?5)
+        UNION ALL
+        SELECT * FROM (SELECT * FROM tickets INDEXED BY tickets_scope
+            WHERE tenant = ?1 AND answered_by IN (SELECT value FROM json_each(?7))
+              AND id < ?4 {TICKET_FILTERS}
+            ORDER BY id DESC LIMIT ?5)
+        ORDER BY id DESC LIMIT ?5"
+        )
+    });
+
+    /// open, its expiry passed -> expired at `?1`, at most `?2`, off
+    /// `tickets_expiry`.
+    pub(super) const EXPIRE_TICKETS: &str = "
+        UPDATE tickets SET expired_at = ?1
+        WHERE id IN (SELECT id FROM tickets
+            WHERE answer IS NULL AND expired_at IS NULL AND expires_at IS NOT NULL
+              AND expires_at <= ?1
+            ORDER BY expires_at LIMIT ?2)
+          AND answer IS NULL AND expired_at IS NULL
+        RETURNING *";
+
+    /// answered or expired, without an outcome -> its outcome recorded.
+    pub(super) const SETTLE_TICKET: &str = "
+        UPDATE tickets SET outcome = ?3
+        WHERE id = ?1 AND tenant = ?2 AND outcome IS NULL
+          AND (answer IS NOT NULL OR expired_at IS NOT NULL)
+        RETURNING *";
+
+    /// Off `tickets_unsettled`, in its order.
+    pub(super) const UNSETTLED_TICKETS: &str = "
+        SELECT * FROM tickets
+        WHERE answer IS NOT NULL AND outcome IS NULL AND answered_at < ?1
+        ORDER BY answered_at, id LIMIT ?2";
+
+    /// (new) -> running, version 1.
+    pub(super) static INSERT_RUN: Built = LazyLock::new(|| {
+        format!(
+            "
+        INSERT INTO runs (id, tenant, user, agent, state, checkpoint, callback_url,
+            idempotency_key, scopes, version, created_at, updated_at)
+        VALUES (:id, :tenant, :user, :agent, '{running}', :checkpoint, :callback_url,
+            :key, :scopes, 1, :now, :now)
+        ON CONFLICT DO NOTHING
+        RETURNING *",
+            running = RunState::Running
+        )
+    });
+
+    pub(super) const RUN_BY_KEY: &str =
+        "SELECT * FROM runs WHERE tenant = ?1 AND user = ?2 AND idempotency_key = ?3";
+
+    /// One of the states of the JSON array `:from`, at `:version` if given
+    /// -> `:to`, version + 1; the fields given replace theirs, the wait is
+    /// the one given (or kept) when waiting, and cleared otherwise.
+    pub(super) static UPDATE_RUN: Built = LazyLock::new(|| {
+        format!(
+            "
+        UPDATE runs SET state = :to, version = version + 1,
+            checkpoint = COALESCE(:checkpoint, checkpoint),
+            wait = CASE WHEN :to = '{waiting}' THEN COALESCE(:wait, wait) END,
+            resumed = COALESCE(:resumed, resumed),
+            answer = COALESCE(:answer, answer),
+            error = COALESCE(:error, error),
+            usage = COALESCE(:usage, usage),
+            updated_at = :now
+        WHERE id = :id AND (:version IS NULL OR version = :version)
+          AND state IN (SELECT value FROM json_each(:from))
+        RETURNING *",
+            waiting = RunState::Waiting
+        )
+    });
+
+    pub(super) const DROP_WAITS: &str = "DELETE FROM run_waits WHERE run_id = ?1";
+
+    pub(super) const ADD_WAIT: &str =
+        "INSERT INTO run_waits (item, run_id) VALUES (?1, ?2) ON CONFLICT DO NOTHING";
+
+    /// The waiting runs an item of `run_waits` names.
+    pub(super) static WAITING_RUNS: Built = LazyLock::new(|| {
+        format!(
+            "
+        SELECT r.* FROM run_waits w JOIN runs r ON r.id = w.run_id
+        WHERE w.item = ?1 AND r.state = '{waiting}'
+        ORDER BY r.id",
+            waiting = RunState::Waiting
+        )
+    });
+
+    /// Off `runs_stale`, in its order.
+    pub(super) const STALE_RUNS: &str = "
+        SELECT * FROM runs WHERE state = ?1 AND updated_at < ?2
+        ORDER BY updated_at, id LIMIT ?3";
+
+    pub(super) const LIST_RUNS: &str = "
+        SELECT * FROM runs
+        WHERE tenant = ?1 AND id < ?4
+          AND (?2 IS NULL OR state = ?2) AND (?3 IS NULL OR agent = ?3)
+        ORDER BY id DESC LIMIT ?5";
+
+    /// [`LIST_RUNS`] of one user's runs, off `runs_owner`.
+    pub(super) const LIST_RUNS_OWNED: &str = "
+        SELECT * FROM runs INDEXED BY runs_owner
+        WHERE tenant = ?1 AND user = ?6 AND id < ?4
+          AND (?2 IS NULL OR state = ?2) AND (?3 IS NULL OR agent = ?3)
+        ORDER BY id DESC LIMIT ?5";
 
     pub(super) const INSERT_AUDIT: &str = "
         INSERT INTO audit (at_ms, tenant, user, tool, run_id, call_id, args, status,
@@ -645,6 +778,10 @@ fn ticket_from_row(row: &Row<'_>) -> Result<TicketRecord, StoreError> {
     rows::ticket(&Fields::new(row, "ticket", "id")?)
 }
 
+fn run_from_row(row: &Row<'_>) -> Result<RunRecord, StoreError> {
+    rows::run(&Fields::new(row, "run", "id")?)
+}
+
 fn audit_from_row(row: &Row<'_>) -> Result<AuditRecord, StoreError> {
     rows::audit(&Fields::new(row, "audit", "seq")?)
 }
@@ -781,15 +918,14 @@ fn list_jobs(
     limit: u32,
     cursor: Option<&str>,
 ) -> Result<JobPage, StoreError> {
-    let limit = limit.clamp(1, MAX_PAGE) as usize;
+    let page = Paging::new(limit, cursor);
     // The stored states the filter means: retrying finds parked jobs too.
     let state = filter
         .state
         .map(|state| serde_json::to_string(state.stored_as()))
         .transpose()
         .map_err(|e| StoreError::Unavailable(format!("a state filter: {e}")))?;
-    // One row more than the page tells whether there is a next page.
-    let (tool, cursor, rows) = (&filter.tool, cursor.unwrap_or(NO_CURSOR), limit + 1);
+    let (tool, cursor, rows) = (&filter.tool, page.cursor, page.fetch());
     let mut jobs = match &filter.user {
         None => query_all(
             c,
@@ -804,12 +940,7 @@ fn list_jobs(
             job_from_row,
         )?,
     };
-    let next_cursor = if jobs.len() > limit {
-        jobs.truncate(limit);
-        jobs.last().map(|job| job.id.clone())
-    } else {
-        None
-    };
+    let next_cursor = page.cut(&mut jobs, |job| &job.id);
     Ok(JobPage { jobs, next_cursor })
 }
 
@@ -841,7 +972,9 @@ fn insert_ticket(c: &Connection, t: &NewTicket) -> Result<TicketRecord, StoreErr
         ":id": t.id, ":tenant": t.tenant, ":user": t.user, ":tool": t.tool,
         ":question": t.question, ":options": encode(&t.options)?, ":args": encode(&t.args)?,
         ":run_id": t.run_id, ":call_id": t.call_id, ":callback_url": t.callback_url,
-        ":answered_by": t.answered_by.scope(), ":now": t.now,
+        ":answered_by": t.answered_by.scope(), ":kind": t.kind.as_str(),
+        ":plan": t.plan.as_ref().map(encode).transpose()?, ":scopes": encode(&t.scopes)?,
+        ":expires_at": t.expires_at, ":now": t.now,
     };
     query_one(c, sql::INSERT_TICKET, params, ticket_from_row)?
         .ok_or_else(|| StoreError::Conflict(format!("a ticket with id {} already exists", t.id)))
@@ -864,6 +997,179 @@ fn answer_ticket(
     }
     let sql = "SELECT * FROM tickets WHERE id = ?1 AND tenant = ?2";
     Ok(query_one(c, sql, params![id, tenant], ticket_from_row)?.map(Answered::Already))
+}
+
+/// The filters of [`Store::list_tickets`] as its statements bind them.
+fn shown_name(shown: Option<TicketShown>) -> Option<&'static str> {
+    shown.map(|shown| match shown {
+        TicketShown::Open => "open",
+        TicketShown::Answered => "answered",
+    })
+}
+
+fn list_tickets(
+    c: &Connection,
+    tenant: &str,
+    answerer: &Answerer,
+    (shown, kind): (Option<TicketShown>, Option<TicketKind>),
+    page: &Paging<'_>,
+) -> Result<TicketPage, StoreError> {
+    let (shown, kind) = (shown_name(shown), kind.map(TicketKind::as_str));
+    let (cursor, rows) = (page.cursor, page.fetch());
+    let mut tickets = match answerer {
+        Answerer::Operator => query_all(
+            c,
+            &sql::LIST_TICKETS,
+            params![tenant, shown, kind, cursor, rows],
+            ticket_from_row,
+        )?,
+        Answerer::User { user, scopes } => query_all(
+            c,
+            &sql::LIST_TICKETS_OF,
+            params![tenant, shown, kind, cursor, rows, user, encode(scopes)?],
+            ticket_from_row,
+        )?,
+    };
+    let next_cursor = page.cut(&mut tickets, |t| &t.id);
+    Ok(TicketPage {
+        tickets,
+        next_cursor,
+    })
+}
+
+fn settle_ticket(
+    c: &Connection,
+    tenant: &str,
+    id: &str,
+    outcome: &str,
+) -> Result<Option<TicketRecord>, StoreError> {
+    let settled = query_one(
+        c,
+        sql::SETTLE_TICKET,
+        params![id, tenant, outcome],
+        ticket_from_row,
+    )?;
+    if settled.is_some() {
+        return Ok(settled);
+    }
+    // Missing, another tenant's, open, or settled before: only the last
+    // is answered, as it stands.
+    let sql = "SELECT * FROM tickets WHERE id = ?1 AND tenant = ?2";
+    let ticket = query_one(c, sql, params![id, tenant], ticket_from_row)?;
+    Ok(ticket.filter(|t| t.outcome.is_some()))
+}
+
+// Runs.
+
+fn insert_run(c: &Connection, run: &NewRun) -> Result<RunInserted, StoreError> {
+    let params = named_params! {
+        ":id": run.id, ":tenant": run.tenant, ":user": run.user, ":agent": run.agent,
+        ":checkpoint": run.checkpoint.as_ref().map(encode).transpose()?,
+        ":callback_url": run.callback_url, ":key": run.idempotency_key,
+        ":scopes": encode(&run.scopes)?, ":now": run.now,
+    };
+    if let Some(created) = query_one(c, &sql::INSERT_RUN, params, run_from_row)? {
+        return Ok(RunInserted::Created(created));
+    }
+    // Nothing inserted: the key was taken (or, never in practice, the id).
+    let existing = match &run.idempotency_key {
+        Some(key) => query_one(
+            c,
+            sql::RUN_BY_KEY,
+            params![run.tenant, run.user, key],
+            run_from_row,
+        )?,
+        None => None,
+    };
+    existing
+        .map(RunInserted::Existing)
+        .ok_or_else(|| StoreError::Conflict(format!("a run with id {} already exists", run.id)))
+}
+
+/// [`UpdateRun`] with its values encoded, to move to the connection's thread.
+struct RunUpdate {
+    id: String,
+    version: Option<i64>,
+    /// JSON array of the states it may move from.
+    from: String,
+    to: RunState,
+    checkpoint: Option<String>,
+    wait: Option<String>,
+    resumed: Option<String>,
+    answer: Option<String>,
+    error: Option<String>,
+    usage: Option<String>,
+    now: i64,
+}
+
+impl RunUpdate {
+    fn of(u: &UpdateRun<'_>) -> Result<RunUpdate, StoreError> {
+        let json = |v: Option<&Value>| v.map(encode).transpose();
+        let from: Vec<&str> = u.from.iter().map(|s| s.as_str()).collect();
+        Ok(RunUpdate {
+            id: u.id.to_owned(),
+            version: u.version,
+            from: encode(&from)?,
+            to: u.to,
+            checkpoint: json(u.checkpoint)?,
+            wait: u.wait.map(encode).transpose()?,
+            resumed: json(u.resumed)?,
+            answer: u.answer.map(str::to_owned),
+            error: json(u.error)?,
+            usage: json(u.usage)?,
+            now: u.now,
+        })
+    }
+}
+
+/// The compare-and-set and the index of the run's waits, in one
+/// transaction: the rows of a run that moved are dropped, and those of the
+/// wait it moved to written.
+fn update_run(c: &mut Connection, u: &RunUpdate) -> Result<Option<RunRecord>, StoreError> {
+    let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let params = named_params! {
+        ":id": u.id, ":version": u.version, ":from": u.from, ":to": u.to.as_str(),
+        ":checkpoint": u.checkpoint, ":wait": u.wait, ":resumed": u.resumed,
+        ":answer": u.answer, ":error": u.error, ":usage": u.usage, ":now": u.now,
+    };
+    let Some(run) = query_one(&tx, &sql::UPDATE_RUN, params, run_from_row)? else {
+        return Ok(None);
+    };
+    tx.prepare_cached(sql::DROP_WAITS)?.execute([&run.id])?;
+    if let Some(wait) = run.wait.as_ref().filter(|_| run.state == RunState::Waiting) {
+        let mut add = tx.prepare_cached(sql::ADD_WAIT)?;
+        for item in wait.items() {
+            add.execute(params![item, run.id])?;
+        }
+    }
+    tx.commit()?;
+    Ok(Some(run))
+}
+
+fn list_runs(
+    c: &Connection,
+    tenant: &str,
+    filter: &RunFilter,
+    page: &Paging<'_>,
+) -> Result<RunPage, StoreError> {
+    let state = filter.state.map(RunState::as_str);
+    let (agent, cursor, rows) = (&filter.agent, page.cursor, page.fetch());
+    let mut runs = match &filter.user {
+        None => query_all(
+            c,
+            sql::LIST_RUNS,
+            params![tenant, state, agent, cursor, rows],
+            run_from_row,
+        )?,
+        Some(user) => query_all(
+            c,
+            sql::LIST_RUNS_OWNED,
+            params![tenant, state, agent, cursor, rows, user],
+            run_from_row,
+        )?,
+    };
+    let next_cursor = page.cut(&mut runs, |run| &run.id);
+    Ok(RunPage { runs, next_cursor })
 }
 
 fn append_audit(c: &mut Connection, records: &[AuditRecord]) -> Result<(), StoreError> {
@@ -1185,6 +1491,116 @@ impl Store for SqliteStore {
         let (tenant, id, answer) = (tenant.to_owned(), id.to_owned(), encode(answer)?);
         self.call(move |c| answer_ticket(c, &tenant, &id, &answer, now))
             .await
+    }
+
+    async fn list_tickets(&self, list: ListTickets<'_>) -> Result<TicketPage, StoreError> {
+        let ListTickets {
+            tenant,
+            answerer,
+            shown,
+            kind,
+            limit,
+            cursor,
+        } = list;
+        let (tenant, answerer) = (tenant.to_owned(), answerer.clone());
+        let cursor = cursor.map(str::to_owned);
+        self.call(move |c| {
+            let page = Paging::new(limit, cursor.as_deref());
+            list_tickets(c, &tenant, &answerer, (shown, kind), &page)
+        })
+        .await
+    }
+
+    /// At most 1000 tickets per call, so one sweep stays bounded.
+    async fn expire_tickets(&self, now: i64, limit: u32) -> Result<Vec<TicketRecord>, StoreError> {
+        let limit = limit.min(MAX_BATCH);
+        self.call(move |c| query_all(c, sql::EXPIRE_TICKETS, params![now, limit], ticket_from_row))
+            .await
+    }
+
+    async fn settle_ticket(
+        &self,
+        settle: SettleTicket<'_>,
+    ) -> Result<Option<TicketRecord>, StoreError> {
+        let (tenant, id) = (settle.tenant.to_owned(), settle.id.to_owned());
+        let outcome = settle.outcome.to_json();
+        self.call(move |c| settle_ticket(c, &tenant, &id, &outcome))
+            .await
+    }
+
+    /// At most 1000 tickets per call.
+    async fn unsettled_tickets(
+        &self,
+        before: i64,
+        limit: u32,
+    ) -> Result<Vec<TicketRecord>, StoreError> {
+        let limit = limit.min(MAX_BATCH);
+        self.call(move |c| {
+            let params = params![before, limit];
+            query_all(c, sql::UNSETTLED_TICKETS, params, ticket_from_row)
+        })
+        .await
+    }
+
+    async fn insert_run(&self, run: NewRun) -> Result<RunInserted, StoreError> {
+        self.call(move |c| insert_run(c, &run)).await
+    }
+
+    async fn run(&self, tenant: &str, id: &str) -> Result<Option<RunRecord>, StoreError> {
+        let (tenant, id) = (tenant.to_owned(), id.to_owned());
+        self.call(move |c| {
+            let sql = "SELECT * FROM runs WHERE id = ?1 AND tenant = ?2";
+            query_one(c, sql, params![id, tenant], run_from_row)
+        })
+        .await
+    }
+
+    async fn run_by_id(&self, id: &str) -> Result<Option<RunRecord>, StoreError> {
+        let id = id.to_owned();
+        self.call(move |c| query_one(c, "SELECT * FROM runs WHERE id = ?1", [id], run_from_row))
+            .await
+    }
+
+    async fn list_runs(&self, list: ListRuns<'_>) -> Result<RunPage, StoreError> {
+        let ListRuns {
+            tenant,
+            filter,
+            limit,
+            cursor,
+        } = list;
+        let (tenant, filter) = (tenant.to_owned(), filter.clone());
+        let cursor = cursor.map(str::to_owned);
+        self.call(move |c| {
+            let page = Paging::new(limit, cursor.as_deref());
+            list_runs(c, &tenant, &filter, &page)
+        })
+        .await
+    }
+
+    async fn update_run(&self, update: UpdateRun<'_>) -> Result<Option<RunRecord>, StoreError> {
+        let update = RunUpdate::of(&update)?;
+        self.call(move |c| update_run(c, &update)).await
+    }
+
+    async fn waiting_runs(&self, item: &str) -> Result<Vec<RunRecord>, StoreError> {
+        let item = item.to_owned();
+        self.call(move |c| query_all(c, &sql::WAITING_RUNS, [item], run_from_row))
+            .await
+    }
+
+    /// At most 1000 runs per call.
+    async fn stale_runs(&self, stale: StaleRuns) -> Result<Vec<RunRecord>, StoreError> {
+        let StaleRuns {
+            state,
+            before,
+            limit,
+        } = stale;
+        let limit = limit.min(MAX_BATCH);
+        self.call(move |c| {
+            let params = params![state.as_str(), before, limit];
+            query_all(c, sql::STALE_RUNS, params, run_from_row)
+        })
+        .await
     }
 
     async fn append_audit(&self, records: &[AuditRecord]) -> Result<(), StoreError> {

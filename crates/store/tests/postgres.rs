@@ -322,6 +322,85 @@ async fn a_version_7_schema_moves_its_parked_jobs_to_their_state() {
     );
 }
 
+/// A schema of version 9 migrated to version 10: its tickets are
+/// questions without scopes, plan, expiry or outcome, listed in the inbox
+/// and answered as before.
+#[tokio::test]
+async fn a_version_9_schema_keeps_its_tickets_as_questions() {
+    let schema = Schema::empty().await;
+    admin()
+        .await
+        .batch_execute(&format!(r#"CREATE SCHEMA "{}""#, schema.name))
+        .await
+        .expect("create the schema");
+    let mut config: tokio_postgres::Config = url().parse().expect("the test URL");
+    config.options(format!("-c search_path={}", schema.name));
+    let (mut client, connection) = config.connect(NoTls).await.expect("connect");
+    tokio::spawn(connection);
+    embedded::migrations::runner()
+        .set_target(refinery::Target::Version(9))
+        .run_async(&mut client)
+        .await
+        .expect("migrate to version 9");
+    let id = format!("t_{}", new_id());
+    client
+        .execute(
+            r#"INSERT INTO tickets (id, tenant, "user", tool, question, options, args, run_id,
+                 call_id, created_at)
+             VALUES ($1, 'acme', 'alice', 'ask_user', 'travel or meals?', '[]', '{}', 'run-1',
+                 'call-1', 1700000000000)"#,
+            &[&id],
+        )
+        .await
+        .expect("a ticket of version 9");
+    postgres::migrate_in_schema(&url(), &schema.name)
+        .await
+        .expect("migrate to the latest version");
+    let store = schema.store().await;
+    let ticket = store
+        .ticket("acme", &id)
+        .await
+        .expect("ticket")
+        .expect("kept");
+    assert_eq!(ticket.kind, toolfleet_store::TicketKind::Question);
+    assert_eq!(
+        (ticket.plan, ticket.scopes, ticket.expires_at),
+        (None, Vec::new(), None)
+    );
+    assert_eq!((ticket.expired_at, ticket.outcome), (None, None));
+    let page = store
+        .list_tickets(toolfleet_store::ListTickets {
+            tenant: "acme",
+            answerer: &toolfleet_store::Answerer::User {
+                user: "alice".to_owned(),
+                scopes: Vec::new(),
+            },
+            shown: Some(toolfleet_store::TicketShown::Open),
+            kind: Some(toolfleet_store::TicketKind::Question),
+            limit: 10,
+            cursor: None,
+        })
+        .await
+        .expect("list_tickets");
+    assert_eq!(
+        page.tickets
+            .iter()
+            .map(|t| t.id.as_str())
+            .collect::<Vec<_>>(),
+        [id.as_str()]
+    );
+    let answered = store
+        .answer_ticket(toolfleet_store::AnswerTicket {
+            tenant: "acme",
+            id: &id,
+            answer: &json!("travel"),
+            now: 1_700_000_000_001,
+        })
+        .await
+        .expect("answer");
+    assert!(matches!(answered, Some(toolfleet_store::Answered::Now(_))));
+}
+
 #[tokio::test]
 async fn migrating_twice_changes_nothing() {
     let schema = Schema::migrated().await;
@@ -751,6 +830,10 @@ async fn webhook_searches_probe_the_notices_by_key() {
             call_id: toolfleet_core::new_id(),
             callback_url: Some("http://127.0.0.1:9/hook".to_owned()),
             answered_by: toolfleet_core::AnsweredBy::Caller,
+            kind: toolfleet_store::TicketKind::Question,
+            plan: None,
+            scopes: Vec::new(),
+            expires_at: None,
             now,
         };
         let id = store.insert_ticket(ticket).await.expect("insert").id;

@@ -310,6 +310,78 @@ async fn a_version_9_file_moves_its_notices_out_of_the_commit_log() {
     remove(&path);
 }
 
+/// A file of schema version 10 is brought to version 11 on open: its
+/// tickets are questions without scopes, plan, expiry or outcome, listed in
+/// the inbox and answered as before.
+#[tokio::test]
+async fn a_version_10_file_keeps_its_tickets_as_questions() {
+    let path = temp_db();
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).expect("create the directory");
+    }
+    let mut conn = rusqlite::Connection::open(&path).expect("open directly");
+    embedded::migrations::runner()
+        .set_target(refinery::Target::Version(10))
+        .run(&mut conn)
+        .expect("migrate to version 10");
+    let id = format!("t_{}", new_id());
+    conn.execute(
+        "INSERT INTO tickets (id, tenant, user, tool, question, options, args, run_id,
+             call_id, created_at)
+         VALUES (?1, 'acme', 'alice', 'ask_user', 'travel or meals?', '[]', '{}', 'run-1',
+             'call-1', 1700000000000)",
+        [&id],
+    )
+    .expect("a ticket of version 10");
+    drop(conn);
+
+    let store = SqliteStore::open(&path).await.expect("open and migrate");
+    let ticket = store
+        .ticket("acme", &id)
+        .await
+        .expect("ticket")
+        .expect("kept");
+    assert_eq!(ticket.kind, toolfleet_store::TicketKind::Question);
+    assert_eq!(
+        (ticket.plan, ticket.scopes, ticket.expires_at),
+        (None, Vec::new(), None)
+    );
+    assert_eq!((ticket.expired_at, ticket.outcome), (None, None));
+    let page = store
+        .list_tickets(toolfleet_store::ListTickets {
+            tenant: "acme",
+            answerer: &toolfleet_store::Answerer::User {
+                user: "alice".to_owned(),
+                scopes: Vec::new(),
+            },
+            shown: Some(toolfleet_store::TicketShown::Open),
+            kind: Some(toolfleet_store::TicketKind::Question),
+            limit: 10,
+            cursor: None,
+        })
+        .await
+        .expect("list_tickets");
+    assert_eq!(
+        page.tickets
+            .iter()
+            .map(|t| t.id.as_str())
+            .collect::<Vec<_>>(),
+        [id.as_str()]
+    );
+    let answered = store
+        .answer_ticket(toolfleet_store::AnswerTicket {
+            tenant: "acme",
+            id: &id,
+            answer: &json!("travel"),
+            now: 1_700_000_000_001,
+        })
+        .await
+        .expect("answer");
+    assert!(matches!(answered, Some(toolfleet_store::Answered::Now(_))));
+    store.close().await.expect("close");
+    remove(&path);
+}
+
 #[tokio::test]
 async fn the_file_is_in_wal_mode() {
     let path = temp_db();

@@ -1,8 +1,8 @@
 //! The PostgreSQL store: the distributed backend, shared by every dispatcher
 //! and worker of a fleet.
 //!
-//! This module owns the SQL of every transition of a job, ticket and command
-//! outcome for PostgreSQL, the connection pool (deadpool-postgres, with a
+//! This module owns the SQL of every transition of a job, ticket, run and
+//! command outcome for PostgreSQL, the connection pool (deadpool-postgres, with a
 //! bounded wait so calls during an outage answer promptly) and the schema:
 //! migrations embedded from `migrations/postgres`, applied only by
 //! [`migrate`] (`toolfleet migrate`), and checked by [`PgStore::connect`],

@@ -13,7 +13,7 @@ use toolfleet_core::middleware::canonical_json;
 use toolfleet_core::{AuditRecord, ErrorCode, TraceContext};
 
 use crate::rows::{Columns, RowName, encode, to_i64};
-use crate::{JobRecord, NewJob, StoreError, TicketRecord};
+use crate::{JobRecord, NewJob, RunRecord, StoreError, TicketRecord};
 
 /// The columns of one row, with errors that name the row.
 pub(super) struct Fields<'a> {
@@ -86,6 +86,10 @@ pub(super) fn job_from_row(row: &Row) -> Result<JobRecord, StoreError> {
 
 pub(super) fn ticket_from_row(row: &Row) -> Result<TicketRecord, StoreError> {
     crate::rows::ticket(&Fields::new(row, "ticket", "id"))
+}
+
+pub(super) fn run_from_row(row: &Row) -> Result<RunRecord, StoreError> {
+    crate::rows::run(&Fields::new(row, "run", "id"))
 }
 
 pub(super) fn audit_from_row(row: &Row) -> Result<AuditRecord, StoreError> {

@@ -12,6 +12,8 @@ use std::sync::LazyLock;
 
 use toolfleet_core::lifecycle::{JobState, Transition, sql_list};
 
+use crate::RunState;
+
 /// A statement built once from the lifecycle's state lists.
 type Built = LazyLock<String>;
 
@@ -36,7 +38,15 @@ macro_rules! job_columns {
 macro_rules! ticket_columns {
     () => {
         r#"id, tenant, "user", tool, question, options, args, run_id, call_id,
-            callback_url, answer, answered_by, created_at, answered_at"#
+            callback_url, answer, answered_by, kind, plan, scopes, expires_at, expired_at,
+            outcome, created_at, answered_at"#
+    };
+}
+
+macro_rules! run_columns {
+    () => {
+        r#"id, tenant, "user", agent, state, checkpoint, wait, resumed, answer, error,
+            usage, callback_url, idempotency_key, scopes, version, created_at, updated_at"#
     };
 }
 
@@ -351,8 +361,9 @@ pub(super) const UNNOTIFIED_TICKETS: &str = concat!(
 pub(super) const INSERT_TICKET: &str = concat!(
     r#"
         INSERT INTO tickets (id, tenant, "user", tool, question, options, args,
-            run_id, call_id, callback_url, created_at, answered_by)
-        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+            run_id, call_id, callback_url, created_at, answered_by, kind, plan, scopes,
+            expires_at)
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
         ON CONFLICT DO NOTHING
         RETURNING "#,
     ticket_columns!()
@@ -364,13 +375,194 @@ pub(super) const TICKET: &str = concat!(
     " FROM tickets WHERE id = $1 AND tenant = $2"
 );
 
-/// open -> answered.
+/// open (neither answered nor expired) -> answered.
 pub(super) const ANSWER: &str = concat!(
     "
         UPDATE tickets SET answer = $3, answered_at = $4
-        WHERE id = $1 AND tenant = $2 AND answer IS NULL
+        WHERE id = $1 AND tenant = $2 AND answer IS NULL AND expired_at IS NULL
         RETURNING ",
     ticket_columns!()
+);
+
+/// The conditions of the inbox's filters: `$2` open or answered (both
+/// when NULL), `$3` the kind (both when NULL).
+macro_rules! ticket_filters {
+    () => {
+        "
+          AND ($2::text IS NULL OR ($2::text = 'open') = (answer IS NULL AND expired_at IS NULL))
+          AND ($3::text IS NULL OR kind = $3::text)"
+    };
+}
+
+/// An operator's inbox: every ticket of the tenant, off `tickets_tenant`.
+pub(super) const LIST_TICKETS: &str = concat!(
+    "SELECT ",
+    ticket_columns!(),
+    " FROM tickets WHERE tenant = $1 AND id < $4",
+    ticket_filters!(),
+    " ORDER BY id DESC LIMIT $5"
+);
+
+/// A user's inbox (`$6`, holding the scopes `$7`): the tickets they opened
+/// that their caller answers, off `tickets_owner`, and those a scope they
+/// hold answers, off `tickets_scope`; each half a page at most.
+pub(super) const LIST_TICKETS_OF: &str = concat!(
+    "SELECT * FROM ((SELECT ",
+    ticket_columns!(),
+    r#" FROM tickets
+        WHERE tenant = $1 AND "user" = $6 AND answered_by IS NULL AND id < $4"#,
+    ticket_filters!(),
+    " ORDER BY id DESC LIMIT $5)
+        UNION ALL
+        (SELECT ",
+    ticket_columns!(),
+    " FROM tickets
+        WHERE tenant = $1 AND answered_by = ANY($7::text[]) AND id < $4",
+    ticket_filters!(),
+    " ORDER BY id DESC LIMIT $5)) inbox
+        ORDER BY id DESC LIMIT $5"
+);
+
+/// open, its expiry passed -> expired at `$1`, at most `$2`, off
+/// `tickets_expiry`; rows another sweep holds are skipped, and each row's
+/// condition is checked again on its latest version.
+pub(super) const EXPIRE_TICKETS: &str = concat!(
+    "
+        UPDATE tickets SET expired_at = $1
+        WHERE id = ANY (ARRAY(
+            SELECT id FROM tickets
+            WHERE answer IS NULL AND expired_at IS NULL AND expires_at IS NOT NULL
+              AND expires_at <= $1
+            ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED))
+          AND answer IS NULL AND expired_at IS NULL
+        RETURNING ",
+    ticket_columns!()
+);
+
+/// answered or expired, without an outcome -> its outcome recorded.
+pub(super) const SETTLE_TICKET: &str = concat!(
+    "
+        UPDATE tickets SET outcome = $3
+        WHERE id = $1 AND tenant = $2 AND outcome IS NULL
+          AND (answer IS NOT NULL OR expired_at IS NOT NULL)
+        RETURNING ",
+    ticket_columns!()
+);
+
+/// Off `tickets_unsettled`, in its order.
+pub(super) const UNSETTLED_TICKETS: &str = concat!(
+    "SELECT ",
+    ticket_columns!(),
+    " FROM tickets
+        WHERE answer IS NOT NULL AND outcome IS NULL AND answered_at < $1
+        ORDER BY answered_at, id LIMIT $2"
+);
+
+/// (new) -> running, version 1.
+pub(super) static INSERT_RUN: Built = LazyLock::new(|| {
+    format!(
+        concat!(
+            r#"
+        INSERT INTO runs (id, tenant, "user", agent, state, checkpoint, callback_url,
+            idempotency_key, scopes, version, created_at, updated_at)
+        VALUES ($1, $2, $3, $4, '{running}', $5, $6, $7, $8, 1, $9, $9)
+        ON CONFLICT DO NOTHING
+        RETURNING "#,
+            run_columns!()
+        ),
+        running = RunState::Running
+    )
+});
+
+pub(super) const RUN_BY_KEY: &str = concat!(
+    "SELECT ",
+    run_columns!(),
+    r#" FROM runs WHERE tenant = $1 AND "user" = $2 AND idempotency_key = $3"#
+);
+
+pub(super) const RUN: &str = concat!(
+    "SELECT ",
+    run_columns!(),
+    " FROM runs WHERE id = $1 AND tenant = $2"
+);
+
+pub(super) const RUN_BY_ID: &str = concat!("SELECT ", run_columns!(), " FROM runs WHERE id = $1");
+
+/// One of the states `$3`, at version `$2` if given -> `$4`, version + 1;
+/// the fields given replace theirs, the wait is the one given (or kept)
+/// when waiting, and cleared otherwise.
+pub(super) static UPDATE_RUN: Built = LazyLock::new(|| {
+    format!(
+        concat!(
+            "
+        UPDATE runs SET state = $4, version = version + 1,
+            checkpoint = COALESCE($5, checkpoint),
+            wait = CASE WHEN $4 = '{waiting}' THEN COALESCE($6, wait) END,
+            resumed = COALESCE($7, resumed),
+            answer = COALESCE($8, answer),
+            error = COALESCE($9, error),
+            usage = COALESCE($10, usage),
+            updated_at = $11
+        WHERE id = $1 AND ($2::bigint IS NULL OR version = $2::bigint)
+          AND state = ANY($3::text[])
+        RETURNING ",
+            run_columns!()
+        ),
+        waiting = RunState::Waiting
+    )
+});
+
+pub(super) const DROP_WAITS: &str = "DELETE FROM run_waits WHERE run_id = $1";
+
+pub(super) const ADD_WAITS: &str = "
+        INSERT INTO run_waits (item, run_id)
+        SELECT DISTINCT item, $2::text FROM UNNEST($1::text[]) AS w(item)
+        ON CONFLICT DO NOTHING";
+
+/// The waiting runs an item of `run_waits` names: the item's rows read
+/// first, off `run_waits`' key, then each run by its own. The state is
+/// checked in a `CASE`, which `runs_stale` does not match: written as a
+/// plain condition (or as a join), a plan made on an empty table walked
+/// every waiting run off that index instead.
+pub(super) static WAITING_RUNS: Built = LazyLock::new(|| {
+    format!(
+        concat!(
+            "SELECT ",
+            run_columns!(),
+            " FROM runs
+        WHERE id = ANY (ARRAY(SELECT run_id FROM run_waits WHERE item = $1))
+          AND CASE state WHEN '{waiting}' THEN true ELSE false END
+        ORDER BY id"
+        ),
+        waiting = RunState::Waiting
+    )
+});
+
+/// Off `runs_stale`, in its order.
+pub(super) const STALE_RUNS: &str = concat!(
+    "SELECT ",
+    run_columns!(),
+    " FROM runs WHERE state = $1 AND updated_at < $2
+        ORDER BY updated_at, id LIMIT $3"
+);
+
+pub(super) const LIST_RUNS: &str = concat!(
+    "SELECT ",
+    run_columns!(),
+    " FROM runs
+        WHERE tenant = $1 AND id < $4
+          AND ($2::text IS NULL OR state = $2) AND ($3::text IS NULL OR agent = $3)
+        ORDER BY id DESC LIMIT $5"
+);
+
+/// [`LIST_RUNS`] of one user's runs, off `runs_owner`.
+pub(super) const LIST_RUNS_OWNED: &str = concat!(
+    "SELECT ",
+    run_columns!(),
+    r#" FROM runs
+        WHERE tenant = $1 AND "user" = $6 AND id < $4
+          AND ($2::text IS NULL OR state = $2) AND ($3::text IS NULL OR agent = $3)
+        ORDER BY id DESC LIMIT $5"#
 );
 
 /// One statement for a whole batch: the arrays are the columns.

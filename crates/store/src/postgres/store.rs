@@ -14,23 +14,22 @@ use toolfleet_core::{AuditRecord, Envelope, ErrorCode, JobState, ToolError};
 
 use super::PgStore;
 use super::groups::{Claim, Success};
-use super::rows::{AuditColumns, Fields, Insert, audit_from_row, job_from_row, ticket_from_row};
+use super::rows::{
+    AuditColumns, Fields, Insert, audit_from_row, job_from_row, run_from_row, ticket_from_row,
+};
 use super::statements;
-use crate::rows::{Columns, encode};
+use crate::rows::{Columns, Paging, encode};
 use crate::{
-    AnswerTicket, Answered, CancelJob, ClaimCommit, ClaimJob, ClaimNotice, CommitClaim, Fail,
-    Heartbeat, Inserted, JobFilter, JobPage, JobRecord, Lease, LeaseRef, ListJobs, NewJob,
-    NewTicket, Park, SaveCheckpoint, SetProgress, SettleCommit, SettleNotice, Store, StoreError,
-    Succeed, TicketRecord, Unnotified,
+    AnswerTicket, Answered, Answerer, CancelJob, ClaimCommit, ClaimJob, ClaimNotice, CommitClaim,
+    Fail, Heartbeat, Inserted, JobFilter, JobPage, JobRecord, Lease, LeaseRef, ListJobs, ListRuns,
+    ListTickets, NewJob, NewRun, NewTicket, Park, RunFilter, RunInserted, RunPage, RunRecord,
+    RunState, SaveCheckpoint, SetProgress, SettleCommit, SettleNotice, SettleTicket, StaleRuns,
+    Store, StoreError, Succeed, TicketKind, TicketPage, TicketRecord, TicketShown, Unnotified,
+    UpdateRun,
 };
 
-/// Bounds of one page of [`Store::list_jobs`].
-const MAX_PAGE: u32 = 100;
 /// Bound of one answer of [`Store::due_jobs`] and [`Store::audit`].
 const MAX_BATCH: u32 = 1000;
-/// Sorts after every id (ids use the "C" collation), so the first page needs
-/// no second statement.
-const NO_CURSOR: &str = "\u{10FFFF}";
 /// Settled commit outcomes pruned per claim, so pruning stays cheap.
 const PRUNE_BATCH: i64 = 100;
 /// Claims of a commit key tried before giving up, when the key keeps being
@@ -169,14 +168,12 @@ async fn list_jobs(
     limit: u32,
     cursor: Option<&str>,
 ) -> Result<JobPage, StoreError> {
-    let limit = limit.clamp(1, MAX_PAGE) as usize;
+    let page = Paging::new(limit, cursor);
     // The stored states the filter means: retrying finds parked jobs too.
     let state: Option<Vec<&str>> = filter
         .state
         .map(|state| state.stored_as().iter().map(|s| s.as_str()).collect());
-    // One row more than the page tells whether there is a next page.
-    let fetch = limit as i64 + 1;
-    let cursor = cursor.unwrap_or(NO_CURSOR);
+    let (cursor, fetch) = (page.cursor, page.fetch());
     let mut jobs = match &filter.user {
         None => {
             let params: Params<'_> = &[&tenant, &state, &filter.tool, &cursor, &fetch];
@@ -187,12 +184,7 @@ async fn list_jobs(
             query_all(c, statements::LIST_OWNED, params, job_from_row).await?
         }
     };
-    let next_cursor = if jobs.len() > limit {
-        jobs.truncate(limit);
-        jobs.last().map(|job| job.id.clone())
-    } else {
-        None
-    };
+    let next_cursor = page.cut(&mut jobs, |job| &job.id);
     Ok(JobPage { jobs, next_cursor })
 }
 
@@ -214,6 +206,7 @@ async fn job_counts(c: &ClientWrapper) -> Result<Vec<(JobState, u64)>, StoreErro
 
 async fn insert_ticket(c: &ClientWrapper, t: &NewTicket) -> Result<TicketRecord, StoreError> {
     let (options, args) = (encode(&t.options)?, encode(&t.args)?);
+    let (plan, scopes) = (t.plan.as_ref().map(encode).transpose()?, encode(&t.scopes)?);
     let params: Params<'_> = &[
         &t.id,
         &t.tenant,
@@ -227,6 +220,10 @@ async fn insert_ticket(c: &ClientWrapper, t: &NewTicket) -> Result<TicketRecord,
         &t.callback_url,
         &t.now,
         &t.answered_by.scope(),
+        &t.kind.as_str(),
+        &plan,
+        &scopes,
+        &t.expires_at,
     ];
     query_one(c, statements::INSERT_TICKET, params, ticket_from_row)
         .await?
@@ -246,6 +243,142 @@ async fn answer_ticket(
     }
     let ticket = query_one(c, statements::TICKET, &[&id, &tenant], ticket_from_row).await?;
     Ok(ticket.map(Answered::Already))
+}
+
+async fn list_tickets(c: &ClientWrapper, list: ListTickets<'_>) -> Result<TicketPage, StoreError> {
+    let page = Paging::new(list.limit, list.cursor);
+    let shown = list.shown.map(|shown| match shown {
+        TicketShown::Open => "open",
+        TicketShown::Answered => "answered",
+    });
+    let kind = list.kind.map(TicketKind::as_str);
+    let (tenant, cursor, fetch) = (list.tenant, page.cursor, page.fetch());
+    let mut tickets = match list.answerer {
+        Answerer::Operator => {
+            let params: Params<'_> = &[&tenant, &shown, &kind, &cursor, &fetch];
+            query_all(c, statements::LIST_TICKETS, params, ticket_from_row).await?
+        }
+        Answerer::User { user, scopes } => {
+            let params: Params<'_> = &[&tenant, &shown, &kind, &cursor, &fetch, user, scopes];
+            query_all(c, statements::LIST_TICKETS_OF, params, ticket_from_row).await?
+        }
+    };
+    let next_cursor = page.cut(&mut tickets, |t| &t.id);
+    Ok(TicketPage {
+        tickets,
+        next_cursor,
+    })
+}
+
+async fn settle_ticket(
+    c: &ClientWrapper,
+    settle: SettleTicket<'_>,
+) -> Result<Option<TicketRecord>, StoreError> {
+    let (id, tenant, outcome) = (settle.id, settle.tenant, settle.outcome.to_json());
+    let params: Params<'_> = &[&id, &tenant, &outcome];
+    if let Some(t) = query_one(c, statements::SETTLE_TICKET, params, ticket_from_row).await? {
+        return Ok(Some(t));
+    }
+    // Missing, another tenant's, open, or settled before: only the last
+    // is answered, as it stands.
+    let ticket = query_one(c, statements::TICKET, &[&id, &tenant], ticket_from_row).await?;
+    Ok(ticket.filter(|t| t.outcome.is_some()))
+}
+
+// Runs.
+
+async fn insert_run(c: &ClientWrapper, run: &NewRun) -> Result<RunInserted, StoreError> {
+    let checkpoint = run.checkpoint.as_ref().map(encode).transpose()?;
+    let scopes = encode(&run.scopes)?;
+    let params: Params<'_> = &[
+        &run.id,
+        &run.tenant,
+        &run.user,
+        &run.agent,
+        &checkpoint,
+        &run.callback_url,
+        &run.idempotency_key,
+        &scopes,
+        &run.now,
+    ];
+    if let Some(created) = query_one(c, &statements::INSERT_RUN, params, run_from_row).await? {
+        return Ok(RunInserted::Created(created));
+    }
+    // Nothing inserted: the key was taken (or, never in practice, the id).
+    let existing = match &run.idempotency_key {
+        Some(key) => {
+            let params: Params<'_> = &[&run.tenant, &run.user, key];
+            query_one(c, statements::RUN_BY_KEY, params, run_from_row).await?
+        }
+        None => None,
+    };
+    existing
+        .map(RunInserted::Existing)
+        .ok_or_else(|| StoreError::Conflict(format!("a run with id {} already exists", run.id)))
+}
+
+/// The compare-and-set and the index of the run's waits, in one
+/// transaction: the rows of a run that moved are dropped, and those of the
+/// wait it moved to written.
+async fn update_run(
+    c: &mut ClientWrapper,
+    u: UpdateRun<'_>,
+) -> Result<Option<RunRecord>, StoreError> {
+    let json = |v: Option<&Value>| v.map(encode).transpose();
+    let from: Vec<&str> = u.from.iter().map(|s| s.as_str()).collect();
+    let (checkpoint, resumed) = (json(u.checkpoint)?, json(u.resumed)?);
+    let (error, usage) = (json(u.error)?, json(u.usage)?);
+    let wait = u.wait.map(encode).transpose()?;
+    let params: Params<'_> = &[
+        &u.id,
+        &u.version,
+        &from,
+        &u.to.as_str(),
+        &checkpoint,
+        &wait,
+        &resumed,
+        &u.answer,
+        &error,
+        &usage,
+        &u.now,
+    ];
+    let tx = c.transaction().await?;
+    let stmt = tx.prepare_cached(&statements::UPDATE_RUN).await?;
+    let Some(row) = tx.query_opt(&stmt, params).await? else {
+        return Ok(None);
+    };
+    let run = run_from_row(&row)?;
+    let drop_waits = tx.prepare_cached(statements::DROP_WAITS).await?;
+    tx.execute(&drop_waits, &[&run.id]).await?;
+    if let Some(wait) = run.wait.as_ref().filter(|_| run.state == RunState::Waiting) {
+        let items: Vec<&str> = wait.items().collect();
+        let add = tx.prepare_cached(statements::ADD_WAITS).await?;
+        tx.execute(&add, &[&items, &run.id]).await?;
+    }
+    tx.commit().await?;
+    Ok(Some(run))
+}
+
+async fn list_runs(
+    c: &ClientWrapper,
+    tenant: &str,
+    filter: &RunFilter,
+    page: &Paging<'_>,
+) -> Result<RunPage, StoreError> {
+    let state = filter.state.map(RunState::as_str);
+    let (cursor, fetch) = (page.cursor, page.fetch());
+    let mut runs = match &filter.user {
+        None => {
+            let params: Params<'_> = &[&tenant, &state, &filter.agent, &cursor, &fetch];
+            query_all(c, statements::LIST_RUNS, params, run_from_row).await?
+        }
+        Some(user) => {
+            let params: Params<'_> = &[&tenant, &state, &filter.agent, &cursor, &fetch, user];
+            query_all(c, statements::LIST_RUNS_OWNED, params, run_from_row).await?
+        }
+    };
+    let next_cursor = page.cut(&mut runs, |run| &run.id);
+    Ok(RunPage { runs, next_cursor })
 }
 
 async fn append_audit(c: &ClientWrapper, records: &[AuditRecord]) -> Result<(), StoreError> {
@@ -513,6 +646,78 @@ impl Store for PgStore {
         } = answering;
         let answer = encode(answer)?;
         answer_ticket(&*self.client().await?, tenant, id, &answer, now).await
+    }
+
+    async fn list_tickets(&self, list: ListTickets<'_>) -> Result<TicketPage, StoreError> {
+        list_tickets(&*self.client().await?, list).await
+    }
+
+    /// At most 1000 tickets per call, so one sweep stays bounded.
+    async fn expire_tickets(&self, now: i64, limit: u32) -> Result<Vec<TicketRecord>, StoreError> {
+        let limit = i64::from(limit.min(MAX_BATCH));
+        let c = self.client().await?;
+        query_all(
+            &c,
+            statements::EXPIRE_TICKETS,
+            &[&now, &limit],
+            ticket_from_row,
+        )
+        .await
+    }
+
+    async fn settle_ticket(
+        &self,
+        settle: SettleTicket<'_>,
+    ) -> Result<Option<TicketRecord>, StoreError> {
+        settle_ticket(&*self.client().await?, settle).await
+    }
+
+    /// At most 1000 tickets per call.
+    async fn unsettled_tickets(
+        &self,
+        before: i64,
+        limit: u32,
+    ) -> Result<Vec<TicketRecord>, StoreError> {
+        let limit = i64::from(limit.min(MAX_BATCH));
+        let c = self.client().await?;
+        let params: Params<'_> = &[&before, &limit];
+        query_all(&c, statements::UNSETTLED_TICKETS, params, ticket_from_row).await
+    }
+
+    async fn insert_run(&self, run: NewRun) -> Result<RunInserted, StoreError> {
+        insert_run(&*self.client().await?, &run).await
+    }
+
+    async fn run(&self, tenant: &str, id: &str) -> Result<Option<RunRecord>, StoreError> {
+        let c = self.client().await?;
+        query_one(&c, statements::RUN, &[&id, &tenant], run_from_row).await
+    }
+
+    async fn run_by_id(&self, id: &str) -> Result<Option<RunRecord>, StoreError> {
+        let c = self.client().await?;
+        query_one(&c, statements::RUN_BY_ID, &[&id], run_from_row).await
+    }
+
+    async fn list_runs(&self, list: ListRuns<'_>) -> Result<RunPage, StoreError> {
+        let page = Paging::new(list.limit, list.cursor);
+        list_runs(&*self.client().await?, list.tenant, list.filter, &page).await
+    }
+
+    async fn update_run(&self, update: UpdateRun<'_>) -> Result<Option<RunRecord>, StoreError> {
+        update_run(&mut *self.client().await?, update).await
+    }
+
+    async fn waiting_runs(&self, item: &str) -> Result<Vec<RunRecord>, StoreError> {
+        let c = self.client().await?;
+        query_all(&c, &statements::WAITING_RUNS, &[&item], run_from_row).await
+    }
+
+    /// At most 1000 runs per call.
+    async fn stale_runs(&self, stale: StaleRuns) -> Result<Vec<RunRecord>, StoreError> {
+        let limit = i64::from(stale.limit.min(MAX_BATCH));
+        let c = self.client().await?;
+        let params: Params<'_> = &[&stale.state.as_str(), &stale.before, &limit];
+        query_all(&c, statements::STALE_RUNS, params, run_from_row).await
     }
 
     /// One statement per call, so a batch is appended whole or not at all.
