@@ -12,11 +12,13 @@ use toolfleet_core::Executor;
 use toolfleet_core::config::AgentSpec;
 use toolfleet_executors::AgentFactory;
 
+pub mod assistant;
 pub mod model;
 pub mod run;
 #[cfg(feature = "testing")]
 pub mod testing;
 
+pub use assistant::{Assistant, Assistants};
 pub use run::{AgentEnv, AgentExecutor, DEFAULT_MAX_DEPTH, Evidence, Exceeded};
 
 /// Binds agent executors: checks the spec, makes its model client.
@@ -32,8 +34,18 @@ impl Agents {
     }
 }
 
-impl AgentFactory for Agents {
-    fn bind(&self, tool: &str, spec: &AgentSpec) -> Result<Arc<dyn Executor>, String> {
+impl Agents {
+    /// The declared assistant of `decl`, its spec checked and its model
+    /// client made.
+    pub fn assistant(&self, decl: &toolfleet_core::config::AgentDecl) -> Result<Assistant, String> {
+        let (spec, model) = self.model(&decl.spec)?;
+        let mut decl = decl.clone();
+        decl.spec = spec;
+        Ok(Assistant::new(decl, model))
+    }
+
+    /// The spec as it runs (its `base_url_env` applied) and its model client.
+    fn model(&self, spec: &AgentSpec) -> Result<(AgentSpec, Arc<dyn model::Model>), String> {
         if spec.max_steps == 0 || spec.max_tokens == 0 {
             return Err("an agent's max_steps and max_tokens must be at least 1".into());
         }
@@ -52,6 +64,13 @@ impl AgentFactory for Agents {
             spec.base_url = url;
         }
         let model = model::model_for(&spec, self.client.clone())?;
+        Ok((spec, model))
+    }
+}
+
+impl AgentFactory for Agents {
+    fn bind(&self, tool: &str, spec: &AgentSpec) -> Result<Arc<dyn Executor>, String> {
+        let (spec, model) = self.model(spec)?;
         Ok(Arc::new(AgentExecutor::new(
             tool,
             spec,

@@ -89,6 +89,18 @@ impl AgentEnv {
         let _ = self.runtime.set(Arc::downgrade(runtime));
     }
 
+    pub(crate) fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    pub(crate) fn notices(&self) -> &Arc<dyn Notices> {
+        &self.notices
+    }
+
+    pub(crate) fn runtime_now(&self) -> Option<Arc<Runtime>> {
+        self.runtime.get().and_then(Weak::upgrade)
+    }
+
     fn runtime(&self) -> Result<Arc<Runtime>, ToolError> {
         self.runtime
             .get()
@@ -571,6 +583,7 @@ impl Run {
             events: None,
             // The jobs it starts continue its caller's trace.
             trace: ctx.trace.clone(),
+            approval: None,
         }
     }
 

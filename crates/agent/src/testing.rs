@@ -53,6 +53,40 @@ pub enum Scripted {
     Delay(Duration, Box<Scripted>),
 }
 
+/// In a scripted call's arguments, this string stands for the last
+/// `confirm_token` the conversation shows (a dry run's result): a model
+/// commits with the token its dry run answered, which no script can know.
+pub const CONFIRM_TOKEN: &str = "{{confirm_token}}";
+
+/// `reply` with [`CONFIRM_TOKEN`] replaced by the last confirm token found
+/// in `request`'s messages.
+fn with_confirm_token(reply: Scripted, request: &Value) -> Scripted {
+    let Scripted::Calls { calls, usage } = reply else {
+        return reply;
+    };
+    let text = request.to_string();
+    let token = text.rmatch_indices("ct1.").next().map(|(at, _)| {
+        text[at..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '.')
+            .collect::<String>()
+    });
+    let calls = calls
+        .into_iter()
+        .map(|(name, mut args)| {
+            if let (Some(token), Some(map)) = (&token, args.as_object_mut()) {
+                for value in map.values_mut() {
+                    if value == CONFIRM_TOKEN {
+                        *value = Value::String(token.clone());
+                    }
+                }
+            }
+            (name, args)
+        })
+        .collect();
+    Scripted::Calls { calls, usage }
+}
+
 /// The largest request body read.
 const MAX_REQUEST_BYTES: usize = 16 << 20;
 
@@ -246,7 +280,7 @@ async fn serve(wire: Wire, state: &Shared, headers: &HeaderMap, body: &[u8]) -> 
             .as_deref()
             .is_none_or(|key| wire.has_key(headers, key));
         let entry = state.model(&model);
-        entry.requests.push(request);
+        entry.requests.push(request.clone());
         if !key_ok {
             Decision::Refuse(StatusCode::UNAUTHORIZED, wire.bad_key().to_owned())
         } else if let Some(status) = entry.failures.pop_front() {
@@ -278,6 +312,7 @@ async fn serve(wire: Wire, state: &Shared, headers: &HeaderMap, body: &[u8]) -> 
                 tokio::time::sleep(delay).await;
                 reply = *next;
             }
+            let reply = with_confirm_token(reply, &request);
             (StatusCode::OK, axum::Json(wire.reply(&model, step, reply))).into_response()
         }
     }

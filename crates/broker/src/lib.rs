@@ -188,6 +188,8 @@ pub enum EventKind {
     Job,
     /// A ticket (a question for a person).
     Ticket,
+    /// A run (a conversation the runtime keeps).
+    Run,
 }
 
 impl EventKind {
@@ -196,6 +198,7 @@ impl EventKind {
         match self {
             EventKind::Job => "job",
             EventKind::Ticket => "ticket",
+            EventKind::Run => "run",
         }
     }
 }
@@ -215,8 +218,43 @@ pub enum TicketState {
     Answered,
 }
 
+/// What a run's event announces: a step of its loop, or where it now
+/// stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RunNotice {
+    /// Its transcript grew; it still runs.
+    Step,
+    /// It parked on jobs and tickets.
+    Waiting,
+    /// A wait of a run its caller drives held: it runs again.
+    Resumed,
+    /// The model answered.
+    Answered,
+    /// It stopped on an error.
+    Failed,
+    /// It stopped on its budget.
+    BudgetExceeded,
+    /// It was cancelled.
+    Cancelled,
+}
+
+impl RunNotice {
+    /// Its name after `run.` in a webhook's `event` and an event stream.
+    pub fn name(self) -> &'static str {
+        match self {
+            RunNotice::Step => "step",
+            RunNotice::Waiting => "waiting",
+            RunNotice::Resumed => "resumed",
+            RunNotice::Answered => "answered",
+            RunNotice::Failed => "failed",
+            RunNotice::BudgetExceeded => "budget_exceeded",
+            RunNotice::Cancelled => "cancelled",
+        }
+    }
+}
+
 /// The state an event announces: a job's state as the contract shows it,
-/// or a ticket's. Written on the wire (and at the end of the events
+/// or a ticket's, or a run's (written `run_` and its name). Written on the wire (and at the end of the events
 /// exchange's routing keys) by its name alone: the names of the two kinds
 /// never meet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -225,6 +263,8 @@ pub enum EventState {
     Job(JobState),
     /// A ticket's state.
     Ticket(TicketState),
+    /// A run's step or state.
+    Run(RunNotice),
 }
 
 impl Default for EventState {
@@ -236,7 +276,7 @@ impl Default for EventState {
 impl EventState {
     /// Every state an event can carry: the job states the contract shows,
     /// then `open` and `answered`.
-    pub const ALL: [EventState; 8] = [
+    pub const ALL: [EventState; 15] = [
         EventState::Job(JobState::Queued),
         EventState::Job(JobState::Running),
         EventState::Job(JobState::Retrying),
@@ -245,14 +285,29 @@ impl EventState {
         EventState::Job(JobState::Cancelled),
         EventState::Ticket(TicketState::Open),
         EventState::Ticket(TicketState::Answered),
+        EventState::Run(RunNotice::Step),
+        EventState::Run(RunNotice::Waiting),
+        EventState::Run(RunNotice::Resumed),
+        EventState::Run(RunNotice::Answered),
+        EventState::Run(RunNotice::Failed),
+        EventState::Run(RunNotice::BudgetExceeded),
+        EventState::Run(RunNotice::Cancelled),
     ];
 
-    /// Its name: a job state's, `open` or `answered`.
+    /// Its name: a job state's, `open` or `answered`, or `run_` and a
+    /// run's ([`RunNotice::name`]).
     pub fn as_str(self) -> &'static str {
         match self {
             EventState::Job(state) => state.as_str(),
             EventState::Ticket(TicketState::Open) => "open",
             EventState::Ticket(TicketState::Answered) => "answered",
+            EventState::Run(RunNotice::Step) => "run_step",
+            EventState::Run(RunNotice::Waiting) => "run_waiting",
+            EventState::Run(RunNotice::Resumed) => "run_resumed",
+            EventState::Run(RunNotice::Answered) => "run_answered",
+            EventState::Run(RunNotice::Failed) => "run_failed",
+            EventState::Run(RunNotice::BudgetExceeded) => "run_budget_exceeded",
+            EventState::Run(RunNotice::Cancelled) => "run_cancelled",
         }
     }
 
@@ -267,6 +322,7 @@ impl EventState {
         match self {
             EventState::Job(state) => state.is_settled(),
             EventState::Ticket(state) => state == TicketState::Answered,
+            EventState::Run(notice) => notice != RunNotice::Step,
         }
     }
 }
@@ -396,13 +452,20 @@ pub trait Notices: Send + Sync + 'static {
     }
 }
 
-/// The states of a settled job and of an answered ticket, as events carry
-/// them and routing keys on the events exchange end.
-pub const SETTLED_STATES: [EventState; 4] = [
+/// The states of a settled job, of an answered ticket and of a run's
+/// notices (what a run's callback hears), as events carry them and routing
+/// keys on the events exchange end.
+pub const SETTLED_STATES: [EventState; 10] = [
     EventState::Job(JobState::Succeeded),
     EventState::Job(JobState::Failed),
     EventState::Job(JobState::Cancelled),
     EventState::Ticket(TicketState::Answered),
+    EventState::Run(RunNotice::Waiting),
+    EventState::Run(RunNotice::Resumed),
+    EventState::Run(RunNotice::Answered),
+    EventState::Run(RunNotice::Failed),
+    EventState::Run(RunNotice::BudgetExceeded),
+    EventState::Run(RunNotice::Cancelled),
 ];
 
 /// Splits `events` into groups that share a routing key, so that each group

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
-use toolfleet_core::config::{ToolConfig, parse_tools};
+use toolfleet_core::config::{AgentDecl, ToolConfig, parse_agents, parse_tools, resolve_agents};
 use toolfleet_server::callbacks::AllowRule;
 use toolfleet_telemetry::LogFormat;
 
@@ -108,6 +108,8 @@ pub(crate) struct LimitsConfig {
     pub event_streams_per_principal: usize,
     /// Long polls one principal holds at once; past it, 429 (`rate_limited`).
     pub long_polls_per_principal: usize,
+    /// The largest checkpoint a caller keeps with a run, in bytes.
+    pub run_checkpoint_bytes: usize,
 }
 
 impl Default for LimitsConfig {
@@ -121,6 +123,7 @@ impl Default for LimitsConfig {
             event_streams: limits.max_streams,
             event_streams_per_principal: limits.max_streams_per_principal,
             long_polls_per_principal: limits.max_long_polls_per_principal,
+            run_checkpoint_bytes: 1024 * 1024,
         }
     }
 }
@@ -228,6 +231,9 @@ pub(crate) struct Config {
     /// Parsed separately, with their file's directory for schema files.
     #[serde(default, rename = "tools")]
     _tools: Vec<toml::Value>,
+    /// Parsed separately, like the tools.
+    #[serde(default, rename = "agents")]
+    _agents: Vec<toml::Value>,
     /// Worker slots per pool in `serve`.
     #[serde(default = "default_concurrency")]
     pub concurrency: usize,
@@ -255,6 +261,9 @@ pub(crate) struct Config {
     /// The tools, each with the directory its schema files are relative to.
     #[serde(skip)]
     pub tools: Vec<(ToolConfig, PathBuf)>,
+    /// The assistants of `[[agents]]`, of this file and its includes.
+    #[serde(skip)]
+    pub agents: Vec<AgentDecl>,
     /// The file this came from, if any.
     #[serde(skip)]
     pub source: Option<PathBuf>,
@@ -322,7 +331,28 @@ impl Config {
         config.apply_env()?;
         config.check_secrets()?;
         config.load_includes()?;
+        config.resolve_agents()?;
         Ok(config)
+    }
+
+    /// Gives each agent tool naming a declared assistant that one's spec;
+    /// refuses two assistants of one name.
+    pub(crate) fn resolve_agents(&mut self) -> Result<(), String> {
+        let mut names = std::collections::BTreeSet::new();
+        for agent in &self.agents {
+            if !names.insert(agent.name.as_str()) {
+                return Err(format!(
+                    "two [[agents]] tables are named `{}`: an assistant is declared once",
+                    agent.name
+                ));
+            }
+        }
+        let mut tools: Vec<ToolConfig> = self.tools.iter().map(|(t, _)| t.clone()).collect();
+        resolve_agents(&mut tools, &self.agents).map_err(|e| e.to_string())?;
+        for ((tool, _), resolved) in self.tools.iter_mut().zip(tools) {
+            *tool = resolved;
+        }
+        Ok(())
     }
 
     /// Refuses secrets of the configuration or the environment that are too
@@ -370,6 +400,7 @@ impl Config {
             .into_iter()
             .map(|t| (t, dir.clone()))
             .collect();
+        config.agents = parse_agents(text).map_err(|e| format!("{}: {e}", path.display()))?;
         Ok(config)
     }
 
@@ -465,6 +496,8 @@ impl Config {
             let tools = parse_tools(&text).map_err(|e| format!("{}: {e}", path.display()))?;
             self.tools
                 .extend(tools.into_iter().map(|t| (t, dir.clone())));
+            let agents = parse_agents(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+            self.agents.extend(agents);
         }
         Ok(())
     }

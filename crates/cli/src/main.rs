@@ -65,6 +65,55 @@ enum Command {
         #[command(flatten)]
         server: client::ServerArgs,
     },
+    /// List the tickets you may answer: questions and approvals, newest first.
+    Inbox {
+        /// Only the open or only the answered tickets.
+        #[arg(long, value_parser = ["open", "answered"])]
+        state: Option<String>,
+        /// Only questions or only approvals.
+        #[arg(long, value_parser = ["question", "approval"])]
+        kind: Option<String>,
+        /// Print the tickets as one JSON list.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        server: client::ServerArgs,
+    },
+    /// Answer a question: `toolfleet answer t_... travel`.
+    Answer {
+        ticket: String,
+        /// The answer: JSON, or else taken as a string.
+        #[arg(allow_hyphen_values = true)]
+        answer: String,
+        #[command(flatten)]
+        server: client::ServerArgs,
+    },
+    /// Approve the commit an approval ticket holds (it runs once, now).
+    Approve {
+        ticket: String,
+        #[command(flatten)]
+        server: client::ServerArgs,
+    },
+    /// Reject the commit an approval ticket holds.
+    Reject {
+        ticket: String,
+        /// Why, for the one who asked (at most 2,000 characters).
+        #[arg(long)]
+        reason: Option<String>,
+        #[command(flatten)]
+        server: client::ServerArgs,
+    },
+    /// Start a run of an assistant: `toolfleet run expense_assistant "submit my September expenses"`.
+    Run {
+        agent: String,
+        /// The user's message.
+        input: String,
+        /// Print the run's steps as they happen until it answers or stops.
+        #[arg(long)]
+        wait: bool,
+        #[command(flatten)]
+        server: client::ServerArgs,
+    },
     /// Run no-op jobs through the HTTP path and print throughput and latency.
     Bench(bench::BenchArgs),
     /// Serve MCP over stdin and stdout, as the principal of TOOLFLEET_TOKEN,
@@ -174,6 +223,29 @@ fn main() -> ExitCode {
                 wait,
                 server,
             } => client::call(&config, &server, &tool, &args, wait).await,
+            Command::Inbox {
+                state,
+                kind,
+                json,
+                server,
+            } => client::inbox(&config, &server, state.as_deref(), kind.as_deref(), json).await,
+            Command::Answer {
+                ticket,
+                answer,
+                server,
+            } => client::answer(&config, &server, &ticket, &answer).await,
+            Command::Approve { ticket, server } => client::approve(&config, &server, &ticket).await,
+            Command::Reject {
+                ticket,
+                reason,
+                server,
+            } => client::reject(&config, &server, &ticket, reason.as_deref()).await,
+            Command::Run {
+                agent,
+                input,
+                wait,
+                server,
+            } => client::run(&config, &server, &agent, &input, wait).await,
             Command::Bench(args) => bench::bench(config, args).await,
             Command::Mcp => serve::mcp_stdio(config).await,
         }

@@ -170,13 +170,13 @@ pub(crate) async fn start(
     let pools = match (&roles.pools, roles.no_workers) {
         (_, true) => Vec::new(),
         (Some(pools), false) => pools.clone(),
-        (None, false) => all_pools(&shared.runtime).into_iter().collect(),
+        (None, false) => all_pools(&shared.runtime, &config).into_iter().collect(),
     };
     // The queues /metrics shows: those this process works, and every pool
     // of the registered tools where it dispatches.
     let mut shown: BTreeSet<String> = pools.iter().cloned().collect();
     if roles.dispatcher {
-        shown.extend(all_pools(&shared.runtime));
+        shown.extend(all_pools(&shared.runtime, &config));
     }
     let ops = Arc::new(Ops::new(
         shared.metrics.clone(),
@@ -410,6 +410,16 @@ async fn dispatch(
         period,
         stopped.clone(),
     ));
+    tokio::spawn(toolfleet_fleet::sweeper::run_people_sweeper(
+        toolfleet_fleet::sweeper::People {
+            store: store.clone(),
+            broker: broker.clone(),
+            notices: notices.clone(),
+            runtime: runtime.clone(),
+        },
+        Duration::from_secs(5),
+        stopped.clone(),
+    ));
     let webhooks = Arc::new(webhooks(config)?);
     let tls = toolfleet_executors::tls_config()?;
     tokio::spawn(toolfleet_server::webhooks::deliver(
@@ -441,6 +451,7 @@ async fn dispatch(
         },
         stopping: stopped.clone(),
         access,
+        runs: crate::tools::run_settings(config),
     };
     let mcp_jobs: Arc<dyn toolfleet_mcp::Jobs> = Arc::new(toolfleet_server::McpJobs::of(&state));
     let (server, address) = if roles.http {

@@ -7,7 +7,7 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use toolfleet_agent::{AgentEnv, Agents};
+use toolfleet_agent::{AgentEnv, Agents, Assistants};
 use toolfleet_core::config::ExecutorSpec;
 use toolfleet_core::{CallCtx, Runtime, RuntimeConfig, Shape, ToolDecl, ToolError, executor_fn};
 use toolfleet_executors::{Binder, http_client};
@@ -35,6 +35,21 @@ pub(crate) fn register_tools(
         }),
     );
     let client = http_client()?;
+    let factory = Agents::new(agents.clone(), client.clone());
+    let assistants = config
+        .agents
+        .iter()
+        .map(|decl| {
+            factory
+                .assistant(decl)
+                .map_err(|e| format!("agent `{}`: {e}", decl.name))
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    // The job that drives the declared assistants' runs.
+    runtime.register_internal(
+        toolfleet_fleet::runs::RUN_TOOL,
+        Arc::new(Assistants::new(agents.clone(), assistants)),
+    );
     let binder = Binder::new(builtins, client.clone())
         .with_agents(Arc::new(Agents::new(agents.clone(), client)));
     for (tool, dir) in &config.tools {
@@ -55,12 +70,66 @@ pub(crate) fn register_tools(
     Ok(())
 }
 
+/// What `/v1/runs` knows of the declared assistants: each one's pool and
+/// the time one job of its loop may take.
+pub(crate) fn run_settings(config: &Config) -> toolfleet_server::RunSettings {
+    let default_pool = RuntimeConfig::default().default_agent_pool;
+    toolfleet_server::RunSettings {
+        assistants: config
+            .agents
+            .iter()
+            .map(|decl| {
+                (
+                    decl.name.clone(),
+                    Assistants::placement(decl, &default_pool),
+                )
+            })
+            .collect(),
+        checkpoint_bytes: config.limits.run_checkpoint_bytes,
+    }
+}
+
+/// Every declared assistant names only registered tools, and approves only
+/// commands among them.
+fn check_assistants(runtime: &Runtime, config: &Config) -> Result<(), String> {
+    for agent in &config.agents {
+        for name in &agent.spec.tools {
+            if runtime.registry().get(name).is_none() {
+                return Err(format!(
+                    "agent `{}` names tool `{name}`, which is not registered",
+                    agent.name
+                ));
+            }
+        }
+        for name in &agent.approve {
+            let command = runtime
+                .registry()
+                .get(name)
+                .is_some_and(|t| t.shape() == Shape::Command);
+            if !agent.spec.tools.contains(name) || !command {
+                return Err(format!(
+                    "agent `{}`: approve names `{name}`, which is not a command tool among its tools",
+                    agent.name
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Every agent tool names only tools that are registered, and is of
 /// shape `agent`; an agent executor on another shape is refused.
 pub(crate) fn check_agents(runtime: &Runtime, config: &Config) -> Result<(), String> {
+    check_assistants(runtime, config)?;
     for (tool, _) in &config.tools {
-        let Some(ExecutorSpec::Agent(spec)) = &tool.executor else {
+        let Some(ExecutorSpec::Agent(agent)) = &tool.executor else {
             continue;
+        };
+        let Some(spec) = agent.spec() else {
+            return Err(format!(
+                "tool `{}`: its assistant was not resolved to a declaration",
+                tool.name
+            ));
         };
         if tool.shape != Shape::Agent {
             return Err(format!(
@@ -90,9 +159,14 @@ pub(crate) fn check_agents(runtime: &Runtime, config: &Config) -> Result<(), Str
     Ok(())
 }
 
-/// The pools the registered job and agent tools run on.
-pub(crate) fn all_pools(runtime: &Runtime) -> BTreeSet<String> {
+/// The pools the registered job and agent tools run on, and those of the
+/// declared assistants' loops.
+pub(crate) fn all_pools(runtime: &Runtime, declared: &Config) -> BTreeSet<String> {
     let config = runtime.config();
+    let assistants = declared
+        .agents
+        .iter()
+        .map(|a| Assistants::placement(a, &config.default_agent_pool).0);
     runtime
         .registry()
         .tools()
@@ -106,6 +180,7 @@ pub(crate) fn all_pools(runtime: &Runtime) -> BTreeSet<String> {
                     _ => config.default_pool.clone(),
                 })
         })
+        .chain(assistants)
         .collect()
 }
 
@@ -117,10 +192,15 @@ pub(crate) fn agent_pools(config: &Config, extra: &[ToolDecl]) -> BTreeSet<Strin
         .iter()
         .map(|(tool, _)| (tool.shape, &tool.pool));
     let given = extra.iter().map(|tool| (tool.shape, &tool.pool));
+    let assistants = config
+        .agents
+        .iter()
+        .map(|a| Assistants::placement(a, &default_pool).0);
     configured
         .chain(given)
         .filter(|(shape, _)| *shape == Shape::Agent)
         .map(|(_, pool)| pool.clone().unwrap_or_else(|| default_pool.clone()))
+        .chain(assistants)
         .collect()
 }
 

@@ -75,8 +75,146 @@ pub enum ExecutorSpec {
         #[serde(default)]
         pass_env: Vec<String>,
     },
-    /// A sub-agent's loop (tools of shape `agent` only).
-    Agent(AgentSpec),
+    /// A sub-agent's loop (tools of shape `agent` only): declared inline,
+    /// or naming a declared assistant (`agent = "NAME"`).
+    Agent(AgentRef),
+}
+
+/// The loop of an agent tool: its spec, or the name of an `[[agents]]`
+/// declaration, which [`resolve_agents`] replaces with that one's spec.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AgentRef {
+    /// Declared in the tool's own table.
+    Inline(Box<AgentSpec>),
+    /// The declared assistant of this name.
+    Named(String),
+}
+
+impl AgentRef {
+    /// The spec, once resolved; `None` for a name not yet resolved.
+    pub fn spec(&self) -> Option<&AgentSpec> {
+        match self {
+            AgentRef::Inline(spec) => Some(spec),
+            AgentRef::Named(_) => None,
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for AgentRef {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let table = toml::Table::deserialize(d)?;
+        match table.get("agent") {
+            Some(toml::Value::String(name)) if table.len() == 1 => {
+                Ok(AgentRef::Named(name.clone()))
+            }
+            Some(toml::Value::String(_)) => Err(D::Error::custom(
+                "an agent executor naming a declared assistant (`agent = \"NAME\"`) takes no other key: declare the rest in its [[agents]] table",
+            )),
+            Some(_) => Err(D::Error::custom(
+                "`agent` names a declared assistant: a string",
+            )),
+            None => AgentSpec::deserialize(toml::Value::Table(table))
+                .map(|spec| AgentRef::Inline(Box::new(spec)))
+                .map_err(D::Error::custom),
+        }
+    }
+}
+
+/// An assistant declared once in an `[[agents]]` table: started as a run
+/// (`POST /v1/runs`), or named by agent tools.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentDecl {
+    /// The name runs and agent tools name it by.
+    pub name: String,
+    /// What it does, for people choosing one.
+    pub description: String,
+    /// Its model, prompt, tools, scopes and budgets.
+    pub spec: AgentSpec,
+    /// The command tools whose commits, when it makes them, wait for its
+    /// user's approval.
+    pub approve: Vec<String>,
+    /// The worker pool its runs' loops run on (the agents' pool by default).
+    pub pool: Option<String>,
+}
+
+impl<'de> Deserialize<'de> for AgentDecl {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let mut table = toml::Table::deserialize(d)?;
+        let mut take = |key: &str| table.remove(key);
+        let name = match take("name") {
+            Some(toml::Value::String(name)) => name,
+            _ => {
+                return Err(D::Error::custom(
+                    "an [[agents]] table needs `name`, a string",
+                ));
+            }
+        };
+        let text = |v: Option<toml::Value>, key: &str| match v {
+            None => Ok(None),
+            Some(toml::Value::String(s)) => Ok(Some(s)),
+            Some(_) => Err(D::Error::custom(format!(
+                "agent `{name}`: `{key}` is a string"
+            ))),
+        };
+        let description = text(take("description"), "description")?.unwrap_or_default();
+        let pool = text(take("pool"), "pool")?;
+        let approve = match take("approve") {
+            None => Vec::new(),
+            Some(v) => Vec::<String>::deserialize(v).map_err(|e| {
+                D::Error::custom(format!("agent `{name}`: `approve` lists tool names: {e}"))
+            })?,
+        };
+        let spec = AgentSpec::deserialize(toml::Value::Table(table))
+            .map_err(|e| D::Error::custom(format!("agent `{name}`: {e}")))?;
+        Ok(AgentDecl {
+            name,
+            description,
+            spec,
+            approve,
+            pool,
+        })
+    }
+}
+
+/// The `[[agents]]` tables of a configuration file; other keys are ignored here.
+pub fn parse_agents(text: &str) -> Result<Vec<AgentDecl>, ConfigError> {
+    #[derive(Deserialize)]
+    struct AgentTables {
+        #[serde(default)]
+        agents: Vec<AgentDecl>,
+    }
+    toml::from_str::<AgentTables>(text)
+        .map(|t| t.agents)
+        .map_err(|e| ConfigError::new(format!("agent configuration: {e}")))
+}
+
+/// Replaces each agent tool's `agent = "NAME"` with the spec of the
+/// assistant of that name; an unknown name is refused, naming those known.
+pub fn resolve_agents(tools: &mut [ToolConfig], agents: &[AgentDecl]) -> Result<(), ConfigError> {
+    for tool in tools {
+        let Some(ExecutorSpec::Agent(agent)) = &mut tool.executor else {
+            continue;
+        };
+        let AgentRef::Named(name) = agent else {
+            continue;
+        };
+        let Some(decl) = agents.iter().find(|a| &a.name == name) else {
+            let known: Vec<&str> = agents.iter().map(|a| a.name.as_str()).collect();
+            return Err(ConfigError::new(format!(
+                "tool `{}`: no assistant named `{name}` is declared in [[agents]]; declared: {}",
+                tool.name,
+                if known.is_empty() {
+                    "none".to_owned()
+                } else {
+                    known.join(", ")
+                }
+            )));
+        };
+        *agent = AgentRef::Inline(Box::new(decl.spec.clone()));
+    }
+    Ok(())
 }
 
 /// The wire format of a model endpoint.
@@ -230,6 +368,11 @@ pub struct ToolConfig {
     pub content_blocks: bool,
     /// Human tools: who may answer their tickets (see [`AnsweredBy`]).
     pub answered_by: Option<AnsweredBy>,
+    /// Command tools: whose approval each commit waits for (`"caller"` or
+    /// `{ scope = "..." }`, see [`AnsweredBy`]).
+    pub approval: Option<AnsweredBy>,
+    /// Human tools: seconds a ticket stays open before it expires.
+    pub expires_in_s: Option<f64>,
 }
 
 #[derive(Deserialize)]
@@ -290,6 +433,20 @@ impl ToolConfig {
                 "tool `{name}`: answered_by is for human tools, whose tickets a person answers"
             )));
         }
+        if self.approval.is_some() && self.shape != Shape::Command {
+            return Err(ConfigError::new(format!(
+                "tool `{name}`: approval is for command tools, whose commits a person approves"
+            )));
+        }
+        if self.expires_in_s.is_some() && self.shape != Shape::Human {
+            return Err(ConfigError::new(format!(
+                "tool `{name}`: expires_in_s is for human tools, whose tickets expire"
+            )));
+        }
+        let expires_in = self
+            .expires_in_s
+            .map(|s| seconds("expires_in_s", &name, s))
+            .transpose()?;
         let m = self.middleware;
         let middleware = MiddlewareSpec {
             audit: m.audit,
@@ -331,6 +488,8 @@ impl ToolConfig {
             content_blocks: self.content_blocks,
             long_poll: None,
             answered_by: self.answered_by.unwrap_or_default(),
+            approval: self.approval,
+            expires_in,
         })
     }
 }
@@ -493,7 +652,7 @@ max_steps = 4
 max_wall_s = 30
 "#;
         let tools = parse_tools(text).unwrap();
-        let Some(ExecutorSpec::Agent(spec)) = &tools[0].executor else {
+        let Some(ExecutorSpec::Agent(AgentRef::Inline(spec))) = &tools[0].executor else {
             panic!("expected an agent executor, got {:?}", tools[0].executor);
         };
         assert_eq!(spec.provider, ModelProvider::Anthropic);
@@ -503,6 +662,75 @@ max_wall_s = 30
             (4, 50_000, 30.0)
         );
         let unknown = text.replace("max_steps = 4", "max_stepz = 4");
-        assert!(parse_tools(&unknown).is_err(), "unknown keys are refused");
+        let error = parse_tools(&unknown).expect_err("unknown keys are refused");
+        assert!(error.to_string().contains("max_stepz"), "{error}");
+    }
+
+    /// An `[[agents]]` table declares an assistant once, with its approve
+    /// list and pool; an agent tool naming it gets its spec, a name nobody
+    /// declared is refused naming those declared, and an unknown key of the
+    /// table is refused.
+    #[test]
+    fn assistants_are_declared_once_and_named_by_agent_tools() {
+        let text = r#"
+            [[agents]]
+            name = "helper"
+            description = "Helps."
+            provider = "openai"
+            base_url = "http://127.0.0.1:9/v1"
+            model = "m"
+            system_prompt = "Help."
+            tools = ["find", "submit"]
+            approve = ["submit"]
+            pool = "assistants"
+            max_steps = 5
+
+            [[tools]]
+            name = "delegate"
+            shape = "agent"
+            executor = { kind = "agent", agent = "helper" }
+        "#;
+        let agents = parse_agents(text).unwrap();
+        assert_eq!(agents.len(), 1);
+        let helper = &agents[0];
+        assert_eq!(
+            (helper.name.as_str(), helper.description.as_str()),
+            ("helper", "Helps.")
+        );
+        assert_eq!(helper.approve, vec!["submit".to_owned()]);
+        assert_eq!(helper.pool.as_deref(), Some("assistants"));
+        assert_eq!(helper.spec.max_steps, 5);
+        let mut tools = parse_tools(text).unwrap();
+        assert_eq!(
+            tools[0].executor,
+            Some(ExecutorSpec::Agent(AgentRef::Named("helper".into())))
+        );
+        resolve_agents(&mut tools, &agents).unwrap();
+        assert_eq!(
+            tools[0].executor,
+            Some(ExecutorSpec::Agent(AgentRef::Inline(Box::new(
+                helper.spec.clone()
+            ))))
+        );
+        let mut stranger =
+            parse_tools(&text.replace("agent = \"helper\"", "agent = \"nobody\"")).unwrap();
+        let error = resolve_agents(&mut stranger, &agents)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("nobody") && error.contains("helper"),
+            "{error}"
+        );
+        let misspelt = text.replace("max_steps = 5", "max_stepz = 5");
+        let error = parse_agents(&misspelt).unwrap_err().to_string();
+        assert!(error.contains("max_stepz"), "{error}");
+        let both = text.replace(
+            "agent = \"helper\" }",
+            "agent = \"helper\", model = \"m\" }",
+        );
+        assert!(
+            parse_tools(&both).is_err(),
+            "a named assistant takes no other key"
+        );
     }
 }

@@ -138,6 +138,10 @@ pub enum ErrorCode {
     PayloadTooLarge,
     /// A request the route cannot take: malformed, out of bounds or refused by the allow-list.
     BadRequest,
+    /// A person rejected the commit awaiting their approval (`details.reason`).
+    Rejected,
+    /// A ticket expired before anyone answered it.
+    Expired,
 }
 
 impl ErrorCode {
@@ -160,6 +164,8 @@ impl ErrorCode {
             ErrorCode::Unavailable => "unavailable",
             ErrorCode::PayloadTooLarge => "payload_too_large",
             ErrorCode::BadRequest => "bad_request",
+            ErrorCode::Rejected => "rejected",
+            ErrorCode::Expired => "expired",
         }
     }
 
@@ -312,6 +318,9 @@ pub enum Envelope {
         question: String,
         /// The answers the person may choose from; empty for a free answer.
         options: Vec<String>,
+        /// For an approval: the plan of the commit awaiting it (what its dry run answered).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        plan: Option<Json>,
     },
 }
 
@@ -419,6 +428,7 @@ mod tests {
             ticket: "t1".into(),
             question: "which?".into(),
             options: vec!["a".into(), "b".into()],
+            plan: None,
         };
         assert_eq!(
             serde_json::to_value(&suspended).unwrap(),

@@ -64,7 +64,9 @@ pub use middleware::{AuditRecord, AuditSink, MemoryAuditSink, RateLimit};
 pub use registry::{RegistrationError, Registry, Tool};
 pub use runtime::{Runtime, RuntimeBuilder, RuntimeConfig};
 pub use shapes::command::{CommitLog, MemoryCommitLog};
-pub use shapes::fleet::{Fleet, JobRequest, MemoryFleet, TicketRequest};
+pub use shapes::fleet::{
+    Approval, ApprovalRequest, Fleet, JobRequest, MemoryFleet, TicketRequest, approval_ticket_id,
+};
 pub use shapes::handle::{HandleStore, MemoryHandleStore};
 pub use tool::{
     AnsweredBy, Budget, CallCtx, CallEvent, CallEvents, DEFAULT_POOL, Executor, FLEET_OPERATE,

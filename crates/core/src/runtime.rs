@@ -25,7 +25,9 @@ use crate::shapes::command::{
     Binding, Claim, ClaimTerms, Commit, CommitLog, ConfirmSigner, MemoryCommitLog, OUTCOME_MARGIN,
     abandoned, commit_key, in_flight, is_commit, unix_now,
 };
-use crate::shapes::fleet::{Fleet, JobRequest, NoFleet, TicketRequest};
+use crate::shapes::fleet::{
+    Approval, ApprovalRequest, Fleet, JobRequest, NoFleet, TicketRequest, approval_ticket_id,
+};
 use crate::shapes::handle::{HandleAnswer, HandleStore, MemoryHandleStore, read_handle_tool};
 use crate::tool::{CallCtx, Shape, ToolDecl};
 
@@ -142,6 +144,7 @@ impl RuntimeBuilder {
                 .commit_log
                 .unwrap_or_else(|| Arc::new(MemoryCommitLog::default())),
             handles: handles.clone(),
+            internal: Default::default(),
         };
         runtime
             .register(read_handle_tool(handles))
@@ -166,9 +169,24 @@ pub struct Runtime {
     fleet: Arc<dyn Fleet>,
     commit_log: Arc<dyn CommitLog>,
     handles: Arc<dyn HandleStore>,
+    /// Executors of the runtime's own jobs (an assistant's run), by job
+    /// tool name: run by workers, never offered or callable as tools.
+    internal: std::collections::BTreeMap<String, Arc<dyn crate::tool::Executor>>,
 }
 
 impl Runtime {
+    /// Registers the executor of the runtime's own job tool `name` (which a
+    /// registered tool never shadows: its name holds a character tool names
+    /// given to models never do).
+    pub fn register_internal(&mut self, name: &str, executor: Arc<dyn crate::tool::Executor>) {
+        self.internal.insert(name.to_owned(), executor);
+    }
+
+    /// The executor of the runtime's own job tool `name`, if registered.
+    pub fn internal(&self, name: &str) -> Option<&Arc<dyn crate::tool::Executor>> {
+        self.internal.get(name)
+    }
+
     /// A builder with the default configuration and everything in memory.
     pub fn builder() -> RuntimeBuilder {
         RuntimeBuilder {
@@ -341,7 +359,125 @@ impl Runtime {
             Ok(exp) => exp,
             Err(error) => return Envelope::error(error),
         };
+        let key = commit_key(ctx.tenant(), token);
+        let approval = ctx
+            .approval
+            .clone()
+            .or_else(|| tool.declaration().approval.clone());
+        if let Some(answered_by) = approval {
+            return self
+                .await_approval(tool, call.args, ctx, &key, answered_by)
+                .await;
+        }
+        let token = token.to_owned();
+        self.commit(tool, call.args, ctx, key, token, expires_at)
+            .await
+    }
+
+    /// A commit that needs approval: its ticket (opened with the plan of a
+    /// dry run of the same arguments, or found open already) and
+    /// `suspended`, or, once decided, what it came to.
+    async fn await_approval(
+        &self,
+        tool: &Tool,
+        args: Value,
+        ctx: &CallCtx,
+        key: &str,
+        answered_by: crate::AnsweredBy,
+    ) -> Envelope {
+        let mut dry = args.clone();
+        if let Some(map) = dry.as_object_mut() {
+            map.insert("dry_run".to_owned(), Value::Bool(true));
+            map.remove("confirm_token");
+        }
+        let limit = tool
+            .middleware()
+            .timeout
+            .unwrap_or(self.config.default_timeout);
+        let plan = match tokio::time::timeout(limit, self.execute(tool, dry, ctx.clone())).await {
+            Ok(Ok(plan)) => plan,
+            Ok(Err(error)) => return Envelope::error(error),
+            Err(_) => {
+                return Envelope::error(ToolError::new(
+                    ErrorCode::Timeout,
+                    format!(
+                        "the plan of `{}` for its approval did not come within {} ms",
+                        tool.name(),
+                        limit.as_millis()
+                    ),
+                ));
+            }
+        };
+        let plan_value = serde_json::from_str::<Value>(plan.get()).unwrap_or(Value::Null);
+        let request = ApprovalRequest {
+            ticket: approval_ticket_id(key),
+            tool: tool.name().to_owned(),
+            args,
+            plan: plan_value,
+            ctx: ctx.clone(),
+            answered_by,
+        };
+        match self.fleet.request_approval(request).await {
+            Ok(Approval::Pending(ticket)) => Envelope::Suspended {
+                ticket,
+                question: format!(
+                    "Approve this commit of `{}`? It runs once approved.",
+                    tool.name()
+                ),
+                options: vec!["approve".to_owned(), "reject".to_owned()],
+                plan: Some(plan),
+            },
+            Ok(Approval::Settled(envelope)) => with_call_id(envelope, &ctx.call_id),
+            Err(error) => Envelope::error(error),
+        }
+    }
+
+    /// Runs the commit of an approved command: what its approval ticket
+    /// holds (`args`, the confirm token among them, and the caller's
+    /// `ctx`), through the commit log as any commit, so it runs at most
+    /// once per token. The token must be one this runtime issued for
+    /// these arguments; it may have expired while the approval waited.
+    pub async fn commit_approved(&self, tool: &str, args: Value, ctx: &CallCtx) -> Envelope {
+        let Some(tool) = self.registry().get(tool).cloned() else {
+            return Envelope::error(self.registry().unknown(tool));
+        };
+        if tool.shape() != Shape::Command {
+            return Envelope::error(ToolError::invalid_arguments(format!(
+                "`{}` is not a command, so it has no commit to approve",
+                tool.name()
+            )));
+        }
+        let Some(token) = args.get("confirm_token").and_then(Value::as_str) else {
+            return Envelope::error(ToolError::invalid_arguments(
+                "the approved commit carries no confirm_token",
+            ));
+        };
+        let binding = Binding {
+            tenant: ctx.tenant(),
+            user: ctx.user(),
+            tool: tool.name(),
+            args: &args,
+        };
+        // Checked as issued; its expiry may have passed while people decided.
+        let expires_at = match self.signer.verify(token, &binding, 0) {
+            Ok(exp) => exp.max(unix_now()),
+            Err(error) => return Envelope::error(error),
+        };
         let (key, token) = (commit_key(ctx.tenant(), token), token.to_owned());
+        self.commit(&tool, args.clone(), ctx, key, token, expires_at)
+            .await
+    }
+
+    /// The commit of `token` (keyed `key` in the commit log), at most once.
+    async fn commit(
+        &self,
+        tool: &Tool,
+        args: Value,
+        ctx: &CallCtx,
+        key: String,
+        token: String,
+        expires_at: u64,
+    ) -> Envelope {
         let limit = tool
             .middleware()
             .timeout
@@ -367,7 +503,7 @@ impl Runtime {
             keep_until_unix,
             log: self.commit_log.clone(),
         };
-        let executor = run_executor(tool, call.args, ctx.clone().with_idempotency_key(token));
+        let executor = run_executor(tool, args, ctx.clone().with_idempotency_key(token));
         // The task owns the commit: a caller that goes away stops awaiting
         // it, never the tool's run or the record of its outcome.
         match tokio::spawn(commit.run(executor)).await {
@@ -442,12 +578,14 @@ impl Runtime {
             args: call.args,
             ctx: ctx.clone(),
             answered_by: tool.declaration().answered_by.clone(),
+            expires_in: tool.declaration().expires_in,
         };
         match self.fleet.open_ticket(request).await {
             Ok(ticket) => Envelope::Suspended {
                 ticket,
                 question,
                 options,
+                plan: None,
             },
             Err(error) => Envelope::error(error),
         }

@@ -255,6 +255,9 @@ pub struct CallCtx {
     /// The span of the trace this call belongs to (W3C trace context): the
     /// job it makes continues the trace under it. `None`: a job starts one.
     pub trace: Option<crate::TraceContext>,
+    /// Set by a run's loop for a command its assistant names in `approve`:
+    /// its commit waits for this approval, whatever the tool declares.
+    pub approval: Option<AnsweredBy>,
 }
 
 /// Something a running call tells its caller before its result.
@@ -374,6 +377,7 @@ impl CallCtx {
             lineage: None,
             events: None,
             trace: None,
+            approval: None,
         }
     }
 
@@ -560,6 +564,10 @@ pub struct ToolDecl {
     pub long_poll: Option<String>,
     /// Human tools: who may answer their tickets.
     pub answered_by: AnsweredBy,
+    /// Command tools: whose approval every commit waits for; `None`: none.
+    pub approval: Option<AnsweredBy>,
+    /// Human tools: how long a ticket stays open before it expires; `None`: never.
+    pub expires_in: Option<std::time::Duration>,
 }
 
 impl fmt::Debug for ToolDecl {
@@ -593,6 +601,8 @@ impl ToolDecl {
             content_blocks: false,
             long_poll: None,
             answered_by: AnsweredBy::Caller,
+            approval: None,
+            expires_in: None,
         }
     }
 
@@ -624,6 +634,18 @@ impl ToolDecl {
     /// Human tools: who may answer their tickets (the caller by default).
     pub fn answered_by(mut self, who: AnsweredBy) -> Self {
         self.answered_by = who;
+        self
+    }
+
+    /// Makes every commit of this command wait for `who`'s approval.
+    pub fn approval(mut self, who: AnsweredBy) -> Self {
+        self.approval = Some(who);
+        self
+    }
+
+    /// Makes this human tool's tickets expire unanswered after `after`.
+    pub fn expires_in(mut self, after: std::time::Duration) -> Self {
+        self.expires_in = Some(after);
         self
     }
 

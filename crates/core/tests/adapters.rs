@@ -14,8 +14,8 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 use toolfleet_core::adapters::{self, Format, ProviderCall};
 use toolfleet_core::{
-    CallCtx, Envelope, ErrorCode, Fleet, JobRequest, Principal, Runtime, TicketRequest, Tool,
-    ToolDecl, ToolError,
+    Approval, ApprovalRequest, CallCtx, Envelope, ErrorCode, Fleet, JobRequest, Principal, Runtime,
+    TicketRequest, Tool, ToolDecl, ToolError,
 };
 
 type Boxed<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -29,6 +29,12 @@ impl Fleet for FixedFleet {
     }
     fn open_ticket<'a>(&'a self, _ticket: TicketRequest) -> Boxed<'a, Result<String, ToolError>> {
         Box::pin(async { Ok("t-1".to_owned()) })
+    }
+    fn request_approval<'a>(
+        &'a self,
+        approval: ApprovalRequest,
+    ) -> Boxed<'a, Result<Approval, ToolError>> {
+        Box::pin(async move { Ok(Approval::Pending(approval.ticket)) })
     }
 }
 

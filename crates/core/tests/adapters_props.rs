@@ -12,7 +12,8 @@ use proptest::test_runner::{Config, TestRunner};
 use serde_json::{Map, Value, json};
 use toolfleet_core::adapters::{self, Format};
 use toolfleet_core::{
-    CallCtx, Envelope, Fleet, JobRequest, Principal, Runtime, TicketRequest, ToolDecl, ToolError,
+    Approval, ApprovalRequest, CallCtx, Envelope, Fleet, JobRequest, Principal, Runtime,
+    TicketRequest, ToolDecl, ToolError,
 };
 
 type Boxed<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -25,6 +26,12 @@ impl Fleet for FixedFleet {
     }
     fn open_ticket<'a>(&'a self, _ticket: TicketRequest) -> Boxed<'a, Result<String, ToolError>> {
         Box::pin(async { Ok("t-1".to_owned()) })
+    }
+    fn request_approval<'a>(
+        &'a self,
+        approval: ApprovalRequest,
+    ) -> Boxed<'a, Result<Approval, ToolError>> {
+        Box::pin(async move { Ok(Approval::Pending(approval.ticket)) })
     }
 }
 

@@ -839,6 +839,7 @@ async fn jobs_and_humans_hand_off_to_the_fleet() {
         ticket,
         question,
         options,
+        ..
     } = asked
     else {
         panic!()

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use reqwest::Client;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
-use toolfleet_core::config::{AgentSpec, ConfigError, ExecutorSpec, parse_tools};
+use toolfleet_core::config::{AgentRef, AgentSpec, ConfigError, ExecutorSpec, parse_tools};
 use toolfleet_core::{Executor, ToolDecl};
 
 use crate::http::RESERVED_HEADERS;
@@ -100,7 +100,10 @@ impl Binder {
                     .with_max_output_bytes(self.max_result_bytes);
                 Ok(Arc::new(executor))
             }
-            ExecutorSpec::Agent(spec) => match &self.agents {
+            ExecutorSpec::Agent(AgentRef::Named(name)) => Err(format!(
+                "the agent executor names the assistant `{name}`, which was not resolved to its [[agents]] declaration"
+            )),
+            ExecutorSpec::Agent(AgentRef::Inline(spec)) => match &self.agents {
                 Some(agents) => agents.bind(tool, spec),
                 None => {
                     Err("agent executors need the agent runtime, which this process lacks".into())

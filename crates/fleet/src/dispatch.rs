@@ -14,11 +14,12 @@ use tokio::sync::mpsc;
 use toolfleet_broker::{Broker, Notices};
 use toolfleet_core::shapes::command::{COMMIT_WAIT, Claim, ClaimTerms, CommitLog};
 use toolfleet_core::{
-    AuditRecord, AuditSink, Envelope, ErrorCode, Fleet, JobRequest, Metrics, TicketRequest,
-    ToolError, now_ms,
+    Approval, ApprovalRequest, AuditRecord, AuditSink, Envelope, ErrorCode, Fleet, JobRequest,
+    Metrics, TicketRequest, ToolError, now_ms,
 };
 use toolfleet_store::{
     ClaimCommit, CommitClaim, Inserted, NewJob, NewTicket, Store, StoreError, TicketKind,
+    TicketRecord,
 };
 
 use crate::announcer::Announcer;
@@ -178,12 +179,67 @@ impl Fleet for Dispatcher {
                 kind: TicketKind::Question,
                 plan: None,
                 scopes: ctx.principal.scopes.iter().cloned().collect(),
-                expires_at: None,
+                expires_at: ticket
+                    .expires_in
+                    .map(|after| now_ms().saturating_add(millis(after))),
                 now: now_ms(),
             };
             let record = self.store.insert_ticket(new).await.map_err(store_error)?;
             self.announcer.announce(ticket_event(&record));
             Ok(record.id)
+        })
+    }
+
+    fn request_approval<'a>(
+        &'a self,
+        approval: ApprovalRequest,
+    ) -> BoxFuture<'a, Result<Approval, ToolError>> {
+        Box::pin(async move {
+            let ctx = &approval.ctx;
+            let tenant = ctx.principal.tenant.clone();
+            let standing = |record: &TicketRecord| match &record.outcome {
+                Some(outcome) => Approval::Settled(outcome.clone()),
+                None if record.expired_at.is_some() => {
+                    Approval::Settled(Envelope::error(crate::runs::expired(&record.id)))
+                }
+                None => Approval::Pending(record.id.clone()),
+            };
+            let found = self.store.ticket(&tenant, &approval.ticket).await;
+            if let Some(record) = found.map_err(store_error)? {
+                return Ok(standing(&record));
+            }
+            let new = NewTicket {
+                id: approval.ticket.clone(),
+                tenant: tenant.clone(),
+                user: ctx.principal.user.clone(),
+                tool: approval.tool.clone(),
+                question: format!(
+                    "Approve this commit of `{}`? It runs once approved.",
+                    approval.tool
+                ),
+                options: vec!["approve".to_owned(), "reject".to_owned()],
+                args: approval.args,
+                run_id: ctx.run_id.clone(),
+                call_id: ctx.call_id.clone(),
+                callback_url: ctx.callback_url.clone(),
+                answered_by: approval.answered_by,
+                kind: TicketKind::Approval,
+                plan: Some(approval.plan),
+                scopes: ctx.principal.scopes.iter().cloned().collect(),
+                expires_at: None,
+                now: now_ms(),
+            };
+            match self.store.insert_ticket(new).await {
+                Ok(record) => {
+                    self.announcer.announce(ticket_event(&record));
+                    Ok(Approval::Pending(record.id))
+                }
+                // Opened by another commit of the same token meanwhile.
+                Err(error) => match self.store.ticket(&tenant, &approval.ticket).await {
+                    Ok(Some(record)) => Ok(standing(&record)),
+                    _ => Err(store_error(error)),
+                },
+            }
         })
     }
 }

@@ -41,9 +41,9 @@ pub fn ticket_event(ticket: &TicketRecord) -> Event {
     }
 }
 
-/// `answered` once a ticket has its answer, else `open`.
+/// `answered` once a ticket has its answer (or expired), else `open`.
 fn ticket_state(ticket: &TicketRecord) -> EventState {
-    EventState::Ticket(if ticket.answer.is_some() {
+    EventState::Ticket(if !ticket.is_open() {
         TicketState::Answered
     } else {
         TicketState::Open
@@ -57,11 +57,15 @@ pub fn ticket_view(ticket: &TicketRecord) -> serde_json::Value {
         "tool": ticket.tool,
         "question": ticket.question,
         "options": ticket.options,
-        "state": ticket_state(ticket).as_str(),
+        "state": if ticket.expired_at.is_some() { "expired" } else { ticket_state(ticket).as_str() },
+        "kind": ticket.kind.as_str(),
+        "plan": ticket.plan,
         "answer": ticket.answer,
+        "outcome": ticket.outcome,
         "answered_by": ticket.answered_by,
         "run_id": ticket.run_id,
         "created_at": ticket.created_at,
         "answered_at": ticket.answered_at,
+        "expires_at": ticket.expires_at,
     })
 }

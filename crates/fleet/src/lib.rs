@@ -16,6 +16,7 @@ pub mod announcer;
 pub mod backends;
 pub mod dispatch;
 pub mod events;
+pub mod runs;
 pub mod sweeper;
 pub mod tickets;
 

@@ -10,9 +10,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
-use toolfleet_broker::Broker;
-use toolfleet_core::{JobState, now_ms};
+use toolfleet_broker::{Broker, Notices};
+use toolfleet_core::{JobState, Runtime, now_ms};
 use toolfleet_store::Store;
+
+use crate::runs::{recover_loops, resume_stale};
+use crate::tickets::{Deciding, sweep_tickets};
 
 /// Publishes every job the store says should run now: at start (the
 /// in-process queue is empty after a restart) and then periodically, for
@@ -46,6 +49,63 @@ pub async fn sweep(
             "{error} ({published} of the due jobs were published)"
         )),
         None => Ok(published),
+    }
+}
+
+/// What the sweeper of people's tickets and waiting runs works on.
+pub struct People {
+    /// Tickets and runs.
+    pub store: Arc<dyn Store>,
+    /// Where woken jobs and runs' loops are published.
+    pub broker: Arc<dyn Broker>,
+    /// Where settled tickets and resumed runs are announced.
+    pub notices: Arc<dyn Notices>,
+    /// Runs the commits of approvals a stopped process left decided.
+    pub runtime: Arc<Runtime>,
+}
+
+/// How long a decided ticket may go without its outcome before the sweeper
+/// settles it (the deciding dispatcher stopped between the two).
+const UNSETTLED_AFTER_MS: i64 = 30_000;
+/// How long an assistant's run may go unwritten while running before the
+/// sweeper looks whether its loop's job is alive.
+const LOOP_QUIET_MS: i64 = 30_000;
+/// How long a run may wait before the sweeper looks whether its wait holds
+/// (a wake a crash missed).
+const WAITING_AFTER_MS: i64 = 5_000;
+
+/// Every `period` until `shutdown`: expires tickets past their time,
+/// settles decided ones a stopped process left, and resumes waiting runs
+/// whose wait holds. Several dispatchers may run it: each change is a
+/// compare-and-set one of them wins.
+pub async fn run_people_sweeper(
+    people: People,
+    period: Duration,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(period) => {}
+            _ = shutdown.changed() => return,
+        }
+        let on = Deciding {
+            store: people.store.as_ref(),
+            broker: people.broker.as_ref(),
+            notices: people.notices.as_ref(),
+            runtime: &people.runtime,
+        };
+        let now = now_ms();
+        if let Err(error) = sweep_tickets(&on, now - UNSETTLED_AFTER_MS, 100).await {
+            tracing::warn!(%error, "sweeping tickets failed");
+        }
+        let (store, broker, notices) = (on.store, on.broker, on.notices);
+        if let Err(error) = resume_stale(store, broker, notices, now - WAITING_AFTER_MS, 100).await
+        {
+            tracing::warn!(%error, "sweeping waiting runs failed");
+        }
+        if let Err(error) = recover_loops(store, broker, notices, now - LOOP_QUIET_MS, 100).await {
+            tracing::warn!(%error, "sweeping running runs failed");
+        }
     }
 }
 

@@ -714,6 +714,7 @@ impl ServerHandler for ToolServer {
                     ticket,
                     question,
                     options,
+                    ..
                 },
             ) if capabilities
                 .as_ref()

@@ -15,6 +15,7 @@ pub mod http;
 mod mcp;
 mod metrics;
 mod routes;
+mod runs;
 mod status;
 #[cfg(test)]
 mod testing;
@@ -31,6 +32,7 @@ pub use auth::{Auth, token_sha256};
 pub use mcp::McpJobs;
 pub use metrics::{Ops, ops_router};
 pub use routes::router;
+pub use runs::RunSettings;
 pub use status::{Status, status_tools};
 pub use toolfleet_fleet::{Dispatcher, StoreAuditSink, StoreCommitLog};
 
@@ -115,6 +117,8 @@ pub struct AppState {
     /// `/metrics` is served beside the API (false where the process serves
     /// it on a port of its own, `metrics_listen`).
     pub metrics_on_api: bool,
+    /// The declared assistants runs may name, and the bound of a checkpoint.
+    pub runs: runs::RunSettings,
 }
 
 impl AppState {

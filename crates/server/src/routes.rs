@@ -46,8 +46,17 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/jobs", get(list_jobs))
         .route("/v1/jobs/{id}", get(read_job))
         .route("/v1/jobs/{id}/cancel", post(cancel))
+        .route("/v1/tickets", get(crate::runs::inbox))
         .route("/v1/tickets/{id}", get(read_ticket))
         .route("/v1/tickets/{id}/answer", post(answer_ticket))
+        .route("/v1/tickets/{id}/approve", post(crate::runs::approve))
+        .route("/v1/tickets/{id}/reject", post(crate::runs::reject))
+        .route("/v1/runs", post(crate::runs::start).get(crate::runs::list))
+        .route("/v1/runs/{id}", get(crate::runs::read))
+        .route("/v1/runs/{id}/messages", post(crate::runs::message))
+        .route("/v1/runs/{id}/wait", post(crate::runs::wait))
+        .route("/v1/runs/{id}/cancel", post(crate::runs::cancel))
+        .route("/v1/runs/{id}/events", get(crate::runs::events))
         .route("/v1/events", get(events))
         .route("/healthz", get(|| async { health_response() }))
         .route(
@@ -67,7 +76,7 @@ pub fn router(state: AppState) -> Router {
 }
 
 /// An envelope as an HTTP answer. `unavailable` is a 503 with `Retry-After`.
-fn reply(envelope: &Envelope) -> Response {
+pub(crate) fn reply(envelope: &Envelope) -> Response {
     let status = match envelope.error_code() {
         Some(ErrorCode::Unavailable) => StatusCode::SERVICE_UNAVAILABLE,
         _ => StatusCode::OK,
@@ -94,11 +103,11 @@ fn with_status(status: StatusCode, envelope: &Envelope) -> Response {
     response
 }
 
-fn reply_error(status: StatusCode, error: ToolError) -> Response {
+pub(crate) fn reply_error(status: StatusCode, error: ToolError) -> Response {
     with_status(status, &Envelope::error(error))
 }
 
-fn bad_request(message: impl Into<String>) -> Response {
+pub(crate) fn bad_request(message: impl Into<String>) -> Response {
     reply_error(
         StatusCode::BAD_REQUEST,
         ToolError::new(ErrorCode::BadRequest, message),
@@ -106,7 +115,7 @@ fn bad_request(message: impl Into<String>) -> Response {
 }
 
 /// A request refused before it reached a tool.
-struct Refusal {
+pub(crate) struct Refusal {
     status: StatusCode,
     error: Box<ToolError>,
 }
@@ -133,7 +142,7 @@ impl IntoResponse for Refusal {
 }
 
 /// The authenticated caller of a route: the bearer token's principal.
-struct Caller(Arc<Principal>);
+pub(crate) struct Caller(pub(crate) Arc<Principal>);
 
 impl FromRequestParts<AppState> for Caller {
     type Rejection = Refusal;
@@ -160,7 +169,7 @@ impl FromRequestParts<AppState> for Caller {
 /// Reads a JSON body of at most `limits.max_body` bytes. A larger body is
 /// read on (and dropped) up to a further bound, so the client reads the 413
 /// instead of a reset connection.
-async fn read_json<T: serde::de::DeserializeOwned>(
+pub(crate) async fn read_json<T: serde::de::DeserializeOwned>(
     state: &AppState,
     body: Body,
 ) -> Result<T, Refusal> {
@@ -426,7 +435,7 @@ async fn list_jobs(
     }
 }
 
-fn ticket_missing(id: &str) -> Envelope {
+pub(crate) fn ticket_missing(id: &str) -> Envelope {
     Envelope::error(ToolError::not_found(format!(
         "no ticket `{}` for this caller",
         toolfleet_core::registry::truncate(id, 64)

@@ -25,7 +25,7 @@ use hmac::{Hmac, KeyInit, Mac};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use tokio::sync::watch;
-use toolfleet_broker::{Event, EventKind, EventState, Notices, TicketState};
+use toolfleet_broker::{Event, EventKind, EventState, Notices, RunNotice, TicketState};
 use toolfleet_core::Metrics;
 use toolfleet_store::{ClaimNotice, SettleNotice, Store, StoreError};
 
@@ -116,6 +116,14 @@ async fn callback_of(store: &dyn Store, event: &Event) -> Option<String> {
                 .flatten()?
                 .callback_url
         }
+        (EventKind::Run, EventState::Run(notice)) if notice != RunNotice::Step => {
+            store
+                .run(&event.tenant, &event.id)
+                .await
+                .ok()
+                .flatten()?
+                .callback_url
+        }
         _ => None,
     }
 }
@@ -127,13 +135,21 @@ pub fn notice_body(event: &Event) -> Value {
         Value::Object(map) => Value::Object(map.clone()),
         other => json!({ "body": other }),
     };
-    body["event"] = json!(format!("{}.{}", event.kind, event.state));
+    body["event"] = match event.state {
+        EventState::Run(notice) => json!(format!("run.{}", notice.name())),
+        state => json!(format!("{}.{}", event.kind, state)),
+    };
     body["run_id"] = json!(event.run_id);
     body["tenant"] = json!(event.tenant);
-    if event.kind == EventKind::Ticket {
-        body["ticket"] = json!(event.id);
-    } else {
-        body["job_id"] = json!(event.id);
+    match event.kind {
+        EventKind::Ticket => body["ticket"] = json!(event.id),
+        EventKind::Job => body["job_id"] = json!(event.id),
+        // A run's entries are for its event stream; the notice is the run.
+        EventKind::Run => {
+            if let Some(map) = body.as_object_mut() {
+                map.remove("entries");
+            }
+        }
     }
     body
 }
@@ -370,8 +386,18 @@ impl Sender {
     /// `url` in a task of its own, recording the outcome. False when the
     /// store's notices could not be asked (the notice is sent all the same).
     async fn notify(&self, event: &Event, url: String) -> bool {
-        // Every dispatcher hears every event; the first to claim the notice sends it.
-        let claim = format!("webhook:{}:{}:{}", event.kind, event.id, event.state);
+        // Every dispatcher hears every event; the first to claim the notice
+        // sends it. A run waits and resumes many times: each of its
+        // versions has a notice of its own.
+        let claim = match event.kind {
+            EventKind::Run => format!(
+                "webhook:run:{}:{}:{}",
+                event.id,
+                event.state,
+                event.body["version"].as_i64().unwrap_or(0)
+            ),
+            _ => format!("webhook:{}:{}:{}", event.kind, event.id, event.state),
+        };
         // A claim abandoned by a dispatcher that stopped is taken over: a
         // notice may be sent twice, never lost for that.
         let now = now_ms();

@@ -33,6 +33,7 @@ use toolfleet_broker::{Broker, Delivery, EventState, Notices, Subscription};
 use toolfleet_core::lifecycle::{self, Transition};
 use toolfleet_core::metrics::{Gauge, PoolGauges};
 use toolfleet_core::middleware::redact_json;
+use toolfleet_fleet::runs::{is_run_id, wake_runs};
 use toolfleet_fleet::{Announcer, job_event};
 
 use toolfleet_core::{
@@ -451,12 +452,8 @@ impl Worker {
         trace: TraceContext,
         cancelled: &Notify,
     ) -> Outcome {
-        let Some(tool) = self.runtime.registry().get(&job.tool).cloned() else {
-            return Outcome::Done(Err(ToolError::failed(
-                format!("no tool `{}` is registered on this worker", job.tool),
-                false,
-            )));
-        };
+        let tool = self.runtime.registry().get(&job.tool).cloned();
+        let internal = self.runtime.internal(&job.tool).cloned();
         // The caller's scopes: what the job calls is authorised as they would be.
         let principal = Arc::new(Principal::new(&job.tenant, &job.user, job.scopes.clone()));
         let ctx = CallCtx {
@@ -473,14 +470,24 @@ impl Worker {
             events: None,
             // The jobs it makes (an agent's) continue the trace under this attempt.
             trace: Some(trace),
+            approval: None,
         };
         let budget = Duration::from_millis(job.timeout_ms.max(1) as u64);
         // The result is stored as every reader gets it (get_job, the job
         // list, events, webhooks, MCP tasks): with the tool's redacted
         // fields masked.
         let run = async {
-            let result = self.runtime.execute(&tool, job.args.clone(), ctx).await;
-            result.map(|result| redact_json(result, &tool.middleware().redact))
+            match (&tool, &internal) {
+                (Some(tool), _) => {
+                    let result = self.runtime.execute(tool, job.args.clone(), ctx).await;
+                    result.map(|result| redact_json(result, &tool.middleware().redact))
+                }
+                (None, Some(executor)) => executor.execute(ctx, job.args.clone()).await,
+                (None, None) => Err(ToolError::failed(
+                    format!("no tool `{}` is registered on this worker", job.tool),
+                    false,
+                )),
+            }
         };
         let outcome = tokio::select! {
             result = tokio::time::timeout(budget, run) => Outcome::Done(result.unwrap_or_else(|_| Err(ToolError::new(
@@ -597,6 +604,11 @@ impl Worker {
                 let tool = self.runtime.tool_label(&job.tool);
                 self.runtime.metrics().job_state(tool, job.state);
                 self.announce(&job).await;
+                if job.state.is_settled() && is_run_id(&job.run_id) {
+                    // A run may wait on it.
+                    let (store, broker) = (self.store.as_ref(), self.broker.as_ref());
+                    wake_runs(store, broker, self.notices.as_ref(), &job.id).await;
+                }
                 Handled::Ran(job.state)
             }
             // Someone else holds it now (our lease expired meanwhile).

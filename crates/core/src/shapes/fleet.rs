@@ -48,6 +48,49 @@ pub struct TicketRequest {
     pub ctx: CallCtx,
     /// Who may answer it, as its tool declares.
     pub answered_by: crate::AnsweredBy,
+    /// How long it stays open before it expires; `None`: never.
+    pub expires_in: Option<std::time::Duration>,
+}
+
+/// A command's commit waiting for a person's approval.
+#[derive(Debug, Clone)]
+pub struct ApprovalRequest {
+    /// The ticket's id, the same for every commit of one confirm token
+    /// ([`approval_ticket_id`]).
+    pub ticket: String,
+    /// The command tool.
+    pub tool: String,
+    /// The commit's arguments, its confirm token included: what runs once approved.
+    pub args: Value,
+    /// What its dry run answers: the plan the person approves.
+    pub plan: Value,
+    /// Principal, run id and call id of the commit.
+    pub ctx: CallCtx,
+    /// Who may approve it.
+    pub answered_by: crate::AnsweredBy,
+}
+
+/// Where an approval stands.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Approval {
+    /// Nobody decided yet, or the approved commit still runs: its ticket.
+    Pending(String),
+    /// Decided and done: the commit's outcome, or `rejected` or `expired`.
+    Settled(crate::Envelope),
+}
+
+/// The id of the approval ticket of the commit keyed `commit_key`: `t_`
+/// and a UUID made of a SHA-256 of the key, so every commit of one confirm
+/// token waits on one ticket.
+pub fn approval_ticket_id(commit_key: &str) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(format!("approval:{commit_key}").as_bytes());
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&digest[..16]);
+    format!(
+        "t_{}",
+        uuid::Builder::from_custom_bytes(bytes).into_uuid().simple()
+    )
 }
 
 /// Accepts jobs and tickets.
@@ -59,12 +102,34 @@ pub trait Fleet: Send + Sync + 'static {
     /// Records a ticket; answers its id.
     fn open_ticket<'a>(&'a self, ticket: TicketRequest)
     -> BoxFuture<'a, Result<String, ToolError>>;
+    /// Records the approval ticket of a commit, or finds it recorded
+    /// already (the same ticket id), and answers where it stands.
+    fn request_approval<'a>(
+        &'a self,
+        approval: ApprovalRequest,
+    ) -> BoxFuture<'a, Result<Approval, ToolError>>;
 }
 
 /// A runtime with no fleet: enqueued shapes answer `unavailable`.
 pub struct NoFleet;
 
 impl Fleet for NoFleet {
+    fn request_approval<'a>(
+        &'a self,
+        approval: ApprovalRequest,
+    ) -> BoxFuture<'a, Result<Approval, ToolError>> {
+        Box::pin(async move {
+            Err(ToolError::new(
+                ErrorCode::Unavailable,
+                format!(
+                    "`{}` needs approval, which needs an inbox for tickets, and this runtime has none configured",
+                    approval.tool
+                ),
+            )
+            .retryable(false))
+        })
+    }
+
     fn submit<'a>(&'a self, job: JobRequest) -> BoxFuture<'a, Result<String, ToolError>> {
         Box::pin(async move {
             Err(ToolError::new(
@@ -112,6 +177,8 @@ struct Tables {
     /// (tenant, tool, idempotency key) -> job id
     keys: HashMap<(String, String, String), String>,
     tickets: Vec<(String, TicketRequest)>,
+    /// Approvals by ticket id; none is ever decided in memory.
+    approvals: HashMap<String, ApprovalRequest>,
 }
 
 /// Jobs and tickets in memory, with the idempotency rules of the contract.
@@ -134,6 +201,11 @@ impl MemoryFleet {
     /// Every ticket opened, with its id, oldest first.
     pub fn tickets(&self) -> Vec<(String, TicketRequest)> {
         self.lock().tickets.clone()
+    }
+
+    /// The approval waiting on ticket `id`, if requested.
+    pub fn approval(&self, id: &str) -> Option<ApprovalRequest> {
+        self.lock().approvals.get(id).cloned()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Tables> {
@@ -187,6 +259,17 @@ impl Fleet for MemoryFleet {
             let id = format!("t_{}", uuid::Uuid::now_v7().simple());
             self.lock().tickets.push((id.clone(), ticket));
             Ok(id)
+        })
+    }
+
+    fn request_approval<'a>(
+        &'a self,
+        approval: ApprovalRequest,
+    ) -> BoxFuture<'a, Result<Approval, ToolError>> {
+        Box::pin(async move {
+            let id = approval.ticket.clone();
+            self.lock().approvals.entry(id.clone()).or_insert(approval);
+            Ok(Approval::Pending(id))
         })
     }
 }
