@@ -714,7 +714,8 @@ impl ServerHandler for ToolServer {
                     ticket,
                     question,
                     options,
-                    ..
+                    // An approval is decided in the inbox, not answered here.
+                    plan: None,
                 },
             ) if capabilities
                 .as_ref()

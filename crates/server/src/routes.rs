@@ -291,6 +291,15 @@ async fn call(
             return bad_request(refusal.message());
         }
     }
+    // A call naming a run belongs to it: the run must be the caller's.
+    if let Some(run_id) = request
+        .run_id
+        .as_deref()
+        .filter(|id| toolfleet_fleet::runs::is_run_id(id))
+        && let Err(answer) = crate::runs::owned(&state, &principal, run_id).await
+    {
+        return reply(&answer);
+    }
     let mut ctx = CallCtx::new(principal);
     if let Some(run_id) = request.run_id {
         ctx.run_id = run_id;

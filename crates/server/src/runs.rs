@@ -67,7 +67,11 @@ fn owns(principal: &Principal, run: &RunRecord) -> bool {
 }
 
 /// The caller's run `id`, or the answer to give instead.
-async fn owned(state: &AppState, principal: &Principal, id: &str) -> Result<RunRecord, Envelope> {
+pub(crate) async fn owned(
+    state: &AppState,
+    principal: &Principal,
+    id: &str,
+) -> Result<RunRecord, Envelope> {
     match state.store.run(&principal.tenant, id).await {
         Ok(Some(run)) if owns(principal, &run) => Ok(run),
         Ok(_) => Err(run_missing(id)),
