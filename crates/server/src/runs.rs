@@ -507,11 +507,16 @@ pub(crate) async fn events(
         }
     };
     // What it is now, first: a client that connects late still learns it.
-    let first = run_event(
+    let transcript = run_view(&run, true)["transcript"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let mut first = run_event(
         &run,
         toolfleet_fleet::runs::notice_of(run.state),
-        Vec::new(),
+        transcript,
     );
+    first.body["from"] = json!(0);
     let stopping = state.stopping.clone();
     let start = (Some(first), subscription, false);
     let stream = futures_util::stream::unfold(start, move |(first, mut subscription, ended)| {
