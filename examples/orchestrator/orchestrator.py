@@ -285,6 +285,7 @@ class Orchestrator:
             # A late repeat of an earlier resume names other items.
             if covers(notice.get("resumed"), awaited):
                 resumed = notice["resumed"]
+                log(f"  heard run.resumed of {run_id} (version {notice.get('version')})")
         return restore(resumed)
 
 
