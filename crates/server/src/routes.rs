@@ -551,13 +551,19 @@ async fn answer_ticket_as(
         Ok(Some(Answered::Now(ticket))) => {
             Envelope::ok(Json::from(ticket_view(&ticket)), ticket.call_id.clone())
         }
-        Ok(Some(Answered::Already(ticket))) => Envelope::error(
-            ToolError::new(
-                ErrorCode::Conflict,
-                "this ticket was answered already; its first answer stands",
+        Ok(Some(Answered::Already(ticket))) => {
+            let why = if ticket.expired_at.is_some() {
+                format!(
+                    "ticket {} expired before anyone answered it and takes no answer now; ask again if it still matters",
+                    ticket.id
+                )
+            } else {
+                "this ticket was answered already; its first answer stands".to_owned()
+            };
+            Envelope::error(
+                ToolError::new(ErrorCode::Conflict, why).with_details(ticket_view(&ticket)),
             )
-            .with_details(ticket_view(&ticket)),
-        ),
+        }
         Ok(None) => ticket_missing(&ticket.id),
         Err(error) => Envelope::error(error),
     }
