@@ -110,6 +110,10 @@ struct Loop {
     /// When the run parked, while it waits.
     #[serde(default)]
     waiting_since: Option<i64>,
+    /// When the run answered, until the user's next message: that time is
+    /// the user's, not the run's.
+    #[serde(default)]
+    answered_at: Option<i64>,
     steps: u32,
     usage: Usage,
     turns: Vec<Turn>,
@@ -124,6 +128,7 @@ impl Loop {
             started_at: now_ms(),
             waited_ms: 0,
             waiting_since: None,
+            answered_at: None,
             steps: 0,
             usage: Usage::default(),
             turns: Vec::new(),
@@ -337,6 +342,12 @@ impl Pass {
             let waited = u64::try_from(now_ms().saturating_sub(since)).unwrap_or(0);
             self.state.waited_ms = self.state.waited_ms.saturating_add(waited);
             self.push(entry("resume", json!({"waited_ms": waited})));
+        }
+        // The user's next message after an answer: the time between is not
+        // wall time either.
+        if let Some(since) = self.state.answered_at.take() {
+            let idle = u64::try_from(now_ms().saturating_sub(since)).unwrap_or(0);
+            self.state.waited_ms = self.state.waited_ms.saturating_add(idle);
         }
         let inbox: Vec<String> = self
             .checkpoint
@@ -696,6 +707,9 @@ impl Pass {
             End::Parked => Ok(json!({"run_id": self.run.id, "state": "waiting"})),
             End::Gone => Ok(json!({"run_id": self.run.id, "state": "moved_on"})),
             End::Done(state, answer, error) => {
+                if state == RunState::Answered {
+                    self.state.answered_at = Some(now_ms());
+                }
                 let written = self
                     .write(state, None, answer.as_deref(), error.as_ref())
                     .await?;

@@ -1219,6 +1219,7 @@ async fn budgets_end_a_run_and_waiting_is_not_wall_time() {
         vec![
             calls(vec![ask("Travel or meals?")]),
             answer("Travel it is."),
+            answer("Still travel."),
         ],
     );
 
@@ -1255,6 +1256,31 @@ async fn budgets_end_a_run_and_waiting_is_not_wall_time() {
         "{done}"
     );
     assert!(done["usage"]["wall_ms"].as_u64().unwrap() < 2000, "{done}");
+    // Nor is the time before the user's next message.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let next = alice
+        .post(
+            &format!("/v1/runs/{run}/messages"),
+            json!({"content": "Sure?"}),
+        )
+        .await;
+    assert_eq!(next["status"], "ok", "{next}");
+    let sent = next["result"]["version"].clone();
+    let again = eventually(Duration::from_secs(30), || {
+        let alice = alice.clone();
+        let (run, sent) = (run.clone(), sent.clone());
+        async move {
+            let now = run_of(&alice, &run).await;
+            (now["state"] != "running" && now["version"] != sent).then_some(now)
+        }
+    })
+    .await;
+    assert_eq!(again["state"], "answered", "{again}");
+    assert_eq!(again["answer"], "Still travel.", "{again}");
+    assert!(
+        again["usage"]["wall_ms"].as_u64().unwrap() < 2000,
+        "{again}"
+    );
 }
 
 /// The ids of a run list.
