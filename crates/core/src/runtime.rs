@@ -237,10 +237,11 @@ impl Runtime {
         &self.services.metrics
     }
 
-    /// `name` as a metrics label: the name of a registered tool, else
-    /// `unknown`, so that no caller can grow the label set.
+    /// `name` as a metrics label: the name of a registered tool or of the
+    /// runtime's own job tool (`toolfleet.run`), else `unknown`, so that no
+    /// caller can grow the label set.
     pub fn tool_label<'a>(&self, name: &'a str) -> &'a str {
-        if self.registry.get(name).is_some() {
+        if self.registry.get(name).is_some() || self.internal.contains_key(name) {
             name
         } else {
             UNKNOWN_TOOL
