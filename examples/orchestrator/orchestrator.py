@@ -17,7 +17,8 @@ while the run waits, its checkpoint. The loop:
    wait for the callback's `run.resumed`: restore the messages from its
    checkpoint and append each awaited item's final envelope as the tool
    message of its call.
-5. Repeat until the model answers without tool calls; print `ANSWER: ...`
+5. Repeat until the model answers without tool calls; record the answer with
+   POST /v1/runs/{run}/answer and print `ANSWER: ...`
    as the last line and exit 0.
 
 Exit codes: 0 answered; 1 a request failed or toolfleet answered an error;
@@ -222,7 +223,13 @@ class Orchestrator:
                 reply = self.complete(messages, tools)
                 calls = reply.get("tool_calls") or []
                 if not calls:
-                    return reply.get("content") or ""
+                    answer = reply.get("content") or ""
+                    # The run records the answer: `answered`, run.answered to its callback.
+                    self.ok("POST", f"/v1/runs/{run_id}/answer", {
+                        "answer": answer,
+                        "checkpoint": {"messages": messages + [{"role": "assistant", "content": answer}], "pending": []},
+                    })
+                    return answer
                 messages.append({"role": "assistant", "content": reply.get("content"), "tool_calls": calls})
                 pending: list[dict[str, str]] = []
                 for call in calls:

@@ -379,7 +379,9 @@ async fn the_python_orchestrator_drives_its_run_through_a_wait_and_a_signed_resu
     assert!(!stderr.contains("no run.resumed reached"), "{stderr}");
 
     // The run's record: it waited, and resumed with both outcomes.
-    assert_eq!(run["state"], "running", "{run}");
+    // Answered at the end, with the answer the script printed.
+    assert_eq!(run["state"], "answered", "{run}");
+    assert_eq!(run["answer"], ANSWER, "{run}");
     assert!(
         run["version"].as_i64() > waiting["version"].as_i64(),
         "{run}"

@@ -1518,3 +1518,59 @@ async fn the_same_idempotency_key_starts_one_run_and_one_loop() {
     assert_eq!(run_ids(&listed), [first.as_str()], "{listed}");
     assert_eq!(run_of(&alice, &first).await["state"], "answered");
 }
+
+/// A run its caller drives records its caller's answer: `answered`, a
+/// second answer refused, a later wait continuing it; an assistant's run
+/// takes no caller's answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_the_caller_drives_records_its_answer_and_goes_on_after_it() {
+    let dir = TempDir::new("runs-answer");
+    let server = Server::start(&dir.0, &config_with(&dir.0, "", ""));
+    let alice = server.client(TOKEN);
+    let run = alice
+        .post("/v1/runs", json!({"checkpoint": {"step": 1}}))
+        .await;
+    let run = run["result"]["run_id"].as_str().unwrap().to_owned();
+    let answered = alice
+        .post(
+            &format!("/v1/runs/{run}/answer"),
+            json!({"answer": "All done.", "checkpoint": {"step": 2}}),
+        )
+        .await;
+    assert_eq!(answered["result"]["state"], "answered", "{answered}");
+    assert_eq!(answered["result"]["answer"], "All done.");
+    assert_eq!(answered["result"]["checkpoint"]["step"], 2);
+    let twice = alice
+        .post(
+            &format!("/v1/runs/{run}/answer"),
+            json!({"answer": "Again."}),
+        )
+        .await;
+    assert_eq!(twice["error"]["code"], "conflict", "{twice}");
+    assert_eq!(run_of(&alice, &run).await["answer"], "All done.");
+    // The user asks again: the caller's loop goes on and waits.
+    let job = alice
+        .call("start_receipt_ocr", json!({"receipt_ids": ["rcpt-005"]}))
+        .await;
+    let waited = alice
+        .post(
+            &format!("/v1/runs/{run}/wait"),
+            json!({"jobs": [job["job_id"]], "checkpoint": {"step": 3}}),
+        )
+        .await;
+    assert_eq!(waited["status"], "ok", "{waited}");
+    let resumed = run_in(&alice, &run, "running").await;
+    assert_eq!(resumed["resumed"]["checkpoint"]["step"], 3, "{resumed}");
+    // An assistant's run answers for itself.
+    let theirs = alice
+        .post(
+            "/v1/runs",
+            json!({"agent": "expense_assistant", "input": "Hello."}),
+        )
+        .await;
+    let theirs = theirs["result"]["run_id"].as_str().unwrap().to_owned();
+    let refused = alice
+        .post(&format!("/v1/runs/{theirs}/answer"), json!({"answer": "x"}))
+        .await;
+    assert_eq!(refused["error"]["code"], "conflict", "{refused}");
+}

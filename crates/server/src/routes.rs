@@ -55,6 +55,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/runs/{id}", get(crate::runs::read))
         .route("/v1/runs/{id}/messages", post(crate::runs::message))
         .route("/v1/runs/{id}/wait", post(crate::runs::wait))
+        .route("/v1/runs/{id}/answer", post(crate::runs::answer))
         .route("/v1/runs/{id}/cancel", post(crate::runs::cancel))
         .route("/v1/runs/{id}/events", get(crate::runs::events))
         .route("/v1/events", get(events))

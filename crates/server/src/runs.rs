@@ -355,9 +355,9 @@ pub(crate) async fn wait(
             "run {id} is an assistant's: the runtime parks it on what it starts; only a run its caller drives is parked with /wait"
         )));
     }
-    if run.state != RunState::Running {
+    if !matches!(run.state, RunState::Running | RunState::Answered) {
         return reply(&conflict(format!(
-            "run {id} is {}: only a running run parks; a waiting one resumes first",
+            "run {id} is {}: only a running or answered run parks; a waiting one resumes first",
             run.state
         )));
     }
@@ -390,7 +390,12 @@ pub(crate) async fn wait(
         version: Some(run.version),
         checkpoint: request.checkpoint.as_ref(),
         wait: Some(&wait),
-        ..UpdateRun::new(&run.id, &[RunState::Running], RunState::Waiting, now_ms())
+        ..UpdateRun::new(
+            &run.id,
+            &[RunState::Running, RunState::Answered],
+            RunState::Waiting,
+            now_ms(),
+        )
     };
     let waiting = match state.store.update_run(update).await {
         Ok(Some(waiting)) => waiting,
@@ -422,6 +427,75 @@ pub(crate) async fn wait(
         Ok(Some(run)) => reply(&ok(run_view(&run, true))),
         _ => reply(&ok(run_view(&waiting, true))),
     }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct AnswerRunRequest {
+    answer: String,
+    checkpoint: Option<Value>,
+}
+
+/// `POST /v1/runs/{id}/answer`: the caller's loop answered; the run is
+/// `answered` (a later `/wait` continues it) and its callback hears
+/// `run.answered`.
+pub(crate) async fn answer(
+    State(state): State<AppState>,
+    Caller(principal): Caller,
+    Path(id): Path<String>,
+    body: Body,
+) -> Response {
+    let request: AnswerRunRequest = match read_json(&state, body).await {
+        Ok(r) => r,
+        Err(refusal) => return refusal.into_response(),
+    };
+    if request.answer.chars().count() > MESSAGE_CHARS {
+        return reply(&Envelope::error(ToolError::invalid_arguments(format!(
+            "`answer` is at most {MESSAGE_CHARS} characters"
+        ))));
+    }
+    if let Some(refused) = request
+        .checkpoint
+        .as_ref()
+        .and_then(|c| oversized(&state, c))
+    {
+        return reply(&refused);
+    }
+    let run = match owned(&state, &principal, &id).await {
+        Ok(run) => run,
+        Err(answer) => return reply(&answer),
+    };
+    if run.agent.is_some() || run.state != RunState::Running {
+        return reply(&conflict(format!(
+            "run {id} is {}{}: only a running run its caller drives takes its caller's answer",
+            run.state,
+            if run.agent.is_some() {
+                " and an assistant's"
+            } else {
+                ""
+            }
+        )));
+    }
+    let update = UpdateRun {
+        version: Some(run.version),
+        checkpoint: request.checkpoint.as_ref(),
+        answer: Some(&request.answer),
+        ..UpdateRun::new(&run.id, &[RunState::Running], RunState::Answered, now_ms())
+    };
+    let answered = match state.store.update_run(update).await {
+        Ok(Some(answered)) => answered,
+        Ok(None) => return reply(&conflict(format!("run {id} moved on; read it first"))),
+        Err(error) => return reply(&Envelope::error(store_error(error))),
+    };
+    let _ = state
+        .notices
+        .publish(&run_event(
+            &answered,
+            toolfleet_broker::RunNotice::Answered,
+            Vec::new(),
+        ))
+        .await;
+    reply(&ok(run_view(&answered, true)))
 }
 
 pub(crate) async fn cancel(
