@@ -19,10 +19,10 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::month::Month;
 use common::{Client, Server, TOKEN, TempDir, WEBHOOK_SECRET, config_with};
 use serde_json::{Value, json};
-use toolfleet_agent::model::Usage;
-use toolfleet_agent::testing::{CONFIRM_TOKEN, Scripted, ScriptedModel};
+use toolfleet_agent::testing::ScriptedModel;
 
 const ANSWER: &str = "Your September report is submitted: 62 lines, two of them travel.";
 
@@ -40,79 +40,13 @@ fn python_ready() -> bool {
     ready
 }
 
-fn usage() -> Usage {
-    Usage {
-        input_tokens: 300,
-        output_tokens: 30,
-    }
-}
-
-fn calls(calls: Vec<(&str, Value)>) -> Scripted {
-    Scripted::Calls {
-        calls: calls.into_iter().map(|(n, a)| (n.to_owned(), a)).collect(),
-        usage: usage(),
-    }
-}
-
 /// The worked example's script, from what the month holds: both pages,
 /// the OCR job and the question in one reply, the dry run, the commit.
 /// Answers the second page's cursor too.
 async fn script(model: &ScriptedModel, name: &str, alice: &Client) -> String {
-    let first = alice
-        .call("find_expenses", json!({"month": "2026-09"}))
-        .await;
-    let cursor = first["result"]["next_cursor"].as_str().unwrap().to_owned();
-    let second = alice
-        .call(
-            "find_expenses",
-            json!({"month": "2026-09", "cursor": cursor}),
-        )
-        .await;
-    let lines: Vec<Value> = [&first, &second]
-        .iter()
-        .flat_map(|p| p["result"]["lines"].as_array().unwrap().clone())
-        .collect();
-    let receipts: Vec<&str> = lines
-        .iter()
-        .filter(|l| l["amount_cents"].is_null())
-        .map(|l| l["receipt_id"].as_str().unwrap())
-        .collect();
-    let known: Vec<&str> = lines
-        .iter()
-        .filter(|l| !l["amount_cents"].is_null())
-        .map(|l| l["id"].as_str().unwrap())
-        .collect();
-    let submit =
-        json!({"line_ids": known, "categories": {"exp-020": "travel", "exp-040": "travel"}});
-    let mut dry = submit.clone();
-    dry["dry_run"] = json!(true);
-    let mut commit = submit;
-    commit["dry_run"] = json!(false);
-    commit["confirm_token"] = json!(CONFIRM_TOKEN);
-    model.script(
-        name,
-        vec![
-            calls(vec![("find_expenses", json!({"month": "2026-09"}))]),
-            calls(vec![(
-                "find_expenses",
-                json!({"month": "2026-09", "cursor": cursor}),
-            )]),
-            calls(vec![
-                ("start_receipt_ocr", json!({"receipt_ids": receipts})),
-                (
-                    "ask_user",
-                    json!({"question": "Are lines exp-020 and exp-040 travel or meals?", "options": ["travel", "meals"]}),
-                ),
-            ]),
-            calls(vec![("submit_report", dry)]),
-            calls(vec![("submit_report", commit)]),
-            Scripted::Answer {
-                text: ANSWER.into(),
-                usage: usage(),
-            },
-        ],
-    );
-    cursor
+    let month = Month::read(alice).await;
+    model.script(name, month.script(ANSWER));
+    month.cursor
 }
 
 /// The orchestrator as a child process, its stderr kept as it comes.

@@ -12,24 +12,10 @@ mod common;
 
 use std::time::Duration;
 
+use common::month::{Month, calls, usage};
 use common::{OTHER_TOKEN, Server, TOKEN, TempDir, config_with, eventually};
 use serde_json::{Value, json};
-use toolfleet_agent::model::Usage;
-use toolfleet_agent::testing::{CONFIRM_TOKEN, Scripted, ScriptedModel};
-
-fn usage() -> Usage {
-    Usage {
-        input_tokens: 300,
-        output_tokens: 30,
-    }
-}
-
-fn calls(calls: Vec<(&str, Value)>) -> Scripted {
-    Scripted::Calls {
-        calls: calls.into_iter().map(|(n, a)| (n.to_owned(), a)).collect(),
-        usage: usage(),
-    }
-}
+use toolfleet_agent::testing::{Scripted, ScriptedModel};
 
 /// The run as it stands.
 async fn run_of(client: &common::Client, run: &str) -> Value {
@@ -79,59 +65,10 @@ async fn the_worked_example_runs_as_a_parked_and_resumed_run_of_the_assistant() 
     let mut server = Server::start_role_env(&path, "serve", "toolfleet serving on ", &env);
     let alice = server.client(TOKEN);
 
-    // What the script needs to know of the month: the second page's cursor,
-    // the receipts without an amount, the lines with one.
-    let first = alice
-        .call("find_expenses", json!({"month": "2026-09"}))
-        .await;
-    let cursor = first["result"]["next_cursor"].as_str().unwrap().to_owned();
-    let second = alice
-        .call(
-            "find_expenses",
-            json!({"month": "2026-09", "cursor": cursor}),
-        )
-        .await;
-    let lines: Vec<Value> = [&first, &second]
-        .iter()
-        .flat_map(|p| p["result"]["lines"].as_array().unwrap().clone())
-        .collect();
-    let receipts: Vec<&str> = lines
-        .iter()
-        .filter(|l| l["amount_cents"].is_null())
-        .map(|l| l["receipt_id"].as_str().unwrap())
-        .collect();
-    let known: Vec<&str> = lines
-        .iter()
-        .filter(|l| !l["amount_cents"].is_null())
-        .map(|l| l["id"].as_str().unwrap())
-        .collect();
-    let submit =
-        json!({"line_ids": known, "categories": {"exp-020": "travel", "exp-040": "travel"}});
-    let mut dry = submit.clone();
-    dry["dry_run"] = json!(true);
-    let mut commit = submit.clone();
-    commit["dry_run"] = json!(false);
-    commit["confirm_token"] = json!(CONFIRM_TOKEN);
+    let month = Month::read(&alice).await;
     model.script(
         "llama3.1",
-        vec![
-            calls(vec![("find_expenses", json!({"month": "2026-09"}))]),
-            calls(vec![("find_expenses", json!({"month": "2026-09", "cursor": cursor}))]),
-            // Started together, awaited together.
-            calls(vec![
-                ("start_receipt_ocr", json!({"receipt_ids": receipts})),
-                (
-                    "ask_user",
-                    json!({"question": "Are lines exp-020 and exp-040 travel or meals?", "options": ["travel", "meals"]}),
-                ),
-            ]),
-            calls(vec![("submit_report", dry)]),
-            calls(vec![("submit_report", commit.clone())]),
-            Scripted::Answer {
-                text: "Your September report is submitted.".into(),
-                usage: usage(),
-            },
-        ],
+        month.script("Your September report is submitted."),
     );
 
     let started = alice
@@ -207,7 +144,11 @@ async fn the_worked_example_runs_as_a_parked_and_resumed_run_of_the_assistant() 
     .await;
     let ticket = alice.get(&format!("/v1/tickets/{approving}")).await;
     assert_eq!(ticket["result"]["kind"], "approval", "{ticket}");
-    assert_eq!(ticket["result"]["plan"]["lines"], known.len(), "{ticket}");
+    assert_eq!(
+        ticket["result"]["plan"]["lines"],
+        month.known.len(),
+        "{ticket}"
+    );
     let parked = run_in(&alice, &run, "waiting").await;
     assert_eq!(parked["wait"]["tickets"][0], approving.as_str());
     // Answering an approval as a question is refused, nothing changes.

@@ -14,24 +14,10 @@ mod common;
 
 use std::time::Duration;
 
+use common::month::Month;
 use common::{Server, SharedCleanup, TOKEN, TempDir, eventually, migrate, shared_fleet};
 use serde_json::{Value, json};
-use toolfleet_agent::model::Usage;
-use toolfleet_agent::testing::{CONFIRM_TOKEN, Scripted, ScriptedModel};
-
-fn usage() -> Usage {
-    Usage {
-        input_tokens: 300,
-        output_tokens: 30,
-    }
-}
-
-fn calls(calls: Vec<(&str, Value)>) -> Scripted {
-    Scripted::Calls {
-        calls: calls.into_iter().map(|(n, a)| (n.to_owned(), a)).collect(),
-        usage: usage(),
-    }
-}
+use toolfleet_agent::testing::ScriptedModel;
 
 /// The run as it stands.
 async fn run_of(client: &common::Client, run: &str) -> Value {
@@ -121,63 +107,13 @@ async fn the_worked_example_runs_across_two_dispatchers_and_two_workers_one_kill
     let (alice_a, alice_b) = (a.client(TOKEN), b.client(TOKEN));
     let http = alice_a.http.clone();
 
-    // What the script needs to know of the month: the second page's cursor,
-    // the receipts without an amount, the lines with one. Every process's
-    // book starts from the same seed, so these are every process's lines.
-    let first = alice_a
-        .call("find_expenses", json!({"month": "2026-09"}))
-        .await;
-    let cursor = first["result"]["next_cursor"].as_str().unwrap().to_owned();
-    let second = alice_a
-        .call(
-            "find_expenses",
-            json!({"month": "2026-09", "cursor": cursor}),
-        )
-        .await;
-    let lines: Vec<Value> = [&first, &second]
-        .iter()
-        .flat_map(|p| p["result"]["lines"].as_array().unwrap().clone())
-        .collect();
-    assert_eq!(lines.len(), 62);
-    let receipts: Vec<&str> = lines
-        .iter()
-        .filter(|l| l["amount_cents"].is_null())
-        .map(|l| l["receipt_id"].as_str().unwrap())
-        .collect();
-    // Only the lines with an amount: OCR fills in the others in the book of
-    // the process that ran it, and the commit runs in dispatcher B.
-    let known: Vec<&str> = lines
-        .iter()
-        .filter(|l| !l["amount_cents"].is_null())
-        .map(|l| l["id"].as_str().unwrap())
-        .collect();
-    let submit =
-        json!({"line_ids": known, "categories": {"exp-020": "travel", "exp-040": "travel"}});
-    let mut dry = submit.clone();
-    dry["dry_run"] = json!(true);
-    let mut commit = submit.clone();
-    commit["dry_run"] = json!(false);
-    commit["confirm_token"] = json!(CONFIRM_TOKEN);
+    // What the script needs to know of the month. Every process's book
+    // starts from the same seed, so these are every process's lines.
+    let month = Month::read(&alice_a).await;
+    assert_eq!(month.lines.len(), 62);
     model.script(
         "llama3.1",
-        vec![
-            calls(vec![("find_expenses", json!({"month": "2026-09"}))]),
-            calls(vec![("find_expenses", json!({"month": "2026-09", "cursor": cursor}))]),
-            // Started together, awaited together.
-            calls(vec![
-                ("start_receipt_ocr", json!({"receipt_ids": receipts})),
-                (
-                    "ask_user",
-                    json!({"question": "Are lines exp-020 and exp-040 travel or meals?", "options": ["travel", "meals"]}),
-                ),
-            ]),
-            calls(vec![("submit_report", dry)]),
-            calls(vec![("submit_report", commit.clone())]),
-            Scripted::Answer {
-                text: "Your September report is submitted.".into(),
-                usage: usage(),
-            },
-        ],
+        month.script("Your September report is submitted."),
     );
 
     // Started on A.
@@ -292,7 +228,11 @@ async fn the_worked_example_runs_across_two_dispatchers_and_two_workers_one_kill
     let ticket = alice_b.get(&format!("/v1/tickets/{approving}")).await;
     assert_eq!(ticket["result"]["kind"], "approval", "{ticket}");
     assert_eq!(ticket["result"]["run_id"], run.as_str(), "{ticket}");
-    assert_eq!(ticket["result"]["plan"]["lines"], known.len(), "{ticket}");
+    assert_eq!(
+        ticket["result"]["plan"]["lines"],
+        month.known.len(),
+        "{ticket}"
+    );
     let parked = run_in(&alice_a, &run, "waiting").await;
     assert_eq!(parked["wait"]["tickets"][0], approving.as_str(), "{parked}");
     assert!(
@@ -325,7 +265,7 @@ async fn the_worked_example_runs_across_two_dispatchers_and_two_workers_one_kill
     assert!(report.is_string(), "{approval}");
     assert_eq!(
         outcome["result"]["line_ids"].as_array().map(Vec::len),
-        Some(known.len()),
+        Some(month.known.len()),
         "{approval}"
     );
 

@@ -65,7 +65,8 @@ pub use registry::{RegistrationError, Registry, Tool};
 pub use runtime::{Runtime, RuntimeBuilder, RuntimeConfig};
 pub use shapes::command::{CommitLog, MemoryCommitLog};
 pub use shapes::fleet::{
-    Approval, ApprovalRequest, Fleet, JobRequest, MemoryFleet, TicketRequest, approval_ticket_id,
+    Approval, ApprovalRequest, Fleet, JobRequest, MemoryFleet, TicketRequest, approval_question,
+    approval_ticket_id,
 };
 pub use shapes::handle::{HandleStore, MemoryHandleStore};
 pub use tool::{

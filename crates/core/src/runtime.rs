@@ -26,7 +26,8 @@ use crate::shapes::command::{
     abandoned, commit_key, in_flight, is_commit, unix_now,
 };
 use crate::shapes::fleet::{
-    Approval, ApprovalRequest, Fleet, JobRequest, NoFleet, TicketRequest, approval_ticket_id,
+    Approval, ApprovalRequest, Fleet, JobRequest, NoFleet, TicketRequest, approval_question,
+    approval_ticket_id,
 };
 use crate::shapes::handle::{HandleAnswer, HandleStore, MemoryHandleStore, read_handle_tool};
 use crate::tool::{CallCtx, Shape, ToolDecl};
@@ -421,10 +422,7 @@ impl Runtime {
         match self.fleet.request_approval(request).await {
             Ok(Approval::Pending(ticket)) => Envelope::Suspended {
                 ticket,
-                question: format!(
-                    "Approve this commit of `{}`? It runs once approved.",
-                    tool.name()
-                ),
+                question: approval_question(tool.name()),
                 options: vec!["approve".to_owned(), "reject".to_owned()],
                 plan: Some(plan),
             },

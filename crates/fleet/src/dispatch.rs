@@ -15,7 +15,7 @@ use toolfleet_broker::{Broker, Notices};
 use toolfleet_core::shapes::command::{COMMIT_WAIT, Claim, ClaimTerms, CommitLog};
 use toolfleet_core::{
     Approval, ApprovalRequest, AuditRecord, AuditSink, Envelope, ErrorCode, Fleet, JobRequest,
-    Metrics, TicketRequest, ToolError, now_ms,
+    Metrics, TicketRequest, ToolError, approval_question, now_ms,
 };
 use toolfleet_store::{
     ClaimCommit, CommitClaim, Inserted, NewJob, NewTicket, Store, StoreError, TicketKind,
@@ -163,28 +163,12 @@ impl Fleet for Dispatcher {
         ticket: TicketRequest,
     ) -> BoxFuture<'a, Result<String, ToolError>> {
         Box::pin(async move {
-            let ctx = &ticket.ctx;
-            let new = NewTicket {
-                id: format!("t_{}", uuid::Uuid::now_v7().simple()),
-                tenant: ctx.principal.tenant.clone(),
-                user: ctx.principal.user.clone(),
-                tool: ticket.tool,
-                question: ticket.question,
-                options: ticket.options,
-                args: ticket.args,
-                run_id: ctx.run_id.clone(),
-                call_id: ctx.call_id.clone(),
-                callback_url: ctx.callback_url.clone(),
-                answered_by: ticket.answered_by,
-                kind: TicketKind::Question,
-                plan: None,
-                scopes: ctx.principal.scopes.iter().cloned().collect(),
-                expires_at: ticket
-                    .expires_in
-                    .map(|after| now_ms().saturating_add(millis(after))),
-                now: now_ms(),
-            };
-            let record = self.store.insert_ticket(new).await.map_err(store_error)?;
+            let id = format!("t_{}", uuid::Uuid::now_v7().simple());
+            let record = self
+                .store
+                .insert_ticket(new_ticket(id, ticket))
+                .await
+                .map_err(store_error)?;
             self.announcer.announce(ticket_event(&record));
             Ok(record.id)
         })
@@ -195,8 +179,8 @@ impl Fleet for Dispatcher {
         approval: ApprovalRequest,
     ) -> BoxFuture<'a, Result<Approval, ToolError>> {
         Box::pin(async move {
-            let ctx = &approval.ctx;
-            let tenant = ctx.principal.tenant.clone();
+            let tenant = approval.ctx.principal.tenant.clone();
+            let id = approval.ticket.clone();
             let standing = |record: &TicketRecord| match &record.outcome {
                 Some(outcome) => Approval::Settled(outcome.clone()),
                 None if record.expired_at.is_some() => {
@@ -204,30 +188,23 @@ impl Fleet for Dispatcher {
                 }
                 None => Approval::Pending(record.id.clone()),
             };
-            let found = self.store.ticket(&tenant, &approval.ticket).await;
+            let found = self.store.ticket(&tenant, &id).await;
             if let Some(record) = found.map_err(store_error)? {
                 return Ok(standing(&record));
             }
-            let new = NewTicket {
-                id: approval.ticket.clone(),
-                tenant: tenant.clone(),
-                user: ctx.principal.user.clone(),
-                tool: approval.tool.clone(),
-                question: format!(
-                    "Approve this commit of `{}`? It runs once approved.",
-                    approval.tool
-                ),
+            let question = TicketRequest {
+                question: approval_question(&approval.tool),
                 options: vec!["approve".to_owned(), "reject".to_owned()],
+                tool: approval.tool,
                 args: approval.args,
-                run_id: ctx.run_id.clone(),
-                call_id: ctx.call_id.clone(),
-                callback_url: ctx.callback_url.clone(),
+                ctx: approval.ctx,
                 answered_by: approval.answered_by,
+                expires_in: None,
+            };
+            let new = NewTicket {
                 kind: TicketKind::Approval,
                 plan: Some(approval.plan),
-                scopes: ctx.principal.scopes.iter().cloned().collect(),
-                expires_at: None,
-                now: now_ms(),
+                ..new_ticket(id.clone(), question)
             };
             match self.store.insert_ticket(new).await {
                 Ok(record) => {
@@ -235,12 +212,38 @@ impl Fleet for Dispatcher {
                     Ok(Approval::Pending(record.id))
                 }
                 // Opened by another commit of the same token meanwhile.
-                Err(error) => match self.store.ticket(&tenant, &approval.ticket).await {
+                Err(error) => match self.store.ticket(&tenant, &id).await {
                     Ok(Some(record)) => Ok(standing(&record)),
                     _ => Err(store_error(error)),
                 },
             }
         })
+    }
+}
+
+/// The question ticket `id` of `ticket`, as its caller opened it now.
+fn new_ticket(id: String, ticket: TicketRequest) -> NewTicket {
+    let ctx = &ticket.ctx;
+    let now = now_ms();
+    NewTicket {
+        id,
+        tenant: ctx.principal.tenant.clone(),
+        user: ctx.principal.user.clone(),
+        tool: ticket.tool,
+        question: ticket.question,
+        options: ticket.options,
+        args: ticket.args,
+        run_id: ctx.run_id.clone(),
+        call_id: ctx.call_id.clone(),
+        callback_url: ctx.callback_url.clone(),
+        answered_by: ticket.answered_by,
+        kind: TicketKind::Question,
+        plan: None,
+        scopes: ctx.principal.scopes.iter().cloned().collect(),
+        expires_at: ticket
+            .expires_in
+            .map(|after| now.saturating_add(millis(after))),
+        now,
     }
 }
 

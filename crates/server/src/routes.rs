@@ -115,6 +115,48 @@ pub(crate) fn bad_request(message: impl Into<String>) -> Response {
     )
 }
 
+/// The refusal of a request whose `fields` (name, value, most characters)
+/// are empty or too long, or whose `callback_url` the tenant's allow-list
+/// refuses (it is checked again before each delivery, which connects only
+/// to the addresses that pass then); `None` when they pass.
+pub(crate) async fn checked_fields(
+    state: &AppState,
+    principal: &Principal,
+    fields: &[(&str, Option<&str>, usize)],
+    callback_url: Option<&str>,
+) -> Option<Response> {
+    let too_long = fields
+        .iter()
+        .find(|(_, v, max)| v.is_some_and(|v| v.is_empty() || v.len() > *max));
+    if let Some((field, _, max)) = too_long {
+        return Some(bad_request(format!(
+            "`{field}` must be 1 to {max} characters"
+        )));
+    }
+    if let Some(url) = callback_url {
+        let allow = &state.webhooks.of(&principal.tenant).allow;
+        if let Err(refusal) = crate::callbacks::check(url, allow).await {
+            return Some(bad_request(refusal.message()));
+        }
+    }
+    None
+}
+
+/// Takes one of the event streams `principal` and the process may hold,
+/// or the answer when they hold all they may.
+pub(crate) fn take_stream(
+    state: &AppState,
+    principal: &Principal,
+) -> Result<crate::bounds::Held, Box<Response>> {
+    state.streams.take(principal).map_err(|full| {
+        let status = match full {
+            crate::bounds::Full::Principal => StatusCode::TOO_MANY_REQUESTS,
+            crate::bounds::Full::Process => StatusCode::SERVICE_UNAVAILABLE,
+        };
+        Box::new(reply_error(status, full.error("event streams")))
+    })
+}
+
 /// A request refused before it reached a tool.
 pub(crate) struct Refusal {
     status: StatusCode,
@@ -274,23 +316,15 @@ async fn call(
         Ok(r) => r,
         Err(refusal) => return refusal.into_response(),
     };
-    let too_long = [
+    let fields = [
         ("idempotency_key", request.idempotency_key.as_deref(), 255),
         ("run_id", request.run_id.as_deref(), 128),
         ("callback_url", request.callback_url.as_deref(), 2048),
-    ]
-    .into_iter()
-    .find(|(_, v, max)| v.is_some_and(|v| v.is_empty() || v.len() > *max));
-    if let Some((field, _, max)) = too_long {
-        return bad_request(format!("`{field}` must be 1 to {max} characters"));
-    }
-    // Checked again before each delivery, which connects only to the
-    // addresses that pass then.
-    if let Some(url) = &request.callback_url {
-        let allow = &state.webhooks.of(&principal.tenant).allow;
-        if let Err(refusal) = crate::callbacks::check(url, allow).await {
-            return bad_request(refusal.message());
-        }
+    ];
+    if let Some(refused) =
+        checked_fields(&state, &principal, &fields, request.callback_url.as_deref()).await
+    {
+        return refused;
     }
     // A call naming a run belongs to it: the run must be the caller's.
     if let Some(run_id) = request
@@ -612,15 +646,9 @@ async fn events(
     };
     // Held until the stream ends: a principal's streams, and the process's,
     // are bounded.
-    let held = match state.streams.take(&principal) {
+    let held = match take_stream(&state, &principal) {
         Ok(held) => held,
-        Err(full) => {
-            let status = match full {
-                crate::bounds::Full::Principal => StatusCode::TOO_MANY_REQUESTS,
-                crate::bounds::Full::Process => StatusCode::SERVICE_UNAVAILABLE,
-            };
-            return reply_error(status, full.error("event streams"));
-        }
+        Err(refused) => return *refused,
     };
     // A stream of outcomes alone takes the feed of outcomes, which on
     // RabbitMQ routes nothing else to this process.

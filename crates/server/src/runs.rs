@@ -10,7 +10,6 @@ use std::convert::Infallible;
 
 use axum::body::Body;
 use axum::extract::{Path, Query, State};
-use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
@@ -27,7 +26,9 @@ use toolfleet_store::{
 
 use crate::AppState;
 use crate::access;
-use crate::routes::{Caller, bad_request, read_json, reply, reply_error, ticket_missing};
+use crate::routes::{
+    Caller, bad_request, checked_fields, read_json, reply, take_stream, ticket_missing,
+};
 
 /// What `/v1/runs` knows of the declared assistants and its bounds.
 #[derive(Debug, Clone, Default)]
@@ -110,21 +111,15 @@ pub(crate) async fn start(
         Ok(r) => r,
         Err(refusal) => return refusal.into_response(),
     };
-    let too_long = [
+    let fields = [
         ("idempotency_key", request.idempotency_key.as_deref(), 255),
         ("callback_url", request.callback_url.as_deref(), 2048),
         ("agent", request.agent.as_deref(), 128),
-    ]
-    .into_iter()
-    .find(|(_, v, max)| v.is_some_and(|v| v.is_empty() || v.len() > *max));
-    if let Some((field, _, max)) = too_long {
-        return bad_request(format!("`{field}` must be 1 to {max} characters"));
-    }
-    if let Some(url) = &request.callback_url {
-        let allow = &state.webhooks.of(&principal.tenant).allow;
-        if let Err(refusal) = crate::callbacks::check(url, allow).await {
-            return bad_request(refusal.message());
-        }
+    ];
+    if let Some(refused) =
+        checked_fields(&state, &principal, &fields, request.callback_url.as_deref()).await
+    {
+        return refused;
     }
     let checkpoint = match (&request.agent, request.checkpoint, request.input) {
         (Some(agent), None, Some(input)) => {
@@ -487,15 +482,23 @@ pub(crate) async fn answer(
         Ok(None) => return reply(&conflict(format!("run {id} moved on; read it first"))),
         Err(error) => return reply(&Envelope::error(store_error(error))),
     };
-    let _ = state
+    announced(&state, &answered, toolfleet_broker::RunNotice::Answered).await
+}
+
+/// Announces `run`'s `notice` and answers the run.
+async fn announced(
+    state: &AppState,
+    run: &RunRecord,
+    notice: toolfleet_broker::RunNotice,
+) -> Response {
+    if let Err(error) = state
         .notices
-        .publish(&run_event(
-            &answered,
-            toolfleet_broker::RunNotice::Answered,
-            Vec::new(),
-        ))
-        .await;
-    reply(&ok(run_view(&answered, true)))
+        .publish(&run_event(run, notice, Vec::new()))
+        .await
+    {
+        tracing::warn!(run_id = %run.id, %error, "announcing a run failed");
+    }
+    reply(&ok(run_view(run, true)))
 }
 
 pub(crate) async fn cancel(
@@ -539,15 +542,7 @@ pub(crate) async fn cancel(
                 .await;
         }
     }
-    let _ = state
-        .notices
-        .publish(&run_event(
-            &cancelled,
-            toolfleet_broker::RunNotice::Cancelled,
-            Vec::new(),
-        ))
-        .await;
-    reply(&ok(run_view(&cancelled, true)))
+    announced(&state, &cancelled, toolfleet_broker::RunNotice::Cancelled).await
 }
 
 /// `GET /v1/runs/{id}/events`: the run's steps as they happen, until it
@@ -561,15 +556,9 @@ pub(crate) async fn events(
         Ok(run) => run,
         Err(answer) => return reply(&answer),
     };
-    let held = match state.streams.take(&principal) {
+    let held = match take_stream(&state, &principal) {
         Ok(held) => held,
-        Err(full) => {
-            let status = match full {
-                crate::bounds::Full::Principal => StatusCode::TOO_MANY_REQUESTS,
-                crate::bounds::Full::Process => StatusCode::SERVICE_UNAVAILABLE,
-            };
-            return reply_error(status, full.error("event streams"));
-        }
+        Err(refused) => return *refused,
     };
     let subscription = match state.notices.subscribe().await {
         Ok(s) => s,

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub(crate) mod manifests;
+pub(crate) mod month;
 pub(crate) mod promql;
 pub(crate) mod scripted;
 

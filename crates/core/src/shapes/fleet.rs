@@ -79,6 +79,11 @@ pub enum Approval {
     Settled(crate::Envelope),
 }
 
+/// What an approval ticket asks of the person deciding a commit of `tool`.
+pub fn approval_question(tool: &str) -> String {
+    format!("Approve this commit of `{tool}`? It runs once approved.")
+}
+
 /// The id of the approval ticket of the commit keyed `commit_key`: `t_`
 /// and a UUID made of a SHA-256 of the key, so every commit of one confirm
 /// token waits on one ticket.
