@@ -37,7 +37,7 @@ use toolfleet_fleet::runs::{notice_of, run_event, ticket_outcome};
 use toolfleet_store::{RunRecord, RunState, RunWait, StoreError, UpdateRun, WaitFor};
 
 use crate::model::{Model, ModelRequest, ToolCall, ToolResult, ToolSpec, Turn, Usage};
-use crate::run::{AgentEnv, AgentExecutor, Exceeded};
+use crate::run::{AgentEnv, AgentExecutor, Exceeded, Spent, elapsed_ms};
 
 /// A tool result shown to the model is cut to this many characters.
 const RESULT_CHARS: usize = 16_000;
@@ -137,28 +137,23 @@ impl Loop {
     }
 
     fn elapsed_ms(&self) -> u64 {
-        let wall = u64::try_from(now_ms().saturating_sub(self.started_at)).unwrap_or(0);
-        wall.saturating_sub(self.waited_ms)
+        elapsed_ms(self.started_at, self.waited_ms)
+    }
+
+    fn spent(&self) -> Spent {
+        Spent {
+            steps: self.steps,
+            tokens: self.usage.total(),
+            wall_ms: self.elapsed_ms(),
+        }
     }
 
     fn exceeded(&self, budget: &Budget) -> Option<Exceeded> {
-        if self.usage.total() >= budget.max_tokens {
-            Some(Exceeded::Tokens)
-        } else if self.elapsed_ms() >= budget.max_wall_ms {
-            Some(Exceeded::WallTime)
-        } else if self.steps >= budget.max_steps {
-            Some(Exceeded::Steps)
-        } else {
-            None
-        }
+        self.spent().exceeded(budget)
     }
 
     fn remaining(&self, budget: &Budget) -> Budget {
-        Budget {
-            max_steps: budget.max_steps.saturating_sub(self.steps),
-            max_tokens: budget.max_tokens.saturating_sub(self.usage.total()),
-            max_wall_ms: budget.max_wall_ms.saturating_sub(self.elapsed_ms()),
-        }
+        self.spent().remaining(budget)
     }
 
     /// The calls of the last reply, when their results are still to come.

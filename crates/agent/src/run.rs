@@ -242,15 +242,57 @@ impl State {
     }
 
     fn elapsed_ms(&self) -> u64 {
-        let wall = u64::try_from(now_ms().saturating_sub(self.started_at)).unwrap_or(0);
-        wall.saturating_sub(self.suspended_ms)
+        elapsed_ms(self.started_at, self.suspended_ms)
+    }
+
+    fn spent(&self) -> Spent {
+        Spent {
+            steps: self.steps,
+            tokens: self.tokens(),
+            wall_ms: self.elapsed_ms(),
+        }
     }
 
     /// The first budget this state has used up, if any.
     fn exceeded(&self, budget: &Budget) -> Option<Exceeded> {
-        if self.tokens() >= budget.max_tokens {
+        self.spent().exceeded(budget)
+    }
+
+    /// What is left of `budget`.
+    fn remaining(&self, budget: &Budget) -> Budget {
+        self.spent().remaining(budget)
+    }
+
+    /// The tool calls of the last reply, when some are still to be made.
+    fn open_calls(&self) -> Option<Vec<ToolCall>> {
+        match self.turns.last() {
+            Some(Turn::Assistant { calls, .. }) if !calls.is_empty() => Some(calls.clone()),
+            _ => None,
+        }
+    }
+}
+
+/// Wall time since `started_at`, less `waited_ms` (time waiting on people
+/// and jobs, which is not the loop's).
+pub(crate) fn elapsed_ms(started_at: i64, waited_ms: u64) -> u64 {
+    let wall = u64::try_from(now_ms().saturating_sub(started_at)).unwrap_or(0);
+    wall.saturating_sub(waited_ms)
+}
+
+/// What a loop has spent of its budget.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Spent {
+    pub steps: u32,
+    pub tokens: u64,
+    pub wall_ms: u64,
+}
+
+impl Spent {
+    /// The first budget used up, if any: tokens, then wall time, then steps.
+    pub(crate) fn exceeded(&self, budget: &Budget) -> Option<Exceeded> {
+        if self.tokens >= budget.max_tokens {
             Some(Exceeded::Tokens)
-        } else if self.elapsed_ms() >= budget.max_wall_ms {
+        } else if self.wall_ms >= budget.max_wall_ms {
             Some(Exceeded::WallTime)
         } else if self.steps >= budget.max_steps {
             Some(Exceeded::Steps)
@@ -260,19 +302,11 @@ impl State {
     }
 
     /// What is left of `budget`.
-    fn remaining(&self, budget: &Budget) -> Budget {
+    pub(crate) fn remaining(&self, budget: &Budget) -> Budget {
         Budget {
             max_steps: budget.max_steps.saturating_sub(self.steps),
-            max_tokens: budget.max_tokens.saturating_sub(self.tokens()),
-            max_wall_ms: budget.max_wall_ms.saturating_sub(self.elapsed_ms()),
-        }
-    }
-
-    /// The tool calls of the last reply, when some are still to be made.
-    fn open_calls(&self) -> Option<Vec<ToolCall>> {
-        match self.turns.last() {
-            Some(Turn::Assistant { calls, .. }) if !calls.is_empty() => Some(calls.clone()),
-            _ => None,
+            max_tokens: budget.max_tokens.saturating_sub(self.tokens),
+            max_wall_ms: budget.max_wall_ms.saturating_sub(self.wall_ms),
         }
     }
 }
