@@ -411,7 +411,11 @@ async fn bad_input_to_runs_waits_and_approvals_is_a_clear_error() {
     let (status, bad) = alice
         .raw(reqwest::Method::GET, "/v1/tickets?state=sideways", None)
         .await;
-    assert_eq!((status, &bad["error"]["code"]), (400, &json!("bad_request")), "{bad}");
+    assert_eq!(
+        (status, &bad["error"]["code"]),
+        (400, &json!("bad_request")),
+        "{bad}"
+    );
 }
 
 /// A command declaring `approval` waits for it whoever calls; approving
