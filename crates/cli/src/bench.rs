@@ -8,6 +8,9 @@
 //! the time from the call to the job's settled event on `/v1/events` (one
 //! SSE stream, read as the events arrive). Fixed-rate calls are issued on
 //! schedule whatever the server does, so a slow server cannot hide its delay.
+//!
+//! `toolfleet bench runs` ([`runs`]) parks runs a caller drives on jobs and
+//! tickets instead, and measures them waiting and resuming.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -19,35 +22,32 @@ use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 use toolfleet_core::{CallCtx, ToolDecl, ToolError};
 
+mod runs;
+
 use crate::config::Config;
 use crate::keys::DEV_TOKEN_FILE;
-use crate::serve::{Roles, start};
+use crate::serve::{Roles, Served, start};
 
 /// The no-op job every run measures.
 const NOOP: &str = "bench_noop";
 
 #[derive(clap::Args, Clone)]
+#[command(args_conflicts_with_subcommands = true)]
 pub(crate) struct BenchArgs {
+    /// What to measure instead of the no-op jobs' burn-down.
+    #[command(subcommand)]
+    mode: Option<BenchMode>,
     /// Jobs of the burn-down.
     #[arg(long, short = 'n', default_value_t = 5000)]
     jobs: usize,
-    /// Concurrent HTTP clients of the burn-down.
-    #[arg(long, short = 'c', default_value_t = 32)]
-    clients: usize,
     /// Calls per second of the fixed-rate run (none: burn-down only).
     #[arg(long)]
     rate: Option<u32>,
     /// Seconds of the fixed-rate run.
     #[arg(long, default_value_t = 10)]
     secs: u64,
-    /// Worker slots.
-    #[arg(long, default_value_t = 64)]
-    concurrency: usize,
-    /// Print the results as one JSON object instead of text: `burn_down`
-    /// (`jobs_per_second`, `calls_per_second`, `call_to_running_ms` and
-    /// `call_to_settled_ms` percentiles) and `fixed_rate` (null without `--rate`).
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    common: Common,
     /// Drive running dispatchers instead of a server in this process (repeat
     /// for several; calls go round-robin, events are read from the first).
     /// Their configuration must declare a no-op job tool, for example with
@@ -60,6 +60,37 @@ pub(crate) struct BenchArgs {
     /// The no-op job tool to call.
     #[arg(long, default_value = NOOP)]
     tool: String,
+}
+
+/// The flags every bench takes.
+#[derive(clap::Args, Clone)]
+struct Common {
+    /// Concurrent HTTP clients.
+    #[arg(long, short = 'c', default_value_t = 32)]
+    clients: usize,
+    /// Worker slots per pool of the server in this process.
+    #[arg(long, default_value_t = 64)]
+    concurrency: usize,
+    /// Print the results as one JSON object instead of text, units in the
+    /// field names (see the README's Benchmarks).
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Subcommand, Clone)]
+enum BenchMode {
+    /// Park runs a caller drives, each on a job and a ticket, then release
+    /// the jobs, answer the tickets and measure the resumes.
+    Runs(RunsArgs),
+}
+
+#[derive(clap::Args, Clone)]
+struct RunsArgs {
+    /// Runs to park and resume.
+    #[arg(long, short = 'n', default_value_t = 1000)]
+    runs: usize,
+    #[command(flatten)]
+    common: Common,
 }
 
 fn noop_tool() -> ToolDecl {
@@ -173,6 +204,65 @@ struct Probe {
     settled: Mutex<Vec<(Instant, Duration)>>,
 }
 
+/// Reads the Server-Sent Events of `response` until it ends, handing each
+/// event's data to `on` as it arrives.
+async fn read_events(
+    response: &mut reqwest::Response,
+    mut on: impl FnMut(Seen<'_>),
+) -> Result<(), String> {
+    let mut text = String::new();
+    while let Some(chunk) = response.chunk().await.map_err(|e| e.to_string())? {
+        text.push_str(&String::from_utf8_lossy(&chunk));
+        // Each whole block is read in place; they leave the buffer together.
+        let mut read = 0;
+        while let Some(end) = text[read..].find("\n\n") {
+            let block = &text[read..read + end];
+            read += end + 2;
+            let Some(data) = block.lines().find_map(|l| l.strip_prefix("data: ")) else {
+                continue;
+            };
+            // Only what is needed: the rest of the event (its envelope)
+            // is skipped, not built, so the client spends little of the
+            // processor time it shares with the fleet.
+            if let Ok(event) = serde_json::from_str::<Seen>(data) {
+                on(event);
+            }
+        }
+        text.drain(..read);
+    }
+    Ok(())
+}
+
+/// Spawns `count` tasks of `task`, at most `clients` at once; answers as
+/// soon as the last is spawned.
+async fn spawn_bounded<T, F, Fut>(
+    count: usize,
+    clients: usize,
+    task: F,
+) -> Result<tokio::task::JoinSet<Result<T, String>>, String>
+where
+    T: Send + 'static,
+    F: Fn(usize) -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>> + Send + 'static,
+{
+    let slots = Arc::new(Semaphore::new(clients.max(1)));
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..count {
+        let permit = slots
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|e| e.to_string())?;
+        let running = task(i);
+        tasks.spawn(async move {
+            let outcome = running.await;
+            drop(permit);
+            outcome
+        });
+    }
+    Ok(tasks)
+}
+
 impl Probe {
     /// One call; the call-to-`running` latency.
     async fn call(&self) -> Result<Duration, String> {
@@ -235,41 +325,23 @@ impl Probe {
             .send()
             .await
             .map_err(|e| e.to_string())?;
-        let mut text = String::new();
-        while let Some(chunk) = response.chunk().await.map_err(|e| e.to_string())? {
-            text.push_str(&String::from_utf8_lossy(&chunk));
-            // Each whole block is read in place; they leave the buffer together.
-            let mut read = 0;
-            while let Some(end) = text[read..].find("\n\n") {
-                let block = &text[read..read + end];
-                read += end + 2;
-                let Some(data) = block.lines().find_map(|l| l.strip_prefix("data: ")) else {
-                    continue;
-                };
-                // Only what is needed: the rest of the event (its envelope)
-                // is skipped, not built, so the client spends little of the
-                // processor time it shares with the fleet.
-                let Ok(event) = serde_json::from_str::<Seen>(data) else {
-                    continue;
-                };
-                let settled = toolfleet_core::JobState::parse(&event.state)
-                    .is_some_and(toolfleet_core::JobState::is_settled);
-                if event.kind != "job" || !settled {
-                    continue;
-                }
-                let now = Instant::now();
-                let id = event.id.into_owned();
-                let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-                match pending.started.remove(&id) {
-                    Some(begun) => self.record(now, now.saturating_duration_since(begun)),
-                    None => {
-                        pending.settled.insert(id, now);
-                    }
+        read_events(&mut response, |event| {
+            let settled = toolfleet_core::JobState::parse(&event.state)
+                .is_some_and(toolfleet_core::JobState::is_settled);
+            if event.kind != "job" || !settled {
+                return;
+            }
+            let now = Instant::now();
+            let id = event.id.into_owned();
+            let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+            match pending.started.remove(&id) {
+                Some(begun) => self.record(now, now.saturating_duration_since(begun)),
+                None => {
+                    pending.settled.insert(id, now);
                 }
             }
-            text.drain(..read);
-        }
-        Ok(())
+        })
+        .await
     }
 
     async fn wait_settled(&self, count: usize, limit: Duration) {
@@ -305,22 +377,12 @@ impl Probe {
 /// Runs the burn-down: `jobs` calls from `clients` clients.
 async fn burn_down(probe: &Arc<Probe>, jobs: usize, clients: usize) -> Result<BurnDown, String> {
     let before = probe.settled_count();
-    let slots = Arc::new(Semaphore::new(clients.max(1)));
     let begun = Instant::now();
-    let mut calls = tokio::task::JoinSet::new();
-    for _ in 0..jobs {
-        let permit = slots
-            .clone()
-            .acquire_owned()
-            .await
-            .map_err(|e| e.to_string())?;
+    let calls = spawn_bounded(jobs, clients, |_| {
         let probe = probe.clone();
-        calls.spawn(async move {
-            let took = probe.call().await;
-            drop(permit);
-            took
-        });
-    }
+        async move { probe.call().await }
+    })
+    .await?;
     let (accepted, all) = probe.gather(calls, before, jobs).await?;
     let called = begun.elapsed();
     let last = all.iter().map(|(at, _)| *at).max().unwrap_or(begun);
@@ -397,25 +459,77 @@ fn render_json(report: &Report) -> String {
     serde_json::to_string_pretty(report).unwrap_or_default()
 }
 
-pub(crate) async fn bench(mut config: Config, args: BenchArgs) -> Result<(), String> {
-    let report = if args.servers.is_empty() {
+/// A server in this process, on the configured backends with a temporary
+/// data directory, and the development token it made.
+struct Local {
+    served: Served,
+    data: PathBuf,
+    base: String,
+    token: String,
+}
+
+impl Local {
+    async fn start(
+        mut config: Config,
+        tools: Vec<ToolDecl>,
+        concurrency: usize,
+    ) -> Result<Local, String> {
         let data =
             std::env::temp_dir().join(format!("toolfleet-bench-{}", uuid::Uuid::now_v7().simple()));
         config.data_dir = PathBuf::from(&data);
         config.listen = "127.0.0.1:0".to_owned();
         config.auth.tokens.clear();
-        config.concurrency = args.concurrency;
-        let served = start(config, vec![noop_tool()], Roles::all()).await?;
-        let address = served.address.ok_or("the bench server has no address")?;
-        let token = std::fs::read_to_string(data.join(DEV_TOKEN_FILE))
-            .map_err(|e| e.to_string())
-            .map(|t| t.trim().to_owned());
-        let outcome = match token {
-            Ok(token) => run(vec![format!("http://{address}")], token, &args).await,
-            Err(error) => Err(error),
+        config.concurrency = concurrency;
+        let served = match start(config, tools, Roles::all()).await {
+            Ok(served) => served,
+            Err(error) => {
+                let _ = std::fs::remove_dir_all(&data);
+                return Err(error);
+            }
         };
-        let stopped = served.stop().await;
-        let _ = std::fs::remove_dir_all(&data);
+        let found = served
+            .address
+            .ok_or_else(|| "the bench server has no address".to_owned())
+            .and_then(|address| {
+                let token = std::fs::read_to_string(data.join(DEV_TOKEN_FILE))
+                    .map_err(|e| e.to_string())?;
+                Ok((format!("http://{address}"), token.trim().to_owned()))
+            });
+        let local = Local {
+            served,
+            data,
+            base: String::new(),
+            token: String::new(),
+        };
+        match found {
+            Ok((base, token)) => Ok(Local {
+                base,
+                token,
+                ..local
+            }),
+            Err(error) => {
+                let _ = local.stop().await;
+                Err(error)
+            }
+        }
+    }
+
+    /// Stops the server and removes its data directory.
+    async fn stop(self) -> Result<(), String> {
+        let stopped = self.served.stop().await;
+        let _ = std::fs::remove_dir_all(&self.data);
+        stopped
+    }
+}
+
+pub(crate) async fn bench(config: Config, args: BenchArgs) -> Result<(), String> {
+    if let Some(BenchMode::Runs(mode)) = &args.mode {
+        return runs::bench(config, mode).await;
+    }
+    let report = if args.servers.is_empty() {
+        let local = Local::start(config, vec![noop_tool()], args.common.concurrency).await?;
+        let outcome = run(vec![local.base.clone()], local.token.clone(), &args).await;
+        let stopped = local.stop().await;
         let mut report = outcome?;
         stopped?;
         report.in_process = true;
@@ -432,7 +546,7 @@ pub(crate) async fn bench(mut config: Config, args: BenchArgs) -> Result<(), Str
             .collect();
         run(bases, token, &args).await?
     };
-    if args.json {
+    if args.common.json {
         println!("{}", render_json(&report));
     } else {
         print!("{}", render_text(&report));
@@ -458,8 +572,8 @@ async fn run(bases: Vec<String>, token: String, args: &BenchArgs) -> Result<Repo
     });
     tokio::time::sleep(Duration::from_millis(200)).await;
     // A short warm-up, so connection set-up is not measured.
-    burn_down(&probe, 200.min(args.jobs), args.clients).await?;
-    let burn_down = burn_down(&probe, args.jobs, args.clients).await?;
+    burn_down(&probe, 200.min(args.jobs), args.common.clients).await?;
+    let burn_down = burn_down(&probe, args.jobs, args.common.clients).await?;
     let fixed_rate = match args.rate {
         Some(rate) => Some(fixed_rate(&probe, rate, args.secs).await?),
         None => None,

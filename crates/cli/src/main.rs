@@ -114,7 +114,8 @@ enum Command {
         #[command(flatten)]
         server: client::ServerArgs,
     },
-    /// Run no-op jobs through the HTTP path and print throughput and latency.
+    /// Run no-op jobs through the HTTP path and print throughput and latency;
+    /// `bench runs`: park runs on jobs and tickets, then resume them.
     Bench(bench::BenchArgs),
     /// Serve MCP over stdin and stdout, as the principal of TOOLFLEET_TOKEN,
     /// with this process's own runtime and workers on the configured backends.

@@ -802,6 +802,62 @@ async fn the_command_line_client_calls_waits_and_lists() {
     );
 }
 
+/// `toolfleet bench runs` parks runs a caller drives on a held job and a
+/// ticket each, in a server of its own on the embedded default, and
+/// resumes every one once the jobs are released and the tickets answered:
+/// no slot is held while the runs wait on their tickets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_runs_parks_and_resumes_every_run() {
+    let dir = TempDir::new("bench-runs");
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_toolfleet"))
+        .args(["bench", "runs", "-n", "20", "-c", "4", "--concurrency", "8"])
+        .arg("--json")
+        .current_dir(&dir.0)
+        .env_remove("TOOLFLEET_CONFIG")
+        .output()
+        .expect("bench runs");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: Value = serde_json::from_slice(&output.stdout).expect("one JSON object on stdout");
+    assert_eq!(report["runs"], 20, "{report}");
+    assert_eq!(report["clients"], 4);
+    assert_eq!(report["concurrency"], 8);
+    assert_eq!(
+        (&report["store"], &report["broker"]),
+        (&json!("sqlite"), &json!("in-process"))
+    );
+    assert_eq!(report["park"]["parked"], 20);
+    assert_eq!(report["park"]["run_to_waiting_ms"]["count"], 20);
+    // Eight of the twenty jobs ran, on eight slots of the default pool;
+    // the rest were queued.
+    assert_eq!(report["slots"]["busy_with_jobs_held"], 8, "{report}");
+    assert_eq!(report["slots"]["busy_waiting_on_tickets"], 0, "{report}");
+    assert_eq!(report["slots"]["jobs_in_flight_waiting_on_tickets"], 0);
+    let resume = &report["resume"];
+    assert_eq!(resume["jobs_settled"], 20, "{report}");
+    assert_eq!(resume["waiting_after_jobs"], 20, "{report}");
+    assert_eq!(resume["answered"], 20);
+    assert_eq!(resume["resumed"], 20, "{report}");
+    assert_eq!(resume["resumed_before_answer"], 0);
+    assert_eq!(resume["resumed_listed"], 20, "{report}");
+    assert_eq!(resume["answer_to_resumed_ms"]["count"], 20);
+    for memory in ["rss_before_kib", "rss_parked_kib", "rss_resumed_kib"] {
+        assert!(report["memory"][memory].as_u64().unwrap() > 0, "{report}");
+    }
+
+    // Its flags are its own: the burn-down's are refused beside it.
+    let mixed = std::process::Command::new(env!("CARGO_BIN_EXE_toolfleet"))
+        .args(["bench", "--rate", "5", "runs"])
+        .current_dir(&dir.0)
+        .env_remove("TOOLFLEET_CONFIG")
+        .output()
+        .expect("bench runs");
+    assert!(!mixed.status.success());
+}
+
 /// `toolfleet bench --server` drives a running server's no-op job tool (the
 /// builtin `toolfleet.noop`) and reports every job settled, as one JSON
 /// object with `--json`.
