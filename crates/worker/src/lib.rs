@@ -605,9 +605,14 @@ impl Worker {
                 self.runtime.metrics().job_state(tool, job.state);
                 self.announce(&job).await;
                 if job.state.is_settled() && is_run_id(&job.run_id) {
-                    // A run may wait on it.
-                    let (store, broker) = (self.store.as_ref(), self.broker.as_ref());
-                    wake_runs(store, broker, self.notices.as_ref(), &job.id).await;
+                    // A run may wait on it: woken off the slot, which is
+                    // free for the next job (the sweeper resumes what a
+                    // crash here leaves waiting).
+                    let (store, broker) = (self.store.clone(), self.broker.clone());
+                    let (notices, id) = (self.notices.clone(), job.id.clone());
+                    tokio::spawn(async move {
+                        wake_runs(store.as_ref(), broker.as_ref(), notices.as_ref(), &id).await;
+                    });
                 }
                 Handled::Ran(job.state)
             }
