@@ -376,16 +376,32 @@ description = "Submit expense lines, with a manager's approval."
 input_schema = { type = "object", additionalProperties = false, required = ["line_ids", "dry_run"], properties = { line_ids = { type = "array", minItems = 1, items = { type = "string" } }, dry_run = { type = "boolean" }, categories = { type = "object" } } }
 approval = "caller"
 executor = { kind = "builtin", name = "expenses.submit" }
+
+[[tools]]
+name = "submit_soon"
+shape = "command"
+description = "Submit expense lines, approved within a second."
+input_schema = { type = "object", additionalProperties = false, required = ["line_ids", "dry_run"], properties = { line_ids = { type = "array", minItems = 1, items = { type = "string" } }, dry_run = { type = "boolean" } } }
+approval = "caller"
+expires_in_s = 1
+executor = { kind = "builtin", name = "expenses.submit" }
 "#;
     let server = Server::start(&dir.0, &config_with(&dir.0, "", extra));
     let alice = server.client(TOKEN);
+    let (hook, hooks) = common::hook_receiver(vec![200]).await;
     let args = json!({"line_ids": ["exp-001", "exp-002"], "dry_run": true});
     let dry = alice.call("submit_approved", args.clone()).await;
     assert_eq!(dry["status"], "ok", "{dry}");
     let mut commit = args.clone();
     commit["dry_run"] = json!(false);
     commit["confirm_token"] = dry["result"]["confirm_token"].clone();
-    let suspended = alice.call("submit_approved", commit.clone()).await;
+    // Called outside a run, with a callback: it hears the outcome.
+    let suspended = alice
+        .post(
+            "/v1/calls",
+            json!({"tool": "submit_approved", "args": commit, "callback_url": hook}),
+        )
+        .await;
     assert_eq!(suspended["status"], "suspended", "{suspended}");
     assert_eq!(suspended["plan"]["lines"], 2, "{suspended}");
     let ticket = suspended["ticket"].as_str().unwrap().to_owned();
@@ -398,6 +414,15 @@ executor = { kind = "builtin", name = "expenses.submit" }
     assert_eq!(approved["status"], "ok", "{approved}");
     let report = approved["result"]["outcome"]["result"]["report_id"].clone();
     assert!(report.is_string(), "{approved}");
+    let heard = eventually(Duration::from_secs(15), || {
+        let hooks = hooks.clone();
+        async move { hooks.lock().unwrap().first().map(|h| h.body.clone()) }
+    })
+    .await;
+    assert!(common::signed(&hooks.lock().unwrap()[0].signature, &heard));
+    let heard: Value = serde_json::from_str(&heard).unwrap();
+    assert_eq!(heard["event"], "ticket.answered", "{heard}");
+    assert_eq!(heard["outcome"]["result"]["report_id"], report, "{heard}");
     let twice = alice
         .post(&format!("/v1/tickets/{ticket}/approve"), json!({}))
         .await;
@@ -432,6 +457,38 @@ executor = { kind = "builtin", name = "expenses.submit" }
             .contains("not this month"),
         "{after}"
     );
+
+    // An approval nobody decided in time expires: deciding it is refused,
+    // and its commit answers `expired`.
+    let args = json!({"line_ids": ["exp-004"], "dry_run": true});
+    let dry = alice.call("submit_soon", args.clone()).await;
+    let mut commit = args;
+    commit["dry_run"] = json!(false);
+    commit["confirm_token"] = dry["result"]["confirm_token"].clone();
+    let suspended = alice.call("submit_soon", commit.clone()).await;
+    let ticket = suspended["ticket"].as_str().unwrap().to_owned();
+    eventually(Duration::from_secs(20), || {
+        let alice = alice.clone();
+        let ticket = ticket.clone();
+        async move {
+            let now = alice.get(&format!("/v1/tickets/{ticket}")).await;
+            (now["result"]["state"] == "expired").then_some(())
+        }
+    })
+    .await;
+    let late = alice
+        .post(&format!("/v1/tickets/{ticket}/approve"), json!({}))
+        .await;
+    assert_eq!(late["error"]["code"], "conflict", "{late}");
+    assert!(
+        late["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("expired"),
+        "{late}"
+    );
+    let after = alice.call("submit_soon", commit).await;
+    assert_eq!(after["error"]["code"], "expired", "{after}");
 }
 
 /// A token of alice's tenant, acme, for another user, bob.

@@ -371,7 +371,8 @@ pub struct ToolConfig {
     /// Command tools: whose approval each commit waits for (`"caller"` or
     /// `{ scope = "..." }`, see [`AnsweredBy`]).
     pub approval: Option<AnsweredBy>,
-    /// Human tools: seconds a ticket stays open before it expires.
+    /// Human tools and commands: seconds a ticket (a question, an
+    /// approval) stays open before it expires.
     pub expires_in_s: Option<f64>,
 }
 
@@ -438,9 +439,9 @@ impl ToolConfig {
                 "tool `{name}`: approval is for command tools, whose commits a person approves"
             )));
         }
-        if self.expires_in_s.is_some() && self.shape != Shape::Human {
+        if self.expires_in_s.is_some() && !matches!(self.shape, Shape::Human | Shape::Command) {
             return Err(ConfigError::new(format!(
-                "tool `{name}`: expires_in_s is for human tools, whose tickets expire"
+                "tool `{name}`: expires_in_s is for human tools and commands, whose tickets (questions, approvals) expire"
             )));
         }
         let expires_in = self

@@ -418,6 +418,7 @@ impl Runtime {
             plan: plan_value,
             ctx: ctx.clone(),
             answered_by,
+            expires_in: tool.declaration().expires_in,
         };
         match self.fleet.request_approval(request).await {
             Ok(Approval::Pending(ticket)) => Envelope::Suspended {

@@ -566,7 +566,8 @@ pub struct ToolDecl {
     pub answered_by: AnsweredBy,
     /// Command tools: whose approval every commit waits for; `None`: none.
     pub approval: Option<AnsweredBy>,
-    /// Human tools: how long a ticket stays open before it expires; `None`: never.
+    /// Human tools and commands: how long a ticket (a question, an
+    /// approval) stays open before it expires; `None`: never.
     pub expires_in: Option<std::time::Duration>,
 }
 
@@ -643,7 +644,8 @@ impl ToolDecl {
         self
     }
 
-    /// Makes this human tool's tickets expire unanswered after `after`.
+    /// Makes this tool's tickets (a human tool's questions, a command's
+    /// approvals) expire unanswered after `after`.
     pub fn expires_in(mut self, after: std::time::Duration) -> Self {
         self.expires_in = Some(after);
         self

@@ -199,7 +199,7 @@ impl Fleet for Dispatcher {
                 args: approval.args,
                 ctx: approval.ctx,
                 answered_by: approval.answered_by,
-                expires_in: None,
+                expires_in: approval.expires_in,
             };
             let new = NewTicket {
                 kind: TicketKind::Approval,

@@ -138,7 +138,8 @@ pub async fn decide(
             ));
         }
     };
-    let _ = on.notices.publish(&ticket_event(&decided)).await;
+    // Announced once settled: its event, and its callback's notice, carry
+    // the outcome.
     let outcome = match decision {
         Decision::Approve => commit(on.runtime, &decided).await,
         Decision::Reject(reason) => Envelope::error(rejected(&decided, reason)),

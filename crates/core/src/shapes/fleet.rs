@@ -68,6 +68,8 @@ pub struct ApprovalRequest {
     pub ctx: CallCtx,
     /// Who may approve it.
     pub answered_by: crate::AnsweredBy,
+    /// How long it stays open before it expires; `None`: never.
+    pub expires_in: Option<std::time::Duration>,
 }
 
 /// Where an approval stands.
