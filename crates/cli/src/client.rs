@@ -135,6 +135,74 @@ pub(crate) async fn call(
     outcome(&envelope)
 }
 
+/// The most calls one request carries (the server's bound).
+const BATCH: usize = 1000;
+
+/// The calls of a batch file: a JSON array of call objects, or one call
+/// object a line (blank lines skipped).
+fn batch_calls(text: &str) -> Result<Vec<Value>, String> {
+    let calls = match serde_json::from_str::<Value>(text) {
+        Ok(Value::Array(calls)) => calls,
+        Ok(one @ Value::Object(_)) => vec![one],
+        Ok(_) => {
+            return Err(
+                "the batch file holds no calls: give a JSON array of calls, or one call a line"
+                    .to_owned(),
+            );
+        }
+        Err(_) => text
+            .lines()
+            .enumerate()
+            .filter(|(_, line)| !line.trim().is_empty())
+            .map(|(n, line)| {
+                serde_json::from_str::<Value>(line)
+                    .map_err(|e| format!("line {} of the batch file is not JSON: {e}", n + 1))
+            })
+            .collect::<Result<_, _>>()?,
+    };
+    if let Some(n) = calls
+        .iter()
+        .position(|c| !c.get("tool").is_some_and(Value::is_string))
+    {
+        return Err(format!("call {} of the batch file names no `tool`", n + 1));
+    }
+    Ok(calls)
+}
+
+/// `toolfleet call --batch FILE`: every call of the file, 1,000 a request,
+/// each envelope printed on a line of its own, in order; fails when any
+/// call answered an error.
+pub(crate) async fn call_batch(
+    config: &Config,
+    args: &ServerArgs,
+    file: &std::path::Path,
+) -> Result<(), String> {
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+    let calls = batch_calls(&text)?;
+    let client = Client::new(config, args)?;
+    let mut errors = 0usize;
+    for chunk in calls.chunks(BATCH) {
+        let answer = client.post("/v1/calls", &json!({"calls": chunk})).await?;
+        let Some(results) = answer["results"].as_array() else {
+            outcome(&answer)?;
+            return Err("the server answered no results for the batch".to_owned());
+        };
+        for envelope in results {
+            errors += usize::from(envelope["status"] == "error");
+            println!("{envelope}");
+        }
+    }
+    eprintln!("{} calls, {errors} answered an error", calls.len());
+    if errors > 0 {
+        return Err(format!(
+            "{errors} of {} calls answered an error",
+            calls.len()
+        ));
+    }
+    Ok(())
+}
+
 /// Long-polls a job until it settles, with a progress line on stderr.
 async fn wait_for(client: &Client, running: &Value) -> Result<Value, String> {
     let job_id = running["job_id"]
@@ -694,6 +762,27 @@ impl SseParser {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A batch file is a JSON array of calls or one call a line; each
+    /// names its tool, and a line that is not JSON is named.
+    #[test]
+    fn a_batch_file_is_an_array_or_lines_of_calls() {
+        let array = r#"[{"tool": "a", "args": {}}, {"tool": "b"}]"#;
+        let tools = |calls: Vec<Value>| -> Vec<String> {
+            calls
+                .iter()
+                .map(|c| c["tool"].as_str().unwrap().to_owned())
+                .collect()
+        };
+        assert_eq!(tools(batch_calls(array).unwrap()), ["a", "b"]);
+        let lines = "{\"tool\": \"a\"}\n\n{\"tool\": \"b\", \"idempotency_key\": \"k\"}\n";
+        assert_eq!(tools(batch_calls(lines).unwrap()), ["a", "b"]);
+        let broken = "{\"tool\": \"a\"}\n{nope\n";
+        assert!(batch_calls(broken).unwrap_err().contains("line 2"));
+        let toolless = r#"[{"tool": "a"}, {"args": {}}]"#;
+        assert!(batch_calls(toolless).unwrap_err().contains("call 2"));
+        assert!(batch_calls("42").is_err());
+    }
 
     fn event(event: &str, data: &str, id: Option<&str>) -> SseEvent {
         SseEvent {

@@ -55,13 +55,20 @@ enum Command {
     },
     /// Call a tool: `toolfleet call find_expenses '{"month": "2026-09"}'`.
     Call {
-        tool: String,
+        /// The tool (none with `--batch`).
+        #[arg(required_unless_present = "batch")]
+        tool: Option<String>,
         /// The arguments, as a JSON object.
         #[arg(default_value = "{}")]
         args: String,
         /// For a job: wait until it settles and print the final envelope.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "batch")]
         wait: bool,
+        /// Make every call of FILE (a JSON array of `{"tool", "args",
+        /// "idempotency_key"?, "run_id"?, "callback_url"?}`, or one such
+        /// object a line), 1,000 a request, and print each envelope a line.
+        #[arg(long, value_name = "FILE", conflicts_with = "tool")]
+        batch: Option<std::path::PathBuf>,
         #[command(flatten)]
         server: client::ServerArgs,
     },
@@ -222,8 +229,13 @@ fn main() -> ExitCode {
                 tool,
                 args,
                 wait,
+                batch,
                 server,
-            } => client::call(&config, &server, &tool, &args, wait).await,
+            } => match (batch, tool) {
+                (Some(file), _) => client::call_batch(&config, &server, &file).await,
+                (None, Some(tool)) => client::call(&config, &server, &tool, &args, wait).await,
+                (None, None) => Err("name a tool, or --batch FILE".to_owned()),
+            },
             Command::Inbox {
                 state,
                 kind,

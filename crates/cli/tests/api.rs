@@ -909,3 +909,105 @@ async fn bench_drives_a_running_server() {
         }
     }
 }
+
+/// `POST /v1/calls` takes `{"calls": [...]}`: each call validated and
+/// answered on its own, in order (a job, a query, bad arguments, a key out
+/// of bounds, an unknown tool), each key naming one job across batches;
+/// more than 1,000 calls, or none, is a 400; `toolfleet call --batch`
+/// makes a file's calls and prints each envelope on a line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_calls_is_answered_call_by_call_in_order() {
+    let dir = TempDir::new("api-batch");
+    let server = Server::start(&dir.0, &config(&dir.0, JOB_TOOLS));
+    let alice = server.client(TOKEN);
+    let receipts = receipt_ids(&alice, 2).await;
+    let long_key = "k".repeat(300);
+    let batch = json!({"calls": [
+        {"tool": "start_receipt_ocr", "args": {"receipt_ids": [receipts[0]]}, "idempotency_key": "batch-1"},
+        {"tool": "find_expenses", "args": {"month": "2026-09"}},
+        {"tool": "find_expenses", "args": {"month": "September"}},
+        {"tool": "quick", "idempotency_key": long_key},
+        {"tool": "no_such_tool"},
+        {"tool": "start_receipt_ocr", "args": {"receipt_ids": [receipts[1]]}},
+    ]});
+    let answered = alice.post("/v1/calls", batch.clone()).await;
+    let results = answered["results"].as_array().unwrap();
+    let statuses: Vec<&str> = results
+        .iter()
+        .map(|r| r["status"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        statuses,
+        ["running", "ok", "error", "error", "error", "running"],
+        "{answered}"
+    );
+    assert_eq!(results[2]["error"]["code"], "invalid_arguments");
+    assert_eq!(results[3]["error"]["code"], "bad_request");
+    assert_eq!(results[4]["error"]["code"], "unknown_tool");
+    assert_ne!(results[0]["job_id"], results[5]["job_id"]);
+    let done = settle(&alice, results[0]["job_id"].as_str().unwrap()).await;
+    assert_eq!(done["status"], "ok", "{done}");
+    // The same key in another batch names the same job.
+    let again = alice
+        .post("/v1/calls", json!({"calls": [batch["calls"][0]]}))
+        .await;
+    assert_eq!(
+        again["results"][0]["job_id"], results[0]["job_id"],
+        "{again}"
+    );
+    // Out of bounds: none, or more than 1,000.
+    for calls in [vec![], vec![json!({"tool": "find_expenses"}); 1001]] {
+        let (status, body) = alice
+            .raw(
+                Method::POST,
+                "/v1/calls",
+                Some(json!({"calls": calls}).to_string().into_bytes()),
+            )
+            .await;
+        assert_eq!(
+            (status, &body["error"]["code"]),
+            (400, &json!("bad_request")),
+            "{body}"
+        );
+    }
+    let (status, body) = alice
+        .raw(
+            Method::POST,
+            "/v1/calls",
+            Some(br#"{"calls": [{"tool": "a"}], "extra": 1}"#.to_vec()),
+        )
+        .await;
+    assert_eq!(status, 400, "{body}");
+
+    // From the command line: a file of calls, one a line.
+    let file = dir.0.join("calls.jsonl");
+    std::fs::write(
+        &file,
+        "{\"tool\": \"find_expenses\", \"args\": {\"month\": \"2026-09\"}}\n{\"tool\": \"quick\"}\n",
+    )
+    .unwrap();
+    let out = common::toolfleet(&[
+        "call",
+        "--batch",
+        file.to_str().unwrap(),
+        "--server",
+        &server.base,
+        "--token",
+        TOKEN,
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let printed: Vec<Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let statuses: Vec<&str> = printed
+        .iter()
+        .map(|e| e["status"].as_str().unwrap())
+        .collect();
+    assert_eq!(statuses, ["ok", "running"], "{stdout}");
+}

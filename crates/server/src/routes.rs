@@ -115,31 +115,43 @@ pub(crate) fn bad_request(message: impl Into<String>) -> Response {
     )
 }
 
-/// The refusal of a request whose `fields` (name, value, most characters)
-/// are empty or too long, or whose `callback_url` the tenant's allow-list
-/// refuses (it is checked again before each delivery, which connects only
-/// to the addresses that pass then); `None` when they pass.
+/// The error of `fields` (name, value, most characters) when one is empty
+/// or too long.
+fn field_error(fields: &[(&str, Option<&str>, usize)]) -> Option<ToolError> {
+    let (field, _, max) = fields
+        .iter()
+        .find(|(_, v, max)| v.is_some_and(|v| v.is_empty() || v.len() > *max))?;
+    Some(ToolError::new(
+        ErrorCode::BadRequest,
+        format!("`{field}` must be 1 to {max} characters"),
+    ))
+}
+
+/// The error of a `callback_url` the tenant's allow-list refuses (it is
+/// checked again before each delivery, which connects only to the
+/// addresses that pass then).
+async fn callback_error(state: &AppState, principal: &Principal, url: &str) -> Option<ToolError> {
+    let allow = &state.webhooks.of(&principal.tenant).allow;
+    let refusal = crate::callbacks::check(url, allow).await.err()?;
+    Some(ToolError::new(ErrorCode::BadRequest, refusal.message()))
+}
+
+/// The 400 of a request whose `fields` are empty or too long, or whose
+/// `callback_url` the tenant's allow-list refuses; `None` when they pass.
 pub(crate) async fn checked_fields(
     state: &AppState,
     principal: &Principal,
     fields: &[(&str, Option<&str>, usize)],
     callback_url: Option<&str>,
 ) -> Option<Response> {
-    let too_long = fields
-        .iter()
-        .find(|(_, v, max)| v.is_some_and(|v| v.is_empty() || v.len() > *max));
-    if let Some((field, _, max)) = too_long {
-        return Some(bad_request(format!(
-            "`{field}` must be 1 to {max} characters"
-        )));
-    }
-    if let Some(url) = callback_url {
-        let allow = &state.webhooks.of(&principal.tenant).allow;
-        if let Err(refusal) = crate::callbacks::check(url, allow).await {
-            return Some(bad_request(refusal.message()));
-        }
-    }
-    None
+    let error = match field_error(fields) {
+        Some(error) => Some(error),
+        None => match callback_url {
+            Some(url) => callback_error(state, principal, url).await,
+            None => None,
+        },
+    };
+    error.map(|error| reply_error(StatusCode::BAD_REQUEST, error))
 }
 
 /// Takes one of the event streams `principal` and the process may hold,
@@ -306,36 +318,127 @@ fn empty_object() -> Value {
     json!({})
 }
 
+/// The most calls one `POST /v1/calls` carries.
+pub(crate) const MAX_BATCH: usize = 1000;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BatchRequest {
+    calls: Vec<CallRequest>,
+}
+
+/// Why a call was refused before it reached its tool.
+enum Refused {
+    /// A field out of its bounds or a callback the allow-list refuses: a
+    /// 400 alone, an error envelope in a batch.
+    BadRequest(ToolError),
+    /// An envelope to answer (a run that is not the caller's).
+    Answer(Envelope),
+}
+
+/// `POST /v1/calls`: one call, or `{"calls": [...]}`, each answered in order.
 async fn call(
     State(state): State<AppState>,
     Caller(principal): Caller,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let request: CallRequest = match read_json(&state, body).await {
+    let body: Value = match read_json(&state, body).await {
         Ok(r) => r,
         Err(refusal) => return refusal.into_response(),
     };
+    let incoming = toolfleet_mcp::trace_of(&headers);
+    if body.get("calls").is_some() {
+        let batch: BatchRequest = match serde_json::from_value(body) {
+            Ok(batch) => batch,
+            Err(e) => return bad_request(format!("the body is not a batch of calls: {e}")),
+        };
+        return calls(&state, &principal, incoming.as_ref(), batch.calls).await;
+    }
+    let request: CallRequest = match serde_json::from_value(body) {
+        Ok(request) => request,
+        Err(e) => return bad_request(format!("the body is not a call: {e}")),
+    };
+    match make_call(&state, &principal, incoming.as_ref(), request).await {
+        Ok((envelope, trace)) => {
+            let mut response = reply(&envelope);
+            if let Ok(value) = HeaderValue::from_str(&trace.traceparent()) {
+                response.headers_mut().insert("traceparent", value);
+            }
+            response
+        }
+        Err(Refused::BadRequest(error)) => reply_error(StatusCode::BAD_REQUEST, error),
+        Err(Refused::Answer(envelope)) => reply(&envelope),
+    }
+}
+
+/// A batch: every call made at once (so the store groups their commits
+/// and the broker their messages), each answered on its own, in order:
+/// `{"results": [...]}`.
+async fn calls(
+    state: &AppState,
+    principal: &Arc<Principal>,
+    incoming: Option<&toolfleet_core::TraceContext>,
+    calls: Vec<CallRequest>,
+) -> Response {
+    if calls.is_empty() || calls.len() > MAX_BATCH {
+        return bad_request(format!(
+            "a batch carries 1 to {MAX_BATCH} calls; this one carries {}",
+            calls.len()
+        ));
+    }
+    let made = calls
+        .into_iter()
+        .map(|request| make_call(state, principal, incoming, request));
+    let results: Vec<Envelope> = futures_util::future::join_all(made)
+        .await
+        .into_iter()
+        .map(|made| match made {
+            Ok((envelope, _)) => envelope,
+            Err(Refused::BadRequest(error)) => Envelope::error(error),
+            Err(Refused::Answer(envelope)) => envelope,
+        })
+        .collect();
+    let body = json!({ "results": results });
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+/// Checks one call's fields and makes it, in its own `call` span: its
+/// envelope and its place in the trace.
+async fn make_call(
+    state: &AppState,
+    principal: &Arc<Principal>,
+    incoming: Option<&toolfleet_core::TraceContext>,
+    request: CallRequest,
+) -> Result<(Envelope, toolfleet_core::TraceContext), Refused> {
     let fields = [
         ("idempotency_key", request.idempotency_key.as_deref(), 255),
         ("run_id", request.run_id.as_deref(), 128),
         ("callback_url", request.callback_url.as_deref(), 2048),
     ];
-    if let Some(refused) =
-        checked_fields(&state, &principal, &fields, request.callback_url.as_deref()).await
+    if let Some(error) = field_error(&fields) {
+        return Err(Refused::BadRequest(error));
+    }
+    if let Some(url) = request.callback_url.as_deref()
+        && let Some(error) = callback_error(state, principal, url).await
     {
-        return refused;
+        return Err(Refused::BadRequest(error));
     }
     // A call naming a run belongs to it: the run must be the caller's.
     if let Some(run_id) = request
         .run_id
         .as_deref()
         .filter(|id| toolfleet_fleet::runs::is_run_id(id))
-        && let Err(answer) = crate::runs::owned(&state, &principal, run_id).await
+        && let Err(answer) = crate::runs::owned(state, principal, run_id).await
     {
-        return reply(&answer);
+        return Err(Refused::Answer(answer));
     }
-    let mut ctx = CallCtx::new(principal);
+    let mut ctx = CallCtx::new(principal.clone());
     if let Some(run_id) = request.run_id {
         ctx.run_id = run_id;
     }
@@ -344,8 +447,7 @@ async fn call(
     // The call's span, in the caller's trace or a new one; a job it makes
     // continues the trace. At ERROR level, so that it is enabled whatever
     // TOOLFLEET_LOG lets through.
-    let incoming = toolfleet_mcp::trace_of(&headers);
-    let placement = toolfleet_telemetry::Placement::new(incoming.as_ref());
+    let placement = toolfleet_telemetry::Placement::new(incoming);
     let span = tracing::error_span!(
         "call",
         tool = %toolfleet_core::registry::truncate(&request.tool, 128),
@@ -363,11 +465,7 @@ async fn call(
         span,
     )
     .await;
-    let mut response = reply(&envelope);
-    if let Ok(value) = HeaderValue::from_str(&trace.traceparent()) {
-        response.headers_mut().insert("traceparent", value);
-    }
-    response
+    Ok((envelope, trace))
 }
 
 #[derive(Deserialize)]
