@@ -33,7 +33,7 @@ use toolfleet_core::{
     AnsweredBy, Budget, CallCtx, Envelope, Executor, Json, Lineage, Principal, Shape, ToolError,
     new_id, now_ms,
 };
-use toolfleet_fleet::runs::{notice_of, run_event, ticket_outcome};
+use toolfleet_fleet::runs::{Item, item_outcome, notice_of, run_event};
 use toolfleet_store::{RunRecord, RunState, RunWait, StoreError, UpdateRun, WaitFor};
 
 use crate::model::{Model, ModelRequest, ToolCall, ToolResult, ToolSpec, Turn, Usage};
@@ -598,27 +598,11 @@ impl Pass {
 
     /// The final envelope of what a call started, once settled.
     async fn settled(&self, started: &Started) -> Result<Option<Envelope>, StoreError> {
-        let store = self.env.store();
-        let tenant = &self.run.tenant;
-        Ok(match started {
-            Started::Job(id) => match store.job(tenant, id).await? {
-                Some(job) if job.state.is_settled() => {
-                    Some(job.envelope(toolfleet_fleet::dispatch::POLL_AFTER_S))
-                }
-                Some(_) => None,
-                None => Some(Envelope::error(ToolError::failed(
-                    format!("job {id} is gone"),
-                    false,
-                ))),
-            },
-            Started::Ticket(id) => match store.ticket(tenant, id).await? {
-                Some(ticket) => ticket_outcome(&ticket),
-                None => Some(Envelope::error(ToolError::failed(
-                    format!("ticket {id} is gone"),
-                    false,
-                ))),
-            },
-        })
+        let item = match started {
+            Started::Job(id) => Item::Job(id),
+            Started::Ticket(id) => Item::Ticket(id),
+        };
+        item_outcome(self.env.store().as_ref(), &self.run.tenant, item).await
     }
 
     /// Makes call `n` of the reply: what it started to await (a job, a

@@ -69,10 +69,61 @@ pub fn expired(ticket: &str) -> ToolError {
     )
 }
 
+/// A job or ticket a run waits on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Item<'a> {
+    /// A job, by id.
+    Job(&'a str),
+    /// A ticket, by id.
+    Ticket(&'a str),
+}
+
+impl Item<'_> {
+    fn kind(self) -> &'static str {
+        match self {
+            Item::Job(_) => "job",
+            Item::Ticket(_) => "ticket",
+        }
+    }
+
+    fn id(&self) -> &str {
+        match self {
+            Item::Job(id) | Item::Ticket(id) => id,
+        }
+    }
+}
+
+/// `item`'s final envelope once it settled (a job's as `get_job` answers
+/// it, a ticket's [`ticket_outcome`]), `None` while it has not. An item
+/// that is gone (not of the tenant, or pruned) counts as settled with
+/// `not_found`, so nothing waits forever on it.
+pub async fn item_outcome(
+    store: &dyn Store,
+    tenant: &str,
+    item: Item<'_>,
+) -> Result<Option<Envelope>, StoreError> {
+    let gone = || {
+        Some(Envelope::error(ToolError::new(
+            ErrorCode::NotFound,
+            format!("{} {} is gone", item.kind(), item.id()),
+        )))
+    };
+    Ok(match item {
+        Item::Job(id) => match store.job(tenant, id).await? {
+            Some(job) if job.state.is_settled() => Some(job.envelope(POLL_AFTER_S)),
+            Some(_) => None,
+            None => gone(),
+        },
+        Item::Ticket(id) => match store.ticket(tenant, id).await? {
+            Some(ticket) => ticket_outcome(&ticket),
+            None => gone(),
+        },
+    })
+}
+
 /// Each awaited item's final envelope, in the wait's order (jobs, then
 /// tickets), when the wait holds: all settled, or for `any` one; `None`
-/// while it does not. An item that is gone (not of the tenant, or pruned)
-/// counts as settled with `not_found`, so no run waits forever on it.
+/// while it does not.
 pub async fn wait_outcome(
     store: &dyn Store,
     tenant: &str,
@@ -80,22 +131,11 @@ pub async fn wait_outcome(
 ) -> Result<Option<Vec<Value>>, StoreError> {
     let mut settled = Vec::new();
     let mut open = 0usize;
-    for id in &wait.jobs {
-        match store.job(tenant, id).await? {
-            Some(job) if job.state.is_settled() => {
-                settled.push(item("job", id, &job.envelope(POLL_AFTER_S)))
-            }
-            Some(_) => open += 1,
-            None => settled.push(item("job", id, &gone("job", id))),
-        }
-    }
-    for id in &wait.tickets {
-        match store.ticket(tenant, id).await? {
-            Some(ticket) => match ticket_outcome(&ticket) {
-                Some(envelope) => settled.push(item("ticket", id, &envelope)),
-                None => open += 1,
-            },
-            None => settled.push(item("ticket", id, &gone("ticket", id))),
+    let jobs = wait.jobs.iter().map(|id| Item::Job(id));
+    for each in jobs.chain(wait.tickets.iter().map(|id| Item::Ticket(id))) {
+        match item_outcome(store, tenant, each).await? {
+            Some(envelope) => settled.push(item(each.kind(), each.id(), &envelope)),
+            None => open += 1,
         }
     }
     let holds = match wait.wait_for {
@@ -103,13 +143,6 @@ pub async fn wait_outcome(
         WaitFor::Any => !settled.is_empty() || open == 0,
     };
     Ok(holds.then_some(settled))
-}
-
-fn gone(kind: &str, id: &str) -> Envelope {
-    Envelope::error(ToolError::new(
-        ErrorCode::NotFound,
-        format!("{kind} {id} is gone"),
-    ))
 }
 
 /// The notice of a run's state.
@@ -237,8 +270,8 @@ pub async fn enqueue_loop(
     Ok(())
 }
 
-/// Resumes `run` if it waits and its wait holds: true when this call
-/// resumed it. An assistant's run gets the job of its loop; a run its
+/// Resumes `run` if it waits and its wait holds: the run as this call
+/// resumed it, `None` when it did not. An assistant's run gets the job of its loop; a run its
 /// caller drives gets `resumed` (its checkpoint and each item's final
 /// envelope) and its `run.resumed` notice.
 pub async fn resume_if_ready(
@@ -246,12 +279,12 @@ pub async fn resume_if_ready(
     broker: &dyn Broker,
     notices: &dyn Notices,
     run: &RunRecord,
-) -> Result<bool, StoreError> {
+) -> Result<Option<RunRecord>, StoreError> {
     let (RunState::Waiting, Some(wait)) = (run.state, &run.wait) else {
-        return Ok(false);
+        return Ok(None);
     };
     let Some(items) = wait_outcome(store, &run.tenant, wait).await? else {
-        return Ok(false);
+        return Ok(None);
     };
     let resumed = json!({
         "checkpoint": if run.agent.is_some() { Value::Null } else { run.checkpoint.clone().unwrap_or(Value::Null) },
@@ -265,7 +298,7 @@ pub async fn resume_if_ready(
     };
     let Some(running) = store.update_run(update).await? else {
         // Another writer resumed or cancelled it first.
-        return Ok(false);
+        return Ok(None);
     };
     if running.agent.is_some() {
         enqueue_loop(store, broker, &running).await?;
@@ -275,7 +308,7 @@ pub async fn resume_if_ready(
     {
         tracing::warn!(run_id = %running.id, %error, "announcing a resumed run failed");
     }
-    Ok(true)
+    Ok(Some(running))
 }
 
 /// Resumes every run waiting on `item` (a job or ticket id) whose wait now
@@ -378,7 +411,10 @@ pub async fn resume_stale(
     };
     let mut resumed = 0;
     for run in store.stale_runs(stale).await? {
-        if resume_if_ready(store, broker, notices, &run).await? {
+        if resume_if_ready(store, broker, notices, &run)
+            .await?
+            .is_some()
+        {
             resumed += 1;
         }
     }

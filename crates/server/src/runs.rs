@@ -415,9 +415,14 @@ pub(crate) async fn wait(
         state.broker.as_ref(),
         state.notices.as_ref(),
     );
-    if let Err(error) = resume_if_ready(store, broker, notices, &waiting).await {
-        tracing::warn!(run_id = %waiting.id, %error, "resuming a run whose wait held failed; left to the sweeper");
+    match resume_if_ready(store, broker, notices, &waiting).await {
+        Ok(Some(resumed)) => return reply(&ok(run_view(&resumed, true))),
+        Ok(None) => {}
+        Err(error) => {
+            tracing::warn!(run_id = %waiting.id, %error, "resuming a run whose wait held failed; left to the sweeper")
+        }
     }
+    // Not resumed by this call: as it stands now (a waker may have).
     match state.store.run(&principal.tenant, &id).await {
         Ok(Some(run)) => reply(&ok(run_view(&run, true))),
         _ => reply(&ok(run_view(&waiting, true))),
