@@ -12,7 +12,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::month::{Month, calls, usage};
+use common::month::{self, Month, calls, usage};
 use common::{OTHER_TOKEN, Server, TOKEN, TempDir, config_with, eventually};
 use serde_json::{Value, json};
 use toolfleet_agent::testing::{Scripted, ScriptedModel};
@@ -182,7 +182,7 @@ async fn the_worked_example_runs_as_a_parked_and_resumed_run_of_the_assistant() 
     assert!(report.is_string(), "{approval}");
 
     // A retried commit, as the run made it, answers the same report.
-    let again = alice_args(&done);
+    let again = month::commit_args(&done);
     assert!(
         again["confirm_token"].as_str().unwrap().starts_with("ct1."),
         "{again}"
@@ -190,52 +190,9 @@ async fn the_worked_example_runs_as_a_parked_and_resumed_run_of_the_assistant() 
     let retried = alice.call("submit_report", again).await;
     assert_eq!(retried["result"]["report_id"], report, "{retried}");
 
-    // The transcript shows each step in order.
-    let kinds: Vec<String> = done["transcript"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| {
-            let kind = e["type"].as_str().unwrap();
-            match e["tool"].as_str() {
-                Some(tool) => format!("{kind}:{tool}"),
-                None => kind.to_owned(),
-            }
-        })
-        .collect();
-    for expected in [
-        "user",
-        "model",
-        "tool_call:find_expenses",
-        "tool_call:start_receipt_ocr",
-        "tool_call:ask_user",
-        "wait",
-        "tool_result:start_receipt_ocr",
-        "resume",
-        "tool_result:ask_user",
-        "tool_call:submit_report",
-        "tool_result:submit_report",
-    ] {
-        assert!(
-            kinds.iter().any(|k| k == expected),
-            "{expected} in {kinds:?}"
-        );
-    }
-    assert_eq!(done["usage"]["steps"], 6, "{done}");
+    // The transcript shows each step.
+    month::assert_steps(&done);
     server.kill();
-}
-
-/// The commit's arguments as the run made them: the last `submit_report`
-/// call of the transcript.
-fn alice_args(run: &Value) -> Value {
-    run["transcript"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .rev()
-        .find(|e| e["type"] == "tool_call" && e["tool"] == "submit_report")
-        .map(|e| e["args"].clone())
-        .unwrap_or_default()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -14,7 +14,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::month::Month;
+use common::month::{self, Month};
 use common::{Server, SharedCleanup, TOKEN, TempDir, eventually, migrate, shared_fleet};
 use serde_json::{Value, json};
 use toolfleet_agent::testing::ScriptedModel;
@@ -271,7 +271,7 @@ async fn the_worked_example_runs_across_two_dispatchers_and_two_workers_one_kill
 
     // A retried commit, as the run made it, through A (which never ran
     // it) answers the same report.
-    let again = commit_args(&done);
+    let again = month::commit_args(&done);
     assert!(
         again["confirm_token"].as_str().unwrap().starts_with("ct1."),
         "{again}"
@@ -282,53 +282,10 @@ async fn the_worked_example_runs_across_two_dispatchers_and_two_workers_one_kill
     assert_eq!(retried["result"]["report_id"], report, "{retried}");
 
     // The transcript shows each step.
-    let kinds: Vec<String> = done["transcript"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| {
-            let kind = e["type"].as_str().unwrap();
-            match e["tool"].as_str() {
-                Some(tool) => format!("{kind}:{tool}"),
-                None => kind.to_owned(),
-            }
-        })
-        .collect();
-    for expected in [
-        "user",
-        "model",
-        "tool_call:find_expenses",
-        "tool_call:start_receipt_ocr",
-        "tool_call:ask_user",
-        "wait",
-        "tool_result:start_receipt_ocr",
-        "resume",
-        "tool_result:ask_user",
-        "tool_call:submit_report",
-        "tool_result:submit_report",
-    ] {
-        assert!(
-            kinds.iter().any(|k| k == expected),
-            "{expected} in {kinds:?}"
-        );
-    }
-    assert_eq!(done["usage"]["steps"], 6, "{done}");
+    month::assert_steps(&done);
     assert_eq!(model.requests("llama3.1").len(), 6, "one model call a step");
     eprintln!(
         "parked after {parked_at:?}, answered the question at {answered_at:?}, the run answered at {answered_run_at:?}, done at {:?}",
         began.elapsed()
     );
-}
-
-/// The commit's arguments as the run made them: the last `submit_report`
-/// call of the transcript.
-fn commit_args(run: &Value) -> Value {
-    run["transcript"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .rev()
-        .find(|e| e["type"] == "tool_call" && e["tool"] == "submit_report")
-        .map(|e| e["args"].clone())
-        .unwrap_or_default()
 }

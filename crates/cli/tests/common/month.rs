@@ -110,3 +110,52 @@ impl Month {
         ]
     }
 }
+
+/// The commit's arguments as the run made them (its token the one its dry
+/// run answered): the last `submit_report` call of the run's transcript.
+pub(crate) fn commit_args(run: &Value) -> Value {
+    run["transcript"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .rev()
+        .find(|e| e["type"] == "tool_call" && e["tool"] == "submit_report")
+        .map(|e| e["args"].clone())
+        .unwrap_or_default()
+}
+
+/// The answered run of [`Month::script`] shows each step in its
+/// transcript, and six steps in its usage.
+pub(crate) fn assert_steps(done: &Value) {
+    let kinds: Vec<String> = done["transcript"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            let kind = e["type"].as_str().unwrap();
+            match e["tool"].as_str() {
+                Some(tool) => format!("{kind}:{tool}"),
+                None => kind.to_owned(),
+            }
+        })
+        .collect();
+    for expected in [
+        "user",
+        "model",
+        "tool_call:find_expenses",
+        "tool_call:start_receipt_ocr",
+        "tool_call:ask_user",
+        "wait",
+        "tool_result:start_receipt_ocr",
+        "resume",
+        "tool_result:ask_user",
+        "tool_call:submit_report",
+        "tool_result:submit_report",
+    ] {
+        assert!(
+            kinds.iter().any(|k| k == expected),
+            "{expected} in {kinds:?}"
+        );
+    }
+    assert_eq!(done["usage"]["steps"], 6, "{done}");
+}
