@@ -210,6 +210,15 @@ pub(crate) async fn start(
         })
         .collect();
     let runtime = shared.runtime.clone();
+    // Every process beats for the jobs it publishes after answering, and
+    // publishes those of one that fell silent.
+    let outbox = tokio::spawn(toolfleet_fleet::run_outbox(
+        shared.store.clone(),
+        shared.broker.clone(),
+        shared.outbox.clone(),
+        grace,
+        stopped.clone(),
+    ));
     let (address, auth, mcp_jobs) = if roles.dispatcher {
         let dispatching = Dispatching {
             api_limits,
@@ -236,6 +245,7 @@ pub(crate) async fn start(
         for worker in workers {
             let _ = worker.await;
         }
+        let _ = outbox.await;
         Ok(())
     });
     Ok(Served {
@@ -257,6 +267,8 @@ struct Shared {
     metrics: Arc<Metrics>,
     runtime: Arc<Runtime>,
     access: Access,
+    /// Where this process's jobs are published from.
+    outbox: Arc<toolfleet_fleet::Outbox>,
 }
 
 /// Opens the backends `config` names (as deep a subscription as `roles`
@@ -288,14 +300,14 @@ async fn open_shared(
     // Answers and cancels are audited beside the tools' calls.
     let audit: Arc<dyn AuditSink> = Arc::new(StoreAuditSink::spawn(store.clone(), 10_000));
     let access = Access::new(audit.clone(), api_limits.max_long_polls_per_principal);
+    let dispatcher = Dispatcher::new(store.clone(), broker.clone(), notices.clone())
+        .with_metrics(metrics.clone());
+    let outbox = dispatcher.outbox();
     let mut runtime = Runtime::builder()
         .config(RuntimeConfig::default())
         .secret(signing_key(config)?)
         .metrics(metrics.clone())
-        .fleet(Arc::new(
-            Dispatcher::new(store.clone(), broker.clone(), notices.clone())
-                .with_metrics(metrics.clone()),
-        ))
+        .fleet(Arc::new(dispatcher))
         .commit_log(Arc::new(StoreCommitLog::new(store.clone())))
         .audit_sink(audit)
         .build();
@@ -314,6 +326,7 @@ async fn open_shared(
         metrics,
         runtime,
         access,
+        outbox,
     };
     Ok((shared, in_process))
 }
@@ -401,6 +414,7 @@ async fn dispatch(
         metrics,
         runtime,
         access,
+        outbox: _,
     } = shared;
     // Expired leases and lost retries are found within a lease, at most 10 s.
     let period = how.lease.min(Duration::from_secs(10));

@@ -96,6 +96,52 @@ async fn a_dispatcher_dead_between_write_and_publish_loses_nothing() {
     assert_eq!(lines(&dir.0.join("effects")), vec![job]);
 }
 
+/// A call answers `running` once its row is committed and publishes after:
+/// a dispatcher killed in between loses no job, and another process starts
+/// it within 2 s (its outbox beat, not the periodic sweep: the lease here
+/// puts that sweep 10 s apart).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dispatcher_dead_between_answer_and_publish_loses_nothing() {
+    let (dir, config_path, _cleanup, id) = shared_fleet("answered", "lease_s = 30", tools);
+    migrate(&config_path);
+    let mut faulty = Server::start_role_env(
+        &config_path,
+        "dispatcher",
+        "toolfleet serving on ",
+        &[("TOOLFLEET_FAULT", "abort_after_answer")],
+    );
+    let healthy = Server::start_role(&config_path, "dispatcher", "toolfleet serving on ");
+    let _worker = Server::start_role(&config_path, "worker", "toolfleet worker running");
+    let accepted = faulty.client(TOKEN).call("side_effect", json!({})).await;
+    assert_eq!(accepted["status"], "running", "{accepted}");
+    let job = accepted["job_id"].as_str().expect("a job id").to_owned();
+    // It dies before publishing, and nothing was published.
+    let died = faulty.child.wait().expect("the faulty dispatcher exits");
+    assert!(!died.success(), "{died:?}");
+    let schema = format!("tf_{id}");
+    let created: i64 = psql_value(
+        &shared_database_url(),
+        &format!("SELECT created_at FROM {schema}.jobs WHERE id = '{job}'"),
+    )
+    .parse()
+    .expect("the job's row");
+    let done = settle(&healthy.client(TOKEN), &job).await;
+    assert_eq!(done["result"]["done"], true, "{done}");
+    assert_eq!(lines(&dir.0.join("effects")), vec![job.clone()]);
+    // The job's script wrote `runs` once, when it started.
+    let started = std::fs::metadata(dir.0.join("runs"))
+        .and_then(|m| m.modified())
+        .expect("the job ran")
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_millis() as i64;
+    assert!(
+        started - created < 2_000,
+        "started {} ms after it was accepted",
+        started - created
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_dispatchers_and_two_workers_share_one_fleet() {
     let (dir, config_path, _cleanup) = fleet("distributed");

@@ -3,8 +3,10 @@
 //! command outcomes and audit records go to the store.
 //!
 //! The job row is written before its message is published, so the row is its
-//! own outbox: if the publish fails the call still answers `running`, and the
-//! sweeper publishes the job later. Nothing here runs a job.
+//! own outbox: the call answers `running` once the row is committed, and the
+//! message follows from the [`Outbox`], which tries again while a publish
+//! fails; what a crash left unpublished another process publishes within
+//! seconds (`crate::outbox`). Nothing here runs a job.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,6 +26,7 @@ use toolfleet_store::{
 
 use crate::announcer::Announcer;
 use crate::events::{job_event, ticket_event};
+use crate::outbox::Outbox;
 
 /// The poll hint of the envelopes a dispatcher announces (`poll_after_s`
 /// of a job still running).
@@ -43,8 +46,10 @@ pub fn store_error(error: StoreError) -> ToolError {
 /// A crash the tests of the outbox can trigger (`TOOLFLEET_FAULT`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fault {
-    /// The process dies after writing a job row and before publishing it.
+    /// The process dies after writing a job row and before answering.
     AbortAfterJobWrite,
+    /// The process dies after answering `running` and before publishing.
+    AbortAfterAnswer,
 }
 
 impl Fault {
@@ -52,6 +57,7 @@ impl Fault {
     pub fn from_env() -> Option<Fault> {
         match std::env::var("TOOLFLEET_FAULT").ok()?.as_str() {
             "abort_after_job_write" => Some(Fault::AbortAfterJobWrite),
+            "abort_after_answer" => Some(Fault::AbortAfterAnswer),
             _ => None,
         }
     }
@@ -60,9 +66,10 @@ impl Fault {
 /// Accepts jobs and tickets into the store and the broker.
 pub struct Dispatcher {
     store: Arc<dyn Store>,
-    broker: Arc<dyn Broker>,
     /// Publishes events in order, off the call's path.
     announcer: Announcer,
+    /// Publishes jobs' first messages, off the call's path.
+    outbox: Arc<Outbox>,
     fault: Option<Fault>,
     /// Where new jobs are counted.
     metrics: Option<Arc<Metrics>>,
@@ -71,13 +78,20 @@ pub struct Dispatcher {
 impl Dispatcher {
     /// A dispatcher recording in `store`, publishing on `broker` and announcing on `notices`.
     pub fn new(store: Arc<dyn Store>, broker: Arc<dyn Broker>, notices: Arc<dyn Notices>) -> Self {
+        let fault = Fault::from_env();
         Dispatcher {
             store,
-            broker,
+            outbox: Arc::new(Outbox::new(broker, fault)),
             announcer: Announcer::spawn(notices, 65_536),
-            fault: Fault::from_env(),
+            fault,
             metrics: None,
         }
+    }
+
+    /// Where this dispatcher's jobs are published from: its beat and its
+    /// last flush are [`crate::outbox::run_outbox`]'s.
+    pub fn outbox(&self) -> Arc<Outbox> {
+        self.outbox.clone()
     }
 
     /// Counts each job it records in `toolfleet_jobs_enqueued_total`.
@@ -126,6 +140,7 @@ impl Fleet for Dispatcher {
                 max_attempts: job.max_attempts,
                 timeout_ms: job.timeout.as_millis().min(i64::MAX as u128) as i64,
                 now: now_ms(),
+                origin: Some(self.outbox.origin().to_owned()),
             };
             let inserted = self.store.insert_job(new).await.map_err(store_error)?;
             let Inserted::Created(record) = inserted else {
@@ -141,17 +156,11 @@ impl Fleet for Dispatcher {
                 // The runtime only hands over jobs of registered tools.
                 metrics.job_enqueued(&record.tool);
             }
-            let published = self
-                .broker
-                .publish_traced(&record.pool, &record.id, record.trace.as_ref())
+            // The row is durable: the call answers now, the message follows.
+            self.outbox
+                .publish(&record.pool, &record.id, record.trace.as_ref())
                 .await;
-            match published {
-                Ok(()) => tracing::info!(pool = %record.pool, "job enqueued"),
-                // The row is durable: the sweeper publishes it later.
-                Err(error) => {
-                    tracing::warn!(pool = %record.pool, %error, "job recorded; publish failed, left to the sweeper")
-                }
-            }
+            tracing::info!(pool = %record.pool, "job enqueued");
             self.announcer.announce(job_event(&record, POLL_AFTER_S));
             Ok(record.id)
         };

@@ -1,6 +1,7 @@
 //! The fleet: what moves a job between the HTTP edge and the store, in one
 //! place. A call of a job tool is submitted here ([`dispatch::Dispatcher`]:
-//! the row, then the message), every change of a job or ticket is announced
+//! the row, then the answer, then the message from the [`outbox`], which
+//! also publishes what a process that fell silent left unpublished), every change of a job or ticket is announced
 //! from here ([`events`], [`announcer`]), what a crash or a lost message
 //! left behind is published again by the [`sweeper`], an answered ticket
 //! wakes what waits on it ([`tickets`]), and the backends a configuration
@@ -16,6 +17,7 @@ pub mod announcer;
 pub mod backends;
 pub mod dispatch;
 pub mod events;
+pub mod outbox;
 pub mod runs;
 pub mod sweeper;
 pub mod tickets;
@@ -23,4 +25,5 @@ pub mod tickets;
 pub use announcer::Announcer;
 pub use dispatch::{Dispatcher, Fault, StoreAuditSink, StoreCommitLog, store_error};
 pub use events::{job_event, ticket_event, ticket_view};
+pub use outbox::{Outbox, run_outbox};
 pub use sweeper::{run_sweeper, sweep};

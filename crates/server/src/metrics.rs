@@ -349,6 +349,25 @@ mod tests {
         async fn insert_job(&self, _: NewJob) -> Result<Inserted, StoreError> {
             unreachable!()
         }
+        async fn beat_dispatcher(&self, _: &str, _: i64) -> Result<(), StoreError> {
+            unreachable!()
+        }
+        async fn silent_dispatchers(
+            &self,
+            _: i64,
+            _: u32,
+        ) -> Result<Vec<toolfleet_store::SilentDispatcher>, StoreError> {
+            unreachable!()
+        }
+        async fn queued_from(
+            &self,
+            _: toolfleet_store::QueuedFrom<'_>,
+        ) -> Result<Vec<JobRecord>, StoreError> {
+            unreachable!()
+        }
+        async fn forget_dispatcher(&self, _: &str, _: i64) -> Result<bool, StoreError> {
+            unreachable!()
+        }
         async fn job(&self, _: &str, _: &str) -> Result<Option<JobRecord>, StoreError> {
             unreachable!()
         }

@@ -71,6 +71,7 @@ macro_rules! store_conformance {
             cancel_stops_queued_retrying_and_running_jobs,
             cancel_leaves_a_settled_job_as_it_is,
             due_jobs_lists_what_should_run_oldest_first,
+            a_silent_dispatchers_queued_jobs_are_found_until_it_is_forgotten,
             unnotified_jobs_are_settled_jobs_with_callbacks_nobody_notified,
             unnotified_tickets_are_answered_tickets_with_callbacks_nobody_notified,
             list_jobs_pages_newest_first,
@@ -153,6 +154,7 @@ fn job_for(tenant: &str, tool: &str, args: Value, key: Option<&str>, now: i64) -
         max_attempts: 3,
         timeout_ms: 60_000,
         now,
+        origin: None,
     }
 }
 
@@ -885,6 +887,125 @@ pub async fn cancel_leaves_a_settled_job_as_it_is(store: &dyn Store) {
 /// Due jobs are the queued, the retrying whose time came and the running
 /// whose lease ran out, oldest first.
 ///
+/// A dispatcher that answers before it publishes beats; once silent, its
+/// queued jobs of a time range are found by id, page by page, and it is
+/// forgotten unless it beat again. Another dispatcher's jobs, jobs no
+/// longer queued and older ones are not its queued jobs.
+///
+/// This test's dispatchers beat in a range of times of their own, far
+/// after every other test's; it forgets them at the end.
+pub async fn a_silent_dispatchers_queued_jobs_are_found_until_it_is_forgotten(store: &dyn Store) {
+    let t0 = LATER + 500_000_000_000;
+    let (quiet, alive) = (format!("o_{}", new_id()), format!("o_{}", new_id()));
+    store.beat_dispatcher(&quiet, t0).await.expect("beat");
+    store.beat_dispatcher(&alive, t0).await.expect("beat");
+    store
+        .beat_dispatcher(&alive, t0 + 5_000)
+        .await
+        .expect("beat");
+    // A late beat never moves a dispatcher back in time.
+    store.beat_dispatcher(&alive, t0 + 1).await.expect("beat");
+    let silent = store
+        .silent_dispatchers(t0 + 1_000, 1000)
+        .await
+        .expect("silent");
+    let silent: Vec<_> = silent
+        .into_iter()
+        .filter(|s| s.origin == quiet || s.origin == alive)
+        .collect();
+    assert_eq!(
+        silent,
+        vec![crate::SilentDispatcher {
+            origin: quiet.clone(),
+            seen_at: t0
+        }]
+    );
+
+    let t = tenant();
+    let made = |n: i64, origin: &str| NewJob {
+        origin: Some(origin.to_owned()),
+        ..job_for(&t, "ocr", json!({ "n": n }), None, t0 - 10_000 + n)
+    };
+    let mut theirs = Vec::new();
+    for n in 0..5 {
+        theirs.push(insert(store, made(n, &quiet)).await.id);
+    }
+    let older = insert(store, made(-20_000, &quiet)).await;
+    let others = insert(store, made(1, &alive)).await;
+    let held = insert(store, made(6, &quiet)).await;
+    claim(store, &held.id, "worker-1", t0)
+        .await
+        .expect("claimed");
+    theirs.sort();
+
+    let page = |after: Option<String>, limit: u32| {
+        let quiet = quiet.clone();
+        async move {
+            store
+                .queued_from(crate::QueuedFrom {
+                    origin: &quiet,
+                    since: t0 - 10_000,
+                    after: after.as_deref(),
+                    limit,
+                })
+                .await
+                .expect("queued_from")
+                .into_iter()
+                .map(|job| job.id)
+                .collect::<Vec<_>>()
+        }
+    };
+    let first = page(None, 3).await;
+    assert_eq!(first, theirs[..3]);
+    let rest = page(first.last().cloned(), 3).await;
+    assert_eq!(rest, theirs[3..]);
+    let all = page(None, 100).await;
+    assert!(!all.contains(&older.id) && !all.contains(&others.id) && !all.contains(&held.id));
+
+    // Forgotten once, while silent; one that beat since is kept.
+    assert!(
+        !store
+            .forget_dispatcher(&alive, t0 + 1_000)
+            .await
+            .expect("forget")
+    );
+    assert!(
+        store
+            .forget_dispatcher(&quiet, t0 + 1_000)
+            .await
+            .expect("forget")
+    );
+    assert!(
+        !store
+            .forget_dispatcher(&quiet, t0 + 1_000)
+            .await
+            .expect("forget")
+    );
+    let silent = store
+        .silent_dispatchers(t0 + 1_000, 1000)
+        .await
+        .expect("silent");
+    assert!(
+        silent
+            .iter()
+            .all(|s| s.origin != quiet && s.origin != alive)
+    );
+    assert!(
+        store
+            .forget_dispatcher(&alive, i64::MAX)
+            .await
+            .expect("forget")
+    );
+    for id in theirs.iter().chain([&older.id, &others.id, &held.id]) {
+        let cancel = crate::CancelJob {
+            tenant: &t,
+            id,
+            now: t0,
+        };
+        store.cancel(cancel).await.expect("cancel");
+    }
+}
+
 /// This test works a month before [`BASE`], where no other test's job is
 /// due, and cancels its jobs at the end so later runs do not see them.
 pub async fn due_jobs_lists_what_should_run_oldest_first(store: &dyn Store) {

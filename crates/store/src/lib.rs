@@ -98,6 +98,11 @@ pub struct NewJob {
     pub timeout_ms: i64,
     /// When the job was accepted, in Unix milliseconds: it is due from then.
     pub now: i64,
+    /// The dispatcher that publishes the job's first message: a process
+    /// that answers `running` before that publish is confirmed names itself
+    /// here and beats ([`Store::beat_dispatcher`]), so that another finds
+    /// its unpublished jobs once it falls silent ([`Store::queued_from`]).
+    pub origin: Option<String>,
 }
 
 /// A job as stored.
@@ -493,6 +498,28 @@ pub struct CancelJob<'a> {
     pub now: i64,
 }
 
+/// A dispatcher [`Store::silent_dispatchers`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SilentDispatcher {
+    /// The origin its jobs name.
+    pub origin: String,
+    /// When it last beat, in Unix milliseconds.
+    pub seen_at: i64,
+}
+
+/// What [`Store::queued_from`] takes.
+#[derive(Debug, Clone, Copy)]
+pub struct QueuedFrom<'a> {
+    /// The dispatcher whose jobs these are.
+    pub origin: &'a str,
+    /// The earliest `created_at` included.
+    pub since: i64,
+    /// The last id of the page before, if any.
+    pub after: Option<&'a str>,
+    /// At most this many (bounded by the store).
+    pub limit: u32,
+}
+
 /// What [`Store::unnotified_jobs`] and [`Store::unnotified_tickets`] take:
 /// records settled (or answered) at or after `since` and before `until`
 /// whose notice has no record under `<notice_prefix><id>:<state>`, at most
@@ -635,6 +662,24 @@ pub trait Store: Send + Sync + 'static {
     async fn due_jobs(&self, now: i64, limit: u32) -> Result<Vec<JobRecord>, StoreError>;
     /// Counts of jobs by state, for metrics.
     async fn job_counts(&self) -> Result<Vec<(JobState, u64)>, StoreError>;
+
+    // The outbox: dispatchers that answer before they publish.
+
+    /// Records that the dispatcher `origin` was alive at `now`.
+    async fn beat_dispatcher(&self, origin: &str, now: i64) -> Result<(), StoreError>;
+    /// Dispatchers last seen before `seen_before`, longest silent first, at
+    /// most `limit` (bounded).
+    async fn silent_dispatchers(
+        &self,
+        seen_before: i64,
+        limit: u32,
+    ) -> Result<Vec<SilentDispatcher>, StoreError>;
+    /// Queued jobs whose [`NewJob::origin`] is `origin`, made at or after
+    /// `since`, with ids after `after`; by id, at most `limit` (bounded).
+    async fn queued_from(&self, from: QueuedFrom<'_>) -> Result<Vec<JobRecord>, StoreError>;
+    /// Forgets the dispatcher `origin` if it was last seen before
+    /// `seen_before` (one that beat since is kept); whether it did.
+    async fn forget_dispatcher(&self, origin: &str, seen_before: i64) -> Result<bool, StoreError>;
     /// Settled jobs that named a `callback_url`, last updated at or after
     /// `since` and before `until`, whose notice has no record among the
     /// notices ([`Store::claim_notice`]) under the key

@@ -18,9 +18,9 @@ use toolfleet_core::{AuditRecord, JobState, Metrics};
 use crate::{
     AnswerTicket, Answered, CancelJob, ClaimCommit, ClaimJob, ClaimNotice, CommitClaim, Fail,
     Heartbeat, Inserted, JobPage, JobRecord, Lease, ListJobs, ListRuns, ListTickets, NewJob,
-    NewRun, NewTicket, Park, RunInserted, RunPage, RunRecord, SaveCheckpoint, SetProgress,
-    SettleCommit, SettleNotice, SettleTicket, StaleRuns, Store, StoreError, Succeed, TicketPage,
-    TicketRecord, Unnotified, UpdateRun,
+    NewRun, NewTicket, Park, QueuedFrom, RunInserted, RunPage, RunRecord, SaveCheckpoint,
+    SetProgress, SettleCommit, SettleNotice, SettleTicket, SilentDispatcher, StaleRuns, Store,
+    StoreError, Succeed, TicketPage, TicketRecord, Unnotified, UpdateRun,
 };
 
 /// The store `inner`, its failures counted in `metrics`.
@@ -62,6 +62,10 @@ impl Store, for MeteredStore, error StoreError {
     fn cancel(&self, cancel: CancelJob<'_>) -> Option<JobRecord>;
     fn due_jobs(&self, now: i64, limit: u32) -> Vec<JobRecord>;
     fn job_counts(&self) -> Vec<(JobState, u64)>;
+    fn beat_dispatcher(&self, origin: &str, now: i64) -> ();
+    fn silent_dispatchers(&self, seen_before: i64, limit: u32) -> Vec<SilentDispatcher>;
+    fn queued_from(&self, from: QueuedFrom<'_>) -> Vec<JobRecord>;
+    fn forget_dispatcher(&self, origin: &str, seen_before: i64) -> bool;
     fn unnotified_jobs(&self, search: Unnotified<'_>) -> Vec<JobRecord>;
     fn unnotified_tickets(&self, search: Unnotified<'_>) -> Vec<TicketRecord>;
     fn insert_ticket(&self, ticket: NewTicket) -> TicketRecord;

@@ -27,10 +27,10 @@ use crate::rows::{self, Columns, Paging, RowName, encode, to_i64};
 use crate::{
     AnswerTicket, Answered, Answerer, CancelJob, ClaimCommit, ClaimJob, ClaimNotice, CommitClaim,
     Fail, Heartbeat, Inserted, JobFilter, JobPage, JobRecord, Lease, LeaseRef, ListJobs, ListRuns,
-    ListTickets, NewJob, NewRun, NewTicket, Park, RunFilter, RunInserted, RunPage, RunRecord,
-    RunState, SaveCheckpoint, SetProgress, SettleCommit, SettleNotice, SettleTicket, StaleRuns,
-    Store, StoreError, Succeed, TicketKind, TicketPage, TicketRecord, TicketShown, Unnotified,
-    UpdateRun,
+    ListTickets, NewJob, NewRun, NewTicket, Park, QueuedFrom, RunFilter, RunInserted, RunPage,
+    RunRecord, RunState, SaveCheckpoint, SetProgress, SettleCommit, SettleNotice, SettleTicket,
+    SilentDispatcher, StaleRuns, Store, StoreError, Succeed, TicketKind, TicketPage, TicketRecord,
+    TicketShown, Unnotified, UpdateRun,
 };
 
 mod embedded {
@@ -67,12 +67,21 @@ mod sql {
             "
         INSERT INTO jobs (id, tenant, user, tool, pool, args, state, attempts, max_attempts,
             timeout_ms, run_at, idempotency_key, run_id, call_id, callback_url, lineage, scopes,
-            traceparent, tracestate, created_at, updated_at)
+            traceparent, tracestate, origin, created_at, updated_at)
         VALUES (:id, :tenant, :user, :tool, :pool, :args, '{queued}', 0, :max_attempts,
             :timeout_ms, :now, :key, :run_id, :call_id, :callback_url, :lineage, :scopes,
-            :traceparent, :tracestate, :now, :now)
+            :traceparent, :tracestate, :origin, :now, :now)
         ON CONFLICT DO NOTHING
         RETURNING *",
+            queued = Transition::Enqueue.to()
+        )
+    });
+
+    /// The queued jobs a silent dispatcher made since a time, by id.
+    pub(super) static QUEUED_FROM: Built = LazyLock::new(|| {
+        format!(
+            "SELECT * FROM jobs WHERE state = '{queued}' AND origin = ?1 AND created_at >= ?2
+                AND id > ?3 ORDER BY id LIMIT ?4",
             queued = Transition::Enqueue.to()
         )
     });
@@ -832,6 +841,7 @@ fn insert_job(
         ":scopes": scopes,
         ":traceparent": job.trace.as_ref().map(TraceContext::traceparent),
         ":tracestate": job.trace.as_ref().and_then(TraceContext::tracestate),
+        ":origin": job.origin,
     };
     if let Some(created) = query_one(c, &sql::INSERT_JOB, params, job_from_row)? {
         return Ok(Inserted::Created(created));
@@ -1428,6 +1438,63 @@ impl Store for SqliteStore {
 
     async fn job_counts(&self) -> Result<Vec<(JobState, u64)>, StoreError> {
         self.call(|c| job_counts(c)).await
+    }
+
+    async fn beat_dispatcher(&self, origin: &str, now: i64) -> Result<(), StoreError> {
+        let origin = origin.to_owned();
+        self.call(move |c| {
+            let sql = "INSERT INTO dispatchers (origin, seen_at) VALUES (?1, ?2)
+                ON CONFLICT (origin) DO UPDATE SET seen_at = max(seen_at, excluded.seen_at)";
+            c.execute(sql, params![origin, now])?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn silent_dispatchers(
+        &self,
+        seen_before: i64,
+        limit: u32,
+    ) -> Result<Vec<SilentDispatcher>, StoreError> {
+        let limit = limit.min(MAX_BATCH);
+        self.call(move |c| {
+            let sql = "SELECT origin, seen_at FROM dispatchers WHERE seen_at < ?1
+                ORDER BY seen_at, origin LIMIT ?2";
+            let mut statement = c.prepare_cached(sql)?;
+            let rows = statement.query_map(params![seen_before, limit], |row| {
+                Ok(SilentDispatcher {
+                    origin: row.get(0)?,
+                    seen_at: row.get(1)?,
+                })
+            })?;
+            Ok(rows.collect::<Result<Vec<_>, _>>()?)
+        })
+        .await
+    }
+
+    async fn queued_from(&self, from: QueuedFrom<'_>) -> Result<Vec<JobRecord>, StoreError> {
+        let QueuedFrom {
+            origin,
+            since,
+            after,
+            limit,
+        } = from;
+        let (origin, after) = (origin.to_owned(), after.unwrap_or("").to_owned());
+        let limit = limit.min(MAX_BATCH);
+        self.call(move |c| {
+            let params = params![origin, since, after, limit];
+            query_all(c, &sql::QUEUED_FROM, params, job_from_row)
+        })
+        .await
+    }
+
+    async fn forget_dispatcher(&self, origin: &str, seen_before: i64) -> Result<bool, StoreError> {
+        let origin = origin.to_owned();
+        self.call(move |c| {
+            let sql = "DELETE FROM dispatchers WHERE origin = ?1 AND seen_at < ?2";
+            Ok(c.execute(sql, params![origin, seen_before])? > 0)
+        })
+        .await
     }
 
     async fn unnotified_jobs(&self, search: Unnotified<'_>) -> Result<Vec<JobRecord>, StoreError> {

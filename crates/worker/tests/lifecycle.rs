@@ -123,6 +123,7 @@ impl Rig {
                 max_attempts,
                 timeout_ms,
                 now: now_ms(),
+                origin: None,
             })
             .await
             .unwrap();
@@ -864,6 +865,7 @@ async fn a_jobs_lineage_and_its_callers_scopes_reach_its_executor() {
             max_attempts: 1,
             timeout_ms: 5_000,
             now: now_ms(),
+            origin: None,
         })
         .await
         .unwrap();

@@ -113,6 +113,7 @@ async fn insert_many(pool: Pool, place: Arc<str>, jobs: Vec<Insert>) -> Answers<
         &optional(|i| i.scopes.as_deref()),
         &optional(|i| i.traceparent.as_deref()),
         &optional(|i| i.tracestate.as_deref()),
+        &optional(|i| i.job.origin.as_deref()),
     ];
     let stmt = c.prepare_cached(&statements::INSERT_MANY).await?;
     let mut created: HashMap<String, Result<JobRecord, StoreError>> = HashMap::new();

@@ -57,9 +57,9 @@ pub(super) static INSERT_JOB: Built = LazyLock::new(|| {
             r#"
         INSERT INTO jobs (id, tenant, "user", tool, pool, args, state, attempts, max_attempts,
             timeout_ms, run_at, idempotency_key, run_id, call_id, callback_url, lineage,
-            scopes, traceparent, tracestate, created_at, updated_at)
+            scopes, traceparent, tracestate, origin, created_at, updated_at)
         VALUES ($1, $2, $3, $4, $5, $6, '{queued}', 0, $7,
-            $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $9, $9)
+            $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $9, $9)
         ON CONFLICT DO NOTHING
         RETURNING "#,
             job_columns!()
@@ -77,20 +77,41 @@ pub(super) static INSERT_MANY: Built = LazyLock::new(|| {
             r#"
         INSERT INTO jobs (id, tenant, "user", tool, pool, args, state, attempts, max_attempts,
             timeout_ms, run_at, idempotency_key, run_id, call_id, callback_url, lineage,
-            scopes, traceparent, tracestate, created_at, updated_at)
+            scopes, traceparent, tracestate, origin, created_at, updated_at)
         SELECT id, tenant, "user", tool, pool, args, '{queued}', 0, max_attempts,
             timeout_ms, now, idempotency_key, run_id, call_id, callback_url, lineage, scopes,
-            traceparent, tracestate, now, now
+            traceparent, tracestate, origin, now, now
         FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
             $7::bigint[], $8::bigint[], $9::bigint[], $10::text[], $11::text[], $12::text[],
-            $13::text[], $14::text[], $15::text[], $16::text[], $17::text[])
+            $13::text[], $14::text[], $15::text[], $16::text[], $17::text[], $18::text[])
             WITH ORDINALITY AS n(id, tenant, "user", tool, pool, args, max_attempts,
             timeout_ms, now, idempotency_key, run_id, call_id, callback_url, lineage, scopes,
-            traceparent, tracestate, ord)
+            traceparent, tracestate, origin, ord)
         ORDER BY ord
         ON CONFLICT DO NOTHING
         RETURNING "#,
             job_columns!()
+        ),
+        queued = Transition::Enqueue.to()
+    )
+});
+
+/// A dispatcher's beat; a late beat never moves `seen_at` back.
+pub(super) const BEAT_DISPATCHER: &str = "INSERT INTO dispatchers (origin, seen_at) VALUES ($1, $2)
+    ON CONFLICT (origin) DO UPDATE SET seen_at = GREATEST(dispatchers.seen_at, EXCLUDED.seen_at)";
+
+/// Dispatchers silent since a time, the longest silent first.
+pub(super) const SILENT_DISPATCHERS: &str = "SELECT origin, seen_at FROM dispatchers
+    WHERE seen_at < $1 ORDER BY seen_at, origin LIMIT $2";
+
+/// The queued jobs a silent dispatcher made since a time, by id.
+pub(super) static QUEUED_FROM: Built = LazyLock::new(|| {
+    format!(
+        concat!(
+            "SELECT ",
+            job_columns!(),
+            " FROM jobs WHERE state = '{queued}' AND origin = $1 AND created_at >= $2
+            AND id > $3 ORDER BY id LIMIT $4"
         ),
         queued = Transition::Enqueue.to()
     )

@@ -22,10 +22,10 @@ use crate::rows::{Columns, Paging, encode};
 use crate::{
     AnswerTicket, Answered, Answerer, CancelJob, ClaimCommit, ClaimJob, ClaimNotice, CommitClaim,
     Fail, Heartbeat, Inserted, JobFilter, JobPage, JobRecord, Lease, LeaseRef, ListJobs, ListRuns,
-    ListTickets, NewJob, NewRun, NewTicket, Park, RunFilter, RunInserted, RunPage, RunRecord,
-    RunState, SaveCheckpoint, SetProgress, SettleCommit, SettleNotice, SettleTicket, StaleRuns,
-    Store, StoreError, Succeed, TicketKind, TicketPage, TicketRecord, TicketShown, Unnotified,
-    UpdateRun,
+    ListTickets, NewJob, NewRun, NewTicket, Park, QueuedFrom, RunFilter, RunInserted, RunPage,
+    RunRecord, RunState, SaveCheckpoint, SetProgress, SettleCommit, SettleNotice, SettleTicket,
+    SilentDispatcher, StaleRuns, Store, StoreError, Succeed, TicketKind, TicketPage, TicketRecord,
+    TicketShown, Unnotified, UpdateRun,
 };
 
 /// Bound of one answer of [`Store::due_jobs`] and [`Store::audit`].
@@ -91,6 +91,7 @@ pub(super) async fn insert_job(c: &ClientWrapper, insert: &Insert) -> Result<Ins
         &insert.scopes,
         &insert.traceparent,
         &insert.tracestate,
+        &job.origin,
     ];
     if let Some(created) = query_one(c, &statements::INSERT_JOB, params, job_from_row).await? {
         return Ok(Inserted::Created(created));
@@ -590,6 +591,52 @@ impl Store for PgStore {
         let limit = i64::from(limit.min(MAX_BATCH));
         let c = self.client().await?;
         query_all(&c, &statements::DUE, &[&now, &limit], job_from_row).await
+    }
+
+    async fn beat_dispatcher(&self, origin: &str, now: i64) -> Result<(), StoreError> {
+        let c = self.client().await?;
+        execute(&c, statements::BEAT_DISPATCHER, &[&origin, &now]).await?;
+        Ok(())
+    }
+
+    async fn silent_dispatchers(
+        &self,
+        seen_before: i64,
+        limit: u32,
+    ) -> Result<Vec<SilentDispatcher>, StoreError> {
+        let limit = i64::from(limit.min(MAX_BATCH));
+        let c = self.client().await?;
+        let stmt = c.prepare_cached(statements::SILENT_DISPATCHERS).await?;
+        let rows = c.query(&stmt, &[&seen_before, &limit]).await?;
+        rows.iter()
+            .map(|row| {
+                let f = Fields::new(row, "dispatcher", "origin");
+                Ok(SilentDispatcher {
+                    origin: f.get("origin")?,
+                    seen_at: f.get("seen_at")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn queued_from(&self, from: QueuedFrom<'_>) -> Result<Vec<JobRecord>, StoreError> {
+        let QueuedFrom {
+            origin,
+            since,
+            after,
+            limit,
+        } = from;
+        let limit = i64::from(limit.min(MAX_BATCH));
+        let after = after.unwrap_or("");
+        let c = self.client().await?;
+        let params: Params<'_> = &[&origin, &since, &after, &limit];
+        query_all(&c, &statements::QUEUED_FROM, params, job_from_row).await
+    }
+
+    async fn forget_dispatcher(&self, origin: &str, seen_before: i64) -> Result<bool, StoreError> {
+        let c = self.client().await?;
+        let sql = "DELETE FROM dispatchers WHERE origin = $1 AND seen_at < $2";
+        Ok(execute(&c, sql, &[&origin, &seen_before]).await? > 0)
     }
 
     async fn unnotified_jobs(&self, search: Unnotified<'_>) -> Result<Vec<JobRecord>, StoreError> {
