@@ -237,6 +237,11 @@ pub(crate) struct Config {
     /// Worker slots per pool in `serve`.
     #[serde(default = "default_concurrency")]
     pub concurrency: usize,
+    /// Messages a worker holds beyond its slots, so the next job is at hand
+    /// when one frees; `None`: three times `concurrency`. Pools of long
+    /// jobs (`one_job_per_message`, agents' pools) hold none.
+    #[serde(default)]
+    pub prefetch_ahead: Option<usize>,
     /// How long a worker's claim on a job lasts without a heartbeat, in seconds.
     #[serde(default = "default_lease_s")]
     pub lease_s: f64,

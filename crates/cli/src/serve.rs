@@ -196,8 +196,11 @@ pub(crate) async fn start(
     let workers: Vec<_> = pools
         .into_iter()
         .map(|pool| {
+            let long =
+                shared.agent_pools.contains(&pool) || config.one_job_per_message.contains(&pool);
             let mut worker_config = WorkerConfig::new(pool);
             worker_config.concurrency = config.concurrency;
+            worker_config.ahead = prefetch_ahead(&config, long);
             worker_config.lease = lease;
             let worker = Worker::new(
                 worker_config,
@@ -269,6 +272,8 @@ struct Shared {
     access: Access,
     /// Where this process's jobs are published from.
     outbox: Arc<toolfleet_fleet::Outbox>,
+    /// The pools of agents' jobs: long, each in a message of its own.
+    agent_pools: BTreeSet<String>,
 }
 
 /// Opens the backends `config` names (as deep a subscription as `roles`
@@ -281,13 +286,13 @@ async fn open_shared(
     api_limits: &toolfleet_server::Limits,
 ) -> Result<(Shared, bool), String> {
     let prefetch = u16::try_from(config.concurrency.max(1)).unwrap_or(u16::MAX);
+    let agent_pools = agent_pools(config, &extra);
     let Backends {
         store,
         broker,
         notices,
         in_process,
     } = {
-        let agent_pools = agent_pools(config, &extra);
         let heard = (!roles.dispatcher).then(|| heard_states(&agent_pools, roles.pools.as_deref()));
         open_backends(config, prefetch, heard, &agent_pools).await?
     };
@@ -327,8 +332,23 @@ async fn open_shared(
         runtime,
         access,
         outbox,
+        agent_pools,
     };
     Ok((shared, in_process))
+}
+
+/// The messages a worker of a pool holds beyond its slots: none for a pool
+/// of long jobs (they wait in the queue, where any worker may take them),
+/// else `prefetch_ahead`, by default three times `concurrency`, at most
+/// what a prefetch counts.
+fn prefetch_ahead(config: &Config, long: bool) -> usize {
+    if long {
+        return 0;
+    }
+    let ahead = config
+        .prefetch_ahead
+        .unwrap_or_else(|| config.concurrency.saturating_mul(3));
+    ahead.min(usize::from(u16::MAX).saturating_sub(config.concurrency))
 }
 
 /// `lease_s`, at least 0.3 seconds.
@@ -415,6 +435,7 @@ async fn dispatch(
         runtime,
         access,
         outbox: _,
+        agent_pools: _,
     } = shared;
     // Expired leases and lost retries are found within a lease, at most 10 s.
     let period = how.lease.min(Duration::from_secs(10));
@@ -589,6 +610,21 @@ mod tests {
         agent_pools: &BTreeSet<String>,
     ) -> Result<toolfleet_broker::rabbit::RabbitOptions, String> {
         toolfleet_fleet::backends::rabbit_options(&config.backend_settings(), prefetch, agent_pools)
+    }
+
+    /// A worker holds three times its slots ahead unless `prefetch_ahead`
+    /// says otherwise, bounded by what a prefetch counts; a pool of long
+    /// jobs holds none.
+    #[test]
+    fn workers_hold_messages_ahead_except_for_long_jobs() {
+        let config = parse("concurrency = 8");
+        assert_eq!(prefetch_ahead(&config, false), 24);
+        assert_eq!(prefetch_ahead(&config, true), 0);
+        let config = parse("concurrency = 8\nprefetch_ahead = 5");
+        assert_eq!(prefetch_ahead(&config, false), 5);
+        assert_eq!(prefetch_ahead(&config, true), 0);
+        let config = parse("concurrency = 8\nprefetch_ahead = 100000");
+        assert_eq!(prefetch_ahead(&config, false), 65_535 - 8);
     }
 
     /// A process's event subscriptions on RabbitMQ are as deep as its fan-out.

@@ -142,6 +142,46 @@ async fn a_dispatcher_dead_between_answer_and_publish_loses_nothing() {
     );
 }
 
+/// The messages ready in the `default` pool's queue, as the dispatcher's
+/// `/metrics` shows them.
+async fn ready_in_default(client: &common::Client) -> Option<u64> {
+    let (_, body) = client.raw(reqwest::Method::GET, "/metrics", None).await;
+    body["raw"].as_str()?.lines().find_map(|line| {
+        line.strip_prefix("toolfleet_queue_depth{pool=\"default\"} ")?
+            .parse()
+            .ok()
+    })
+}
+
+/// A worker holds messages beyond its slots (`prefetch_ahead`, by default
+/// three times its `concurrency`), so that the next job is at hand when a
+/// slot frees; with `prefetch_ahead = 0` it holds only the job it runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_holds_messages_ahead_of_its_slots() {
+    for (ahead, left) in [("", 2), ("prefetch_ahead = 0\n", 5)] {
+        // Leases of 30 s: the sweep, 10 s apart, republishes nothing meanwhile.
+        let top = format!("concurrency = 1\nlease_s = 30\njobs_per_message = 1\n{ahead}");
+        let (_dir, config_path, _cleanup) = fleet_with("ahead", &top);
+        migrate(&config_path);
+        let dispatcher = Server::start_role(&config_path, "dispatcher", "toolfleet serving on ");
+        let alice = dispatcher.client(TOKEN);
+        for _ in 0..6 {
+            let accepted = alice.call("long_job", json!({})).await;
+            assert_eq!(accepted["status"], "running", "{accepted}");
+        }
+        let _worker = Server::start_role(&config_path, "worker", "toolfleet worker running");
+        // Each job runs 4 s: while the first runs, the queue keeps what the
+        // worker did not take.
+        let alice = &alice;
+        eventually(Duration::from_secs(10), || async move {
+            (ready_in_default(alice).await == Some(left)).then_some(())
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert_eq!(ready_in_default(alice).await, Some(left), "{ahead:?}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_dispatchers_and_two_workers_share_one_fleet() {
     let (dir, config_path, _cleanup) = fleet("distributed");

@@ -55,6 +55,10 @@ pub struct WorkerConfig {
     pub pool: String,
     /// Jobs run at once.
     pub concurrency: usize,
+    /// Messages held beyond `concurrency`, unclaimed and unacknowledged, so
+    /// that the next job is at hand the moment a slot frees (the prefetch is
+    /// `concurrency + ahead`). A worker that stops hands them back unrun.
+    pub ahead: usize,
     /// A claim holds the job this long; heartbeats extend it.
     pub lease: Duration,
     /// First retry delay; doubled per attempt, with jitter.
@@ -73,6 +77,7 @@ impl WorkerConfig {
             id: format!("{pool}-{}", toolfleet_core::new_id()),
             pool,
             concurrency: 8,
+            ahead: 0,
             lease: Duration::from_secs(30),
             backoff_min: Duration::from_secs(1),
             backoff_max: Duration::from_secs(300),
@@ -223,7 +228,8 @@ impl Worker {
     pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>, grace: Duration) {
         let capacity = self.config.concurrency.max(1);
         let slots = Arc::new(Semaphore::new(capacity));
-        let prefetch = u16::try_from(capacity).unwrap_or(u16::MAX);
+        let prefetch =
+            u16::try_from(capacity.saturating_add(self.config.ahead)).unwrap_or(u16::MAX);
         let mut consumer = loop {
             match self.broker.consume(&self.config.pool, prefetch).await {
                 Ok(consumer) => break consumer,

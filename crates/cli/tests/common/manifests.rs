@@ -1465,7 +1465,8 @@ fn concurrency_of(args: &[String], config: &toml::Table) -> Option<u64> {
 /// A ScaledObject of `pool` counts the pool's jobs, running and waiting:
 /// the pool's queue, through RabbitMQ's management API, whose count
 /// includes the messages workers hold unacknowledged (a worker's prefetch
-/// is its `concurrency`, one message per running job). KEDA's HPA keeps
+/// is its `concurrency` and its `prefetch_ahead`: jobs running and jobs
+/// at hand, all of them jobs of the pool). KEDA's HPA keeps
 /// ceil(count / value) workers, so `value` is the workers' `concurrency`.
 /// The API's URL comes through a TriggerAuthentication from the Secret
 /// the workers read their broker URL (`broker`) from, on the same vhost.
