@@ -7,7 +7,9 @@
 //! a timer to fill a batch: a request that finds a batch slot free goes at
 //! once (with those sent while the batching task yields once, the rest of a
 //! burst already under way), so a lightly loaded store answers as fast as
-//! without grouping. Only while every slot is busy do requests queue, and
+//! without grouping; a request made while no other is in flight runs in
+//! its caller's own task, a batch of one without the hops to the batching
+//! task and back. Only while every slot is busy do requests queue, and
 //! the next free slot takes all of them (up to a bound) in one statement.
 //! Under load, then, the number of commits (or confirms) per second stays
 //! near `slots` times the commit rate while the jobs per commit grow with
@@ -19,7 +21,9 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
+use futures_util::future::BoxFuture;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
 /// The errors of a grouped operation.
@@ -31,10 +35,27 @@ pub trait GroupError: Clone + Send + 'static {
 
 type Reply<O, E> = oneshot::Sender<Result<O, E>>;
 
+/// What runs a batch.
+type RunBatch<R, O, E> =
+    Arc<dyn Fn(Vec<R>) -> BoxFuture<'static, Result<Vec<Result<O, E>>, E>> + Send + Sync>;
+
 /// Runs requests of type `R` in batches; each answers an `O` or an `E`.
 pub struct Group<R, O, E> {
     requests: mpsc::UnboundedSender<(R, Reply<O, E>)>,
     what: &'static str,
+    run: RunBatch<R, O, E>,
+    slots: Arc<Semaphore>,
+    /// Requests made and not yet answered, of either path.
+    in_flight: Arc<AtomicUsize>,
+}
+
+/// Counts a request in flight until dropped.
+struct InFlight(Arc<AtomicUsize>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl<R: Send + 'static, O: Send + 'static, E: GroupError> Group<R, O, E> {
@@ -49,7 +70,14 @@ impl<R: Send + 'static, O: Send + 'static, E: GroupError> Group<R, O, E> {
         let (requests, mut queue) = mpsc::unbounded_channel::<(R, Reply<O, E>)>();
         let slots = Arc::new(Semaphore::new(slots.max(1)));
         let max_batch = max_batch.max(1);
-        let run = Arc::new(run);
+        let run: RunBatch<R, O, E> = Arc::new(move |batch| Box::pin(run(batch)));
+        let group = Group {
+            requests,
+            what,
+            run: run.clone(),
+            slots: slots.clone(),
+            in_flight: Arc::new(AtomicUsize::new(0)),
+        };
         tokio::spawn(async move {
             let mut waiting = Vec::with_capacity(max_batch);
             loop {
@@ -87,10 +115,7 @@ impl<R: Send + 'static, O: Send + 'static, E: GroupError> Group<R, O, E> {
                             }
                         }
                         Ok(answers) => {
-                            let error = E::unanswered(format!(
-                                "{what}: a batch of {count} answered {} results",
-                                answers.len()
-                            ));
+                            let error: E = short(what, count, answers.len());
                             for reply in replies {
                                 let _ = reply.send(Err(error.clone()));
                             }
@@ -104,11 +129,29 @@ impl<R: Send + 'static, O: Send + 'static, E: GroupError> Group<R, O, E> {
                 });
             }
         });
-        Group { requests, what }
+        group
     }
 
-    /// Runs `request` in the next batch and answers its result.
+    /// Runs `request` in the next batch and answers its result. A request
+    /// made while no other is in flight, with a slot free beside the one
+    /// the batching task waits with, runs at once in the caller's task: a
+    /// batch of one, without the hops to the batching task and back.
     pub async fn run(&self, request: R) -> Result<O, E> {
+        let alone = self.in_flight.fetch_add(1, Ordering::AcqRel) == 0;
+        let _counted = InFlight(self.in_flight.clone());
+        if alone && let Ok(slot) = self.slots.clone().try_acquire_owned() {
+            let answers = (self.run)(vec![request]).await;
+            drop(slot);
+            let mut answers = answers?;
+            return match (answers.pop(), answers.is_empty()) {
+                (Some(answer), true) => answer,
+                (popped, _) => Err(short(
+                    self.what,
+                    1,
+                    answers.len() + usize::from(popped.is_some()),
+                )),
+            };
+        }
         let (reply, answer) = oneshot::channel();
         self.requests
             .send((request, reply))
@@ -117,6 +160,13 @@ impl<R: Send + 'static, O: Send + 'static, E: GroupError> Group<R, O, E> {
             E::unanswered(format!("{}: the batch was dropped unanswered", self.what))
         })?
     }
+}
+
+/// The error of a batch of `count` that answered `answered` results.
+fn short<E: GroupError>(what: &str, count: usize, answered: usize) -> E {
+    E::unanswered(format!(
+        "{what}: a batch of {count} answered {answered} results"
+    ))
 }
 
 #[cfg(test)]
@@ -147,6 +197,32 @@ mod tests {
         });
         assert_eq!(group.run(21).await, Ok(42));
         assert_eq!(*sizes.lock().unwrap(), vec![1]);
+    }
+
+    /// A request made alone runs in the caller's own task while a slot is
+    /// free beside the batching task's; with a single slot (the batching
+    /// task's) it goes through the batching task.
+    #[tokio::test]
+    async fn a_lone_request_runs_in_its_callers_task_while_a_slot_is_free() {
+        for (slots, inline) in [(2, true), (1, false)] {
+            let group = Group::<u32, Option<tokio::task::Id>, TestError>::spawn(
+                "where",
+                slots,
+                16,
+                |batch: Vec<u32>| async move {
+                    Ok(batch
+                        .into_iter()
+                        .map(|_| Ok(tokio::task::try_id()))
+                        .collect())
+                },
+            );
+            let caller = tokio::spawn(async move {
+                let ran_in = group.run(1).await.expect("answered");
+                (tokio::task::id(), ran_in)
+            });
+            let (caller, ran_in) = caller.await.expect("the caller ran");
+            assert_eq!(ran_in == Some(caller), inline, "{slots} slots");
+        }
     }
 
     /// A request sent a moment after the one that woke the group (by a task
