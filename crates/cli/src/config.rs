@@ -238,7 +238,7 @@ pub(crate) struct Config {
     #[serde(default = "default_concurrency")]
     pub concurrency: usize,
     /// Messages a worker holds beyond its slots, so the next job is at hand
-    /// when one frees; `None`: three times `concurrency`. Pools of long
+    /// when one frees; `None`: as many as `concurrency`. Pools of long
     /// jobs (`one_job_per_message`, agents' pools) hold none.
     #[serde(default)]
     pub prefetch_ahead: Option<usize>,

@@ -154,11 +154,15 @@ async fn ready_in_default(client: &common::Client) -> Option<u64> {
 }
 
 /// A worker holds messages beyond its slots (`prefetch_ahead`, by default
-/// three times its `concurrency`), so that the next job is at hand when a
+/// as many as its `concurrency`), so that the next job is at hand when a
 /// slot frees; with `prefetch_ahead = 0` it holds only the job it runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_holds_messages_ahead_of_its_slots() {
-    for (ahead, left) in [("", 2), ("prefetch_ahead = 0\n", 5)] {
+    for (ahead, left) in [
+        ("", 4),
+        ("prefetch_ahead = 2\n", 3),
+        ("prefetch_ahead = 0\n", 5),
+    ] {
         // Leases of 30 s: the sweep, 10 s apart, republishes nothing meanwhile.
         let top = format!("concurrency = 1\nlease_s = 30\njobs_per_message = 1\n{ahead}");
         let (_dir, config_path, _cleanup) = fleet_with("ahead", &top);
