@@ -37,7 +37,7 @@ use toolfleet_fleet::runs::{Item, item_outcome, notice_of, run_event};
 use toolfleet_store::{RunRecord, RunState, RunWait, StoreError, UpdateRun, WaitFor};
 
 use crate::model::{Model, ModelRequest, ToolCall, ToolResult, ToolSpec, Turn, Usage};
-use crate::run::{AgentEnv, AgentExecutor, Exceeded, Spent, elapsed_ms};
+use crate::run::{AgentEnv, AgentExecutor, Exceeded, Spent, elapsed_ms, open_calls};
 
 /// A tool result shown to the model is cut to this many characters.
 const RESULT_CHARS: usize = 16_000;
@@ -145,22 +145,6 @@ impl Loop {
             steps: self.steps,
             tokens: self.usage.total(),
             wall_ms: self.elapsed_ms(),
-        }
-    }
-
-    fn exceeded(&self, budget: &Budget) -> Option<Exceeded> {
-        self.spent().exceeded(budget)
-    }
-
-    fn remaining(&self, budget: &Budget) -> Budget {
-        self.spent().remaining(budget)
-    }
-
-    /// The calls of the last reply, when their results are still to come.
-    fn open_calls(&self) -> Option<Vec<ToolCall>> {
-        match self.turns.last() {
-            Some(Turn::Assistant { calls, .. }) if !calls.is_empty() => Some(calls.clone()),
-            _ => None,
         }
     }
 
@@ -364,8 +348,8 @@ impl Pass {
         let budget = self.budget();
         let tools = self.offered();
         loop {
-            if let Some(calls) = self.state.open_calls() {
-                if let Some(exceeded) = self.state.exceeded(&budget) {
+            if let Some(calls) = open_calls(&self.state.turns) {
+                if let Some(exceeded) = self.state.spent().exceeded(&budget) {
                     return Ok(exceeded_end(exceeded));
                 }
                 match self.settle_calls(&calls).await? {
@@ -374,7 +358,7 @@ impl Pass {
                     None => {}
                 }
             }
-            if let Some(exceeded) = self.state.exceeded(&budget) {
+            if let Some(exceeded) = self.state.spent().exceeded(&budget) {
                 return Ok(exceeded_end(exceeded));
             }
             let reply = match self.ask_model(&tools, &budget).await {
@@ -428,7 +412,7 @@ impl Pass {
             tools,
             max_output_tokens: spec.max_output_tokens,
         };
-        let left = Duration::from_millis(self.state.remaining(budget).max_wall_ms);
+        let left = Duration::from_millis(self.state.spent().remaining(budget).max_wall_ms);
         // The model client retries what a retry may cure.
         match tokio::time::timeout(left, self.assistant.model.complete(&request)).await {
             Err(_) => Err(exceeded_end(Exceeded::WallTime)),
@@ -668,7 +652,7 @@ impl Pass {
             lineage: Some(Lineage {
                 parent_run_id: self.run.id.clone(),
                 depth: 1,
-                budget: self.state.remaining(&self.budget()),
+                budget: self.state.spent().remaining(&self.budget()),
             }),
             events: None,
             trace: None,

@@ -252,28 +252,19 @@ impl State {
             wall_ms: self.elapsed_ms(),
         }
     }
-
-    /// The first budget this state has used up, if any.
-    fn exceeded(&self, budget: &Budget) -> Option<Exceeded> {
-        self.spent().exceeded(budget)
-    }
-
-    /// What is left of `budget`.
-    fn remaining(&self, budget: &Budget) -> Budget {
-        self.spent().remaining(budget)
-    }
-
-    /// The tool calls of the last reply, when some are still to be made.
-    fn open_calls(&self) -> Option<Vec<ToolCall>> {
-        match self.turns.last() {
-            Some(Turn::Assistant { calls, .. }) if !calls.is_empty() => Some(calls.clone()),
-            _ => None,
-        }
-    }
 }
 
 /// Wall time since `started_at`, less `waited_ms` (time waiting on people
 /// and jobs, which is not the loop's).
+/// The tool calls of the last reply of `turns`, when some are still to be
+/// made (or their results are still to come).
+pub(crate) fn open_calls(turns: &[Turn]) -> Option<Vec<ToolCall>> {
+    match turns.last() {
+        Some(Turn::Assistant { calls, .. }) if !calls.is_empty() => Some(calls.clone()),
+        _ => None,
+    }
+}
+
 pub(crate) fn elapsed_ms(started_at: i64, waited_ms: u64) -> u64 {
     let wall = u64::try_from(now_ms().saturating_sub(started_at)).unwrap_or(0);
     wall.saturating_sub(waited_ms)
@@ -451,10 +442,10 @@ impl Run {
         let (budget, slot) = (&f.budget, &f.slot);
         let tools = self.offered(&f.runtime);
         loop {
-            if let Some(calls) = state.open_calls() {
+            if let Some(calls) = open_calls(&state.turns) {
                 // A reply whose calls the model can never see the results of
                 // (no step left) is not worth running.
-                if let Some(exceeded) = state.exceeded(budget) {
+                if let Some(exceeded) = state.spent().exceeded(budget) {
                     return End::Exceeded(exceeded);
                 }
                 for (n, call) in calls.iter().enumerate().skip(state.pending.len()) {
@@ -471,7 +462,7 @@ impl Run {
                 state.turns.push(Turn::Tool { results });
                 self.save(slot.as_ref(), state).await;
             }
-            if let Some(exceeded) = state.exceeded(budget) {
+            if let Some(exceeded) = state.spent().exceeded(budget) {
                 return End::Exceeded(exceeded);
             }
             let request = ModelRequest {
@@ -480,7 +471,7 @@ impl Run {
                 tools: &tools,
                 max_output_tokens: self.spec.max_output_tokens,
             };
-            let left = Duration::from_millis(state.remaining(budget).max_wall_ms);
+            let left = Duration::from_millis(state.spent().remaining(budget).max_wall_ms);
             let reply = match tokio::time::timeout(left, self.model.complete(&request)).await {
                 Err(_) => return End::Exceeded(Exceeded::WallTime),
                 Ok(Err(error)) => return End::Failed(error.to_string()),
@@ -612,7 +603,7 @@ impl Run {
             lineage: Some(Lineage {
                 parent_run_id: ctx.run_id.clone(),
                 depth: f.depth,
-                budget: state.remaining(&f.budget),
+                budget: state.spent().remaining(&f.budget),
             }),
             events: None,
             // The jobs it starts continue its caller's trace.
@@ -630,7 +621,7 @@ impl Run {
         state: &State,
     ) -> Result<Envelope, End> {
         loop {
-            let left = state.remaining(&f.budget).max_wall_ms;
+            let left = state.spent().remaining(&f.budget).max_wall_ms;
             if left == 0 {
                 return Err(End::Exceeded(Exceeded::WallTime));
             }

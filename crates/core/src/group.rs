@@ -142,14 +142,11 @@ impl<R: Send + 'static, O: Send + 'static, E: GroupError> Group<R, O, E> {
         if alone && let Ok(slot) = self.slots.clone().try_acquire_owned() {
             let answers = (self.run)(vec![request]).await;
             drop(slot);
-            let mut answers = answers?;
-            return match (answers.pop(), answers.is_empty()) {
-                (Some(answer), true) => answer,
-                (popped, _) => Err(short(
-                    self.what,
-                    1,
-                    answers.len() + usize::from(popped.is_some()),
-                )),
+            let answers = answers?;
+            let answered = answers.len();
+            return match <[_; 1]>::try_from(answers) {
+                Ok([answer]) => answer,
+                Err(_) => Err(short(self.what, 1, answered)),
             };
         }
         let (reply, answer) = oneshot::channel();
