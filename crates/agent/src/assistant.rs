@@ -661,6 +661,7 @@ impl Pass {
                 .iter()
                 .any(|t| t == tool)
                 .then_some(AnsweredBy::Caller),
+            run_at: None,
         }
     }
 

@@ -609,6 +609,7 @@ impl Run {
             // The jobs it starts continue its caller's trace.
             trace: ctx.trace.clone(),
             approval: None,
+            run_at: None,
         }
     }
 

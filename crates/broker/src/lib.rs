@@ -276,8 +276,9 @@ impl Default for EventState {
 impl EventState {
     /// Every state an event can carry: the job states the contract shows,
     /// then `open` and `answered`.
-    pub const ALL: [EventState; 15] = [
+    pub const ALL: [EventState; 16] = [
         EventState::Job(JobState::Queued),
+        EventState::Job(JobState::Scheduled),
         EventState::Job(JobState::Running),
         EventState::Job(JobState::Retrying),
         EventState::Job(JobState::Succeeded),
@@ -566,5 +567,22 @@ mod batch_tests {
                 .collect();
             assert_eq!(mine, given, "job {id}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every job state the contract shows can be announced, heard and
+    /// filtered on, by its own name.
+    #[test]
+    fn every_shown_job_state_is_an_event_state() {
+        for state in JobState::SHOWN {
+            let event = EventState::Job(state);
+            assert!(EventState::ALL.contains(&event), "{state}");
+            assert_eq!(EventState::parse(state.as_str()), Some(event));
+        }
+        assert_eq!(EventState::parse("parked"), None);
     }
 }

@@ -118,6 +118,13 @@ impl MemoryBroker {
         self.shared().close();
     }
 
+    /// Delayed messages of `pool` whose delay has not run out: each holds
+    /// a timer in this process until then.
+    pub fn scheduled(&self, pool: &str) -> usize {
+        let state = self.shared().lock();
+        state.pools.get(pool).map_or(0, |p| p.scheduled)
+    }
+
     /// The job ids rejected in `pool`, oldest first.
     pub fn dead_letters(&self, pool: &str) -> Vec<String> {
         let state = self.shared().lock();

@@ -118,16 +118,15 @@ pub(crate) async fn tools(config: &Config, args: &ServerArgs, format: &str) -> R
 pub(crate) async fn call(
     config: &Config,
     args: &ServerArgs,
-    tool: &str,
+    mut call: Value,
     json_args: &str,
     wait: bool,
 ) -> Result<(), String> {
     let parsed: Value =
         serde_json::from_str(json_args).map_err(|e| format!("the arguments are not JSON: {e}"))?;
     let client = Client::new(config, args)?;
-    let mut envelope = client
-        .post("/v1/calls", &json!({"tool": tool, "args": parsed}))
-        .await?;
+    call["args"] = parsed;
+    let mut envelope = client.post("/v1/calls", &call).await?;
     if wait && envelope["status"] == "running" {
         envelope = wait_for(&client, &envelope).await?;
     }

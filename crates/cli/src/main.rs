@@ -19,6 +19,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use serde_json::json;
 
 #[derive(Parser)]
 #[command(
@@ -70,8 +71,15 @@ enum Command {
         /// For a job: wait until it settles and print the final envelope.
         #[arg(long, conflicts_with = "batch")]
         wait: bool,
+        /// For a job: start it at this RFC 3339 time, not at once.
+        #[arg(long, value_name = "TIME", conflicts_with_all = ["batch", "delay_s"])]
+        run_at: Option<String>,
+        /// For a job: start it this many seconds from now.
+        #[arg(long, value_name = "SECONDS", conflicts_with = "batch")]
+        delay_s: Option<f64>,
         /// Make every call of FILE (a JSON array of `{"tool", "args",
-        /// "idempotency_key"?, "run_id"?, "callback_url"?}`, or one such
+        /// "idempotency_key"?, "run_id"?, "callback_url"?, "run_at"?,
+        /// "delay_s"?}`, or one such
         /// object a line), 1,000 a request, and print each envelope a line.
         #[arg(long, value_name = "FILE", conflicts_with = "tool")]
         batch: Option<std::path::PathBuf>,
@@ -235,11 +243,22 @@ fn main() -> ExitCode {
                 tool,
                 args,
                 wait,
+                run_at,
+                delay_s,
                 batch,
                 server,
             } => match (batch, tool) {
                 (Some(file), _) => client::call_batch(&config, &server, &file).await,
-                (None, Some(tool)) => client::call(&config, &server, &tool, &args, wait).await,
+                (None, Some(tool)) => {
+                    let mut call = json!({"tool": tool});
+                    if let Some(at) = run_at {
+                        call["run_at"] = json!(at);
+                    }
+                    if let Some(delay) = delay_s {
+                        call["delay_s"] = json!(delay);
+                    }
+                    client::call(&config, &server, call, &args, wait).await
+                }
                 (None, None) => Err("name a tool, or --batch FILE".to_owned()),
             },
             Command::Inbox {

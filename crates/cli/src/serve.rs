@@ -13,6 +13,7 @@ use toolfleet_core::Metrics;
 use toolfleet_core::metrics::Role;
 use toolfleet_core::{AuditSink, Runtime, RuntimeConfig, ToolDecl};
 use toolfleet_fleet::backends::{Backends, heard_states};
+use toolfleet_fleet::sweeper::sweep_period;
 use toolfleet_fleet::{run_sweeper, sweep};
 use toolfleet_server::bounds::Holds;
 use toolfleet_server::http::ConnectionLimits;
@@ -161,7 +162,8 @@ pub(crate) async fn start(
     let (shared, in_process) = open_shared(&config, extra, &roles, &api_limits).await?;
     if in_process {
         // The in-process queue starts empty: refill it from the store first.
-        let refilled = sweep(shared.store.as_ref(), shared.broker.as_ref(), 100_000, None).await?;
+        let (store, broker) = (shared.store.as_ref(), shared.broker.as_ref());
+        let refilled = sweep(store, broker, 100_000, None, sweep_period(lease)).await?;
         if refilled > 0 {
             tracing::info!(jobs = refilled, "requeued jobs left from the last run");
         }
@@ -306,7 +308,8 @@ async fn open_shared(
     let audit: Arc<dyn AuditSink> = Arc::new(StoreAuditSink::spawn(store.clone(), 10_000));
     let access = Access::new(audit.clone(), api_limits.max_long_polls_per_principal);
     let dispatcher = Dispatcher::new(store.clone(), broker.clone(), notices.clone())
-        .with_metrics(metrics.clone());
+        .with_metrics(metrics.clone())
+        .with_horizon(sweep_period(lease_of(config)?));
     let outbox = dispatcher.outbox();
     let mut runtime = Runtime::builder()
         .config(RuntimeConfig::default())
@@ -437,8 +440,9 @@ async fn dispatch(
         outbox: _,
         agent_pools: _,
     } = shared;
-    // Expired leases and lost retries are found within a lease, at most 10 s.
-    let period = how.lease.min(Duration::from_secs(10));
+    // Expired leases and lost retries are found within a lease, at most 10
+    // s; scheduled jobs are published a period before they are due.
+    let period = sweep_period(how.lease);
     tokio::spawn(run_sweeper(
         store.clone(),
         broker.clone(),

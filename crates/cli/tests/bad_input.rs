@@ -105,6 +105,67 @@ async fn every_entry_point_answers_bad_input_with_the_contract() {
     let (status, body) = post(br#"{"tool": "find_expenses", "surprise": 1}"#.to_vec()).await;
     assert_eq!(status, 400, "{body}");
 
+    // Start times: each refusal names its field and says what would pass.
+    for (when, field, says) in [
+        (
+            json!({"run_at": "2020-01-01T00:00:00Z"}),
+            "run_at",
+            "in the past",
+        ),
+        (json!({"run_at": "next tuesday"}), "run_at", "RFC 3339"),
+        (
+            json!({"run_at": "2026-13-01T00:00:00Z"}),
+            "run_at",
+            "RFC 3339",
+        ),
+        (
+            json!({"run_at": "9999-01-01T00:00:00Z"}),
+            "run_at",
+            "more than a year",
+        ),
+        (json!({"delay_s": -1}), "delay_s", "0 or more"),
+        (json!({"delay_s": 1e12}), "delay_s", "more than a year"),
+        (
+            json!({"delay_s": 5, "run_at": "2030-01-01T00:00:00Z"}),
+            "delay_s",
+            "not both",
+        ),
+    ] {
+        let mut call = json!({"tool": "garbage_job", "args": {}});
+        for (key, value) in when.as_object().unwrap() {
+            call[key] = value.clone();
+        }
+        let (status, body) = post(call.to_string().into_bytes()).await;
+        let message = body["error"]["message"].as_str().unwrap_or_default();
+        assert_eq!(
+            (status, body["error"]["code"].as_str()),
+            (400, Some("bad_request")),
+            "{when}: {body}"
+        );
+        assert!(
+            message.contains(&format!("`{field}`")) && message.contains(says),
+            "{when}: {message}"
+        );
+    }
+    let (status, body) = post(br#"{"tool": "garbage_job", "delay_s": "soon"}"#.to_vec()).await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (400, Some("bad_request")),
+        "{body}"
+    );
+    // Only a job or agent tool takes one.
+    let (status, body) = post(br#"{"tool": "find_expenses", "delay_s": 60}"#.to_vec()).await;
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (200, Some("bad_request")),
+        "{body}"
+    );
+    assert!(
+        message.contains("`run_at` and `delay_s`") && message.contains("query"),
+        "{message}"
+    );
+
     // Tokens.
     for token in ["", "wrong"] {
         let mut client = alice.clone();

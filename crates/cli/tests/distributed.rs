@@ -550,3 +550,98 @@ async fn a_notice_every_dispatcher_missed_is_sent_from_the_store() {
     tokio::time::sleep(Duration::from_secs(12)).await;
     assert_eq!(hooks.lock().unwrap().len(), 1, "sent once");
 }
+
+/// The messages in RabbitMQ's queue `queue`, or `None` when no such queue
+/// was ever declared.
+async fn messages_in(queue: &str) -> Option<u32> {
+    let connection =
+        lapin::Connection::connect(&shared_amqp_url(), lapin::ConnectionProperties::default())
+            .await
+            .expect("RabbitMQ");
+    let channel = connection.create_channel().await.expect("a channel");
+    let passive = lapin::options::QueueDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
+    let declared = channel
+        .queue_declare(queue.into(), passive, lapin::types::FieldTable::default())
+        .await;
+    let _ = connection.close(0, "done".into()).await;
+    declared.ok().map(|q| q.message_count())
+}
+
+/// A call with `delay_s` is `scheduled` across the fleet: `get_job` and the
+/// list say so and when, it starts at its time (its delayed message, not
+/// the sweep, which the 30 s lease puts 10 s apart) and never before; one
+/// due in two weeks holds no message in RabbitMQ and is cancelled before
+/// its time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delayed_call_starts_at_its_time_across_the_fleet() {
+    let (dir, config_path, _cleanup, id) = shared_fleet("delayed", "lease_s = 30", tools);
+    migrate(&config_path);
+    let dispatcher = Server::start_role(&config_path, "dispatcher", "toolfleet serving on ");
+    let _worker = Server::start_role(&config_path, "worker", "toolfleet worker running");
+    let alice = dispatcher.client(TOKEN);
+    let accepted = alice
+        .post(
+            "/v1/calls",
+            json!({"tool": "side_effect", "args": {}, "delay_s": 2}),
+        )
+        .await;
+    assert_eq!(accepted["status"], "running", "{accepted}");
+    let job = accepted["job_id"].as_str().expect("a job id").to_owned();
+    let read = alice.get(&format!("/v1/jobs/{job}")).await;
+    assert_eq!(read["state"], "scheduled", "{read}");
+    let shown = read["run_at"].as_str().expect("run_at shown").to_owned();
+    let listed = alice.get("/v1/jobs?state=scheduled").await;
+    assert_eq!(listed["jobs"][0]["job_id"], job.as_str(), "{listed}");
+    let run_at: i64 = psql_value(
+        &shared_database_url(),
+        &format!("SELECT run_at FROM tf_{id}.jobs WHERE id = '{job}'"),
+    )
+    .parse()
+    .expect("the job's row");
+    assert_eq!(shown, toolfleet_core::iso8601(run_at));
+
+    let done = settle(&alice, &job).await;
+    assert_eq!(done["result"]["done"], true, "{done}");
+    let started = std::fs::metadata(dir.0.join("runs"))
+        .and_then(|m| m.modified())
+        .expect("the job ran")
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_millis() as i64;
+    assert!(started >= run_at, "started {} ms early", run_at - started);
+    assert!(
+        started - run_at < 5_000,
+        "started {} ms after its time",
+        started - run_at
+    );
+
+    let weeks = alice
+        .post(
+            "/v1/calls",
+            json!({"tool": "side_effect", "args": {}, "delay_s": 14 * 24 * 3600}),
+        )
+        .await;
+    let later = weeks["job_id"].as_str().expect("a job id").to_owned();
+    assert_eq!(
+        alice.get(&format!("/v1/jobs/{later}")).await["state"],
+        "scheduled"
+    );
+    let prefix = format!("tf-{id}");
+    let bucket = toolfleet_broker::rabbit::delay_bucket(Duration::from_secs(14 * 24 * 3600));
+    let delay_queue = toolfleet_broker::rabbit::delay_queue_name(
+        &prefix,
+        "default",
+        u64::try_from(bucket.as_millis()).expect("a bucket in ms"),
+    );
+    assert_eq!(messages_in(&delay_queue).await, None, "no delayed message");
+    let pool_queue = toolfleet_broker::rabbit::pool_queue_name(&prefix, "default");
+    assert_eq!(messages_in(&pool_queue).await, Some(0), "no ready message");
+    let cancelled = alice
+        .post(&format!("/v1/jobs/{later}/cancel"), json!({}))
+        .await;
+    assert_eq!(cancelled["error"]["code"], "cancelled", "{cancelled}");
+    assert_eq!(lines(&dir.0.join("effects")), vec![job]);
+}

@@ -300,7 +300,7 @@ pub enum Envelope {
         job_id: String,
         /// How long to wait before polling again, in seconds.
         poll_after_s: u32,
-        /// Set by `get_job`: `queued`, `running` or `retrying`.
+        /// Set by `get_job`: `queued`, `scheduled`, `running` or `retrying`.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         state: Option<JobState>,
         /// Set by `get_job`: the attempts started so far.
@@ -309,6 +309,10 @@ pub enum Envelope {
         /// Set by `get_job`: the progress the tool last reported.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         progress: Option<Value>,
+        /// Set by `get_job` for a `scheduled` job: when it may start (RFC
+        /// 3339, UTC).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        run_at: Option<String>,
     },
     /// A human tool opened a ticket and waits for its answer.
     Suspended {
@@ -346,6 +350,7 @@ impl Envelope {
             state: None,
             attempts: None,
             progress: None,
+            run_at: None,
         }
     }
 

@@ -19,7 +19,8 @@
 //!                          ▲
 //!                     wake │      park (running ──► parked, on a ticket)
 //!                        parked
-//!  cancel: queued, retrying, parked, running ──► cancelled
+//!  schedule ──► scheduled ──claim (due)──► running
+//!  cancel: queued, scheduled, retrying, parked, running ──► cancelled
 //! ```
 
 use std::fmt;
@@ -28,13 +29,16 @@ use serde::{Deserialize, Serialize};
 
 /// Where a job is in its life, as the store keeps it.
 ///
-/// The contract shows six of these: a parked job reads as `retrying` to
+/// The contract shows seven of these: a parked job reads as `retrying` to
 /// clients ([`JobState::shown`]), as it always has.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum JobState {
     /// Recorded and waiting for a worker.
     Queued,
+    /// Recorded with a start time (the call's `run_at` or `delay_s`): no
+    /// worker may claim it before its `run_at`.
+    Scheduled,
     /// Claimed by one attempt, under a lease its worker keeps by heartbeats.
     Running,
     /// An attempt failed with a retryable error; due again at `run_at`.
@@ -53,8 +57,9 @@ pub enum JobState {
 
 impl JobState {
     /// Every state, as the store may hold it.
-    pub const ALL: [JobState; 7] = [
+    pub const ALL: [JobState; 8] = [
         JobState::Queued,
+        JobState::Scheduled,
         JobState::Running,
         JobState::Retrying,
         JobState::Parked,
@@ -64,8 +69,9 @@ impl JobState {
     ];
 
     /// The states the contract shows, in its order.
-    pub const SHOWN: [JobState; 6] = [
+    pub const SHOWN: [JobState; 7] = [
         JobState::Queued,
+        JobState::Scheduled,
         JobState::Running,
         JobState::Retrying,
         JobState::Succeeded,
@@ -80,6 +86,7 @@ impl JobState {
     pub fn as_str(self) -> &'static str {
         match self {
             JobState::Queued => "queued",
+            JobState::Scheduled => "scheduled",
             JobState::Running => "running",
             JobState::Retrying => "retrying",
             JobState::Parked => "parked",
@@ -113,6 +120,7 @@ impl JobState {
         match self {
             JobState::Retrying => &[JobState::Retrying, JobState::Parked],
             JobState::Queued => &[JobState::Queued],
+            JobState::Scheduled => &[JobState::Scheduled],
             JobState::Running => &[JobState::Running],
             JobState::Parked => &[JobState::Parked],
             JobState::Succeeded => &[JobState::Succeeded],
@@ -168,8 +176,11 @@ pub enum Guard {
 pub enum Transition {
     /// (new) -> queued: a call of a job or agent tool is recorded.
     Enqueue,
-    /// queued, or retrying and due -> running: attempts + 1, leased to the
-    /// claiming worker.
+    /// (new) -> scheduled: a call of a job or agent tool is recorded with a
+    /// start time still to come (`run_at`).
+    Schedule,
+    /// queued, or scheduled or retrying and due -> running: attempts + 1,
+    /// leased to the claiming worker.
     Claim,
     /// running with an expired lease -> running: attempts + 1, leased to
     /// the new attempt; runnable since the old lease ended.
@@ -190,14 +201,15 @@ pub enum Transition {
     /// running (this attempt) -> failed: the error is not retryable, no
     /// attempt remains, or the job was claimed past its last attempt.
     Fail,
-    /// queued, retrying, parked or running -> cancelled.
+    /// queued, scheduled, retrying, parked or running -> cancelled.
     Cancel,
 }
 
 impl Transition {
     /// Every transition.
-    pub const ALL: [Transition; 10] = [
+    pub const ALL: [Transition; 11] = [
         Transition::Enqueue,
+        Transition::Schedule,
         Transition::Claim,
         Transition::TakeOver,
         Transition::Heartbeat,
@@ -213,6 +225,7 @@ impl Transition {
     pub fn name(self) -> &'static str {
         match self {
             Transition::Enqueue => "enqueue",
+            Transition::Schedule => "schedule",
             Transition::Claim => "claim",
             Transition::TakeOver => "take_over",
             Transition::Heartbeat => "heartbeat",
@@ -225,13 +238,13 @@ impl Transition {
         }
     }
 
-    /// The states it moves a job from (none for [`Transition::Enqueue`],
-    /// which makes the job).
+    /// The states it moves a job from (none for [`Transition::Enqueue`] and
+    /// [`Transition::Schedule`], which make the job).
     pub fn from(self) -> &'static [JobState] {
         use JobState::*;
         match self {
-            Transition::Enqueue => &[],
-            Transition::Claim => &[Queued, Retrying],
+            Transition::Enqueue | Transition::Schedule => &[],
+            Transition::Claim => &[Queued, Scheduled, Retrying],
             Transition::TakeOver
             | Transition::Heartbeat
             | Transition::Park
@@ -239,7 +252,7 @@ impl Transition {
             | Transition::Retry
             | Transition::Fail => &[Running],
             Transition::Wake => &[Parked],
-            Transition::Cancel => &[Queued, Retrying, Parked, Running],
+            Transition::Cancel => &[Queued, Scheduled, Retrying, Parked, Running],
         }
     }
 
@@ -247,6 +260,7 @@ impl Transition {
     pub fn to(self) -> JobState {
         match self {
             Transition::Enqueue => JobState::Queued,
+            Transition::Schedule => JobState::Scheduled,
             Transition::Claim | Transition::TakeOver | Transition::Heartbeat => JobState::Running,
             Transition::Park => JobState::Parked,
             Transition::Wake | Transition::Retry => JobState::Retrying,
@@ -259,7 +273,9 @@ impl Transition {
     /// Who calls it.
     pub fn by(self) -> Caller {
         match self {
-            Transition::Enqueue | Transition::Wake | Transition::Cancel => Caller::Dispatcher,
+            Transition::Enqueue | Transition::Schedule | Transition::Wake | Transition::Cancel => {
+                Caller::Dispatcher
+            }
             Transition::Claim | Transition::TakeOver => Caller::Claimant,
             Transition::Heartbeat
             | Transition::Park
@@ -272,7 +288,7 @@ impl Transition {
     /// What must hold beside the job's state.
     pub fn guard(self) -> Guard {
         match self {
-            Transition::Enqueue => Guard::None,
+            Transition::Enqueue | Transition::Schedule => Guard::None,
             Transition::Claim => Guard::Due,
             Transition::TakeOver => Guard::LeaseExpired,
             Transition::Heartbeat
@@ -391,7 +407,10 @@ mod tests {
 
     #[test]
     fn state_lists_read_as_sql() {
-        assert_eq!(sql_list(Transition::Claim.from()), "('queued', 'retrying')");
+        assert_eq!(
+            sql_list(Transition::Claim.from()),
+            "('queued', 'scheduled', 'retrying')"
+        );
         assert_eq!(
             sql_list(&JobState::SETTLED),
             "('succeeded', 'failed', 'cancelled')"

@@ -598,7 +598,7 @@ impl Metrics {
                 .inc(),
             JobState::Retrying => self.job_retries.get_or_create(&tool_label(tool)).inc(),
             // Parking waits for a person: no attempt failed.
-            JobState::Queued | JobState::Running | JobState::Parked => 0,
+            JobState::Queued | JobState::Scheduled | JobState::Running | JobState::Parked => 0,
         };
     }
 

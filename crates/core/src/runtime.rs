@@ -269,6 +269,17 @@ impl Runtime {
     }
 
     async fn invoke_tool(&self, tool: &Tool, args: Value, ctx: &CallCtx) -> Envelope {
+        if ctx.run_at.is_some() && !matches!(tool.shape(), Shape::Job | Shape::Agent) {
+            return Envelope::error(ToolError::new(
+                ErrorCode::BadRequest,
+                format!(
+                    "`run_at` and `delay_s` are for job and agent tools; `{}` is a {} tool and runs \
+                     when called: call it without them",
+                    tool.name(),
+                    tool.shape().as_str()
+                ),
+            ));
+        }
         if let Err(error) = tool.validate(&args) {
             self.services.metrics.validation_failure(tool.name());
             return Envelope::error(error);

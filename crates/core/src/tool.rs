@@ -258,6 +258,10 @@ pub struct CallCtx {
     /// Set by a run's loop for a command its assistant names in `approve`:
     /// its commit waits for this approval, whatever the tool declares.
     pub approval: Option<AnsweredBy>,
+    /// When the job this call makes may start, in Unix milliseconds (the
+    /// call's `run_at` or `delay_s`); `None`: at once. Only job and agent
+    /// tools take one.
+    pub run_at: Option<i64>,
 }
 
 /// Something a running call tells its caller before its result.
@@ -378,6 +382,7 @@ impl CallCtx {
             events: None,
             trace: None,
             approval: None,
+            run_at: None,
         }
     }
 
@@ -432,6 +437,31 @@ pub fn now_ms() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
         .unwrap_or(0)
+}
+
+/// Unix milliseconds as RFC 3339 (ISO 8601) UTC, to the millisecond:
+/// `2026-12-02T14:05:00.000Z`.
+pub fn iso8601(ms: i64) -> String {
+    let secs = ms.div_euclid(1000);
+    let millis = ms.rem_euclid(1000);
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    // Civil from days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{millis:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
 }
 
 /// The pool of a job or agent tool that names none.

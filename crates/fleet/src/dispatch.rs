@@ -17,7 +17,7 @@ use toolfleet_broker::{Broker, Notices};
 use toolfleet_core::shapes::command::{COMMIT_WAIT, Claim, ClaimTerms, CommitLog};
 use toolfleet_core::{
     Approval, ApprovalRequest, AuditRecord, AuditSink, Envelope, ErrorCode, Fleet, JobRequest,
-    Metrics, TicketRequest, ToolError, approval_question, now_ms,
+    JobState, Metrics, TicketRequest, ToolError, approval_question, now_ms,
 };
 use toolfleet_store::{
     ClaimCommit, CommitClaim, Inserted, NewJob, NewTicket, Store, StoreError, TicketKind,
@@ -73,6 +73,10 @@ pub struct Dispatcher {
     fault: Option<Fault>,
     /// Where new jobs are counted.
     metrics: Option<Arc<Metrics>>,
+    /// A scheduled job due within this is published at once, with its
+    /// delay; a later one holds no message until the sweeper's pass before
+    /// it is due.
+    horizon: Duration,
 }
 
 impl Dispatcher {
@@ -85,7 +89,16 @@ impl Dispatcher {
             announcer: Announcer::spawn(notices, 65_536),
             fault,
             metrics: None,
+            horizon: crate::sweeper::sweep_period(Duration::MAX),
         }
+    }
+
+    /// Publishes at once, with their delay, the scheduled jobs due within
+    /// `horizon`: the sweeper's period ([`crate::sweeper::sweep_period`]),
+    /// whose passes publish the later ones as they come within reach.
+    pub fn with_horizon(mut self, horizon: Duration) -> Self {
+        self.horizon = horizon;
+        self
     }
 
     /// Where this dispatcher's jobs are published from: its beat and its
@@ -140,6 +153,7 @@ impl Fleet for Dispatcher {
                 max_attempts: job.max_attempts,
                 timeout_ms: job.timeout.as_millis().min(i64::MAX as u128) as i64,
                 now: now_ms(),
+                run_at: ctx.run_at,
                 origin: Some(self.outbox.origin().to_owned()),
             };
             let inserted = self.store.insert_job(new).await.map_err(store_error)?;
@@ -156,11 +170,17 @@ impl Fleet for Dispatcher {
                 // The runtime only hands over jobs of registered tools.
                 metrics.job_enqueued(&record.tool);
             }
-            // The row is durable: the call answers now, the message follows.
-            self.outbox
-                .publish(&record.pool, &record.id, record.trace.as_ref())
-                .await;
-            tracing::info!(pool = %record.pool, "job enqueued");
+            // The row is durable: the call answers now, the message follows;
+            // for a job scheduled past the horizon, the sweeper's, later.
+            let wait = u64::try_from(record.run_at.saturating_sub(now_ms())).unwrap_or(0);
+            let wait = Duration::from_millis(wait);
+            if record.state != JobState::Scheduled || wait <= self.horizon {
+                let trace = record.trace.as_ref();
+                self.outbox
+                    .publish(&record.pool, &record.id, trace, wait)
+                    .await;
+            }
+            tracing::info!(pool = %record.pool, state = %record.state, "job enqueued");
             self.announcer.announce(job_event(&record, POLL_AFTER_S));
             Ok(record.id)
         };

@@ -65,9 +65,16 @@ impl Outbox {
         &self.origin
     }
 
-    /// Publishes job `id` on `pool` in the background. Waits only while
-    /// [`IN_FLIGHT`] publishes are under way.
-    pub async fn publish(&self, pool: &str, id: &str, trace: Option<&TraceContext>) {
+    /// Publishes job `id` on `pool` in the background, to be delivered
+    /// `after` from now (a scheduled job due soon; zero for any other).
+    /// Waits only while [`IN_FLIGHT`] publishes are under way.
+    pub async fn publish(
+        &self,
+        pool: &str,
+        id: &str,
+        trace: Option<&TraceContext>,
+        after: Duration,
+    ) {
         let Ok(permit) = self.in_flight.clone().acquire_owned().await else {
             return; // Never closed.
         };
@@ -88,7 +95,15 @@ impl Outbox {
                 .build();
             let started = tokio::time::Instant::now();
             loop {
-                match broker.publish_traced(&pool, &id, trace.as_ref()).await {
+                let published = if after.is_zero() {
+                    broker.publish_traced(&pool, &id, trace.as_ref()).await
+                } else {
+                    let left = after.saturating_sub(started.elapsed());
+                    broker
+                        .publish_delayed_traced(&pool, &id, left, trace.as_ref())
+                        .await
+                };
+                match published {
                     Ok(()) => {
                         tracing::debug!(job_id = %id, %pool, "job published");
                         return;

@@ -257,6 +257,7 @@ pub async fn enqueue_loop(
         max_attempts: RUN_ATTEMPTS,
         timeout_ms,
         now: now_ms(),
+        run_at: None,
         origin: None,
     };
     let inserted = store.insert_job(job).await?;

@@ -17,9 +17,19 @@ use toolfleet_store::Store;
 use crate::runs::{recover_loops, resume_stale};
 use crate::tickets::{Deciding, sweep_tickets};
 
-/// Publishes every job the store says should run now: at start (the
-/// in-process queue is empty after a restart) and then periodically, for
-/// messages never confirmed and leases that expired. Queued jobs younger than
+/// How often the sweeper passes: within a lease, at most every 10 s.
+/// It is also how far ahead each pass publishes scheduled jobs, and the
+/// horizon within which a dispatcher publishes a scheduled job at once
+/// ([`crate::Dispatcher::with_horizon`]).
+pub fn sweep_period(lease: Duration) -> Duration {
+    lease.min(Duration::from_secs(10))
+}
+
+/// Publishes every job the store says should run now or within `ahead`:
+/// at start (the in-process queue is empty after a restart) and then
+/// periodically, for messages never confirmed, leases that expired, and
+/// scheduled jobs and retries that fall due before the next pass (published
+/// with the delay left, so they start on time). Queued jobs younger than
 /// `queued_before` are left alone: their message is most likely still in the
 /// queue. Duplicates are harmless either way. The publishes go at once, so a
 /// broker that groups publishes (RabbitMQ) carries them in a few messages;
@@ -29,9 +39,12 @@ pub async fn sweep(
     broker: &dyn Broker,
     limit: u32,
     queued_before: Option<i64>,
+    ahead: Duration,
 ) -> Result<usize, String> {
+    let now = now_ms();
+    let ahead_ms = i64::try_from(ahead.as_millis()).unwrap_or(i64::MAX);
     let due = store
-        .due_jobs(now_ms(), limit)
+        .due_jobs(now, now.saturating_add(ahead_ms), limit)
         .await
         .map_err(|e| e.to_string())?;
     let stale = due.iter().filter(|job| {
@@ -39,9 +52,23 @@ pub async fn sweep(
             job.state == JobState::Queued && queued_before.is_some_and(|t| job.updated_at > t);
         !fresh
     });
-    let sent = futures_util::future::join_all(
-        stale.map(|job| broker.publish_traced(&job.pool, &job.id, job.trace.as_ref())),
-    )
+    let sent = futures_util::future::join_all(stale.map(|job| {
+        // Due later than now only while waiting: a taken-over job's run_at
+        // is its old lease's end, already past.
+        let wait = u64::try_from(job.run_at.saturating_sub(now)).unwrap_or(0);
+        let trace = job.trace.as_ref();
+        async move {
+            match wait {
+                0 => broker.publish_traced(&job.pool, &job.id, trace).await,
+                ms => {
+                    let delay = Duration::from_millis(ms);
+                    broker
+                        .publish_delayed_traced(&job.pool, &job.id, delay, trace)
+                        .await
+                }
+            }
+        }
+    }))
     .await;
     let published = sent.iter().filter(|sent| sent.is_ok()).count();
     match sent.into_iter().find_map(Result::err) {
@@ -110,7 +137,8 @@ pub async fn run_people_sweeper(
 }
 
 /// Sweeps every `period` until `shutdown`; a queued job is republished once
-/// it has waited a whole `period` (and stays in the queue's order otherwise).
+/// it has waited a whole `period` (and stays in the queue's order otherwise),
+/// and what falls due within the next `period` is published with its delay.
 pub async fn run_sweeper(
     store: Arc<dyn Store>,
     broker: Arc<dyn Broker>,
@@ -123,7 +151,8 @@ pub async fn run_sweeper(
             _ = shutdown.changed() => return,
         }
         let stale = now_ms() - period.as_millis() as i64;
-        if let Err(error) = sweep(store.as_ref(), broker.as_ref(), 1000, Some(stale)).await {
+        let swept = sweep(store.as_ref(), broker.as_ref(), 1000, Some(stale), period).await;
+        if let Err(error) = swept {
             tracing::warn!(%error, "sweep failed");
         }
     }

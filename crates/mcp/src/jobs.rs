@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use rmcp::model::{DetailedTask, Task, TaskPayload, TaskStatus};
 use serde_json::{Map, Value, json};
+pub use toolfleet_core::iso8601;
 use toolfleet_core::{Envelope, JobState, Principal, ToolError};
 
 /// A boxed future, as the fleet's traits use.
@@ -101,9 +102,11 @@ pub trait Jobs: Send + Sync + 'static {
 /// The task status of a job state.
 pub fn task_status(state: JobState) -> TaskStatus {
     match state {
-        JobState::Queued | JobState::Running | JobState::Retrying | JobState::Parked => {
-            TaskStatus::Working
-        }
+        JobState::Queued
+        | JobState::Scheduled
+        | JobState::Running
+        | JobState::Retrying
+        | JobState::Parked => TaskStatus::Working,
         JobState::Succeeded => TaskStatus::Completed,
         JobState::Failed => TaskStatus::Failed,
         JobState::Cancelled => TaskStatus::Cancelled,
@@ -127,9 +130,11 @@ pub fn task_of(
     .with_status_message(status_message(job));
     task.ttl_ms = None;
     let payload = match job.state {
-        JobState::Queued | JobState::Running | JobState::Retrying | JobState::Parked => {
-            TaskPayload::Working
-        }
+        JobState::Queued
+        | JobState::Scheduled
+        | JobState::Running
+        | JobState::Retrying
+        | JobState::Parked => TaskPayload::Working,
         JobState::Succeeded => TaskPayload::Completed {
             result: result.unwrap_or_default(),
         },
@@ -172,30 +177,6 @@ pub fn status_message(job: &JobView) -> String {
         message.push_str(&format!(", progress {progress}"));
     }
     message
-}
-
-/// Milliseconds since the epoch as ISO 8601 UTC.
-pub fn iso8601(ms: i64) -> String {
-    let secs = ms.div_euclid(1000);
-    let millis = ms.rem_euclid(1000);
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    // Civil from days (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{millis:03}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
 }
 
 /// A job id is a UUID; anything else cannot name a job (or a task).

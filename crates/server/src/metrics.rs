@@ -407,7 +407,7 @@ mod tests {
         async fn cancel(&self, _: CancelJob<'_>) -> Result<Option<JobRecord>, StoreError> {
             unreachable!()
         }
-        async fn due_jobs(&self, _: i64, _: u32) -> Result<Vec<JobRecord>, StoreError> {
+        async fn due_jobs(&self, _: i64, _: i64, _: u32) -> Result<Vec<JobRecord>, StoreError> {
             unreachable!()
         }
         async fn insert_ticket(&self, _: NewTicket) -> Result<TicketRecord, StoreError> {

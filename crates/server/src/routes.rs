@@ -312,10 +312,73 @@ struct CallRequest {
     idempotency_key: Option<String>,
     run_id: Option<String>,
     callback_url: Option<String>,
+    /// When the job may start (RFC 3339); `delay_s` says it relatively.
+    run_at: Option<String>,
+    delay_s: Option<f64>,
 }
 
 fn empty_object() -> Value {
     json!({})
+}
+
+/// How far ahead a call's `run_at` or `delay_s` may be: a year.
+pub(crate) const MAX_DELAY_S: i64 = 366 * 24 * 3600;
+
+/// When the job of a call with `run_at` (RFC 3339) or `delay_s` (seconds,
+/// fractions allowed) may start, in Unix milliseconds, as of `now`; `None`
+/// for neither. Refused, naming the field: both at once, a time that does
+/// not parse, one in the past, a negative delay, or either beyond a year.
+pub(crate) fn start_time(
+    run_at: Option<&str>,
+    delay_s: Option<f64>,
+    now: i64,
+) -> Result<Option<i64>, ToolError> {
+    let bad = |message: String| ToolError::new(ErrorCode::BadRequest, message);
+    let latest = now.saturating_add(MAX_DELAY_S * 1000);
+    match (run_at, delay_s) {
+        (None, None) => Ok(None),
+        (Some(_), Some(_)) => Err(bad(
+            "give `run_at` or `delay_s`, not both: `run_at` names a time, `delay_s` a wait from now"
+                .to_owned(),
+        )),
+        (Some(text), None) => {
+            let shown: String = text.chars().take(64).collect();
+            let at = chrono::DateTime::parse_from_rfc3339(text)
+                .map_err(|e| {
+                    bad(format!(
+                        "`run_at` must be an RFC 3339 time such as 2026-12-24T09:00:00Z ({e}): got `{shown}`"
+                    ))
+                })?
+                .timestamp_millis();
+            if at < now {
+                return Err(bad(format!(
+                    "`run_at` {shown} is in the past (now is {}); give a later time, or leave it out to run at once",
+                    toolfleet_core::iso8601(now)
+                )));
+            }
+            if at > latest {
+                return Err(bad(format!(
+                    "`run_at` {shown} is more than a year ahead; the latest is {}",
+                    toolfleet_core::iso8601(latest)
+                )));
+            }
+            Ok(Some(at))
+        }
+        (None, Some(delay)) => {
+            if !delay.is_finite() || delay < 0.0 {
+                return Err(bad(format!(
+                    "`delay_s` must be a number of seconds, 0 or more: got {delay}"
+                )));
+            }
+            if delay > MAX_DELAY_S as f64 {
+                return Err(bad(format!(
+                    "`delay_s` {delay} is more than a year ({MAX_DELAY_S} s)"
+                )));
+            }
+            // Within a year in milliseconds: far inside i64.
+            Ok(Some(now.saturating_add((delay * 1000.0).round() as i64)))
+        }
+    }
 }
 
 /// The most calls one `POST /v1/calls` carries.
@@ -424,6 +487,12 @@ async fn make_call(
     if let Some(error) = field_error(&fields) {
         return Err(Refused::BadRequest(error));
     }
+    let start = start_time(
+        request.run_at.as_deref(),
+        request.delay_s,
+        toolfleet_core::now_ms(),
+    )
+    .map_err(Refused::BadRequest)?;
     if let Some(url) = request.callback_url.as_deref()
         && let Some(error) = callback_error(state, principal, url).await
     {
@@ -444,6 +513,7 @@ async fn make_call(
     }
     ctx.idempotency_key = request.idempotency_key;
     ctx.callback_url = request.callback_url;
+    ctx.run_at = start;
     // The call's span, in the caller's trace or a new one; a job it makes
     // continues the trace. At ERROR level, so that it is enabled whatever
     // TOOLFLEET_LOG lets through.
@@ -567,7 +637,8 @@ async fn list_jobs(
                 .map(|j| {
                     json!({
                         "job_id": j.id, "tool": j.tool, "state": j.state.shown(), "attempts": j.attempts,
-                        "run_id": j.run_id, "created_at": j.created_at, "updated_at": j.updated_at,
+                        "run_id": j.run_id, "run_at": j.run_at, "created_at": j.created_at,
+                        "updated_at": j.updated_at,
                     })
                 })
                 .collect();

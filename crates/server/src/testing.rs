@@ -38,6 +38,7 @@ pub(crate) fn new_job(callback_url: Option<&str>, now: i64) -> NewJob {
         max_attempts: 3,
         timeout_ms: 60_000,
         now,
+        run_at: None,
         origin: None,
     }
 }

@@ -71,6 +71,7 @@ macro_rules! store_conformance {
             cancel_stops_queued_retrying_and_running_jobs,
             cancel_leaves_a_settled_job_as_it_is,
             due_jobs_lists_what_should_run_oldest_first,
+            a_scheduled_job_waits_for_its_time,
             a_silent_dispatchers_queued_jobs_are_found_until_it_is_forgotten,
             unnotified_jobs_are_settled_jobs_with_callbacks_nobody_notified,
             unnotified_tickets_are_answered_tickets_with_callbacks_nobody_notified,
@@ -154,6 +155,7 @@ fn job_for(tenant: &str, tool: &str, args: Value, key: Option<&str>, now: i64) -
         max_attempts: 3,
         timeout_ms: 60_000,
         now,
+        run_at: None,
         origin: None,
     }
 }
@@ -171,6 +173,15 @@ async fn insert(store: &dyn Store, job: NewJob) -> JobRecord {
 
 async fn queued(store: &dyn Store, tenant: &str) -> JobRecord {
     insert(store, ocr_job(tenant)).await
+}
+
+/// A job accepted at [`BASE`] to start at `run_at`.
+async fn scheduled(store: &dyn Store, tenant: &str, run_at: i64) -> JobRecord {
+    let job = NewJob {
+        run_at: Some(run_at),
+        ..ocr_job(tenant)
+    };
+    insert(store, job).await
 }
 
 /// A job claimed by `worker` at [`BASE`] for [`LEASE`].
@@ -711,7 +722,7 @@ pub async fn a_settled_job_is_never_claimed_again(store: &dyn Store) {
         assert_eq!(claim(store, &job.id, "w2", late).await, None, "{before:?}");
         assert_eq!(reread(store, job).await, before);
     }
-    let due = store.due_jobs(late, 1000).await.expect("due_jobs");
+    let due = store.due_jobs(late, late, 1000).await.expect("due_jobs");
     assert!(due.iter().all(|j| j.tenant != t), "{due:?}");
 }
 
@@ -1006,6 +1017,102 @@ pub async fn a_silent_dispatchers_queued_jobs_are_found_until_it_is_forgotten(st
     }
 }
 
+/// A job given a start time is `scheduled` until then: no claim takes it
+/// early, `due_jobs` names it only from a `due_by` that reaches it, the
+/// envelope and the list show its state and time, and a cancel stops it
+/// before it is due. One given a time already past is `queued` at once.
+/// Works two months before [`BASE`], where no other test's job is due.
+pub async fn a_scheduled_job_waits_for_its_time(store: &dyn Store) {
+    let t = tenant();
+    let t0 = BASE - 60 * 24 * 3_600_000;
+    let at = t0 + 60_000;
+    let make = |run_at: i64| NewJob {
+        run_at: Some(run_at),
+        ..job_for(&t, "ocr", json!({}), None, t0)
+    };
+    let job = insert(store, make(at)).await;
+    assert_eq!((job.state, job.run_at), (JobState::Scheduled, at));
+    assert_eq!(job.attempts, 0);
+    match job.envelope(5) {
+        Envelope::Running { state, run_at, .. } => {
+            assert_eq!(state, Some(JobState::Scheduled));
+            assert_eq!(run_at, Some(toolfleet_core::iso8601(at)));
+        }
+        other => panic!("a scheduled job reads as running: {other:?}"),
+    }
+    let past = insert(store, make(t0 - 1)).await;
+    assert_eq!((past.state, past.run_at), (JobState::Queued, t0));
+    assert_eq!(
+        claim(store, &job.id, "w1", at - 1).await,
+        None,
+        "not before its time"
+    );
+    assert_eq!(reread(store, &job).await.state, JobState::Scheduled);
+
+    let id = job.id.as_str();
+    let due = |now: i64, due_by: i64| async move {
+        let due = store.due_jobs(now, due_by, 1000).await.expect("due_jobs");
+        due.iter().any(|j| j.id == id)
+    };
+    assert!(!due(t0 + 1, t0 + 1).await, "not due yet");
+    assert!(!due(t0 + 1, at - 1).await, "not due within the window");
+    assert!(due(t0 + 1, at).await, "due within a window that reaches it");
+    assert!(due(at, at).await, "due at its time");
+
+    let filter = JobFilter {
+        state: Some(JobState::Scheduled),
+        ..JobFilter::default()
+    };
+    let page = store
+        .list_jobs(crate::ListJobs {
+            tenant: &t,
+            filter: &filter,
+            limit: 10,
+            cursor: None,
+        })
+        .await
+        .expect("list");
+    let listed: Vec<&str> = page.jobs.iter().map(|j| j.id.as_str()).collect();
+    assert_eq!(listed, [job.id.as_str()], "listed under its state");
+    let counts = store.job_counts().await.expect("counts");
+    assert!(
+        counts
+            .iter()
+            .any(|(s, n)| *s == JobState::Scheduled && *n >= 1),
+        "{counts:?}"
+    );
+
+    let stopped = insert(store, make(at)).await;
+    let cancelled = store
+        .cancel(crate::CancelJob {
+            tenant: &t,
+            id: &stopped.id,
+            now: t0 + 2,
+        })
+        .await
+        .expect("cancel")
+        .expect("the job");
+    assert_eq!(cancelled.state, JobState::Cancelled);
+    assert_eq!(
+        claim(store, &stopped.id, "w1", at).await,
+        None,
+        "a cancelled job never runs"
+    );
+
+    let claimed = claim(store, &job.id, "w1", at)
+        .await
+        .expect("claimed at its time");
+    assert_eq!((claimed.state, claimed.attempts), (JobState::Running, 1));
+    for id in [&job.id, &past.id] {
+        let cancel = crate::CancelJob {
+            tenant: &t,
+            id,
+            now: at,
+        };
+        store.cancel(cancel).await.expect("cancel");
+    }
+}
+
 /// This test works a month before [`BASE`], where no other test's job is
 /// due, and cancels its jobs at the end so later runs do not see them.
 pub async fn due_jobs_lists_what_should_run_oldest_first(store: &dyn Store) {
@@ -1083,7 +1190,7 @@ pub async fn due_jobs_lists_what_should_run_oldest_first(store: &dyn Store) {
     succeed(store, &lease(&done.id, "w1", 1), &result_doc(), t0 + 3).await;
     let not_yet = add(now + 1).await;
 
-    let due = store.due_jobs(now, 1000).await.expect("due_jobs");
+    let due = store.due_jobs(now, now, 1000).await.expect("due_jobs");
     let mine: Vec<&str> = due
         .iter()
         .filter(|j| j.tenant == t)
@@ -1095,7 +1202,10 @@ pub async fn due_jobs_lists_what_should_run_oldest_first(store: &dyn Store) {
         retry_due.id.as_str(),
     ];
     assert_eq!(mine, expected);
-    assert_eq!(store.due_jobs(now, 1).await.expect("due_jobs").len(), 1);
+    assert_eq!(
+        store.due_jobs(now, now, 1).await.expect("due_jobs").len(),
+        1
+    );
 
     for job in [queued_due, held, abandoned, waiting, retry_due, not_yet] {
         store
@@ -2057,7 +2167,10 @@ pub async fn the_trace_context_travels_with_the_job(store: &dyn Store) {
         .expect("list_jobs");
     assert_eq!(listed.jobs[0].trace.as_ref(), Some(&given));
     // The sweeper republishes what due_jobs names, context and all.
-    let due = store.due_jobs(t0 + 1, 1000).await.expect("due_jobs");
+    let due = store
+        .due_jobs(t0 + 1, t0 + 1, 1000)
+        .await
+        .expect("due_jobs");
     let found = due.iter().find(|j| j.id == job.id).expect("the job is due");
     assert_eq!(found.trace.as_ref(), Some(&given));
 
@@ -2624,11 +2737,16 @@ async fn job_in(store: &dyn Store, tenant: &str, state: JobState) -> (JobRecord,
         let never = lease(&job.id, "w1", 1);
         return (job, never, ticket);
     }
+    if state == JobState::Scheduled {
+        let job = scheduled(store, tenant, BASE + 1_000).await;
+        let never = lease(&job.id, "w1", 1);
+        return (job, never, ticket);
+    }
     let job = running(store, tenant, "w1").await;
     let held = holder(&job);
     let now = BASE + 1;
     let moved = match state {
-        JobState::Queued | JobState::Running => Some(job),
+        JobState::Queued | JobState::Scheduled | JobState::Running => Some(job),
         JobState::Retrying => fail(store, &held, &failure("flaky"), Some(BASE + 1_000), now).await,
         JobState::Parked => park(store, &held, &ticket, now).await,
         JobState::Succeeded => succeed(store, &held, &result_doc(), now).await,
@@ -2660,6 +2778,7 @@ async fn apply(
 ) -> Option<JobRecord> {
     match transition {
         Transition::Enqueue => Some(queued(store, &job.tenant).await),
+        Transition::Schedule => Some(scheduled(store, &job.tenant, LATER).await),
         Transition::Claim => claim(store, &job.id, "w2", DUE_NOW).await,
         Transition::TakeOver => claim(store, &job.id, "w2", LEASES_OUT).await,
         Transition::Heartbeat => match heartbeat(store, last, DUE_NOW).await {
@@ -2704,7 +2823,7 @@ pub async fn every_transition_moves_only_from_its_states(store: &dyn Store) {
             let (job, last, ticket) = job_in(store, &t, state).await;
             let moved = apply(store, transition, &job, &last, &ticket).await;
             let expected = match transition {
-                Transition::Enqueue => true,
+                Transition::Enqueue | Transition::Schedule => true,
                 // A claim once leases ran out also claims what `claim` would.
                 Transition::TakeOver => transition.leaves(state) || Transition::Claim.leaves(state),
                 other => other.leaves(state),

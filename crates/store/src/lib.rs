@@ -16,6 +16,7 @@
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use toolfleet_core::lifecycle::Transition;
 use toolfleet_core::tool::Lineage;
 use toolfleet_core::{AnsweredBy, AuditRecord, Envelope, JobState, Json, ToolError, TraceContext};
 
@@ -96,13 +97,30 @@ pub struct NewJob {
     pub max_attempts: u32,
     /// Wall-time budget of one attempt.
     pub timeout_ms: i64,
-    /// When the job was accepted, in Unix milliseconds: it is due from then.
+    /// When the job was accepted, in Unix milliseconds: it is due from then
+    /// unless `run_at` says later.
     pub now: i64,
+    /// When the job may start, in Unix milliseconds (the call's `run_at` or
+    /// `delay_s`): later than `now`, the job is recorded `scheduled`
+    /// ([`Transition::Schedule`]) and no claim takes it before then; else it
+    /// is `queued` and due at once.
+    pub run_at: Option<i64>,
     /// The dispatcher that publishes the job's first message: a process
     /// that answers `running` before that publish is confirmed names itself
     /// here and beats ([`Store::beat_dispatcher`]), so that another finds
     /// its unpublished jobs once it falls silent ([`Store::queued_from`]).
     pub origin: Option<String>,
+}
+
+impl NewJob {
+    /// The state the job is recorded in and when it is due: `scheduled` at
+    /// its `run_at` when that is later than `now`, else `queued` at `now`.
+    pub fn start(&self) -> (JobState, i64) {
+        match self.run_at {
+            Some(at) if at > self.now => (Transition::Schedule.to(), at),
+            _ => (Transition::Enqueue.to(), self.now),
+        }
+    }
 }
 
 /// A job as stored.
@@ -653,13 +671,21 @@ pub trait Store: Send + Sync + 'static {
     /// lifecycle decides which; the store does not look at attempts. `None`
     /// when not held.
     async fn fail(&self, failed: Fail<'_>) -> Result<Option<JobRecord>, StoreError>;
-    /// `cancel`: queued, retrying, parked or running -> cancelled. The job as it now stands
+    /// `cancel`: queued, scheduled, retrying, parked or running -> cancelled. The job as it now stands
     /// (already settled ones unchanged), `None` if missing or another tenant's.
     async fn cancel(&self, cancel: CancelJob<'_>) -> Result<Option<JobRecord>, StoreError>;
-    /// Jobs a worker should run now: queued, retrying and due, or running
-    /// with an expired lease; oldest first, at most `limit`, taken from the
-    /// earliest due of each kind (so a long backlog is not read whole).
-    async fn due_jobs(&self, now: i64, limit: u32) -> Result<Vec<JobRecord>, StoreError>;
+    /// Jobs a worker should run now or soon: queued, scheduled or retrying
+    /// and due by `due_by` (a time at or after `now`: the sweeper reads a
+    /// period ahead, to publish what falls due before its next pass), or
+    /// running with a lease expired at `now`; oldest first, at most
+    /// `limit`, taken from the earliest due of each kind (so a long backlog
+    /// is not read whole).
+    async fn due_jobs(
+        &self,
+        now: i64,
+        due_by: i64,
+        limit: u32,
+    ) -> Result<Vec<JobRecord>, StoreError>;
     /// Counts of jobs by state, for metrics.
     async fn job_counts(&self) -> Result<Vec<(JobState, u64)>, StoreError>;
 

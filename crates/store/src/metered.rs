@@ -60,7 +60,7 @@ impl Store, for MeteredStore, error StoreError {
     fn succeed(&self, done: Succeed<'_>) -> Option<JobRecord>;
     fn fail(&self, failed: Fail<'_>) -> Option<JobRecord>;
     fn cancel(&self, cancel: CancelJob<'_>) -> Option<JobRecord>;
-    fn due_jobs(&self, now: i64, limit: u32) -> Vec<JobRecord>;
+    fn due_jobs(&self, now: i64, due_by: i64, limit: u32) -> Vec<JobRecord>;
     fn job_counts(&self) -> Vec<(JobState, u64)>;
     fn beat_dispatcher(&self, origin: &str, now: i64) -> ();
     fn silent_dispatchers(&self, seen_before: i64, limit: u32) -> Vec<SilentDispatcher>;

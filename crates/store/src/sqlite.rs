@@ -61,21 +61,17 @@ mod sql {
     /// A statement built once from the lifecycle's state lists.
     type Built = LazyLock<String>;
 
-    /// `enqueue`: (new) -> queued.
-    pub(super) static INSERT_JOB: Built = LazyLock::new(|| {
-        format!(
-            "
+    /// `enqueue`: (new) -> queued, or `schedule`: (new) -> scheduled, as
+    /// [`NewJob::start`] says (`:state`, `:run_at`).
+    pub(super) const INSERT_JOB: &str = "
         INSERT INTO jobs (id, tenant, user, tool, pool, args, state, attempts, max_attempts,
             timeout_ms, run_at, idempotency_key, run_id, call_id, callback_url, lineage, scopes,
             traceparent, tracestate, origin, created_at, updated_at)
-        VALUES (:id, :tenant, :user, :tool, :pool, :args, '{queued}', 0, :max_attempts,
-            :timeout_ms, :now, :key, :run_id, :call_id, :callback_url, :lineage, :scopes,
+        VALUES (:id, :tenant, :user, :tool, :pool, :args, :state, 0, :max_attempts,
+            :timeout_ms, :run_at, :key, :run_id, :call_id, :callback_url, :lineage, :scopes,
             :traceparent, :tracestate, :origin, :now, :now)
         ON CONFLICT DO NOTHING
-        RETURNING *",
-            queued = Transition::Enqueue.to()
-        )
-    });
+        RETURNING *";
 
     /// The queued jobs a silent dispatcher made since a time, by id.
     pub(super) static QUEUED_FROM: Built = LazyLock::new(|| {
@@ -223,13 +219,14 @@ mod sql {
     /// most `?2` of each), oldest first, each read off an index in its
     /// order. `jobs_waiting_due` is partial: SQLite uses it only for a
     /// WHERE that implies its predicate, so the state list here must stay
-    /// as it is in migration 6, literally (the plan test checks).
-    /// The lists are those of `claim` and `take_over`.
+    /// as it is in migration 13, literally (the plan test checks).
+    /// The lists are those of `claim` and `take_over`. Waiting jobs are
+    /// read up to `?3`, a time that may be ahead of now (`?1`).
     pub(super) static DUE: Built = LazyLock::new(|| {
         format!(
             "
         SELECT * FROM (SELECT * FROM jobs INDEXED BY jobs_waiting_due
-            WHERE state IN {claimed} AND run_at <= ?1
+            WHERE state IN {claimed} AND run_at <= ?3
             ORDER BY run_at LIMIT ?2)
         UNION ALL
         SELECT * FROM (SELECT * FROM jobs WHERE state IN {taken} AND lease_until < ?1
@@ -832,6 +829,7 @@ fn insert_job(
     lineage: Option<&str>,
     scopes: Option<&str>,
 ) -> Result<Inserted, StoreError> {
+    let (state, run_at) = job.start();
     let params = named_params! {
         ":id": job.id, ":tenant": job.tenant, ":user": job.user, ":tool": job.tool,
         ":pool": job.pool, ":args": args, ":max_attempts": job.max_attempts,
@@ -842,8 +840,10 @@ fn insert_job(
         ":traceparent": job.trace.as_ref().map(TraceContext::traceparent),
         ":tracestate": job.trace.as_ref().and_then(TraceContext::tracestate),
         ":origin": job.origin,
+        ":state": state.as_str(),
+        ":run_at": run_at,
     };
-    if let Some(created) = query_one(c, &sql::INSERT_JOB, params, job_from_row)? {
+    if let Some(created) = query_one(c, sql::INSERT_JOB, params, job_from_row)? {
         return Ok(Inserted::Created(created));
     }
     // Nothing inserted: the key was taken (or, never in practice, the id).
@@ -1430,9 +1430,15 @@ impl Store for SqliteStore {
     }
 
     /// At most 1000 jobs per call, so one sweep stays bounded.
-    async fn due_jobs(&self, now: i64, limit: u32) -> Result<Vec<JobRecord>, StoreError> {
+    async fn due_jobs(
+        &self,
+        now: i64,
+        due_by: i64,
+        limit: u32,
+    ) -> Result<Vec<JobRecord>, StoreError> {
         let limit = limit.min(MAX_BATCH);
-        self.call(move |c| query_all(c, &sql::DUE, params![now, limit], job_from_row))
+        let due_by = due_by.max(now);
+        self.call(move |c| query_all(c, &sql::DUE, params![now, limit, due_by], job_from_row))
             .await
     }
 
@@ -1733,14 +1739,16 @@ impl Store for SqliteStore {
 mod tests {
     use super::*;
 
-    /// The steps of SQLite's plan for `statement`.
+    /// The steps of SQLite's plan for `statement`, its first parameter 0
+    /// and every other 10.
     async fn plan(store: &SqliteStore, statement: &'static str) -> Vec<String> {
         let explain = format!("EXPLAIN QUERY PLAN {statement}");
         store
             .call(move |c| {
-                query_all(c, &explain, params![0i64, 10i64], |row| {
-                    Ok(row.get::<_, String>(3)?)
-                })
+                let count = c.prepare(&explain)?.parameter_count();
+                let values: Vec<i64> = (0..count).map(|n| if n == 0 { 0 } else { 10 }).collect();
+                let params = rusqlite::params_from_iter(values);
+                query_all(c, &explain, params, |row| Ok(row.get::<_, String>(3)?))
             })
             .await
             .expect("a plan")

@@ -34,6 +34,8 @@ impl JobRecord {
                 state: Some(state.shown()),
                 attempts: Some(self.attempts),
                 progress: self.progress.clone(),
+                run_at: (state == JobState::Scheduled)
+                    .then(|| toolfleet_core::iso8601(self.run_at)),
             },
         }
     }

@@ -144,6 +144,7 @@ fn job(tenant: &str) -> NewJob {
         max_attempts: 3,
         timeout_ms: 60_000,
         now: 1_700_000_000_000,
+        run_at: None,
         origin: None,
     }
 }
@@ -723,7 +724,10 @@ async fn due_jobs_read_the_earliest_of_a_backlog_not_all_of_it() {
         first.get_or_insert_with(|| new.id.clone());
         store.insert_job(new).await.expect("insert");
     }
-    let due = store.due_jobs(i64::MAX, 10).await.expect("due jobs");
+    let due = store
+        .due_jobs(i64::MAX, i64::MAX, 10)
+        .await
+        .expect("due jobs");
     assert_eq!(due.len(), 10);
     assert_eq!(due.first().map(|j| j.id.clone()), first, "oldest first");
     store.close();

@@ -66,6 +66,7 @@ fn job(tenant: &str) -> NewJob {
         max_attempts: 3,
         timeout_ms: 60_000,
         now: 1_700_000_000_000,
+        run_at: None,
         origin: None,
     }
 }

@@ -477,6 +477,8 @@ impl Worker {
             // The jobs it makes (an agent's) continue the trace under this attempt.
             trace: Some(trace),
             approval: None,
+            // What the job calls starts at once.
+            run_at: None,
         };
         let budget = Duration::from_millis(job.timeout_ms.max(1) as u64);
         // The result is stored as every reader gets it (get_job, the job

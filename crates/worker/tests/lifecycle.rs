@@ -123,6 +123,7 @@ impl Rig {
                 max_attempts,
                 timeout_ms,
                 now: now_ms(),
+                run_at: None,
                 origin: None,
             })
             .await
@@ -489,7 +490,7 @@ async fn a_job_whose_lease_expired_is_claimed_again_and_runs() {
     // The ghost never settles. Once its lease is over the sweeper finds it.
     sleep_past(ghost.lease_until.unwrap()).await;
     assert_eq!(
-        sweep(rig.store.as_ref(), &rig.broker, 100, None).await,
+        sweep(rig.store.as_ref(), &rig.broker, 100, None, Duration::ZERO).await,
         Ok(1)
     );
     let job = rig
@@ -865,6 +866,7 @@ async fn a_jobs_lineage_and_its_callers_scopes_reach_its_executor() {
             max_attempts: 1,
             timeout_ms: 5_000,
             now: now_ms(),
+            run_at: None,
             origin: None,
         })
         .await
@@ -1059,7 +1061,10 @@ async fn the_sweeper_publishes_what_is_due_at_once() {
         in_flight: AtomicUsize::new(0),
         most: AtomicUsize::new(0),
     };
-    assert_eq!(sweep(rig.store.as_ref(), &broker, 100, None).await, Ok(50));
+    assert_eq!(
+        sweep(rig.store.as_ref(), &broker, 100, None, Duration::ZERO).await,
+        Ok(50)
+    );
     assert_eq!(broker.most.load(Ordering::SeqCst), 50);
     assert_eq!(broker.inner.depth(POOL).await, Ok(50));
 }

@@ -68,6 +68,7 @@ async fn insert_at(store: &dyn Store, tool: &str, max_attempts: u32, now: i64) -
             max_attempts,
             timeout_ms: 60_000,
             now,
+            run_at: None,
             origin: None,
         })
         .await

@@ -118,8 +118,10 @@ async fn insert_many(pool: Pool, place: Arc<str>, jobs: Vec<Insert>) -> Answers<
         &optional(|i| i.traceparent.as_deref()),
         &optional(|i| i.tracestate.as_deref()),
         &optional(|i| i.job.origin.as_deref()),
+        &column(|i| i.state),
+        &number(|i| i.run_at),
     ];
-    let stmt = c.prepare_cached(&statements::INSERT_MANY).await?;
+    let stmt = c.prepare_cached(statements::INSERT_MANY).await?;
     let mut created: HashMap<String, Result<JobRecord, StoreError>> = HashMap::new();
     for row in c.query(&stmt, params).await? {
         let id: String = Fields::new(&row, "job", "id").get("id")?;

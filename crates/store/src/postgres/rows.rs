@@ -108,11 +108,17 @@ pub(super) struct Insert {
     /// The trace context's two headers.
     pub(super) traceparent: Option<String>,
     pub(super) tracestate: Option<String>,
+    /// `queued` or `scheduled`, and when it is due ([`NewJob::start`]).
+    pub(super) state: &'static str,
+    pub(super) run_at: i64,
 }
 
 impl Insert {
     pub(super) fn of(job: NewJob) -> Result<Insert, StoreError> {
+        let (state, run_at) = job.start();
         Ok(Insert {
+            state: state.as_str(),
+            run_at,
             args: canonical_json(&job.args),
             lineage: job.lineage.as_ref().map(encode).transpose()?,
             scopes: (!job.scopes.is_empty())

@@ -50,51 +50,43 @@ macro_rules! run_columns {
     };
 }
 
-/// `enqueue`: (new) -> queued.
-pub(super) static INSERT_JOB: Built = LazyLock::new(|| {
-    format!(
-        concat!(
-            r#"
+/// `enqueue`: (new) -> queued, or `schedule`: (new) -> scheduled, as
+/// [`crate::NewJob::start`] says (`$19`, the state, and `$20`, when due).
+pub(super) const INSERT_JOB: &str = concat!(
+    r#"
         INSERT INTO jobs (id, tenant, "user", tool, pool, args, state, attempts, max_attempts,
             timeout_ms, run_at, idempotency_key, run_id, call_id, callback_url, lineage,
             scopes, traceparent, tracestate, origin, created_at, updated_at)
-        VALUES ($1, $2, $3, $4, $5, $6, '{queued}', 0, $7,
-            $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $9, $9)
+        VALUES ($1, $2, $3, $4, $5, $6, $19, 0, $7,
+            $8, $20, $10, $11, $12, $13, $14, $15, $16, $17, $18, $9, $9)
         ON CONFLICT DO NOTHING
         RETURNING "#,
-            job_columns!()
-        ),
-        queued = Transition::Enqueue.to()
-    )
-});
+    job_columns!()
+);
 
 /// [`INSERT_JOB`] for many jobs at once. A job whose id or key is
 /// taken (by an earlier job or one earlier in the same batch) is not
 /// returned; its caller then takes the one-job path, which tells why.
-pub(super) static INSERT_MANY: Built = LazyLock::new(|| {
-    format!(
-        concat!(
-            r#"
+pub(super) const INSERT_MANY: &str = concat!(
+    r#"
         INSERT INTO jobs (id, tenant, "user", tool, pool, args, state, attempts, max_attempts,
             timeout_ms, run_at, idempotency_key, run_id, call_id, callback_url, lineage,
             scopes, traceparent, tracestate, origin, created_at, updated_at)
-        SELECT id, tenant, "user", tool, pool, args, '{queued}', 0, max_attempts,
-            timeout_ms, now, idempotency_key, run_id, call_id, callback_url, lineage, scopes,
+        SELECT id, tenant, "user", tool, pool, args, state, 0, max_attempts,
+            timeout_ms, run_at, idempotency_key, run_id, call_id, callback_url, lineage, scopes,
             traceparent, tracestate, origin, now, now
         FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
             $7::bigint[], $8::bigint[], $9::bigint[], $10::text[], $11::text[], $12::text[],
-            $13::text[], $14::text[], $15::text[], $16::text[], $17::text[], $18::text[])
+            $13::text[], $14::text[], $15::text[], $16::text[], $17::text[], $18::text[],
+            $19::text[], $20::bigint[])
             WITH ORDINALITY AS n(id, tenant, "user", tool, pool, args, max_attempts,
             timeout_ms, now, idempotency_key, run_id, call_id, callback_url, lineage, scopes,
-            traceparent, tracestate, origin, ord)
+            traceparent, tracestate, origin, state, run_at, ord)
         ORDER BY ord
         ON CONFLICT DO NOTHING
         RETURNING "#,
-            job_columns!()
-        ),
-        queued = Transition::Enqueue.to()
-    )
-});
+    job_columns!()
+);
 
 /// A dispatcher's beat; a late beat never moves `seen_at` back.
 pub(super) const BEAT_DISPATCHER: &str = "INSERT INTO dispatchers (origin, seen_at) VALUES ($1, $2)
@@ -291,9 +283,10 @@ pub(super) static CANCEL: Built = LazyLock::new(|| {
 
 /// Two range scans, one per partial index, rather than an OR the planner
 /// may turn into a walk of the whole table.
-/// The earliest due of the waiting jobs and of the expired leases (at
-/// most `$2` of each, read in the order of `jobs_due` and `jobs_lease`,
-/// so a backlog is not read whole), oldest first.
+/// The earliest due of the waiting jobs (by `$3`, a time that may be
+/// ahead of now, `$1`) and of the expired leases (at most `$2` of each,
+/// read in the order of `jobs_due` and `jobs_lease`, so a backlog is not
+/// read whole), oldest first.
 /// The lists are those of `claim` and `take_over`, as the partial
 /// indexes (migration 1) name them.
 pub(super) static DUE: Built = LazyLock::new(|| {
@@ -301,7 +294,7 @@ pub(super) static DUE: Built = LazyLock::new(|| {
         concat!(
             "SELECT * FROM (SELECT ",
             job_columns!(),
-            " FROM jobs WHERE state IN {claimed} AND run_at <= $1
+            " FROM jobs WHERE state IN {claimed} AND run_at <= $3
             ORDER BY run_at LIMIT $2) waiting
         UNION ALL
         SELECT * FROM (SELECT ",

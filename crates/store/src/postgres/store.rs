@@ -92,8 +92,10 @@ pub(super) async fn insert_job(c: &ClientWrapper, insert: &Insert) -> Result<Ins
         &insert.traceparent,
         &insert.tracestate,
         &job.origin,
+        &insert.state,
+        &insert.run_at,
     ];
-    if let Some(created) = query_one(c, &statements::INSERT_JOB, params, job_from_row).await? {
+    if let Some(created) = query_one(c, statements::INSERT_JOB, params, job_from_row).await? {
         return Ok(Inserted::Created(created));
     }
     // Nothing inserted: the key was taken (or, never in practice, the id).
@@ -587,10 +589,16 @@ impl Store for PgStore {
     }
 
     /// At most 1000 jobs per call, so one sweep stays bounded.
-    async fn due_jobs(&self, now: i64, limit: u32) -> Result<Vec<JobRecord>, StoreError> {
+    async fn due_jobs(
+        &self,
+        now: i64,
+        due_by: i64,
+        limit: u32,
+    ) -> Result<Vec<JobRecord>, StoreError> {
         let limit = i64::from(limit.min(MAX_BATCH));
+        let due_by = due_by.max(now);
         let c = self.client().await?;
-        query_all(&c, &statements::DUE, &[&now, &limit], job_from_row).await
+        query_all(&c, &statements::DUE, &[&now, &limit, &due_by], job_from_row).await
     }
 
     async fn beat_dispatcher(&self, origin: &str, now: i64) -> Result<(), StoreError> {
