@@ -90,6 +90,48 @@ impl Default for McpConfig {
 
 pub(crate) use toolfleet_fleet::backends::NoticesBackend;
 
+/// `[retention]`: days each kind of settled record is kept before the
+/// dispatchers delete it; 0 keeps it for ever.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct RetentionConfig {
+    /// Jobs that succeeded, failed or were cancelled.
+    pub jobs_days: u32,
+    /// Tickets answered or expired.
+    pub tickets_days: u32,
+    /// Runs that stopped: answered, failed, out of budget, cancelled.
+    pub runs_days: u32,
+    /// Audit records.
+    pub audit_days: u32,
+}
+
+impl Default for RetentionConfig {
+    fn default() -> Self {
+        let days = (toolfleet_fleet::retention::DEFAULT_RETENTION.as_secs() / 86_400) as u32;
+        RetentionConfig {
+            jobs_days: days,
+            tickets_days: days,
+            runs_days: days,
+            audit_days: days,
+        }
+    }
+}
+
+impl RetentionConfig {
+    /// The retention it names; 0 days keeps a kind for ever.
+    pub(crate) fn retention(&self) -> toolfleet_fleet::retention::Retention {
+        let kept = |days: u32| {
+            (days > 0).then(|| std::time::Duration::from_secs(u64::from(days) * 86_400))
+        };
+        toolfleet_fleet::retention::Retention {
+            jobs: kept(self.jobs_days),
+            tickets: kept(self.tickets_days),
+            runs: kept(self.runs_days),
+            audit: kept(self.audit_days),
+        }
+    }
+}
+
 /// `[limits]`: how many connections, streams and long polls a process
 /// holds, and how long a request may take to arrive.
 #[derive(Debug, Clone, Deserialize)]
@@ -254,6 +296,9 @@ pub(crate) struct Config {
     /// `[limits]`: what a client may hold of a process.
     #[serde(default)]
     pub limits: LimitsConfig,
+    /// `[retention]`: how long settled records are kept.
+    #[serde(default)]
+    pub retention: RetentionConfig,
     /// How deep agents may call agents: 1 lets no agent call another.
     #[serde(default = "default_max_agent_depth")]
     pub max_agent_depth: u32,
@@ -511,6 +556,31 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn retention_keeps_each_kind_its_days_and_zero_for_ever() {
+        let month = Some(std::time::Duration::from_secs(30 * 86_400));
+        let defaults = Config::parse("", Path::new("t.toml")).unwrap();
+        let kept = defaults.retention.retention();
+        assert_eq!(
+            (kept.jobs, kept.tickets, kept.runs, kept.audit),
+            (month, month, month, month)
+        );
+        let text = "[retention]\njobs_days = 7\naudit_days = 0\nruns_days = 365\n";
+        let config = Config::parse(text, Path::new("t.toml")).unwrap();
+        let kept = config.retention.retention();
+        assert_eq!(kept.jobs, Some(std::time::Duration::from_secs(7 * 86_400)));
+        assert_eq!(kept.tickets, month);
+        assert_eq!(
+            kept.runs,
+            Some(std::time::Duration::from_secs(365 * 86_400))
+        );
+        assert_eq!(kept.audit, None, "0 keeps audit records for ever");
+        let wrong = Config::parse("[retention]\njobs = 7\n", Path::new("t.toml"));
+        assert!(wrong.is_err(), "an unknown key is refused");
+        let negative = Config::parse("[retention]\njobs_days = -1\n", Path::new("t.toml"));
+        assert!(negative.is_err(), "a negative count of days is refused");
+    }
 
     #[test]
     fn every_key_of_the_contract_reads() {

@@ -449,6 +449,12 @@ async fn dispatch(
         period,
         stopped.clone(),
     ));
+    tokio::spawn(toolfleet_fleet::retention::run_retention(
+        store.clone(),
+        config.retention.retention(),
+        toolfleet_fleet::retention::PERIOD,
+        stopped.clone(),
+    ));
     tokio::spawn(toolfleet_fleet::sweeper::run_people_sweeper(
         toolfleet_fleet::sweeper::People {
             store: store.clone(),

@@ -3,7 +3,8 @@
 //! the row, then the answer, then the message from the [`outbox`], which
 //! also publishes what a process that fell silent left unpublished), every change of a job or ticket is announced
 //! from here ([`events`], [`announcer`]), what a crash or a lost message
-//! left behind is published again by the [`sweeper`], an answered ticket
+//! left behind is published again by the [`sweeper`], what settled long ago
+//! is deleted by [`retention`], an answered ticket
 //! wakes what waits on it ([`tickets`]), and the backends a configuration
 //! names are chosen and opened in [`backends`], the one place a backend is
 //! chosen.
@@ -18,6 +19,7 @@ pub mod backends;
 pub mod dispatch;
 pub mod events;
 pub mod outbox;
+pub mod retention;
 pub mod runs;
 pub mod sweeper;
 pub mod tickets;

@@ -437,6 +437,9 @@ mod tests {
         async fn settle_commit(&self, _: SettleCommit<'_>) -> Result<(), StoreError> {
             unreachable!()
         }
+        async fn prune(&self, _: toolfleet_store::Prune) -> Result<u64, StoreError> {
+            unreachable!()
+        }
         async fn list_tickets(&self, _: ListTickets<'_>) -> Result<TicketPage, StoreError> {
             unreachable!()
         }

@@ -597,9 +597,11 @@ async fn list_jobs(
         .map(|s| JobState::parse_shown(s).ok_or(s))
     {
         Some(Err(s)) => {
+            let names: Vec<&str> = JobState::SHOWN.iter().map(|s| s.as_str()).collect();
             return bad_request(format!(
-                "state `{}` is not one of queued, running, retrying, succeeded, failed, cancelled",
-                toolfleet_core::registry::truncate(s, 32)
+                "state `{}` is not one of {}",
+                toolfleet_core::registry::truncate(s, 32),
+                names.join(", ")
             ));
         }
         Some(Ok(s)) => Some(s),

@@ -118,6 +118,7 @@ macro_rules! store_conformance {
             expired_tickets_are_no_longer_answered,
             a_ticket_is_settled_once,
             unsettled_tickets_are_answered_tickets_without_an_outcome,
+            prune_deletes_only_what_settled_before_its_time,
         );
     };
     (@tests $make:expr; $($name:ident),* $(,)?) => {

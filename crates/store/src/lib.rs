@@ -525,6 +525,52 @@ pub struct SilentDispatcher {
     pub seen_at: i64,
 }
 
+/// The kinds of record [`Store::prune`] deletes once their retention ran
+/// out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Retained {
+    /// Settled jobs (succeeded, failed, cancelled), by when they settled.
+    Jobs,
+    /// Answered or expired tickets, by when they were.
+    Tickets,
+    /// Runs that stopped (answered, failed, out of budget, cancelled), by
+    /// their last write.
+    Runs,
+    /// Audit records, by when the call was made.
+    Audit,
+}
+
+impl Retained {
+    /// Every kind.
+    pub const ALL: [Retained; 4] = [
+        Retained::Jobs,
+        Retained::Tickets,
+        Retained::Runs,
+        Retained::Audit,
+    ];
+
+    /// Its name, as `[retention]` and the logs say it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Retained::Jobs => "jobs",
+            Retained::Tickets => "tickets",
+            Retained::Runs => "runs",
+            Retained::Audit => "audit",
+        }
+    }
+}
+
+/// What [`Store::prune`] takes.
+#[derive(Debug, Clone, Copy)]
+pub struct Prune {
+    /// What to delete.
+    pub kind: Retained,
+    /// Records settled before this Unix millisecond go.
+    pub before: i64,
+    /// The most one call deletes (bounded by the store).
+    pub limit: u32,
+}
+
 /// What [`Store::queued_from`] takes.
 #[derive(Debug, Clone, Copy)]
 pub struct QueuedFrom<'a> {
@@ -800,4 +846,16 @@ pub trait Store: Send + Sync + 'static {
     /// Records the outcome of `key` (kept until `keep_until`), or with `None`
     /// releases the claim so the commit may run again.
     async fn settle_commit(&self, settle: SettleCommit<'_>) -> Result<(), StoreError>;
+
+    // Retention.
+
+    /// Deletes at most `limit` (bounded) records of `kind` settled before
+    /// `before`, oldest first (runs in no order), and says how many: jobs that succeeded,
+    /// failed or were cancelled (their idempotency keys name nothing
+    /// afterwards), answered or expired tickets, runs that stopped, audit
+    /// records. Open tickets, running and waiting runs and unsettled jobs
+    /// are never deleted. Several processes may prune at once, each record
+    /// deleted by one of them, and a call holds its rows only for its own
+    /// short statement.
+    async fn prune(&self, prune: Prune) -> Result<u64, StoreError>;
 }

@@ -18,7 +18,7 @@ use toolfleet_core::{AuditRecord, JobState, Metrics};
 use crate::{
     AnswerTicket, Answered, CancelJob, ClaimCommit, ClaimJob, ClaimNotice, CommitClaim, Fail,
     Heartbeat, Inserted, JobPage, JobRecord, Lease, ListJobs, ListRuns, ListTickets, NewJob,
-    NewRun, NewTicket, Park, QueuedFrom, RunInserted, RunPage, RunRecord, SaveCheckpoint,
+    NewRun, NewTicket, Park, Prune, QueuedFrom, RunInserted, RunPage, RunRecord, SaveCheckpoint,
     SetProgress, SettleCommit, SettleNotice, SettleTicket, SilentDispatcher, StaleRuns, Store,
     StoreError, Succeed, TicketPage, TicketRecord, Unnotified, UpdateRun,
 };
@@ -88,6 +88,7 @@ impl Store, for MeteredStore, error StoreError {
     fn settle_notice(&self, settle: SettleNotice<'_>) -> ();
     fn claim_commit(&self, claim: ClaimCommit<'_>) -> CommitClaim;
     fn settle_commit(&self, settle: SettleCommit<'_>) -> ();
+    fn prune(&self, prune: Prune) -> u64;
 }
 }
 

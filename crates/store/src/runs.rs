@@ -56,6 +56,16 @@ impl RunState {
         }
     }
 
+    /// The states of a run whose loop stopped (answered, failed, out of
+    /// budget, cancelled): those retention deletes once old enough. An
+    /// answered run may be continued until then.
+    pub const STOPPED: [RunState; 4] = [
+        RunState::Answered,
+        RunState::Failed,
+        RunState::BudgetExceeded,
+        RunState::Cancelled,
+    ];
+
     /// The state named `name`, if any.
     pub fn parse(name: &str) -> Option<RunState> {
         RunState::ALL.into_iter().find(|s| s.as_str() == name)

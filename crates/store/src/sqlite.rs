@@ -27,10 +27,10 @@ use crate::rows::{self, Columns, Paging, RowName, encode, to_i64};
 use crate::{
     AnswerTicket, Answered, Answerer, CancelJob, ClaimCommit, ClaimJob, ClaimNotice, CommitClaim,
     Fail, Heartbeat, Inserted, JobFilter, JobPage, JobRecord, Lease, LeaseRef, ListJobs, ListRuns,
-    ListTickets, NewJob, NewRun, NewTicket, Park, QueuedFrom, RunFilter, RunInserted, RunPage,
-    RunRecord, RunState, SaveCheckpoint, SetProgress, SettleCommit, SettleNotice, SettleTicket,
-    SilentDispatcher, StaleRuns, Store, StoreError, Succeed, TicketKind, TicketPage, TicketRecord,
-    TicketShown, Unnotified, UpdateRun,
+    ListTickets, NewJob, NewRun, NewTicket, Park, Prune, QueuedFrom, Retained, RunFilter,
+    RunInserted, RunPage, RunRecord, RunState, SaveCheckpoint, SetProgress, SettleCommit,
+    SettleNotice, SettleTicket, SilentDispatcher, StaleRuns, Store, StoreError, Succeed,
+    TicketKind, TicketPage, TicketRecord, TicketShown, Unnotified, UpdateRun,
 };
 
 mod embedded {
@@ -446,6 +446,57 @@ mod sql {
         INSERT INTO notices (key, state, delivered, keep_until) VALUES (?1, 'sent', ?2, ?3)
         ON CONFLICT (key) DO UPDATE SET
             state = 'sent', delivered = ?2, lease_until = NULL, keep_until = ?3";
+
+    /// The runs states retention deletes, as an SQL list.
+    fn stopped_runs() -> String {
+        let names: Vec<String> = RunState::STOPPED.iter().map(|s| format!("'{s}'")).collect();
+        format!("({})", names.join(", "))
+    }
+
+    // Retention: each statement deletes at most ?2 records settled before
+    // ?1, oldest first, off the index migration 14 made for it (named, as
+    // SQLite uses a partial index only where the WHERE repeats its
+    // predicate, and an expression index only for the same expression).
+
+    /// Settled jobs, off `jobs_settled`.
+    pub(super) static PRUNE_JOBS: Built = LazyLock::new(|| {
+        format!(
+            "DELETE FROM jobs WHERE id IN (SELECT id FROM jobs INDEXED BY jobs_settled
+                WHERE state IN {settled} AND updated_at < ?1 ORDER BY updated_at LIMIT ?2)",
+            settled = sql_list(&JobState::SETTLED)
+        )
+    });
+
+    /// Answered or expired tickets, off `tickets_closed`.
+    pub(super) const PRUNE_TICKETS: &str =
+        "DELETE FROM tickets WHERE id IN (SELECT id FROM tickets INDEXED BY tickets_closed
+            WHERE COALESCE(answered_at, expired_at) < ?1
+            ORDER BY COALESCE(answered_at, expired_at) LIMIT ?2)";
+
+    /// Stopped runs, off `runs_stale` (a range per state, so in no order
+    /// across them: unsorted, a batch reads no more than it deletes); their
+    /// wait rows go with them in
+    /// the same transaction ([`PRUNE_RUN_WAITS`] first).
+    pub(super) static PRUNE_RUNS: Built = LazyLock::new(|| {
+        format!(
+            "DELETE FROM runs WHERE id IN (SELECT id FROM runs
+                WHERE state IN {stopped} AND updated_at < ?1 LIMIT ?2)",
+            stopped = stopped_runs()
+        )
+    });
+
+    /// The wait rows of the runs [`PRUNE_RUNS`] deletes.
+    pub(super) static PRUNE_RUN_WAITS: Built = LazyLock::new(|| {
+        format!(
+            "DELETE FROM run_waits WHERE run_id IN (SELECT id FROM runs
+                WHERE state IN {stopped} AND updated_at < ?1 LIMIT ?2)",
+            stopped = stopped_runs()
+        )
+    });
+
+    /// Audit records, off `audit_at`.
+    pub(super) const PRUNE_AUDIT: &str = "DELETE FROM audit WHERE seq IN (SELECT seq FROM audit
+        INDEXED BY audit_at WHERE at_ms < ?1 ORDER BY at_ms LIMIT ?2)";
 
     /// Settled outcomes and abandoned claims past keep_until (up to ?2 of
     /// each), each read off its partial index (migration 8).
@@ -1733,7 +1784,31 @@ impl Store for SqliteStore {
         self.call(move |c| settle_commit(c, &key, envelope.as_deref(), keep_until))
             .await
     }
+
+    /// At most 10,000 records per call, so the write lock is held briefly.
+    async fn prune(&self, prune: Prune) -> Result<u64, StoreError> {
+        let (before, limit) = (prune.before, prune.limit.min(MAX_PRUNE));
+        self.call(move |c| {
+            let gone = match prune.kind {
+                Retained::Jobs => c.execute(&sql::PRUNE_JOBS, params![before, limit])?,
+                Retained::Tickets => c.execute(sql::PRUNE_TICKETS, params![before, limit])?,
+                Retained::Audit => c.execute(sql::PRUNE_AUDIT, params![before, limit])?,
+                Retained::Runs => {
+                    let tx = c.transaction()?;
+                    tx.execute(&sql::PRUNE_RUN_WAITS, params![before, limit])?;
+                    let gone = tx.execute(&sql::PRUNE_RUNS, params![before, limit])?;
+                    tx.commit()?;
+                    gone
+                }
+            };
+            Ok(u64::try_from(gone).unwrap_or(u64::MAX))
+        })
+        .await
+    }
 }
+
+/// The most records one [`Store::prune`] deletes.
+const MAX_PRUNE: u32 = 10_000;
 
 #[cfg(test)]
 mod tests {
@@ -1752,6 +1827,23 @@ mod tests {
             })
             .await
             .expect("a plan")
+    }
+
+    /// Retention reads each kind off its own index, in its order: never
+    /// the records it keeps.
+    #[tokio::test]
+    async fn retention_reads_its_indexes() {
+        let store = SqliteStore::open_in_memory().await.expect("a store");
+        for (statement, index) in [
+            (sql::PRUNE_JOBS.as_str(), "jobs_settled"),
+            (sql::PRUNE_TICKETS, "tickets_closed"),
+            (sql::PRUNE_AUDIT, "audit_at"),
+            (sql::PRUNE_RUNS.as_str(), "runs_stale"),
+        ] {
+            let text = plan(&store, statement).await.join("\n");
+            assert!(text.contains(&format!("INDEX {index} ")), "{text}");
+            assert!(!text.contains("TEMP B-TREE"), "sorted whole:\n{text}");
+        }
     }
 
     /// Pruning reads settled outcomes and abandoned claims off their own

@@ -15,7 +15,8 @@ use tokio_postgres::NoTls;
 use toolfleet_core::{JobState, new_id};
 use toolfleet_store::postgres::{self, PgStore};
 use toolfleet_store::{
-    ClaimCommit, CommitClaim, Inserted, JobRecord, NewJob, Store, StoreError, Succeed,
+    ClaimCommit, CommitClaim, Inserted, JobRecord, NewJob, Prune, Retained, Store, StoreError,
+    Succeed,
 };
 
 const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
@@ -895,4 +896,61 @@ async fn webhook_searches_probe_the_notices_by_key() {
         from_index < 100,
         "{from_index} entries of notices_pkey were read to probe 10 keys"
     );
+}
+
+/// Several processes prune at once: each settled job is deleted by one of
+/// them, none is left, and no unsettled job goes.
+#[tokio::test]
+async fn concurrent_prunes_delete_each_settled_job_once() {
+    let schema = Schema::migrated().await;
+    let admin = admin().await;
+    const SETTLED: i64 = 5_000;
+    // Written directly: 5,000 jobs that succeeded long ago, and one queued.
+    admin
+        .batch_execute(&format!(
+            "INSERT INTO {s}.jobs (id, tenant, \"user\", tool, pool, args, state, attempts,
+                max_attempts, timeout_ms, run_at, run_id, call_id, created_at, updated_at)
+             SELECT 'job-' || n, 'acme', 'alice', 'ocr', 'default', '{{}}', 'succeeded', 1,
+                3, 60000, n, 'run', 'call', n, n
+             FROM generate_series(1, {SETTLED}) AS n;
+             INSERT INTO {s}.jobs (id, tenant, \"user\", tool, pool, args, state, attempts,
+                max_attempts, timeout_ms, run_at, run_id, call_id, created_at, updated_at)
+             VALUES ('waiting', 'acme', 'alice', 'ocr', 'default', '{{}}', 'queued', 0, 3,
+                60000, 1, 'run', 'call', 1, 1)",
+            s = schema.name
+        ))
+        .await
+        .expect("jobs written");
+    let mut pruners = tokio::task::JoinSet::new();
+    for _ in 0..4 {
+        let store = schema.store().await;
+        pruners.spawn(async move {
+            let (mut total, mut calls) = (0, 0);
+            loop {
+                let prune = Prune {
+                    kind: Retained::Jobs,
+                    before: SETTLED + 1,
+                    limit: 300,
+                };
+                let gone = store.prune(prune).await.expect("prune");
+                assert!(gone <= 300, "a call deletes at most its limit");
+                calls += 1;
+                total += gone;
+                if gone == 0 {
+                    return (total, calls);
+                }
+            }
+        });
+    }
+    let mut deleted = 0;
+    while let Some(done) = pruners.join_next().await {
+        deleted += done.expect("a pruner").0;
+    }
+    assert_eq!(deleted, SETTLED as u64, "each deleted once, none left");
+    let left: i64 = admin
+        .query_one(&format!("SELECT count(*) FROM {}.jobs", schema.name), &[])
+        .await
+        .expect("count")
+        .get(0);
+    assert_eq!(left, 1, "the queued job stays");
 }

@@ -182,7 +182,8 @@ async fn a_version_1_file_is_migrated_on_open() {
 /// A file of schema version 8, where a parked job was `retrying` with a
 /// `run_at` that never comes, is brought to version 9 on open: the parked
 /// job is `parked` and wakes on its ticket, a retrying one stays so, and
-/// the jobs table keeps every index it had.
+/// the jobs table keeps every index it had (through version 13, which made
+/// the table again too).
 #[tokio::test]
 async fn a_version_8_file_moves_its_parked_jobs_to_their_state() {
     let path = temp_db();
@@ -244,7 +245,10 @@ async fn a_version_8_file_moves_its_parked_jobs_to_their_state() {
     );
     store.close().await.expect("close");
     let conn = rusqlite::Connection::open(&path).expect("open directly");
-    assert_eq!(indexes(&conn), before, "the indexes of version 8");
+    // Every index of version 8 is still there (later versions add theirs).
+    let after = indexes(&conn);
+    let lost: Vec<&String> = before.iter().filter(|i| !after.contains(i)).collect();
+    assert!(lost.is_empty(), "indexes of version 8 lost: {lost:?}");
     drop(conn);
     remove(&path);
 }

@@ -992,3 +992,156 @@ pub async fn unsettled_tickets_are_answered_tickets_without_an_outcome(store: &d
     }
     assert!(mine(unsettled(EARLY + 10, 1000).await).is_empty());
 }
+
+// Retention.
+
+/// `prune` deletes, of each kind, what settled before its time and nothing
+/// else: settled jobs (freeing their idempotency keys), answered and
+/// expired tickets, stopped runs, audit records; never an unsettled job, an
+/// open ticket or a running run, nor anything settled since. At most its
+/// limit a call, oldest first. Works before every other test's times.
+pub async fn prune_deletes_only_what_settled_before_its_time(store: &dyn Store) {
+    use crate::{Prune, Retained};
+    let t = tenant();
+    let old = EARLY - 10_000;
+    let cut = EARLY;
+    let prune = |kind: Retained, limit: u32| async move {
+        store
+            .prune(Prune {
+                kind,
+                before: cut,
+                limit,
+            })
+            .await
+            .expect("prune")
+    };
+
+    // Jobs: two settled long ago (one keyed), one settled after the cut,
+    // one never settled.
+    let job = |key: Option<&str>| super::job_for(&t, "ocr", json!({}), key, old);
+    let keyed = super::insert(store, job(Some("nightly"))).await;
+    let other = super::insert(store, job(None)).await;
+    for (done, at) in [(&keyed, old + 1), (&other, old + 2)] {
+        super::claim(store, &done.id, "w1", at)
+            .await
+            .expect("claimed");
+        super::succeed(
+            store,
+            &super::lease(&done.id, "w1", 1),
+            &super::result_doc(),
+            at,
+        )
+        .await;
+    }
+    let recent = super::insert(store, job(None)).await;
+    super::claim(store, &recent.id, "w1", old)
+        .await
+        .expect("claimed");
+    super::succeed(
+        store,
+        &super::lease(&recent.id, "w1", 1),
+        &super::result_doc(),
+        cut + 1,
+    )
+    .await;
+    let waiting = super::insert(store, job(None)).await;
+    assert_eq!(
+        prune(Retained::Jobs, 1).await,
+        1,
+        "one a call at a limit of 1"
+    );
+    assert_eq!(read_job(store, &keyed.id).await, None, "the oldest first");
+    assert!(read_job(store, &other.id).await.is_some());
+    assert_eq!(prune(Retained::Jobs, 1000).await, 1);
+    assert_eq!(prune(Retained::Jobs, 1000).await, 0, "nothing more");
+    assert_eq!(read_job(store, &other.id).await, None);
+    assert!(read_job(store, &recent.id).await.is_some(), "settled since");
+    assert!(
+        read_job(store, &waiting.id).await.is_some(),
+        "never settled"
+    );
+    // The key names nothing now: the same key makes a new job.
+    let again = store
+        .insert_job(job(Some("nightly")))
+        .await
+        .expect("insert_job");
+    assert!(matches!(again, crate::Inserted::Created(_)), "{again:?}");
+
+    // Tickets: answered and expired long ago, answered since, still open.
+    let ticket = |expires_at: Option<i64>| NewTicket {
+        expires_at,
+        now: old,
+        ..ticket_for(&t)
+    };
+    let answered = insert_ticket(store, ticket(None)).await;
+    answer(store, &t, &answered.id, old + 1)
+        .await
+        .expect("answered");
+    let expired = insert_ticket(store, ticket(Some(old + 1))).await;
+    let gone = store
+        .expire_tickets(old + 2, 1000)
+        .await
+        .expect("expire_tickets");
+    assert!(gone.iter().any(|g| g.id == expired.id), "{gone:?}");
+    let later = insert_ticket(store, ticket(None)).await;
+    answer(store, &t, &later.id, cut + 1)
+        .await
+        .expect("answered");
+    let open = insert_ticket(store, ticket(None)).await;
+    assert_eq!(prune(Retained::Tickets, 1000).await, 2);
+    let tenant_id = t.as_str();
+    let read = |id: String| async move { store.ticket(tenant_id, &id).await.expect("ticket") };
+    assert!(read(answered.id.clone()).await.is_none());
+    assert!(read(expired.id.clone()).await.is_none());
+    assert!(read(later.id.clone()).await.is_some(), "answered since");
+    assert!(read(open.id.clone()).await.is_some(), "open");
+
+    // Runs: stopped long ago in each way, stopped since, still running.
+    let run = || NewRun {
+        now: old,
+        ..run_for(&t)
+    };
+    let mut stopped = Vec::new();
+    for state in RunState::STOPPED {
+        let made = new_run(store, run()).await;
+        update(
+            store,
+            UpdateRun::new(&made.id, &[RunState::Running], state, old + 1),
+        )
+        .await
+        .expect("stopped");
+        stopped.push(made.id);
+    }
+    let since = new_run(store, run()).await;
+    update(
+        store,
+        UpdateRun::new(&since.id, &[RunState::Running], RunState::Failed, cut + 1),
+    )
+    .await
+    .expect("stopped");
+    let running = new_run(store, run()).await;
+    assert_eq!(
+        prune(Retained::Runs, 1000).await,
+        RunState::STOPPED.len() as u64
+    );
+    for id in &stopped {
+        assert_eq!(read_run(store, id).await, None, "{id}");
+    }
+    assert!(read_run(store, &since.id).await.is_some(), "stopped since");
+    assert!(read_run(store, &running.id).await.is_some(), "running");
+
+    // Audit records: before the cut and after.
+    let at = u64::try_from(old).expect("after 1970");
+    let first = super::audit_record(&t, at, "ok", None);
+    let kept = super::audit_record(&t, u64::try_from(cut).expect("after 1970"), "ok", None);
+    store
+        .append_audit(&[first, kept.clone()])
+        .await
+        .expect("append_audit");
+    assert_eq!(prune(Retained::Audit, 1000).await, 1);
+    assert_eq!(store.audit(&t, 10).await.expect("audit"), vec![kept]);
+}
+
+async fn read_job(store: &dyn Store, id: &str) -> Option<crate::JobRecord> {
+    store.job_by_id(id).await.expect("job_by_id")
+}

@@ -652,3 +652,47 @@ pub(super) const SETTLE_COMMIT: &str = "
 
 /// pending -> absent: the claim is released.
 pub(super) const RELEASE_COMMIT: &str = "DELETE FROM commits WHERE key = $1 AND state = 'pending'";
+
+/// The runs states retention deletes, as an SQL list.
+fn stopped_runs() -> String {
+    let names: Vec<String> = RunState::STOPPED.iter().map(|s| format!("'{s}'")).collect();
+    format!("({})", names.join(", "))
+}
+
+// Retention: each statement deletes at most `$2` records settled before
+// `$1`, oldest first, off the index migration 13 made for it. `SKIP
+// LOCKED`: a record another process's prune holds is left to it, so
+// several prune at once without waiting on one another or deleting twice.
+
+/// Settled jobs, off `jobs_settled`.
+pub(super) static PRUNE_JOBS: Built = LazyLock::new(|| {
+    format!(
+        "DELETE FROM jobs WHERE id IN (SELECT id FROM jobs
+            WHERE state IN {settled} AND updated_at < $1
+            ORDER BY updated_at LIMIT $2 FOR UPDATE SKIP LOCKED)",
+        settled = sql_list(&JobState::SETTLED)
+    )
+});
+
+/// Answered or expired tickets, off `tickets_closed`.
+pub(super) const PRUNE_TICKETS: &str = "DELETE FROM tickets WHERE id IN (SELECT id FROM tickets
+    WHERE COALESCE(answered_at, expired_at) < $1
+    ORDER BY COALESCE(answered_at, expired_at) LIMIT $2 FOR UPDATE SKIP LOCKED)";
+
+/// Stopped runs, off `runs_stale` (a range per state, in no order across
+/// them), with any wait rows they kept.
+pub(super) static PRUNE_RUNS: Built = LazyLock::new(|| {
+    format!(
+        "WITH gone AS (DELETE FROM runs WHERE id IN (SELECT id FROM runs
+                WHERE state IN {stopped} AND updated_at < $1
+                LIMIT $2 FOR UPDATE SKIP LOCKED)
+            RETURNING id),
+        waits AS (DELETE FROM run_waits WHERE run_id IN (SELECT id FROM gone))
+        SELECT count(*) FROM gone",
+        stopped = stopped_runs()
+    )
+});
+
+/// Audit records, off `audit_at`.
+pub(super) const PRUNE_AUDIT: &str = "DELETE FROM audit WHERE seq IN (SELECT seq FROM audit
+    WHERE at_ms < $1 ORDER BY at_ms LIMIT $2 FOR UPDATE SKIP LOCKED)";

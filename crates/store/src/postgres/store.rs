@@ -22,10 +22,10 @@ use crate::rows::{Columns, Paging, encode};
 use crate::{
     AnswerTicket, Answered, Answerer, CancelJob, ClaimCommit, ClaimJob, ClaimNotice, CommitClaim,
     Fail, Heartbeat, Inserted, JobFilter, JobPage, JobRecord, Lease, LeaseRef, ListJobs, ListRuns,
-    ListTickets, NewJob, NewRun, NewTicket, Park, QueuedFrom, RunFilter, RunInserted, RunPage,
-    RunRecord, RunState, SaveCheckpoint, SetProgress, SettleCommit, SettleNotice, SettleTicket,
-    SilentDispatcher, StaleRuns, Store, StoreError, Succeed, TicketKind, TicketPage, TicketRecord,
-    TicketShown, Unnotified, UpdateRun,
+    ListTickets, NewJob, NewRun, NewTicket, Park, Prune, QueuedFrom, Retained, RunFilter,
+    RunInserted, RunPage, RunRecord, RunState, SaveCheckpoint, SetProgress, SettleCommit,
+    SettleNotice, SettleTicket, SilentDispatcher, StaleRuns, Store, StoreError, Succeed,
+    TicketKind, TicketPage, TicketRecord, TicketShown, Unnotified, UpdateRun,
 };
 
 /// Bound of one answer of [`Store::due_jobs`] and [`Store::audit`].
@@ -814,4 +814,25 @@ impl Store for PgStore {
         let c = self.client().await?;
         settle_commit(&c, key, envelope.as_deref(), keep_until).await
     }
+
+    /// At most 10,000 records per call, so one statement stays short.
+    async fn prune(&self, prune: Prune) -> Result<u64, StoreError> {
+        let limit = i64::from(prune.limit.min(MAX_PRUNE));
+        let c = self.client().await?;
+        let params: Params<'_> = &[&prune.before, &limit];
+        match prune.kind {
+            Retained::Jobs => execute(&c, &statements::PRUNE_JOBS, params).await,
+            Retained::Tickets => execute(&c, statements::PRUNE_TICKETS, params).await,
+            Retained::Audit => execute(&c, statements::PRUNE_AUDIT, params).await,
+            Retained::Runs => {
+                let stmt = c.prepare_cached(&statements::PRUNE_RUNS).await?;
+                let row = c.query_one(&stmt, params).await?;
+                let gone: i64 = Fields::named(&row, "runs", "prune").get("count")?;
+                Ok(u64::try_from(gone).unwrap_or(0))
+            }
+        }
+    }
 }
+
+/// The most records one [`Store::prune`] deletes.
+const MAX_PRUNE: u32 = 10_000;
