@@ -758,6 +758,131 @@ impl SseParser {
     }
 }
 
+/// What `toolfleet jobs retry` puts back: one job, or those a filter names.
+pub(crate) struct RetryWhat<'a> {
+    pub job_id: Option<&'a str>,
+    pub tool: Option<&'a str>,
+    pub state: Option<&'a str>,
+    pub error_code: Option<&'a str>,
+    pub since: Option<i64>,
+    pub until: Option<i64>,
+    pub limit: Option<u32>,
+}
+
+/// `toolfleet jobs list`: the caller's jobs (the tenant's for an operator),
+/// newest first, one a line (`--json`: the API's page), with the filters of
+/// `GET /v1/jobs`.
+pub(crate) async fn jobs_list(
+    config: &Config,
+    args: &ServerArgs,
+    state: Option<&str>,
+    tool: Option<&str>,
+    limit: Option<u32>,
+    as_json: bool,
+) -> Result<(), String> {
+    let client = Client::new(config, args)?;
+    let limit = limit.map(|n| n.to_string());
+    let params = [
+        ("state", state),
+        ("tool", tool),
+        ("limit", limit.as_deref()),
+    ];
+    let page = client.get(&format!("/v1/jobs{}", query(&params))).await?;
+    if page["status"] == "error" {
+        print(&page);
+        return outcome(&page);
+    }
+    if as_json {
+        print(&page);
+        return Ok(());
+    }
+    let jobs = page["jobs"].as_array().cloned().unwrap_or_default();
+    if jobs.is_empty() {
+        println!(
+            "no jobs{}",
+            if state.or(tool).is_some() {
+                " match"
+            } else {
+                ""
+            }
+        );
+    }
+    for job in &jobs {
+        println!(
+            "{}  {:<10} {:<24} attempts {}",
+            job["job_id"].as_str().unwrap_or("?"),
+            job["state"].as_str().unwrap_or("?"),
+            job["tool"].as_str().unwrap_or("?"),
+            job["attempts"]
+        );
+    }
+    Ok(())
+}
+
+/// `toolfleet jobs show JOB_ID`: the job's `get_job` envelope.
+pub(crate) async fn job_show(config: &Config, args: &ServerArgs, id: &str) -> Result<(), String> {
+    let client = Client::new(config, args)?;
+    let envelope = client.get(&format!("/v1/jobs/{}", segment(id)?)).await?;
+    print(&envelope);
+    match envelope["error"]["code"].as_str() {
+        // A failed or cancelled job is shown, not this command's failure.
+        Some("not_found" | "forbidden" | "unauthenticated" | "unavailable") => outcome(&envelope),
+        _ => Ok(()),
+    }
+}
+
+/// `toolfleet jobs cancel JOB_ID`: the job's envelope once cancelled.
+pub(crate) async fn job_cancel(config: &Config, args: &ServerArgs, id: &str) -> Result<(), String> {
+    let client = Client::new(config, args)?;
+    let path = format!("/v1/jobs/{}/cancel", segment(id)?);
+    let envelope = client.post(&path, &json!({})).await?;
+    print(&envelope);
+    if envelope["state"] == "cancelled" {
+        return Ok(());
+    }
+    outcome(&envelope)
+}
+
+/// `toolfleet jobs retry`: one job put back (its envelope), or those a
+/// filter names (how many, and their ids).
+pub(crate) async fn jobs_retry(
+    config: &Config,
+    args: &ServerArgs,
+    what: RetryWhat<'_>,
+) -> Result<(), String> {
+    let client = Client::new(config, args)?;
+    if let Some(id) = what.job_id {
+        let path = format!("/v1/jobs/{}/retry", segment(id)?);
+        let envelope = client.post(&path, &json!({})).await?;
+        print(&envelope);
+        return outcome(&envelope);
+    }
+    let mut filter = serde_json::Map::new();
+    let texts = [
+        ("tool", what.tool),
+        ("state", what.state),
+        ("error_code", what.error_code),
+    ];
+    for (key, value) in texts {
+        if let Some(value) = value {
+            filter.insert(key.to_owned(), json!(value));
+        }
+    }
+    for (key, value) in [("since", what.since), ("until", what.until)] {
+        if let Some(value) = value {
+            filter.insert(key.to_owned(), json!(value));
+        }
+    }
+    if let Some(limit) = what.limit {
+        filter.insert("limit".to_owned(), json!(limit));
+    }
+    let answer = client
+        .post("/v1/jobs/retry", &Value::Object(filter))
+        .await?;
+    print(&answer);
+    outcome(&answer)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

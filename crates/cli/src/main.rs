@@ -135,12 +135,116 @@ enum Command {
         #[command(flatten)]
         server: client::ServerArgs,
     },
+    /// Look at jobs and act on them: `toolfleet jobs list --state failed`,
+    /// `show`, `retry`, `cancel`.
+    Jobs {
+        #[command(subcommand)]
+        action: JobsAction,
+    },
     /// Run no-op jobs through the HTTP path and print throughput and latency;
     /// `bench runs`: park runs on jobs and tickets, then resume them.
     Bench(bench::BenchArgs),
     /// Serve MCP over stdin and stdout, as the principal of TOOLFLEET_TOKEN,
     /// with this process's own runtime and workers on the configured backends.
     Mcp,
+}
+
+#[derive(Subcommand)]
+enum JobsAction {
+    /// Your jobs, newest first (the tenant's, for `fleet:read` or `fleet:operate`).
+    List {
+        /// queued, scheduled, running, retrying, succeeded, failed or cancelled.
+        #[arg(long)]
+        state: Option<String>,
+        /// Only this tool's jobs.
+        #[arg(long)]
+        tool: Option<String>,
+        /// How many, 1 to 100 (default 20).
+        #[arg(long)]
+        limit: Option<u32>,
+        /// Print the API's page as JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        server: client::ServerArgs,
+    },
+    /// A job's envelope: its state, attempts, progress, result or error.
+    Show {
+        job_id: String,
+        #[command(flatten)]
+        server: client::ServerArgs,
+    },
+    /// Put a failed or cancelled job back (same id, attempts anew), or,
+    /// without JOB_ID, every one the filters name (at most --limit).
+    Retry {
+        #[arg(conflicts_with_all = ["tool", "state", "error_code", "since", "until", "limit"])]
+        job_id: Option<String>,
+        /// Only this tool's jobs.
+        #[arg(long)]
+        tool: Option<String>,
+        /// failed or cancelled (default both).
+        #[arg(long)]
+        state: Option<String>,
+        /// Only jobs whose error has this code (`timeout`, `tool_failed`, ...).
+        #[arg(long)]
+        error_code: Option<String>,
+        /// Only jobs settled at or after this Unix millisecond.
+        #[arg(long)]
+        since: Option<i64>,
+        /// Only jobs settled before this Unix millisecond.
+        #[arg(long)]
+        until: Option<i64>,
+        /// How many at most, 1 to 1,000 (default 100).
+        #[arg(long)]
+        limit: Option<u32>,
+        #[command(flatten)]
+        server: client::ServerArgs,
+    },
+    /// Cancel a job that has not settled.
+    Cancel {
+        job_id: String,
+        #[command(flatten)]
+        server: client::ServerArgs,
+    },
+}
+
+/// Runs `toolfleet jobs ACTION`.
+async fn jobs(config: &config::Config, action: JobsAction) -> Result<(), String> {
+    match action {
+        JobsAction::List {
+            state,
+            tool,
+            limit,
+            json,
+            server,
+        } => {
+            let (state, tool) = (state.as_deref(), tool.as_deref());
+            client::jobs_list(config, &server, state, tool, limit, json).await
+        }
+        JobsAction::Show { job_id, server } => client::job_show(config, &server, &job_id).await,
+        JobsAction::Cancel { job_id, server } => client::job_cancel(config, &server, &job_id).await,
+        JobsAction::Retry {
+            job_id,
+            tool,
+            state,
+            error_code,
+            since,
+            until,
+            limit,
+            server,
+        } => {
+            let what = client::RetryWhat {
+                job_id: job_id.as_deref(),
+                tool: tool.as_deref(),
+                state: state.as_deref(),
+                error_code: error_code.as_deref(),
+                since,
+                until,
+                limit,
+            };
+            client::jobs_retry(config, &server, what).await
+        }
+    }
 }
 
 /// Separate dispatchers and workers share work only through PostgreSQL and RabbitMQ.
@@ -284,6 +388,7 @@ fn main() -> ExitCode {
                 wait,
                 server,
             } => client::run(&config, &server, &agent, &input, wait).await,
+            Command::Jobs { action } => jobs(&config, action).await,
             Command::Bench(args) => bench::bench(config, args).await,
             Command::Mcp => serve::mcp_stdio(config).await,
         }

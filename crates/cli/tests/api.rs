@@ -1011,3 +1011,198 @@ async fn a_batch_of_calls_is_answered_call_by_call_in_order() {
         .collect();
     assert_eq!(statuses, ["ok", "running"], "{stdout}");
 }
+
+// 10. Retrying failed and cancelled jobs.
+
+/// Job tools with one attempt each: `flaky` fails until the marker its
+/// first run leaves exists, `broken` always fails.
+fn retry_tools(dir: &std::path::Path) -> String {
+    let marker = dir.join("flaky-ran");
+    let flaky = format!(
+        "if [ -e {m} ]; then echo '{{\"ok\": true}}'; else touch {m}; exit 3; fi",
+        m = marker.display()
+    );
+    format!(
+        "{JOB_TOOLS}\n[[tools]]\nname = \"flaky\"\nshape = \"job\"\nmax_attempts = 1\nexecutor = {{ kind = \"exec\", program = \"/bin/sh\", args = [\"-c\", {flaky:?}] }}\n\n[[tools]]\nname = \"broken\"\nshape = \"job\"\nmax_attempts = 1\nexecutor = {{ kind = \"exec\", program = \"/bin/sh\", args = [\"-c\", \"exit 3\"] }}\n{}",
+        reader_token()
+    )
+}
+
+/// A failed job put back by its owner runs again under its own id and
+/// succeeds; a job that succeeded or has not settled is not retried, and
+/// another user's or tenant's reads as missing; a filter puts back every
+/// job it names and says how many; the command line lists, shows and
+/// retries; each retry is audited with who asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_job_is_retried_by_its_owner_and_succeeds() {
+    let dir = TempDir::new("api-retry");
+    let server = Server::start(&dir.0, &config_with(&dir.0, "", &retry_tools(&dir.0)));
+    let alice = server.client(TOKEN);
+    let flaky = start(&alice, "flaky", json!({})).await;
+    let failed = settle(&alice, &flaky).await;
+    assert_eq!(failed["state"], "failed", "{failed}");
+
+    let retry = |client: &Client, id: &str| {
+        let (client, path) = (client.clone(), format!("/v1/jobs/{id}/retry"));
+        async move { client.post(&path, json!({})).await }
+    };
+    for other in [READER_TOKEN, OTHER_TOKEN] {
+        let refused = retry(&server.client(other), &flaky).await;
+        assert_eq!(refused["error"]["code"], "not_found", "{refused}");
+    }
+    let again = retry(&alice, &flaky).await;
+    assert_eq!(
+        (
+            again["status"].as_str(),
+            again["state"].as_str(),
+            again["attempts"].as_u64()
+        ),
+        (Some("running"), Some("queued"), Some(0)),
+        "{again}"
+    );
+    let done = settle(&alice, &flaky).await;
+    assert_eq!(done["result"]["ok"], true, "{done}");
+    let twice = retry(&alice, &flaky).await;
+    assert_eq!(twice["error"]["code"], "conflict", "{twice}");
+    assert!(
+        twice["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("succeeded"),
+        "{twice}"
+    );
+    let sleepy = start(&alice, "sleepy", json!({})).await;
+    let busy = retry(&alice, &sleepy).await;
+    assert_eq!(busy["error"]["code"], "conflict", "{busy}");
+    assert!(
+        busy["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("cancel it first"),
+        "{busy}"
+    );
+    alice
+        .post(&format!("/v1/jobs/{sleepy}/cancel"), json!({}))
+        .await;
+
+    // By filter: both broken jobs go back, and fail again.
+    let broken: Vec<String> = [
+        start(&alice, "broken", json!({})).await,
+        start(&alice, "broken", json!({})).await,
+    ]
+    .into();
+    for id in &broken {
+        assert_eq!(settle(&alice, id).await["state"], "failed");
+    }
+    let put = alice
+        .post(
+            "/v1/jobs/retry",
+            json!({"tool": "broken", "state": "failed"}),
+        )
+        .await;
+    assert_eq!(put["retried"], 2, "{put}");
+    let named: BTreeSet<String> = put["job_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(named, broken.iter().cloned().collect(), "{put}");
+    for id in &broken {
+        let settled = settle(&alice, id).await;
+        assert_eq!(settled["state"], "failed", "{settled}");
+    }
+    for (body, field) in [
+        (json!({"state": "running"}), "`state`"),
+        (json!({"limit": 0}), "`limit`"),
+        (json!({"since": 5, "until": 5}), "`since`"),
+    ] {
+        let (status, answer) = alice
+            .raw(
+                Method::POST,
+                "/v1/jobs/retry",
+                Some(body.to_string().into_bytes()),
+            )
+            .await;
+        assert_eq!(status, 400, "{body}: {answer}");
+        let message = answer["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(field), "{body}: {message}");
+    }
+    let (status, _) = alice
+        .raw(
+            Method::POST,
+            "/v1/jobs/retry",
+            Some(br#"{"surprise": 1}"#.to_vec()),
+        )
+        .await;
+    assert_eq!(status, 400);
+
+    // The command line.
+    let (conf, base) = (server.config.clone(), server.base.clone());
+    let cli = |args: Vec<String>| {
+        let conf = conf.clone();
+        async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            toolfleet(&conf, &args).await
+        }
+    };
+    let at = |words: &[&str]| {
+        let mut args: Vec<String> = words.iter().map(|w| (*w).to_owned()).collect();
+        args.extend([
+            "--server".to_owned(),
+            base.clone(),
+            "--token".to_owned(),
+            TOKEN.to_owned(),
+        ]);
+        args
+    };
+    let (ok, out, err) = cli(at(&[
+        "jobs", "list", "--state", "failed", "--tool", "broken",
+    ]))
+    .await;
+    assert!(ok, "{err}");
+    for id in &broken {
+        assert!(out.contains(id.as_str()), "{out}");
+    }
+    let (ok, out, err) = cli(at(&["jobs", "retry", &broken[0]])).await;
+    assert!(ok, "{err}");
+    assert!(out.contains("\"queued\""), "{out}");
+    assert_eq!(settle(&alice, &broken[0]).await["state"], "failed");
+    let (ok, out, err) = cli(at(&["jobs", "show", &broken[0]])).await;
+    assert!(ok && out.contains("\"failed\""), "{out} {err}");
+    let (ok, _, err) = cli(at(&[
+        "jobs",
+        "show",
+        "01a00000-0000-7000-8000-000000000000",
+    ]))
+    .await;
+    assert!(!ok && err.contains("not_found"), "{err}");
+
+    // Audited, with who asked and how it went.
+    let db = dir.0.join("data").join("toolfleet.db");
+    let audit = std::process::Command::new("sqlite3")
+        .arg(&db)
+        .arg("SELECT user || ':' || tool || ':' || status || ':' || COALESCE(error_code, '') FROM audit WHERE tool LIKE 'retry_job%' ORDER BY seq")
+        .output()
+        .expect("sqlite3 runs");
+    let lines: Vec<String> = String::from_utf8_lossy(&audit.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    assert!(
+        lines.contains(&"alice:retry_job:ok:".to_owned()),
+        "{lines:?}"
+    );
+    assert!(
+        lines.contains(&"bob:retry_job:error:not_found".to_owned()),
+        "{lines:?}"
+    );
+    assert!(
+        lines.contains(&"alice:retry_job:error:conflict".to_owned()),
+        "{lines:?}"
+    );
+    assert!(
+        lines.contains(&"alice:retry_jobs:ok:".to_owned()),
+        "{lines:?}"
+    );
+}

@@ -21,6 +21,7 @@
 //!                        parked
 //!  schedule ──► scheduled ──claim (due)──► running
 //!  cancel: queued, scheduled, retrying, parked, running ──► cancelled
+//!  requeue (a person's retry): failed, cancelled ──► queued, attempts anew
 //! ```
 
 use std::fmt;
@@ -79,7 +80,9 @@ impl JobState {
         JobState::Cancelled,
     ];
 
-    /// The settled states: no transition leaves them.
+    /// The settled states: no worker, sweeper or caller's own call moves
+    /// them; only a person's [`Transition::Requeue`] puts a failed or
+    /// cancelled job back.
     pub const SETTLED: [JobState; 3] = [JobState::Succeeded, JobState::Failed, JobState::Cancelled];
 
     /// The name the store and the contract use.
@@ -203,11 +206,16 @@ pub enum Transition {
     Fail,
     /// queued, scheduled, retrying, parked or running -> cancelled.
     Cancel,
+    /// failed or cancelled -> queued, due now: a person put it back
+    /// (`POST /v1/jobs/{id}/retry`). Its attempts count anew from 0, its
+    /// error, result, progress and checkpoint are cleared, and its
+    /// `requeues` grows by one, so its notices are those of a new life.
+    Requeue,
 }
 
 impl Transition {
     /// Every transition.
-    pub const ALL: [Transition; 11] = [
+    pub const ALL: [Transition; 12] = [
         Transition::Enqueue,
         Transition::Schedule,
         Transition::Claim,
@@ -219,6 +227,7 @@ impl Transition {
         Transition::Retry,
         Transition::Fail,
         Transition::Cancel,
+        Transition::Requeue,
     ];
 
     /// Its name, as the docs and the logs say it.
@@ -235,6 +244,7 @@ impl Transition {
             Transition::Retry => "retry",
             Transition::Fail => "fail",
             Transition::Cancel => "cancel",
+            Transition::Requeue => "requeue",
         }
     }
 
@@ -253,13 +263,14 @@ impl Transition {
             | Transition::Fail => &[Running],
             Transition::Wake => &[Parked],
             Transition::Cancel => &[Queued, Scheduled, Retrying, Parked, Running],
+            Transition::Requeue => &[Failed, Cancelled],
         }
     }
 
     /// The state it moves a job to.
     pub fn to(self) -> JobState {
         match self {
-            Transition::Enqueue => JobState::Queued,
+            Transition::Enqueue | Transition::Requeue => JobState::Queued,
             Transition::Schedule => JobState::Scheduled,
             Transition::Claim | Transition::TakeOver | Transition::Heartbeat => JobState::Running,
             Transition::Park => JobState::Parked,
@@ -273,9 +284,11 @@ impl Transition {
     /// Who calls it.
     pub fn by(self) -> Caller {
         match self {
-            Transition::Enqueue | Transition::Schedule | Transition::Wake | Transition::Cancel => {
-                Caller::Dispatcher
-            }
+            Transition::Enqueue
+            | Transition::Schedule
+            | Transition::Wake
+            | Transition::Cancel
+            | Transition::Requeue => Caller::Dispatcher,
             Transition::Claim | Transition::TakeOver => Caller::Claimant,
             Transition::Heartbeat
             | Transition::Park
@@ -297,7 +310,7 @@ impl Transition {
             | Transition::Retry
             | Transition::Fail => Guard::Held,
             Transition::Wake => Guard::WaitsOnTicket,
-            Transition::Cancel => Guard::Tenant,
+            Transition::Cancel | Transition::Requeue => Guard::Tenant,
         }
     }
 
@@ -370,14 +383,19 @@ mod tests {
     }
 
     #[test]
-    fn settled_states_are_left_by_no_transition_and_every_other_by_one() {
+    fn settled_states_are_left_only_by_a_requeue_and_every_other_by_one() {
         for state in JobState::ALL {
             let leaving: Vec<Transition> = Transition::ALL
                 .into_iter()
-                .filter(|t| t.leaves(state))
+                .filter(|t| t.leaves(state) && *t != Transition::Requeue)
                 .collect();
             assert_eq!(leaving.is_empty(), state.is_settled(), "{state}");
         }
+        // A requeue leaves only settled states, and not a success.
+        assert_eq!(
+            Transition::Requeue.from(),
+            &[JobState::Failed, JobState::Cancelled]
+        );
         // Every state is reached by some transition.
         for state in JobState::ALL {
             assert!(

@@ -14,6 +14,7 @@ pub mod callbacks;
 pub mod http;
 mod mcp;
 mod metrics;
+mod retry;
 mod routes;
 mod runs;
 mod status;

@@ -440,6 +440,18 @@ mod tests {
         async fn prune(&self, _: toolfleet_store::Prune) -> Result<u64, StoreError> {
             unreachable!()
         }
+        async fn requeue(
+            &self,
+            _: toolfleet_store::Requeue<'_>,
+        ) -> Result<Option<JobRecord>, StoreError> {
+            unreachable!()
+        }
+        async fn requeue_many(
+            &self,
+            _: toolfleet_store::RequeueMany<'_>,
+        ) -> Result<Vec<JobRecord>, StoreError> {
+            unreachable!()
+        }
         async fn list_tickets(&self, _: ListTickets<'_>) -> Result<TicketPage, StoreError> {
             unreachable!()
         }

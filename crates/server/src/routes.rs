@@ -46,6 +46,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/jobs", get(list_jobs))
         .route("/v1/jobs/{id}", get(read_job))
         .route("/v1/jobs/{id}/cancel", post(cancel))
+        .route("/v1/jobs/{id}/retry", post(crate::retry::retry_one))
+        .route("/v1/jobs/retry", post(crate::retry::retry_many))
         .route("/v1/tickets", get(crate::runs::inbox))
         .route("/v1/tickets/{id}", get(read_ticket))
         .route("/v1/tickets/{id}/answer", post(answer_ticket))

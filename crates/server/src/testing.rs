@@ -91,6 +91,7 @@ pub(crate) fn record_of(job: NewJob) -> JobRecord {
         lineage: job.lineage,
         scopes: job.scopes,
         trace: job.trace,
+        requeues: 0,
         created_at: job.now,
         updated_at: job.now,
     }

@@ -95,34 +95,26 @@ impl Webhooks {
 pub type ClientBase = Arc<dyn Fn() -> reqwest::ClientBuilder + Send + Sync>;
 
 /// The callback of an event's job or ticket, if the call named one.
-async fn callback_of(store: &dyn Store, event: &Event) -> Option<String> {
+async fn callback_of(store: &dyn Store, event: &Event) -> Option<(String, u32)> {
     if !event.callback {
         return None;
     }
     match (event.kind, event.state) {
         (EventKind::Job, _) if event.is_settled_job() => {
-            store
-                .job_by_id(&event.id)
-                .await
-                .ok()
-                .flatten()?
-                .callback_url
+            let job = store.job_by_id(&event.id).await.ok().flatten()?;
+            Some((job.callback_url?, job.requeues))
         }
         (EventKind::Ticket, EventState::Ticket(TicketState::Answered)) => {
-            store
+            let ticket = store
                 .ticket(&event.tenant, &event.id)
                 .await
                 .ok()
-                .flatten()?
-                .callback_url
+                .flatten()?;
+            Some((ticket.callback_url?, 0))
         }
         (EventKind::Run, EventState::Run(notice)) if notice != RunNotice::Step => {
-            store
-                .run(&event.tenant, &event.id)
-                .await
-                .ok()
-                .flatten()?
-                .callback_url
+            let run = store.run(&event.tenant, &event.id).await.ok().flatten()?;
+            Some((run.callback_url?, 0))
         }
         _ => None,
     }
@@ -195,10 +187,10 @@ pub async fn deliver(
             };
             // Ended (the notices closed for now): subscribe again.
             let Some(event) = event else { break };
-            let Some(url) = callback_of(sender.store.as_ref(), &event).await else {
+            let Some((url, life)) = callback_of(sender.store.as_ref(), &event).await else {
                 continue;
             };
-            sender.notify(&event, url).await;
+            sender.notify(&event, url, life).await;
         }
         tokio::select! {
             () = tokio::time::sleep(Duration::from_millis(100)) => {}
@@ -252,7 +244,28 @@ const CATCH_UP_OVERLAP_MS: i64 = 60_000;
 const CATCH_UP_LOOKBACK_MS: i64 = 3_600_000;
 /// Jobs or tickets taken per page of a search.
 const CATCH_UP_PAGE: u32 = 200;
-/// The commit-log key prefix of a job's notice: `webhook:job:<id>:<state>`.
+/// The key of the notice of `event`, in the `life`-th life of its job (how
+/// often it was put back; 0 for tickets and runs). Every dispatcher hears
+/// every event; the first to claim the key sends the notice. A run waits
+/// and resumes many times: each of its versions has a notice of its own,
+/// and so has each life of a job put back, named past its first
+/// (`webhook:job:<id>:<state>:<life>`), so its new outcome is announced
+/// under a `Toolfleet-Delivery` of its own.
+fn notice_key(event: &Event, life: u32) -> String {
+    match event.kind {
+        EventKind::Run => format!(
+            "webhook:run:{}:{}:{}",
+            event.id,
+            event.state,
+            event.body["version"].as_i64().unwrap_or(0)
+        ),
+        _ if life > 0 => format!("webhook:{}:{}:{}:{life}", event.kind, event.id, event.state),
+        _ => format!("webhook:{}:{}:{}", event.kind, event.id, event.state),
+    }
+}
+
+/// The commit-log key prefix of a job's notice: `webhook:job:<id>:<state>`
+/// (and `:<life>` once it was put back).
 const JOB_NOTICE: &str = "webhook:job:";
 /// The commit-log key prefix of a ticket's notice:
 /// `webhook:ticket:<id>:answered`.
@@ -309,7 +322,10 @@ impl Sender {
                         .await?;
                     Ok(jobs
                         .iter()
-                        .map(|job| (job_event(job, POLL_AFTER_S), job.callback_url.clone()))
+                        .map(|job| {
+                            let event = job_event(job, POLL_AFTER_S);
+                            (event, job.callback_url.clone(), job.requeues)
+                        })
                         .collect())
                 })
                 .await
@@ -326,7 +342,7 @@ impl Sender {
                         .await?;
                     Ok(tickets
                         .iter()
-                        .map(|ticket| (ticket_event(ticket), ticket.callback_url.clone()))
+                        .map(|ticket| (ticket_event(ticket), ticket.callback_url.clone(), 0))
                         .collect())
                 })
                 .await
@@ -347,7 +363,7 @@ impl Sender {
     async fn catch_up_pages<F, Fut>(&self, search: F) -> bool
     where
         F: Fn() -> Fut,
-        Fut: Future<Output = Result<Vec<(Event, Option<String>)>, StoreError>>,
+        Fut: Future<Output = Result<Vec<(Event, Option<String>, u32)>, StoreError>>,
     {
         loop {
             let found = match search().await {
@@ -358,10 +374,10 @@ impl Sender {
                 }
             };
             let mut claimed = true;
-            for (event, url) in &found {
+            for (event, url, life) in &found {
                 let Some(url) = url.clone() else { continue };
                 tracing::info!(kind = %event.kind, id = %event.id, state = %event.state, "webhooks: sending a notice no listener sent");
-                claimed &= self.notify(event, url).await;
+                claimed &= self.notify(event, url, *life).await;
             }
             if !claimed {
                 return false;
@@ -385,19 +401,8 @@ impl Sender {
     /// Claims the notice of `event` and, if no one else has, sends it to
     /// `url` in a task of its own, recording the outcome. False when the
     /// store's notices could not be asked (the notice is sent all the same).
-    async fn notify(&self, event: &Event, url: String) -> bool {
-        // Every dispatcher hears every event; the first to claim the notice
-        // sends it. A run waits and resumes many times: each of its
-        // versions has a notice of its own.
-        let claim = match event.kind {
-            EventKind::Run => format!(
-                "webhook:run:{}:{}:{}",
-                event.id,
-                event.state,
-                event.body["version"].as_i64().unwrap_or(0)
-            ),
-            _ => format!("webhook:{}:{}:{}", event.kind, event.id, event.state),
-        };
+    async fn notify(&self, event: &Event, url: String, life: u32) -> bool {
+        let claim = notice_key(event, life);
         // A claim abandoned by a dispatcher that stopped is taken over: a
         // notice may be sent twice, never lost for that.
         let now = now_ms();
@@ -984,6 +989,26 @@ mod tests {
         assert_ne!(id, delivery_id("webhook:job:j2:succeeded"));
         let uuid = uuid::Uuid::parse_str(&id).expect("a UUID");
         assert_eq!(uuid.get_version_num(), 8);
+    }
+
+    /// Each life of a job put back has notices of its own, and so
+    /// deliveries of their own; its first life keeps the key it always had.
+    #[test]
+    fn each_life_of_a_job_has_its_own_notice() {
+        let event = Event::job(
+            "j1",
+            ("acme", "alice"),
+            "quick",
+            toolfleet_core::JobState::Failed,
+            "run-1",
+            &Envelope::ok(Json::from(json!({"n": 1})), ""),
+        );
+        assert_eq!(notice_key(&event, 0), "webhook:job:j1:failed");
+        assert_eq!(notice_key(&event, 1), "webhook:job:j1:failed:1");
+        assert_ne!(
+            delivery_id(&notice_key(&event, 0)),
+            delivery_id(&notice_key(&event, 1))
+        );
     }
 
     #[test]

@@ -72,6 +72,8 @@ macro_rules! store_conformance {
             cancel_leaves_a_settled_job_as_it_is,
             due_jobs_lists_what_should_run_oldest_first,
             a_scheduled_job_waits_for_its_time,
+            a_failed_or_cancelled_job_is_put_back_as_new,
+            requeue_many_puts_back_what_its_filter_names,
             a_silent_dispatchers_queued_jobs_are_found_until_it_is_forgotten,
             unnotified_jobs_are_settled_jobs_with_callbacks_nobody_notified,
             unnotified_tickets_are_answered_tickets_with_callbacks_nobody_notified,
@@ -1109,6 +1111,164 @@ pub async fn a_scheduled_job_waits_for_its_time(store: &dyn Store) {
             tenant: &t,
             id,
             now: at,
+        };
+        store.cancel(cancel).await.expect("cancel");
+    }
+}
+
+/// A failed or cancelled job put back is queued and due again, its
+/// attempts counted anew and its last outcome gone, one more requeue on
+/// its count; it runs and settles like a new job. A job in any other
+/// state, another tenant's and a missing one are not put back.
+pub async fn a_failed_or_cancelled_job_is_put_back_as_new(store: &dyn Store) {
+    let t = tenant();
+    let back = |tenant: String, id: String, now: i64| async move {
+        store
+            .requeue(crate::Requeue {
+                tenant: &tenant,
+                id: &id,
+                now,
+            })
+            .await
+            .expect("requeue")
+    };
+    let job = running(store, &t, "w1").await;
+    assert_eq!(
+        back(t.clone(), job.id.clone(), BASE + 1).await,
+        None,
+        "running"
+    );
+    let failed = fail(store, &holder(&job), &failure("broken"), None, BASE + 2)
+        .await
+        .expect("failed");
+    assert_eq!(
+        back(tenant(), failed.id.clone(), BASE + 3).await,
+        None,
+        "another tenant's"
+    );
+    assert_eq!(back(t.clone(), new_id(), BASE + 3).await, None, "missing");
+    let again = back(t.clone(), failed.id.clone(), BASE + 3)
+        .await
+        .expect("put back");
+    assert_eq!(
+        (again.state, again.attempts, again.requeues, again.run_at),
+        (JobState::Queued, 0, 1, BASE + 3)
+    );
+    assert!(again.error.is_none() && again.result.is_none(), "{again:?}");
+    assert_eq!(reread(store, &again).await.state, JobState::Queued);
+    assert_eq!(
+        back(t.clone(), failed.id.clone(), BASE + 4).await,
+        None,
+        "queued now"
+    );
+    let claimed = claim(store, &again.id, "w2", BASE + 5)
+        .await
+        .expect("claimed");
+    assert_eq!((claimed.attempts, claimed.requeues), (1, 1));
+    let done = succeed(store, &holder(&claimed), &result_doc(), BASE + 6)
+        .await
+        .expect("settled");
+    assert_eq!(done.state, JobState::Succeeded);
+    assert_eq!(
+        back(t.clone(), done.id.clone(), BASE + 7).await,
+        None,
+        "succeeded"
+    );
+
+    let stopped = queued(store, &t).await;
+    let cancel = crate::CancelJob {
+        tenant: &t,
+        id: &stopped.id,
+        now: BASE + 8,
+    };
+    store.cancel(cancel).await.expect("cancel");
+    let revived = back(t.clone(), stopped.id.clone(), BASE + 9)
+        .await
+        .expect("a cancelled job is put back");
+    assert_eq!((revived.state, revived.requeues), (JobState::Queued, 1));
+}
+
+/// `requeue_many` puts back the failed and cancelled jobs its filter
+/// names (user, tool, state, error code, settled in a time range), oldest
+/// settled first and at most its limit, and no other. Works three months
+/// before [`BASE`].
+pub async fn requeue_many_puts_back_what_its_filter_names(store: &dyn Store) {
+    let t = tenant();
+    let t0 = BASE - 90 * 24 * 3_600_000 - 500_000;
+    let settle = |tool: &'static str, code: ErrorCode, at: i64| {
+        let t = t.clone();
+        async move {
+            let job = insert(store, job_for(&t, tool, json!({}), None, at)).await;
+            let held = claim(store, &job.id, "w1", at).await.expect("claimed");
+            let error = ToolError::new(code, "no");
+            fail(store, &holder(&held), &error, None, at + 1)
+                .await
+                .expect("failed")
+        }
+    };
+    let a = settle("ocr", ErrorCode::Timeout, t0).await;
+    let b = settle("ocr", ErrorCode::ToolFailed, t0 + 10).await;
+    let c = settle("mail", ErrorCode::Timeout, t0 + 20).await;
+    let late = settle("ocr", ErrorCode::Timeout, t0 + 1_000).await;
+    let ok = insert(store, job_for(&t, "ocr", json!({}), None, t0)).await;
+    let failed = [JobState::Failed, JobState::Cancelled];
+    let many = |tool: Option<&'static str>, code: Option<&'static str>, limit: u32| {
+        let t = t.clone();
+        async move {
+            let put = store
+                .requeue_many(crate::RequeueMany {
+                    tenant: &t,
+                    user: None,
+                    tool,
+                    states: &failed,
+                    error_code: code,
+                    since: t0,
+                    until: t0 + 500,
+                    limit,
+                    now: t0 + 2_000,
+                })
+                .await
+                .expect("requeue_many");
+            put.into_iter().map(|j| j.id).collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(
+        many(Some("ocr"), Some("timeout"), 10).await,
+        [a.id.as_str()]
+    );
+    assert_eq!(
+        many(None, None, 1).await,
+        [b.id.as_str()],
+        "oldest first, at its limit"
+    );
+    assert_eq!(many(None, None, 10).await, [c.id.as_str()]);
+    assert!(many(None, None, 10).await.is_empty(), "each once");
+    assert_eq!(
+        reread(store, &late).await.state,
+        JobState::Failed,
+        "outside the range"
+    );
+    assert_eq!(reread(store, &ok).await.state, JobState::Queued);
+    let other = store
+        .requeue_many(crate::RequeueMany {
+            tenant: &t,
+            user: Some("bob"),
+            tool: None,
+            states: &failed,
+            error_code: None,
+            since: t0,
+            until: t0 + 2_000,
+            limit: 10,
+            now: t0 + 3_000,
+        })
+        .await
+        .expect("requeue_many");
+    assert!(other.is_empty(), "only the named user's");
+    for job in [a, b, c, late, ok] {
+        let cancel = crate::CancelJob {
+            tenant: &t,
+            id: &job.id,
+            now: t0 + 4_000,
         };
         store.cancel(cancel).await.expect("cancel");
     }
@@ -2621,6 +2781,51 @@ pub async fn unnotified_jobs_are_settled_jobs_with_callbacks_nobody_notified(sto
         [(cancelled.id.clone(), JobState::Cancelled)],
         "a claimed notice is no longer listed"
     );
+    // Put back and failed again, the job's new outcome has a notice of its
+    // own, under the key of its second life.
+    let again = store
+        .requeue(crate::Requeue {
+            tenant: &t,
+            id: &notified.id,
+            now: t0 + 55,
+        })
+        .await
+        .expect("requeue")
+        .expect("put back");
+    claim(store, &again.id, "w2", t0 + 56)
+        .await
+        .expect("claimed");
+    fail(
+        store,
+        &lease(&again.id, "w2", 1),
+        &failure("x"),
+        None,
+        t0 + 60,
+    )
+    .await;
+    let unsent = || {
+        store.unnotified_jobs(crate::Unnotified {
+            notice_prefix: PREFIX,
+            since: t0,
+            until: t0 + 100,
+            limit: 1000,
+        })
+    };
+    let listed = mine(unsent().await.expect("unnotified jobs"));
+    assert!(
+        listed.contains(&(notified.id.clone(), JobState::Failed)),
+        "{listed:?}"
+    );
+    let second = format!("{PREFIX}{}:failed:1", notified.id);
+    assert_eq!(
+        store.claim_notice(a_notice(&second, t0 + 61)).await,
+        Ok(true)
+    );
+    let listed = mine(unsent().await.expect("unnotified jobs"));
+    assert!(
+        !listed.iter().any(|(id, _)| *id == notified.id),
+        "{listed:?}"
+    );
 }
 
 /// The answered tickets with a callback whose notice key has no commit
@@ -2797,6 +3002,14 @@ async fn apply(
             fail(store, last, &failure("flaky"), retry_at, DUE_NOW).await
         }
         Transition::Fail => fail(store, last, &failure("broken"), None, DUE_NOW).await,
+        Transition::Requeue => store
+            .requeue(crate::Requeue {
+                tenant: &job.tenant,
+                id: &job.id,
+                now: DUE_NOW,
+            })
+            .await
+            .expect("requeue"),
         Transition::Cancel => {
             let now = store
                 .cancel(crate::CancelJob {

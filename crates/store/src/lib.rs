@@ -179,6 +179,11 @@ pub struct JobRecord {
     /// The [`NewJob::trace`] it was made with.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace: Option<TraceContext>,
+    /// How often a person put the job back after it failed or was
+    /// cancelled ([`Store::requeue`]): each time starts a life of its own,
+    /// with its own notices.
+    #[serde(default)]
+    pub requeues: u32,
     /// When the job was recorded, in Unix milliseconds.
     pub created_at: i64,
     /// When the job was last written (a transition, heartbeat, progress or
@@ -516,6 +521,42 @@ pub struct CancelJob<'a> {
     pub now: i64,
 }
 
+/// What [`Store::requeue`] takes: `tenant`'s job `id`, put back at `now`.
+#[derive(Debug, Clone, Copy)]
+pub struct Requeue<'a> {
+    /// The tenant the job must belong to.
+    pub tenant: &'a str,
+    /// The job to put back.
+    pub id: &'a str,
+    /// When, in Unix milliseconds: the job is due then.
+    pub now: i64,
+}
+
+/// What [`Store::requeue_many`] takes: the failed or cancelled jobs of one
+/// tenant that a filter names.
+#[derive(Debug, Clone, Copy)]
+pub struct RequeueMany<'a> {
+    /// The tenant the jobs belong to.
+    pub tenant: &'a str,
+    /// Only this user's jobs; `None`: every user's.
+    pub user: Option<&'a str>,
+    /// Only this tool's jobs.
+    pub tool: Option<&'a str>,
+    /// The states to put back, of [`Transition::Requeue`]'s (others are
+    /// never moved).
+    pub states: &'a [JobState],
+    /// Only jobs whose error has this code.
+    pub error_code: Option<&'a str>,
+    /// Only jobs settled at or after this Unix millisecond...
+    pub since: i64,
+    /// ...and before this one.
+    pub until: i64,
+    /// The most one call puts back (bounded by the store).
+    pub limit: u32,
+    /// When, in Unix milliseconds.
+    pub now: i64,
+}
+
 /// A dispatcher [`Store::silent_dispatchers`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SilentDispatcher {
@@ -720,6 +761,15 @@ pub trait Store: Send + Sync + 'static {
     /// `cancel`: queued, scheduled, retrying, parked or running -> cancelled. The job as it now stands
     /// (already settled ones unchanged), `None` if missing or another tenant's.
     async fn cancel(&self, cancel: CancelJob<'_>) -> Result<Option<JobRecord>, StoreError>;
+    /// `requeue`: failed or cancelled -> queued, due at `now`, its attempts
+    /// counted anew, its error, result, progress and checkpoint cleared,
+    /// its `requeues` one more. The job put back, or `None` when it is
+    /// missing, another tenant's, or in another state.
+    async fn requeue(&self, requeue: Requeue<'_>) -> Result<Option<JobRecord>, StoreError>;
+    /// [`Store::requeue`] of the jobs `many` names, oldest settled first,
+    /// at most its `limit` (bounded); the jobs put back. Several processes
+    /// may run it at once: each job is put back by one.
+    async fn requeue_many(&self, many: RequeueMany<'_>) -> Result<Vec<JobRecord>, StoreError>;
     /// Jobs a worker should run now or soon: queued, scheduled or retrying
     /// and due by `due_by` (a time at or after `now`: the sweeper reads a
     /// period ahead, to publish what falls due before its next pass), or
@@ -755,7 +805,8 @@ pub trait Store: Send + Sync + 'static {
     /// Settled jobs that named a `callback_url`, last updated at or after
     /// `since` and before `until`, whose notice has no record among the
     /// notices ([`Store::claim_notice`]) under the key
-    /// `<notice_prefix><id>:<state>`: notices nobody has claimed. Oldest
+    /// `<notice_prefix><id>:<state>`, followed by `:<requeues>` for a job
+    /// put back ([`JobRecord::requeues`] past 0): notices nobody has claimed. Oldest
     /// first (then by id), at most `limit` (bounded).
     async fn unnotified_jobs(&self, search: Unnotified<'_>) -> Result<Vec<JobRecord>, StoreError>;
 

@@ -18,9 +18,10 @@ use toolfleet_core::{AuditRecord, JobState, Metrics};
 use crate::{
     AnswerTicket, Answered, CancelJob, ClaimCommit, ClaimJob, ClaimNotice, CommitClaim, Fail,
     Heartbeat, Inserted, JobPage, JobRecord, Lease, ListJobs, ListRuns, ListTickets, NewJob,
-    NewRun, NewTicket, Park, Prune, QueuedFrom, RunInserted, RunPage, RunRecord, SaveCheckpoint,
-    SetProgress, SettleCommit, SettleNotice, SettleTicket, SilentDispatcher, StaleRuns, Store,
-    StoreError, Succeed, TicketPage, TicketRecord, Unnotified, UpdateRun,
+    NewRun, NewTicket, Park, Prune, QueuedFrom, Requeue, RequeueMany, RunInserted, RunPage,
+    RunRecord, SaveCheckpoint, SetProgress, SettleCommit, SettleNotice, SettleTicket,
+    SilentDispatcher, StaleRuns, Store, StoreError, Succeed, TicketPage, TicketRecord, Unnotified,
+    UpdateRun,
 };
 
 /// The store `inner`, its failures counted in `metrics`.
@@ -89,6 +90,8 @@ impl Store, for MeteredStore, error StoreError {
     fn claim_commit(&self, claim: ClaimCommit<'_>) -> CommitClaim;
     fn settle_commit(&self, settle: SettleCommit<'_>) -> ();
     fn prune(&self, prune: Prune) -> u64;
+    fn requeue(&self, requeue: Requeue<'_>) -> Option<JobRecord>;
+    fn requeue_many(&self, many: RequeueMany<'_>) -> Vec<JobRecord>;
 }
 }
 

@@ -155,6 +155,7 @@ pub(crate) fn job(f: &impl Columns) -> Result<JobRecord, StoreError> {
             f.text_opt("traceparent")?.as_deref(),
             f.text_opt("tracestate")?.as_deref(),
         ),
+        requeues: f.int("requeues")?,
         created_at: f.integer("created_at")?,
         updated_at: f.integer("updated_at")?,
     })

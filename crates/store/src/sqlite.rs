@@ -27,10 +27,10 @@ use crate::rows::{self, Columns, Paging, RowName, encode, to_i64};
 use crate::{
     AnswerTicket, Answered, Answerer, CancelJob, ClaimCommit, ClaimJob, ClaimNotice, CommitClaim,
     Fail, Heartbeat, Inserted, JobFilter, JobPage, JobRecord, Lease, LeaseRef, ListJobs, ListRuns,
-    ListTickets, NewJob, NewRun, NewTicket, Park, Prune, QueuedFrom, Retained, RunFilter,
-    RunInserted, RunPage, RunRecord, RunState, SaveCheckpoint, SetProgress, SettleCommit,
-    SettleNotice, SettleTicket, SilentDispatcher, StaleRuns, Store, StoreError, Succeed,
-    TicketKind, TicketPage, TicketRecord, TicketShown, Unnotified, UpdateRun,
+    ListTickets, NewJob, NewRun, NewTicket, Park, Prune, QueuedFrom, Requeue, RequeueMany,
+    Retained, RunFilter, RunInserted, RunPage, RunRecord, RunState, SaveCheckpoint, SetProgress,
+    SettleCommit, SettleNotice, SettleTicket, SilentDispatcher, StaleRuns, Store, StoreError,
+    Succeed, TicketKind, TicketPage, TicketRecord, TicketShown, Unnotified, UpdateRun,
 };
 
 mod embedded {
@@ -213,6 +213,44 @@ mod sql {
         )
     });
 
+    /// What `requeue` sets: a job due at `now`, its attempts anew, its last
+    /// life's outcome and lease gone.
+    fn requeued(now: &str) -> String {
+        format!(
+            "state = '{to}', attempts = 0, requeues = requeues + 1, run_at = {now},
+                lease_owner = NULL, lease_until = NULL, progress = NULL, result = NULL,
+                error = NULL, checkpoint = NULL, waiting_on = NULL, updated_at = {now}",
+            to = Transition::Requeue.to()
+        )
+    }
+
+    /// `requeue`: failed or cancelled -> queued, due at `?3`.
+    pub(super) static REQUEUE: Built = LazyLock::new(|| {
+        format!(
+            "UPDATE jobs SET {set} WHERE id = ?1 AND tenant = ?2 AND state IN {from}
+            RETURNING *",
+            set = requeued("?3"),
+            from = sql_list(Transition::Requeue.from())
+        )
+    });
+
+    /// `requeue` of a tenant's jobs by filter (`?2` user, `?3` tool, `?4`
+    /// states as a JSON list, `?5` error code, settled in [`?6`, `?7`)), at
+    /// most `?8`, oldest settled first, due at `?9`.
+    pub(super) static REQUEUE_MANY: Built = LazyLock::new(|| {
+        format!(
+            "UPDATE jobs SET {set} WHERE id IN (SELECT id FROM jobs
+                WHERE tenant = ?1 AND (?2 IS NULL OR user = ?2) AND (?3 IS NULL OR tool = ?3)
+                  AND state IN (SELECT value FROM json_each(?4)) AND state IN {from}
+                  AND (?5 IS NULL OR json_extract(error, '$.code') = ?5)
+                  AND updated_at >= ?6 AND updated_at < ?7
+                ORDER BY updated_at LIMIT ?8)
+            RETURNING *",
+            set = requeued("?9"),
+            from = sql_list(Transition::Requeue.from())
+        )
+    });
+
     /// Two range scans, one per index, rather than an OR the planner may
     /// turn into a walk of the whole table.
     /// The earliest due of the waiting jobs and of the expired leases (at
@@ -246,7 +284,8 @@ mod sql {
         WHERE callback_url IS NOT NULL
           AND state IN {settled}
           AND updated_at >= ?2 AND updated_at < ?3
-          AND NOT EXISTS (SELECT 1 FROM notices n WHERE n.key = ?1 || j.id || ':' || j.state)
+          AND NOT EXISTS (SELECT 1 FROM notices n WHERE n.key = ?1 || j.id || ':' || j.state
+            || CASE WHEN j.requeues > 0 THEN ':' || j.requeues ELSE '' END)
         ORDER BY updated_at, id LIMIT ?4",
             settled = sql_list(&JobState::SETTLED)
         )
@@ -1478,6 +1517,32 @@ impl Store for SqliteStore {
         let CancelJob { tenant, id, now } = job;
         let (tenant, id) = (tenant.to_owned(), id.to_owned());
         self.call(move |c| cancel(c, &tenant, &id, now)).await
+    }
+
+    async fn requeue(&self, requeue: Requeue<'_>) -> Result<Option<JobRecord>, StoreError> {
+        let Requeue { tenant, id, now } = requeue;
+        let (tenant, id) = (tenant.to_owned(), id.to_owned());
+        self.call(move |c| query_one(c, &sql::REQUEUE, params![id, tenant, now], job_from_row))
+            .await
+    }
+
+    /// At most 1000 jobs per call.
+    async fn requeue_many(&self, many: RequeueMany<'_>) -> Result<Vec<JobRecord>, StoreError> {
+        let states: Vec<&str> = many.states.iter().map(|s| s.as_str()).collect();
+        let states =
+            serde_json::to_string(&states).map_err(|e| StoreError::Unavailable(e.to_string()))?;
+        let (tenant, user) = (many.tenant.to_owned(), many.user.map(str::to_owned));
+        let (tool, code) = (
+            many.tool.map(str::to_owned),
+            many.error_code.map(str::to_owned),
+        );
+        let (since, until, now) = (many.since, many.until, many.now);
+        let limit = many.limit.min(MAX_BATCH);
+        self.call(move |c| {
+            let params = params![tenant, user, tool, states, code, since, until, limit, now];
+            query_all(c, &sql::REQUEUE_MANY, params, job_from_row)
+        })
+        .await
     }
 
     /// At most 1000 jobs per call, so one sweep stays bounded.

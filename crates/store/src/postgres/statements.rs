@@ -31,7 +31,7 @@ macro_rules! job_columns {
         r#"id, tenant, "user", tool, pool, args, state, attempts, max_attempts,
             timeout_ms, run_at, lease_owner, lease_until, progress, result, error,
             idempotency_key, run_id, call_id, callback_url, lineage, scopes,
-            traceparent, tracestate, created_at, updated_at"#
+            traceparent, tracestate, requeues, created_at, updated_at"#
     };
 }
 
@@ -281,6 +281,52 @@ pub(super) static CANCEL: Built = LazyLock::new(|| {
     )
 });
 
+/// What `requeue` sets: a job due at `$n`, its attempts anew, its last
+/// life's outcome and lease gone.
+fn requeued(now: &str) -> String {
+    format!(
+        "state = '{to}', attempts = 0, requeues = requeues + 1, run_at = {now},
+            lease_owner = NULL, lease_until = NULL, progress = NULL, result = NULL,
+            error = NULL, checkpoint = NULL, waiting_on = NULL, updated_at = {now}",
+        to = Transition::Requeue.to()
+    )
+}
+
+/// `requeue`: failed or cancelled -> queued, due at `$3`.
+pub(super) static REQUEUE: Built = LazyLock::new(|| {
+    format!(
+        concat!(
+            "UPDATE jobs SET {set} WHERE id = $1 AND tenant = $2 AND state IN {from}
+            RETURNING ",
+            job_columns!()
+        ),
+        set = requeued("$3"),
+        from = sql_list(Transition::Requeue.from())
+    )
+});
+
+/// `requeue` of a tenant's jobs by filter (`$2` user, `$3` tool, `$4`
+/// states, `$5` error code, settled in [`$6`, `$7`)), at most `$8`, oldest
+/// settled first, due at `$9`. `SKIP LOCKED`: a job another process is
+/// putting back is left to it.
+pub(super) static REQUEUE_MANY: Built = LazyLock::new(|| {
+    format!(
+        concat!(
+            r#"UPDATE jobs SET {set} WHERE id IN (SELECT id FROM jobs
+                WHERE tenant = $1 AND ($2::text IS NULL OR "user" = $2)
+                  AND ($3::text IS NULL OR tool = $3)
+                  AND state = ANY($4::text[]) AND state IN {from}
+                  AND ($5::text IS NULL OR error::jsonb ->> 'code' = $5)
+                  AND updated_at >= $6 AND updated_at < $7
+                ORDER BY updated_at LIMIT $8 FOR UPDATE SKIP LOCKED)
+            RETURNING "#,
+            job_columns!()
+        ),
+        set = requeued("$9"),
+        from = sql_list(Transition::Requeue.from())
+    )
+});
+
 /// Two range scans, one per partial index, rather than an OR the planner
 /// may turn into a walk of the whole table.
 /// The earliest due of the waiting jobs (by `$3`, a time that may be
@@ -354,7 +400,9 @@ pub(super) static UNNOTIFIED: Built = LazyLock::new(|| {
           AND state IN {settled}
           AND updated_at >= $2 AND updated_at < $3
           AND NOT EXISTS (SELECT 1 FROM notices n
-            WHERE n.key = ($1 || j.id || ':' || j.state) COLLATE \"default\")
+            WHERE n.key = ($1 || j.id || ':' || j.state
+                || CASE WHEN j.requeues > 0 THEN ':' || j.requeues::text ELSE '' END)
+                COLLATE \"default\")
         ORDER BY updated_at, id LIMIT $4"
         ),
         settled = sql_list(&JobState::SETTLED)

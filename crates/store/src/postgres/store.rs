@@ -22,10 +22,10 @@ use crate::rows::{Columns, Paging, encode};
 use crate::{
     AnswerTicket, Answered, Answerer, CancelJob, ClaimCommit, ClaimJob, ClaimNotice, CommitClaim,
     Fail, Heartbeat, Inserted, JobFilter, JobPage, JobRecord, Lease, LeaseRef, ListJobs, ListRuns,
-    ListTickets, NewJob, NewRun, NewTicket, Park, Prune, QueuedFrom, Retained, RunFilter,
-    RunInserted, RunPage, RunRecord, RunState, SaveCheckpoint, SetProgress, SettleCommit,
-    SettleNotice, SettleTicket, SilentDispatcher, StaleRuns, Store, StoreError, Succeed,
-    TicketKind, TicketPage, TicketRecord, TicketShown, Unnotified, UpdateRun,
+    ListTickets, NewJob, NewRun, NewTicket, Park, Prune, QueuedFrom, Requeue, RequeueMany,
+    Retained, RunFilter, RunInserted, RunPage, RunRecord, RunState, SaveCheckpoint, SetProgress,
+    SettleCommit, SettleNotice, SettleTicket, SilentDispatcher, StaleRuns, Store, StoreError,
+    Succeed, TicketKind, TicketPage, TicketRecord, TicketShown, Unnotified, UpdateRun,
 };
 
 /// Bound of one answer of [`Store::due_jobs`] and [`Store::audit`].
@@ -586,6 +586,37 @@ impl Store for PgStore {
     async fn cancel(&self, job: CancelJob<'_>) -> Result<Option<JobRecord>, StoreError> {
         let CancelJob { tenant, id, now } = job;
         cancel(&*self.client().await?, tenant, id, now).await
+    }
+
+    async fn requeue(&self, requeue: Requeue<'_>) -> Result<Option<JobRecord>, StoreError> {
+        let Requeue { tenant, id, now } = requeue;
+        let c = self.client().await?;
+        query_one(
+            &c,
+            &statements::REQUEUE,
+            &[&id, &tenant, &now],
+            job_from_row,
+        )
+        .await
+    }
+
+    /// At most 1000 jobs per call.
+    async fn requeue_many(&self, many: RequeueMany<'_>) -> Result<Vec<JobRecord>, StoreError> {
+        let states: Vec<&str> = many.states.iter().map(|s| s.as_str()).collect();
+        let limit = i64::from(many.limit.min(MAX_BATCH));
+        let c = self.client().await?;
+        let params: Params<'_> = &[
+            &many.tenant,
+            &many.user,
+            &many.tool,
+            &states,
+            &many.error_code,
+            &many.since,
+            &many.until,
+            &limit,
+            &many.now,
+        ];
+        query_all(&c, &statements::REQUEUE_MANY, params, job_from_row).await
     }
 
     /// At most 1000 jobs per call, so one sweep stays bounded.
