@@ -317,8 +317,14 @@ async fn open_shared(
         .metrics(metrics.clone())
         .fleet(Arc::new(dispatcher))
         .commit_log(Arc::new(StoreCommitLog::new(store.clone())))
-        .audit_sink(audit)
-        .build();
+        .audit_sink(audit);
+    if config.database_url.is_some() {
+        // Dispatchers that share PostgreSQL share their rate limits too;
+        // one process on SQLite keeps them in its memory.
+        let buckets = toolfleet_fleet::limits::StoreBuckets::new(store.clone());
+        runtime = runtime.rate_limits(Arc::new(buckets));
+    }
+    let mut runtime = runtime.build();
     let agents = AgentEnv::with_max_depth(store.clone(), notices.clone(), config.max_agent_depth);
     let status = Status::new(store.clone(), notices.clone(), access.clone());
     register_tools(&mut runtime, config, status, &agents)?;

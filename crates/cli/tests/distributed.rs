@@ -645,3 +645,59 @@ async fn a_delayed_call_starts_at_its_time_across_the_fleet() {
     assert_eq!(cancelled["error"]["code"], "cancelled", "{cancelled}");
     assert_eq!(lines(&dir.0.join("effects")), vec![job]);
 }
+
+/// A rate limit holds across the fleet: two dispatchers together let
+/// through the declared rate (20 calls a second, a burst of 20), not twice
+/// it, within 10 %; each refusal says when to call again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_limit_holds_across_two_dispatchers() {
+    let limited = |_: &Path| {
+        "[[tools]]\nname = \"limited\"\nshape = \"query\"\nmiddleware = { rate_limit = { max = 20, per_s = 1 } }\nexecutor = { kind = \"exec\", program = \"/bin/sh\", args = [\"-c\", \"echo '{}'\"] }\n".to_owned()
+    };
+    let (_dir, config_path, _cleanup, _) = shared_fleet("limited", "", limited);
+    migrate(&config_path);
+    let one = Server::start_role(&config_path, "dispatcher", "toolfleet serving on ");
+    let two = Server::start_role(&config_path, "dispatcher", "toolfleet serving on ");
+    let clients = [one.client(TOKEN), two.client(TOKEN)];
+    let started = std::time::Instant::now();
+    let window = Duration::from_secs(4);
+    let mut callers = tokio::task::JoinSet::new();
+    for n in 0..8 {
+        let client = clients[n % 2].clone();
+        callers.spawn(async move {
+            let (mut passed, mut refused) = (0u32, 0u32);
+            while started.elapsed() < window {
+                let answer = client.call("limited", json!({})).await;
+                match answer["error"]["code"].as_str() {
+                    None => passed += 1,
+                    Some("rate_limited") => {
+                        assert!(
+                            answer["error"]["retry_after_s"].as_u64() >= Some(1),
+                            "{answer}"
+                        );
+                        refused += 1;
+                    }
+                    Some(_) => panic!("{answer}"),
+                }
+            }
+            (passed, refused)
+        });
+    }
+    let (mut passed, mut refused) = (0, 0);
+    while let Some(done) = callers.join_next().await {
+        let (p, r) = done.expect("a caller");
+        passed += p;
+        refused += r;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let declared = 20.0 + 20.0 * elapsed;
+    println!(
+        "two dispatchers: {passed} calls passed and {refused} refused in {elapsed:.2} s; declared {declared:.0} (a burst of 20, then 20/s)"
+    );
+    assert!(refused > 0, "the callers asked for more than the limit");
+    let passed = f64::from(passed);
+    assert!(
+        passed <= declared * 1.1 && passed >= declared * 0.9,
+        "{passed} passed where the fleet allows {declared:.0}"
+    );
+}

@@ -18,7 +18,7 @@ use crate::envelope::{Envelope, ErrorCode, Json, ToolError};
 use crate::metrics::{Metrics, UNKNOWN_TOOL};
 use crate::middleware::{
     AuditSink, Call, Endpoint, LayerServices, MemoryAuditSink, Next, RateLimits, ReadCache,
-    redact_json,
+    TokenBuckets, redact_json,
 };
 use crate::registry::{RegistrationError, Registry, Tool};
 use crate::shapes::command::{
@@ -80,9 +80,16 @@ pub struct RuntimeBuilder {
     commit_log: Option<Arc<dyn CommitLog>>,
     handles: Option<Arc<dyn HandleStore>>,
     metrics: Option<Arc<Metrics>>,
+    rate_limits: Option<Arc<dyn TokenBuckets>>,
 }
 
 impl RuntimeBuilder {
+    /// Where rate-limited tools take their tokens (this process's buckets
+    /// when not set; a store's, for limits that hold across a fleet).
+    pub fn rate_limits(mut self, buckets: Arc<dyn TokenBuckets>) -> Self {
+        self.rate_limits = Some(buckets);
+        self
+    }
     /// Sets the defaults and bounds of the runtime.
     pub fn config(mut self, config: RuntimeConfig) -> Self {
         self.config = config;
@@ -132,7 +139,9 @@ impl RuntimeBuilder {
                 .audit_sink
                 .unwrap_or_else(|| Arc::new(MemoryAuditSink::default())),
             cache: Arc::new(ReadCache::new(self.config.cache_capacity)),
-            rate_limits: Arc::new(RateLimits::default()),
+            rate_limits: self
+                .rate_limits
+                .unwrap_or_else(|| Arc::new(RateLimits::default())),
             metrics: self.metrics.unwrap_or_default(),
         };
         let mut runtime = Runtime {
@@ -198,6 +207,7 @@ impl Runtime {
             commit_log: None,
             handles: None,
             metrics: None,
+            rate_limits: None,
         }
     }
 

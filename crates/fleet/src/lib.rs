@@ -18,6 +18,7 @@ pub mod announcer;
 pub mod backends;
 pub mod dispatch;
 pub mod events;
+pub mod limits;
 pub mod outbox;
 pub mod retention;
 pub mod runs;

@@ -440,6 +440,12 @@ mod tests {
         async fn prune(&self, _: toolfleet_store::Prune) -> Result<u64, StoreError> {
             unreachable!()
         }
+        async fn take_token(
+            &self,
+            _: toolfleet_store::TakeToken<'_>,
+        ) -> Result<Option<i64>, StoreError> {
+            unreachable!()
+        }
         async fn requeue(
             &self,
             _: toolfleet_store::Requeue<'_>,

@@ -121,6 +121,7 @@ macro_rules! store_conformance {
             a_ticket_is_settled_once,
             unsettled_tickets_are_answered_tickets_without_an_outcome,
             prune_deletes_only_what_settled_before_its_time,
+            a_token_bucket_lets_its_burst_then_its_rate_through,
         );
     };
     (@tests $make:expr; $($name:ident),* $(,)?) => {

@@ -112,6 +112,23 @@ pub struct NewJob {
     pub origin: Option<String>,
 }
 
+impl TakeToken<'_> {
+    /// The interval between tokens and the tolerance of the algorithm (how
+    /// far ahead of now a bucket's arrival time may be), in milliseconds.
+    pub fn terms(&self) -> (i64, i64) {
+        let interval = self.interval_ms.max(1);
+        let tolerance = interval.saturating_mul(i64::from(self.burst.max(1) - 1));
+        (interval, tolerance)
+    }
+
+    /// How long a bucket whose arrival time is `tat` makes a refused call
+    /// wait, in milliseconds (at least 1).
+    pub fn wait(&self, tat: i64) -> i64 {
+        let (_, tolerance) = self.terms();
+        (tat.max(self.now) - self.now - tolerance).max(1)
+    }
+}
+
 impl NewJob {
     /// The state the job is recorded in and when it is due: `scheduled` at
     /// its `run_at` when that is later than `now`, else `queued` at `now`.
@@ -521,6 +538,20 @@ pub struct CancelJob<'a> {
     pub now: i64,
 }
 
+/// What [`Store::take_token`] takes: a token of the bucket `key`, which
+/// gains one every `interval_ms` and holds at most `burst`.
+#[derive(Debug, Clone, Copy)]
+pub struct TakeToken<'a> {
+    /// The bucket: one per tenant and tool.
+    pub key: &'a str,
+    /// When, in Unix milliseconds.
+    pub now: i64,
+    /// How often a token is added, in milliseconds (at least 1).
+    pub interval_ms: i64,
+    /// The most tokens the bucket holds: the largest burst (at least 1).
+    pub burst: u32,
+}
+
 /// What [`Store::requeue`] takes: `tenant`'s job `id`, put back at `now`.
 #[derive(Debug, Clone, Copy)]
 pub struct Requeue<'a> {
@@ -897,6 +928,15 @@ pub trait Store: Send + Sync + 'static {
     /// Records the outcome of `key` (kept until `keep_until`), or with `None`
     /// releases the claim so the commit may run again.
     async fn settle_commit(&self, settle: SettleCommit<'_>) -> Result<(), StoreError>;
+
+    // Rate limits.
+
+    /// Takes a token of the bucket `take.key` (the generic cell rate
+    /// algorithm: `take.burst` calls at once, then one every
+    /// `take.interval_ms`): `None` when taken, else how many milliseconds
+    /// until one is free. Every process sharing the store shares the
+    /// bucket; concurrent takes are serialised, none taken twice.
+    async fn take_token(&self, take: TakeToken<'_>) -> Result<Option<i64>, StoreError>;
 
     // Retention.
 

@@ -20,8 +20,8 @@ use crate::{
     Heartbeat, Inserted, JobPage, JobRecord, Lease, ListJobs, ListRuns, ListTickets, NewJob,
     NewRun, NewTicket, Park, Prune, QueuedFrom, Requeue, RequeueMany, RunInserted, RunPage,
     RunRecord, SaveCheckpoint, SetProgress, SettleCommit, SettleNotice, SettleTicket,
-    SilentDispatcher, StaleRuns, Store, StoreError, Succeed, TicketPage, TicketRecord, Unnotified,
-    UpdateRun,
+    SilentDispatcher, StaleRuns, Store, StoreError, Succeed, TakeToken, TicketPage, TicketRecord,
+    Unnotified, UpdateRun,
 };
 
 /// The store `inner`, its failures counted in `metrics`.
@@ -90,6 +90,7 @@ impl Store, for MeteredStore, error StoreError {
     fn claim_commit(&self, claim: ClaimCommit<'_>) -> CommitClaim;
     fn settle_commit(&self, settle: SettleCommit<'_>) -> ();
     fn prune(&self, prune: Prune) -> u64;
+    fn take_token(&self, take: TakeToken<'_>) -> Option<i64>;
     fn requeue(&self, requeue: Requeue<'_>) -> Option<JobRecord>;
     fn requeue_many(&self, many: RequeueMany<'_>) -> Vec<JobRecord>;
 }

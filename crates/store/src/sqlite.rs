@@ -23,6 +23,7 @@ use serde_json::Value;
 use toolfleet_core::middleware::canonical_json;
 use toolfleet_core::{AuditRecord, Envelope, ErrorCode, JobState, ToolError, TraceContext};
 
+use crate::TakeToken;
 use crate::rows::{self, Columns, Paging, RowName, encode, to_i64};
 use crate::{
     AnswerTicket, Answered, Answerer, CancelJob, ClaimCommit, ClaimJob, ClaimNotice, CommitClaim,
@@ -485,6 +486,17 @@ mod sql {
         INSERT INTO notices (key, state, delivered, keep_until) VALUES (?1, 'sent', ?2, ?3)
         ON CONFLICT (key) DO UPDATE SET
             state = 'sent', delivered = ?2, lease_until = NULL, keep_until = ?3";
+
+    /// Rate limits: the generic cell rate algorithm, as on PostgreSQL.
+    /// `?1` the bucket, `?2` now, `?3` the interval, `?4` the tolerance;
+    /// a row answers only when a token was taken.
+    pub(super) const TAKE_TOKEN: &str = "INSERT INTO rate_limits (key, tat) VALUES (?1, ?2 + ?3)
+        ON CONFLICT (key) DO UPDATE SET tat = MAX(rate_limits.tat, ?2) + ?3
+            WHERE MAX(rate_limits.tat, ?2) - ?2 <= ?4
+        RETURNING tat";
+
+    /// The arrival time of a bucket that refused a token.
+    pub(super) const TOKEN_TAT: &str = "SELECT tat FROM rate_limits WHERE key = ?1";
 
     /// The runs states retention deletes, as an SQL list.
     fn stopped_runs() -> String {
@@ -1848,6 +1860,30 @@ impl Store for SqliteStore {
         let (key, envelope) = (key.to_owned(), outcome.map(Envelope::to_json));
         self.call(move |c| settle_commit(c, &key, envelope.as_deref(), keep_until))
             .await
+    }
+
+    async fn take_token(&self, take: TakeToken<'_>) -> Result<Option<i64>, StoreError> {
+        let (interval, tolerance) = take.terms();
+        let (key, now) = (take.key.to_owned(), take.now);
+        let tat = self
+            .call(move |c| {
+                let taken: Option<i64> = c
+                    .query_row(
+                        sql::TAKE_TOKEN,
+                        params![key, now, interval, tolerance],
+                        |row| row.get(0),
+                    )
+                    .optional()?;
+                if taken.is_some() {
+                    return Ok(None);
+                }
+                let tat: Option<i64> = c
+                    .query_row(sql::TOKEN_TAT, params![key], |row| row.get(0))
+                    .optional()?;
+                Ok(Some(tat.unwrap_or(now)))
+            })
+            .await?;
+        Ok(tat.map(|tat| take.wait(tat)))
     }
 
     /// At most 10,000 records per call, so the write lock is held briefly.

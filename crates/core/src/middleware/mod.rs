@@ -42,7 +42,7 @@ use crate::tool::CallCtx;
 
 pub use audit::{Audit, AuditRecord, AuditSink, MemoryAuditSink};
 pub use cache::{CacheReads, ReadCache, canonical_json};
-pub use rate_limit::{RateLimit, RateLimiter, RateLimits};
+pub use rate_limit::{RateLimit, RateLimiter, RateLimits, TokenBuckets};
 pub use redact::{REDACTED, Redact, redact_json, redact_value};
 pub use scope::RequireScopes;
 pub use timeout::Timeout;
@@ -126,7 +126,7 @@ pub struct LayerServices {
     /// The read cache every tool's cache layer shares.
     pub cache: Arc<ReadCache>,
     /// The token buckets of every rate-limited tool.
-    pub rate_limits: Arc<RateLimits>,
+    pub rate_limits: Arc<dyn TokenBuckets>,
     /// Where the cache counts its hits and misses.
     pub metrics: Arc<crate::metrics::Metrics>,
 }

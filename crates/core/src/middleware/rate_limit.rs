@@ -1,5 +1,9 @@
 //! `rate_limit`: a token bucket per tenant and tool. A caller over the limit
-//! gets `rate_limited` with `retry_after_s`, never a queue that grows.
+//! gets `rate_limited` with `retry_after_s`, never a queue that grows. The
+//! buckets are [`TokenBuckets`]: this process's ([`RateLimits`]), or a
+//! store's that every dispatcher of a fleet shares (`toolfleet-fleet`'s
+//! `StoreBuckets`), so a fleet allows the declared rate, not one per
+//! process.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -95,15 +99,40 @@ impl Default for RateLimits {
     }
 }
 
+/// Where a rate-limited tool's tokens are taken.
+pub trait TokenBuckets: Send + Sync + 'static {
+    /// Takes a token of `limit` for `tool` in `tenant`: `Ok(None)` when
+    /// taken, `Ok(Some(wait))` when none is free for `wait`, `Err` when the
+    /// buckets cannot be reached (the call is refused as `unavailable`).
+    fn take<'a>(
+        &'a self,
+        tool: &'a str,
+        tenant: &'a str,
+        limit: RateLimit,
+    ) -> BoxFuture<'a, Result<Option<Duration>, ToolError>>;
+}
+
+impl TokenBuckets for RateLimits {
+    fn take<'a>(
+        &'a self,
+        tool: &'a str,
+        tenant: &'a str,
+        limit: RateLimit,
+    ) -> BoxFuture<'a, Result<Option<Duration>, ToolError>> {
+        let taken = RateLimits::take(self, tool, tenant, limit, Instant::now());
+        Box::pin(std::future::ready(Ok(taken.err())))
+    }
+}
+
 /// The rate limit layer of one tool.
 pub struct RateLimiter {
     limit: RateLimit,
-    buckets: Arc<RateLimits>,
+    buckets: Arc<dyn TokenBuckets>,
 }
 
 impl RateLimiter {
     /// The layer applying `limit`, its buckets kept in `buckets`.
-    pub fn new(limit: RateLimit, buckets: Arc<RateLimits>) -> Self {
+    pub fn new(limit: RateLimit, buckets: Arc<dyn TokenBuckets>) -> Self {
         RateLimiter { limit, buckets }
     }
 }
@@ -114,27 +143,25 @@ impl Layer for RateLimiter {
     }
 
     fn call<'a>(&'a self, call: Call<'a>, next: Next<'a>) -> BoxFuture<'a, Envelope> {
-        let name = call.tool.name();
-        match self
-            .buckets
-            .take(name, call.ctx.tenant(), self.limit, Instant::now())
-        {
-            Ok(()) => next.run(call),
-            Err(wait) => {
-                let retry_after_s = wait.as_secs_f64().ceil().max(1.0) as u64;
-                let message = format!(
-                    "`{name}` allows {} calls per {} s per tenant; wait {retry_after_s} s before calling it again",
-                    self.limit.max,
-                    self.limit.per.as_secs_f64()
-                );
-                Box::pin(async move {
+        Box::pin(async move {
+            let name = call.tool.name();
+            match self.buckets.take(name, call.ctx.tenant(), self.limit).await {
+                Ok(None) => next.run(call).await,
+                Ok(Some(wait)) => {
+                    let retry_after_s = wait.as_secs_f64().ceil().max(1.0) as u64;
+                    let message = format!(
+                        "`{name}` allows {} calls per {} s per tenant; wait {retry_after_s} s before calling it again",
+                        self.limit.max,
+                        self.limit.per.as_secs_f64()
+                    );
                     Envelope::error(
                         ToolError::new(ErrorCode::RateLimited, message)
                             .with_retry_after(retry_after_s),
                     )
-                })
+                }
+                Err(error) => Envelope::error(error),
             }
-        }
+        })
     }
 }
 

@@ -1145,3 +1145,50 @@ pub async fn prune_deletes_only_what_settled_before_its_time(store: &dyn Store) 
 async fn read_job(store: &dyn Store, id: &str) -> Option<crate::JobRecord> {
     store.job_by_id(id).await.expect("job_by_id")
 }
+
+// Rate limits.
+
+/// `take_token` lets a burst through, then one call each interval, and
+/// says how long a refused call waits; buckets are their own; concurrent
+/// takes never pass more than the bucket holds.
+pub async fn a_token_bucket_lets_its_burst_then_its_rate_through(store: &dyn Store) {
+    use crate::TakeToken;
+    let key = format!("[\"{}\",\"ocr\"]", tenant());
+    let take = |key: String, now: i64| async move {
+        store
+            .take_token(TakeToken {
+                key: &key,
+                now,
+                interval_ms: 1_000,
+                burst: 3,
+            })
+            .await
+            .expect("take_token")
+    };
+    for _ in 0..3 {
+        assert_eq!(take(key.clone(), BASE).await, None, "the burst");
+    }
+    assert_eq!(
+        take(key.clone(), BASE).await,
+        Some(1_000),
+        "one interval to wait"
+    );
+    assert_eq!(take(key.clone(), BASE + 400).await, Some(600));
+    assert_eq!(
+        take(key.clone(), BASE + 1_000).await,
+        None,
+        "one more an interval later"
+    );
+    assert_eq!(take(key.clone(), BASE + 1_000).await, Some(1_000));
+    let other = format!("[\"{}\",\"ocr\"]", tenant());
+    assert_eq!(take(other, BASE).await, None, "another bucket is full");
+
+    let shared = format!("[\"{}\",\"mail\"]", tenant());
+    let takes = (0..20).map(|_| take(shared.clone(), BASE));
+    let passed = futures_util::future::join_all(takes)
+        .await
+        .into_iter()
+        .filter(Option::is_none)
+        .count();
+    assert_eq!(passed, 3, "at once, no more than the burst");
+}

@@ -744,3 +744,21 @@ pub(super) static PRUNE_RUNS: Built = LazyLock::new(|| {
 /// Audit records, off `audit_at`.
 pub(super) const PRUNE_AUDIT: &str = "DELETE FROM audit WHERE seq IN (SELECT seq FROM audit
     WHERE at_ms < $1 ORDER BY at_ms LIMIT $2 FOR UPDATE SKIP LOCKED)";
+
+// Rate limits: the generic cell rate algorithm. `$1` the bucket, `$2` now,
+// `$3` the interval between tokens, `$4` the tolerance (the burst less one,
+// in intervals). A call passes when the bucket's arrival time is at most
+// the tolerance ahead of now, and moves it one interval on; the row's lock
+// serialises the takes of every process. Written without waiting for the
+// disk (`async_commit`): a row lost to a crash costs a burst, no call.
+
+/// Takes a token; a row answers only when one was taken.
+pub(super) const TAKE_TOKEN: &str = "INSERT INTO rate_limits (key, tat)
+    SELECT $1::text, $2::bigint + $3::bigint
+    FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
+    ON CONFLICT (key) DO UPDATE SET tat = GREATEST(rate_limits.tat, $2::bigint) + $3::bigint
+        WHERE GREATEST(rate_limits.tat, $2::bigint) - $2::bigint <= $4::bigint
+    RETURNING tat";
+
+/// The arrival time of a bucket that refused a token.
+pub(super) const TOKEN_TAT: &str = "SELECT tat FROM rate_limits WHERE key = $1";

@@ -18,6 +18,7 @@ use super::rows::{
     AuditColumns, Fields, Insert, audit_from_row, job_from_row, run_from_row, ticket_from_row,
 };
 use super::statements;
+use crate::TakeToken;
 use crate::rows::{Columns, Paging, encode};
 use crate::{
     AnswerTicket, Answered, Answerer, CancelJob, ClaimCommit, ClaimJob, ClaimNotice, CommitClaim,
@@ -844,6 +845,22 @@ impl Store for PgStore {
         let envelope = outcome.map(Envelope::to_json);
         let c = self.client().await?;
         settle_commit(&c, key, envelope.as_deref(), keep_until).await
+    }
+
+    async fn take_token(&self, take: TakeToken<'_>) -> Result<Option<i64>, StoreError> {
+        let (interval, tolerance) = take.terms();
+        let c = self.client().await?;
+        let params: Params<'_> = &[&take.key, &take.now, &interval, &tolerance];
+        let stmt = c.prepare_cached(statements::TAKE_TOKEN).await?;
+        if c.query_opt(&stmt, params).await?.is_some() {
+            return Ok(None);
+        }
+        let stmt = c.prepare_cached(statements::TOKEN_TAT).await?;
+        let tat: i64 = match c.query_opt(&stmt, &[&take.key]).await? {
+            Some(row) => Fields::named(&row, "rate_limits", take.key).get("tat")?,
+            None => take.now,
+        };
+        Ok(Some(take.wait(tat)))
     }
 
     /// At most 10,000 records per call, so one statement stays short.
