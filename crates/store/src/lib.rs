@@ -112,6 +112,17 @@ pub struct NewJob {
     pub origin: Option<String>,
 }
 
+/// What `requeue` sets, in both stores' SQL: the job due at `now` (a
+/// placeholder), its attempts anew, its last life's outcome and lease gone.
+pub(crate) fn requeued(now: &str) -> String {
+    format!(
+        "state = '{to}', attempts = 0, requeues = requeues + 1, run_at = {now},
+            lease_owner = NULL, lease_until = NULL, progress = NULL, result = NULL,
+            error = NULL, checkpoint = NULL, waiting_on = NULL, updated_at = {now}",
+        to = Transition::Requeue.to()
+    )
+}
+
 impl TakeToken<'_> {
     /// The interval between tokens and the tolerance of the algorithm (how
     /// far ahead of now a bucket's arrival time may be), in milliseconds.

@@ -80,6 +80,12 @@ impl RunState {
     }
 }
 
+/// [`RunState::STOPPED`] as an SQL list, as both stores' retention names it.
+pub(crate) fn stopped_runs() -> String {
+    let names: Vec<String> = RunState::STOPPED.iter().map(|s| format!("'{s}'")).collect();
+    format!("({})", names.join(", "))
+}
+
 impl std::fmt::Display for RunState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())

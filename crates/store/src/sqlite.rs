@@ -214,23 +214,12 @@ mod sql {
         )
     });
 
-    /// What `requeue` sets: a job due at `now`, its attempts anew, its last
-    /// life's outcome and lease gone.
-    fn requeued(now: &str) -> String {
-        format!(
-            "state = '{to}', attempts = 0, requeues = requeues + 1, run_at = {now},
-                lease_owner = NULL, lease_until = NULL, progress = NULL, result = NULL,
-                error = NULL, checkpoint = NULL, waiting_on = NULL, updated_at = {now}",
-            to = Transition::Requeue.to()
-        )
-    }
-
     /// `requeue`: failed or cancelled -> queued, due at `?3`.
     pub(super) static REQUEUE: Built = LazyLock::new(|| {
         format!(
             "UPDATE jobs SET {set} WHERE id = ?1 AND tenant = ?2 AND state IN {from}
             RETURNING *",
-            set = requeued("?3"),
+            set = crate::requeued("?3"),
             from = sql_list(Transition::Requeue.from())
         )
     });
@@ -247,7 +236,7 @@ mod sql {
                   AND updated_at >= ?6 AND updated_at < ?7
                 ORDER BY updated_at LIMIT ?8)
             RETURNING *",
-            set = requeued("?9"),
+            set = crate::requeued("?9"),
             from = sql_list(Transition::Requeue.from())
         )
     });
@@ -498,12 +487,6 @@ mod sql {
     /// The arrival time of a bucket that refused a token.
     pub(super) const TOKEN_TAT: &str = "SELECT tat FROM rate_limits WHERE key = ?1";
 
-    /// The runs states retention deletes, as an SQL list.
-    fn stopped_runs() -> String {
-        let names: Vec<String> = RunState::STOPPED.iter().map(|s| format!("'{s}'")).collect();
-        format!("({})", names.join(", "))
-    }
-
     // Retention: each statement deletes at most ?2 records settled before
     // ?1, oldest first, off the index migration 14 made for it (named, as
     // SQLite uses a partial index only where the WHERE repeats its
@@ -532,7 +515,7 @@ mod sql {
         format!(
             "DELETE FROM runs WHERE id IN (SELECT id FROM runs
                 WHERE state IN {stopped} AND updated_at < ?1 LIMIT ?2)",
-            stopped = stopped_runs()
+            stopped = crate::runs::stopped_runs()
         )
     });
 
@@ -541,7 +524,7 @@ mod sql {
         format!(
             "DELETE FROM run_waits WHERE run_id IN (SELECT id FROM runs
                 WHERE state IN {stopped} AND updated_at < ?1 LIMIT ?2)",
-            stopped = stopped_runs()
+            stopped = crate::runs::stopped_runs()
         )
     });
 

@@ -281,17 +281,6 @@ pub(super) static CANCEL: Built = LazyLock::new(|| {
     )
 });
 
-/// What `requeue` sets: a job due at `$n`, its attempts anew, its last
-/// life's outcome and lease gone.
-fn requeued(now: &str) -> String {
-    format!(
-        "state = '{to}', attempts = 0, requeues = requeues + 1, run_at = {now},
-            lease_owner = NULL, lease_until = NULL, progress = NULL, result = NULL,
-            error = NULL, checkpoint = NULL, waiting_on = NULL, updated_at = {now}",
-        to = Transition::Requeue.to()
-    )
-}
-
 /// `requeue`: failed or cancelled -> queued, due at `$3`.
 pub(super) static REQUEUE: Built = LazyLock::new(|| {
     format!(
@@ -300,7 +289,7 @@ pub(super) static REQUEUE: Built = LazyLock::new(|| {
             RETURNING ",
             job_columns!()
         ),
-        set = requeued("$3"),
+        set = crate::requeued("$3"),
         from = sql_list(Transition::Requeue.from())
     )
 });
@@ -322,7 +311,7 @@ pub(super) static REQUEUE_MANY: Built = LazyLock::new(|| {
             RETURNING "#,
             job_columns!()
         ),
-        set = requeued("$9"),
+        set = crate::requeued("$9"),
         from = sql_list(Transition::Requeue.from())
     )
 });
@@ -701,12 +690,6 @@ pub(super) const SETTLE_COMMIT: &str = "
 /// pending -> absent: the claim is released.
 pub(super) const RELEASE_COMMIT: &str = "DELETE FROM commits WHERE key = $1 AND state = 'pending'";
 
-/// The runs states retention deletes, as an SQL list.
-fn stopped_runs() -> String {
-    let names: Vec<String> = RunState::STOPPED.iter().map(|s| format!("'{s}'")).collect();
-    format!("({})", names.join(", "))
-}
-
 // Retention: each statement deletes at most `$2` records settled before
 // `$1`, oldest first, off the index migration 13 made for it. `SKIP
 // LOCKED`: a record another process's prune holds is left to it, so
@@ -737,7 +720,7 @@ pub(super) static PRUNE_RUNS: Built = LazyLock::new(|| {
             RETURNING id),
         waits AS (DELETE FROM run_waits WHERE run_id IN (SELECT id FROM gone))
         SELECT count(*) FROM gone",
-        stopped = stopped_runs()
+        stopped = crate::runs::stopped_runs()
     )
 });
 
