@@ -121,6 +121,9 @@ pub struct Worker {
     announcer: Announcer,
     /// Running jobs, so a cancel notice reaches their executor at once.
     running: Mutex<HashMap<String, Arc<Notify>>>,
+    /// Counts this worker's claims: each claim's lease owner is the
+    /// worker's id and its number, so no two claims share an owner.
+    claims: std::sync::atomic::AtomicU64,
     /// The gauges of this worker's pool.
     gauges: PoolGauges,
 }
@@ -211,6 +214,7 @@ impl Worker {
             broker,
             notices,
             running: Mutex::new(HashMap::new()),
+            claims: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -357,11 +361,19 @@ impl Worker {
         // between the claim and the executor's start is kept, not missed.
         let cancel = Listening::new(self, job_id);
         let claimed_at = now_ms();
+        // The lease owner of this claim alone: a job put back after it
+        // failed or was cancelled counts its attempts from 1 again, so an
+        // attempt of its earlier life that still runs here must not match
+        // the new claim's owner and attempt.
+        let n = self
+            .claims
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let owner = format!("{}.{n}", self.config.id);
         let claimed = self
             .store
             .claim(toolfleet_store::ClaimJob {
                 id: job_id,
-                worker: &self.config.id,
+                worker: &owner,
                 now: claimed_at,
                 lease_ms,
             })
@@ -400,7 +412,7 @@ impl Worker {
         // through it, and stops acting once a newer attempt holds the job.
         let lease = LeaseRef {
             job_id: job.id.clone(),
-            worker: self.config.id.clone(),
+            worker: owner,
             attempt: job.attempts,
         };
         let handled = self

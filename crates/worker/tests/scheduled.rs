@@ -56,7 +56,15 @@ impl Rig {
             });
         let now = ToolDecl::query("now")
             .run(|_ctx: CallCtx, _args: Value| async move { Ok::<_, ToolError>(json!(now_ms())) });
-        runtime.register_all([stamp, now]).expect("tools register");
+        let slow = ToolDecl::job("slow")
+            .pool(POOL)
+            .run(|_ctx: CallCtx, _args: Value| async move {
+                tokio::time::sleep(Duration::from_secs(30)).await;
+                Ok::<_, ToolError>(json!({}))
+            });
+        runtime
+            .register_all([stamp, now, slow])
+            .expect("tools register");
         let runtime = Arc::new(runtime);
         let worker = Worker::new(
             WorkerConfig::new(POOL),
@@ -224,4 +232,51 @@ async fn only_job_and_agent_tools_take_a_start_time() {
         other => panic!("a query with a start time is refused: {other:?}"),
     }
     assert!(rig.started.lock().unwrap().is_empty());
+}
+
+/// A job put back after a cancel counts its attempts from 1 again; a claim
+/// of its new life by the same worker has a lease owner of its own, so the
+/// lease of the earlier life's attempt (the same worker, the same attempt
+/// number) holds nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_jobs_new_claim_is_not_its_earlier_lives() {
+    use toolfleet_broker::Broker;
+    use toolfleet_store::{Heartbeat, Lease, Requeue};
+    let rig = Rig::new(Duration::from_secs(10)).await;
+    let _stop = rig.start();
+    let id = match rig.call_at("slow", now_ms()).await {
+        Envelope::Running { job_id, .. } => job_id,
+        other => panic!("{other:?}"),
+    };
+    let first = rig
+        .wait_state(&id, JobState::Running, Duration::from_secs(10))
+        .await;
+    let earlier = first.lease_ref().expect("held");
+    let cancel = CancelJob {
+        tenant: TENANT,
+        id: &id,
+        now: now_ms(),
+    };
+    rig.store.cancel(cancel).await.unwrap();
+    let requeue = Requeue {
+        tenant: TENANT,
+        id: &id,
+        now: now_ms(),
+    };
+    let back = rig.store.requeue(requeue).await.unwrap().expect("put back");
+    rig.broker.publish(POOL, &back.id).await.unwrap();
+    let second = rig
+        .wait_state(&id, JobState::Running, Duration::from_secs(10))
+        .await;
+    assert_eq!(
+        second.attempts, earlier.attempt,
+        "its attempts count from 1 again"
+    );
+    assert_ne!(second.lease_owner.as_deref(), Some(earlier.worker.as_str()));
+    let beat = Heartbeat {
+        lease: &earlier,
+        now: now_ms(),
+        lease_ms: 60_000,
+    };
+    assert_eq!(rig.store.heartbeat(beat).await.unwrap(), Lease::Lost);
 }
