@@ -359,6 +359,11 @@ fn main() -> ExitCode {
                         call["run_at"] = json!(at);
                     }
                     if let Some(delay) = delay_s {
+                        if !delay.is_finite() {
+                            return Err(format!(
+                                "--delay-s must be a number of seconds: got {delay}"
+                            ));
+                        }
                         call["delay_s"] = json!(delay);
                     }
                     client::call(&config, &server, call, &args, wait).await

@@ -1061,6 +1061,13 @@ pub async fn a_scheduled_job_waits_for_its_time(store: &dyn Store) {
     assert!(!due(t0 + 1, t0 + 1).await, "not due yet");
     assert!(!due(t0 + 1, at - 1).await, "not due within the window");
     assert!(due(t0 + 1, at).await, "due within a window that reaches it");
+    // A backlog of queued jobs, all due before it, does not hide it.
+    let mut backlog = Vec::new();
+    for _ in 0..3 {
+        backlog.push(insert(store, job_for(&t, "ocr", json!({}), None, t0 - 1_000)).await);
+    }
+    let few = store.due_jobs(t0 + 1, at, 2).await.expect("due_jobs");
+    assert!(few.iter().any(|j| j.id == job.id), "{few:?}");
     assert!(due(at, at).await, "due at its time");
 
     let filter = JobFilter {
@@ -1107,7 +1114,8 @@ pub async fn a_scheduled_job_waits_for_its_time(store: &dyn Store) {
         .await
         .expect("claimed at its time");
     assert_eq!((claimed.state, claimed.attempts), (JobState::Running, 1));
-    for id in [&job.id, &past.id] {
+    let left = backlog.iter().map(|j| &j.id);
+    for id in [&job.id, &past.id].into_iter().chain(left) {
         let cancel = crate::CancelJob {
             tenant: &t,
             id,
@@ -1364,9 +1372,10 @@ pub async fn due_jobs_lists_what_should_run_oldest_first(store: &dyn Store) {
         retry_due.id.as_str(),
     ];
     assert_eq!(mine, expected);
+    // At most the limit of each kind: one waiting, one expired.
     assert_eq!(
         store.due_jobs(now, now, 1).await.expect("due_jobs").len(),
-        1
+        2
     );
 
     for job in [queued_due, held, abandoned, waiting, retry_due, not_yet] {

@@ -815,9 +815,10 @@ pub trait Store: Send + Sync + 'static {
     /// Jobs a worker should run now or soon: queued, scheduled or retrying
     /// and due by `due_by` (a time at or after `now`: the sweeper reads a
     /// period ahead, to publish what falls due before its next pass), or
-    /// running with a lease expired at `now`; oldest first, at most
-    /// `limit`, taken from the earliest due of each kind (so a long backlog
-    /// is not read whole).
+    /// running with a lease expired at `now`; by id, at most `limit` of
+    /// each kind (waiting, scheduled, expired), taken from the earliest due
+    /// of each (so a long backlog is not read whole, and a backlog of
+    /// queued jobs does not hide the scheduled ones).
     async fn due_jobs(
         &self,
         now: i64,

@@ -249,18 +249,26 @@ mod sql {
     /// WHERE that implies its predicate, so the state list here must stay
     /// as it is in migration 13, literally (the plan test checks).
     /// The lists are those of `claim` and `take_over`. Waiting jobs are
-    /// read up to `?3`, a time that may be ahead of now (`?1`).
+    /// read up to `?3`, a time that may be ahead of now (`?1`); scheduled
+    /// ones have a part of their own, off `jobs_scheduled` (migration 17),
+    /// which a backlog of queued jobs cannot fill. At most `?2` of each
+    /// part; a job in two parts is named once.
     pub(super) static DUE: Built = LazyLock::new(|| {
         format!(
             "
         SELECT * FROM (SELECT * FROM jobs INDEXED BY jobs_waiting_due
             WHERE state IN {claimed} AND run_at <= ?3
             ORDER BY run_at LIMIT ?2)
-        UNION ALL
+        UNION
+        SELECT * FROM (SELECT * FROM jobs INDEXED BY jobs_scheduled
+            WHERE state = '{scheduled}' AND run_at <= ?3
+            ORDER BY run_at LIMIT ?2)
+        UNION
         SELECT * FROM (SELECT * FROM jobs WHERE state IN {taken} AND lease_until < ?1
             ORDER BY lease_until LIMIT ?2)
-        ORDER BY id LIMIT ?2",
+        ORDER BY id",
             claimed = sql_list(Transition::Claim.from()),
+            scheduled = Transition::Schedule.to(),
             taken = sql_list(Transition::TakeOver.from()),
         )
     });

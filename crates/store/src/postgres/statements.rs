@@ -323,7 +323,10 @@ pub(super) static REQUEUE_MANY: Built = LazyLock::new(|| {
 /// read in the order of `jobs_due` and `jobs_lease`, so a backlog is not
 /// read whole), oldest first.
 /// The lists are those of `claim` and `take_over`, as the partial
-/// indexes (migration 1) name them.
+/// indexes (migrations 1 and 12) name them. Scheduled jobs have a part of
+/// their own, off `jobs_scheduled` (migration 16): in `jobs_due` a backlog
+/// of queued jobs sorts before them and would fill the limit. At most
+/// `$2` of each part; a job in two parts is named once.
 pub(super) static DUE: Built = LazyLock::new(|| {
     format!(
         concat!(
@@ -331,14 +334,20 @@ pub(super) static DUE: Built = LazyLock::new(|| {
             job_columns!(),
             " FROM jobs WHERE state IN {claimed} AND run_at <= $3
             ORDER BY run_at LIMIT $2) waiting
-        UNION ALL
+        UNION
+        SELECT * FROM (SELECT ",
+            job_columns!(),
+            " FROM jobs WHERE state = '{scheduled}' AND run_at <= $3
+            ORDER BY run_at LIMIT $2) scheduled
+        UNION
         SELECT * FROM (SELECT ",
             job_columns!(),
             " FROM jobs WHERE state IN {taken} AND lease_until < $1
             ORDER BY lease_until LIMIT $2) expired
-        ORDER BY id LIMIT $2"
+        ORDER BY id"
         ),
         claimed = sql_list(Transition::Claim.from()),
+        scheduled = Transition::Schedule.to(),
         taken = sql_list(Transition::TakeOver.from()),
     )
 });

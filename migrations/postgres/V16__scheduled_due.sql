@@ -1,0 +1,6 @@
+-- toolfleet's PostgreSQL schema, version 16: scheduled jobs are found by
+-- due_jobs off an index of their own ("state = 'scheduled' AND run_at <=
+-- $3 ORDER BY run_at"), so a backlog of queued jobs, which sorts before
+-- them in jobs_due, cannot keep them from the sweeper's pass.
+
+CREATE INDEX jobs_scheduled ON jobs (run_at) WHERE state = 'scheduled';
