@@ -29,6 +29,14 @@ fn bucket(tenant: &str, tool: &str) -> String {
     serde_json::json!([tenant, tool]).to_string()
 }
 
+/// The interval between tokens of `limit`, in microseconds (so a limit
+/// above 1,000 calls a second keeps an interval of its own), and its burst.
+fn terms(limit: RateLimit) -> (i64, u32) {
+    let max = limit.max.max(1);
+    let per_us = limit.per.as_micros().min(i64::MAX as u128) as i64;
+    ((per_us / i64::from(max)).max(1), max)
+}
+
 impl TokenBuckets for StoreBuckets {
     fn take<'a>(
         &'a self,
@@ -37,17 +45,16 @@ impl TokenBuckets for StoreBuckets {
         limit: RateLimit,
     ) -> BoxFuture<'a, Result<Option<Duration>, ToolError>> {
         Box::pin(async move {
-            let max = limit.max.max(1);
-            let per_ms = limit.per.as_millis().min(i64::MAX as u128) as i64;
             let key = bucket(tenant, tool);
+            let (interval, burst) = terms(limit);
             let take = TakeToken {
                 key: &key,
-                now: now_ms(),
-                interval_ms: (per_ms / i64::from(max)).max(1),
-                burst: max,
+                now: now_ms().saturating_mul(1_000),
+                interval,
+                burst,
             };
             let wait = self.store.take_token(take).await.map_err(store_error)?;
-            Ok(wait.map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(1))))
+            Ok(wait.map(|us| Duration::from_micros(u64::try_from(us).unwrap_or(1))))
         })
     }
 }
@@ -85,6 +92,13 @@ mod tests {
             "{wait:?}"
         );
         assert_eq!(two.take("ocr", "globex", limit).await.unwrap(), None);
+        // Past 1,000 calls a second the rate still holds: 5,000 a second
+        // is a token every 200 µs.
+        let fast = RateLimit {
+            max: 5_000,
+            per: Duration::from_secs(1),
+        };
+        assert_eq!(terms(fast), (200, 5_000));
         assert_eq!(bucket("a\",\"b", "c"), r#"["a\",\"b","c"]"#);
     }
 }

@@ -125,15 +125,15 @@ pub(crate) fn requeued(now: &str) -> String {
 
 impl TakeToken<'_> {
     /// The interval between tokens and the tolerance of the algorithm (how
-    /// far ahead of now a bucket's arrival time may be), in milliseconds.
+    /// far ahead of now a bucket's arrival time may be), in its unit.
     pub fn terms(&self) -> (i64, i64) {
-        let interval = self.interval_ms.max(1);
+        let interval = self.interval.max(1);
         let tolerance = interval.saturating_mul(i64::from(self.burst.max(1) - 1));
         (interval, tolerance)
     }
 
     /// How long a bucket whose arrival time is `tat` makes a refused call
-    /// wait, in milliseconds (at least 1).
+    /// wait, in its unit (at least 1).
     pub fn wait(&self, tat: i64) -> i64 {
         let (_, tolerance) = self.terms();
         (tat.max(self.now) - self.now - tolerance).max(1)
@@ -550,15 +550,17 @@ pub struct CancelJob<'a> {
 }
 
 /// What [`Store::take_token`] takes: a token of the bucket `key`, which
-/// gains one every `interval_ms` and holds at most `burst`.
+/// gains one every `interval` and holds at most `burst`. Times are in one
+/// unit the caller keeps for every take of a bucket (toolfleet's buckets
+/// count Unix microseconds, so rates above 1,000 a second hold).
 #[derive(Debug, Clone, Copy)]
 pub struct TakeToken<'a> {
     /// The bucket: one per tenant and tool.
     pub key: &'a str,
-    /// When, in Unix milliseconds.
+    /// When, as a time since the Unix epoch in the caller's unit.
     pub now: i64,
-    /// How often a token is added, in milliseconds (at least 1).
-    pub interval_ms: i64,
+    /// How often a token is added, in the same unit (at least 1).
+    pub interval: i64,
     /// The most tokens the bucket holds: the largest burst (at least 1).
     pub burst: u32,
 }
@@ -945,8 +947,8 @@ pub trait Store: Send + Sync + 'static {
 
     /// Takes a token of the bucket `take.key` (the generic cell rate
     /// algorithm: `take.burst` calls at once, then one every
-    /// `take.interval_ms`): `None` when taken, else how many milliseconds
-    /// until one is free. Every process sharing the store shares the
+    /// `take.interval`): `None` when taken, else how long until one is
+    /// free, in the take's unit. Every process sharing the store shares the
     /// bucket; concurrent takes are serialised, none taken twice.
     async fn take_token(&self, take: TakeToken<'_>) -> Result<Option<i64>, StoreError>;
 

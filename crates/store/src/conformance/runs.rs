@@ -1159,7 +1159,7 @@ pub async fn a_token_bucket_lets_its_burst_then_its_rate_through(store: &dyn Sto
             .take_token(TakeToken {
                 key: &key,
                 now,
-                interval_ms: 1_000,
+                interval: 1_000,
                 burst: 3,
             })
             .await
