@@ -958,8 +958,8 @@ pub trait Store: Send + Sync + 'static {
     /// `before`, oldest first (runs in no order), and says how many: jobs that succeeded,
     /// failed or were cancelled (their idempotency keys name nothing
     /// afterwards), answered or expired tickets, runs that stopped, audit
-    /// records. Open tickets, running and waiting runs and unsettled jobs
-    /// are never deleted. Several processes may prune at once, each record
+    /// records. Open tickets, running and waiting runs, unsettled jobs and
+    /// settled jobs a waiting run still waits on are never deleted. Several processes may prune at once, each record
     /// deleted by one of them, and a call holds its rows only for its own
     /// short statement.
     async fn prune(&self, prune: Prune) -> Result<u64, StoreError>;

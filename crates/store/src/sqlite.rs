@@ -504,7 +504,9 @@ mod sql {
     pub(super) static PRUNE_JOBS: Built = LazyLock::new(|| {
         format!(
             "DELETE FROM jobs WHERE id IN (SELECT id FROM jobs INDEXED BY jobs_settled
-                WHERE state IN {settled} AND updated_at < ?1 ORDER BY updated_at LIMIT ?2)",
+                WHERE state IN {settled} AND updated_at < ?1
+                  AND NOT EXISTS (SELECT 1 FROM run_waits w WHERE w.item = jobs.id)
+                ORDER BY updated_at LIMIT ?2)",
             settled = sql_list(&JobState::SETTLED)
         )
     });

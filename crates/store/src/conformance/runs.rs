@@ -1045,6 +1045,22 @@ pub async fn prune_deletes_only_what_settled_before_its_time(store: &dyn Store) 
     )
     .await;
     let waiting = super::insert(store, job(None)).await;
+    // Settled long ago, but a run still waits on it: it stays.
+    let awaited = super::insert(store, job(None)).await;
+    super::claim(store, &awaited.id, "w1", old)
+        .await
+        .expect("claimed");
+    let held = super::lease(&awaited.id, "w1", 1);
+    super::succeed(store, &held, &super::result_doc(), old).await;
+    let wait = RunWait {
+        wait_for: WaitFor::All,
+        jobs: vec![awaited.id.clone()],
+        tickets: vec![format!("t_{}", new_id())],
+    };
+    let run_waiting = new_run(store, run_for(&t)).await;
+    update(store, park(&run_waiting.id, &wait, old + 5))
+        .await
+        .expect("waiting");
     assert_eq!(
         prune(Retained::Jobs, 1).await,
         1,
@@ -1059,6 +1075,10 @@ pub async fn prune_deletes_only_what_settled_before_its_time(store: &dyn Store) 
     assert!(
         read_job(store, &waiting.id).await.is_some(),
         "never settled"
+    );
+    assert!(
+        read_job(store, &awaited.id).await.is_some(),
+        "a waiting run names it"
     );
     // The key names nothing now: the same key makes a new job.
     let again = store

@@ -709,6 +709,7 @@ pub(super) static PRUNE_JOBS: Built = LazyLock::new(|| {
     format!(
         "DELETE FROM jobs WHERE id IN (SELECT id FROM jobs
             WHERE state IN {settled} AND updated_at < $1
+              AND NOT EXISTS (SELECT 1 FROM run_waits w WHERE w.item = jobs.id)
             ORDER BY updated_at LIMIT $2 FOR UPDATE SKIP LOCKED)",
         settled = sql_list(&JobState::SETTLED)
     )
