@@ -581,6 +581,7 @@ pub mod notices {
             run_id: "run-1".to_owned(),
             body: json!({"status": "ok", "n": n}),
             callback: n % 2 == 1,
+            life: 0,
             ..Default::default()
         }
     }

@@ -378,6 +378,14 @@ pub struct Event {
     /// does a dispatcher look the callback up in the store.
     #[serde(default)]
     pub callback: bool,
+    /// Of a job: how often it was put back by a retry when the event was
+    /// made (`requeues`), so the notice of each life of the job is its own.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub life: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl Event {
@@ -403,6 +411,7 @@ impl Event {
             run_id: run_id.to_owned(),
             body: serde_json::to_value(envelope).unwrap_or_default(),
             callback: false,
+            life: 0,
         }
     }
 
@@ -516,6 +525,7 @@ mod batch_tests {
             run_id: "r".into(),
             body: Value::Null,
             callback: false,
+            life: 0,
             ..Default::default()
         }
     }

@@ -124,6 +124,7 @@ mod tests {
             run_id: "r".into(),
             body: serde_json::Value::Null,
             callback: false,
+            life: 0,
             ..Default::default()
         };
         notices

@@ -1072,6 +1072,7 @@ mod tests {
             run_id: "run-1".into(),
             body,
             callback: true,
+            life: 0,
             ..Default::default()
         }
     }

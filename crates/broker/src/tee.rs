@@ -80,6 +80,7 @@ mod tests {
             run_id: "r".into(),
             body: json!({"n": n}),
             callback: false,
+            life: 0,
             ..Default::default()
         }
     }

@@ -281,6 +281,7 @@ async fn notices_take_any_buffer_and_need_no_subscriber() {
             run_id: "run-1".to_owned(),
             body: serde_json::json!({}),
             callback: false,
+            life: 0,
             ..Default::default()
         };
         assert_eq!(notices.publish(&event).await, Ok(()), "buffer {buffer}");
@@ -378,6 +379,7 @@ fn event(tenant: &str, id: &str) -> Event {
         run_id: "run-1".to_owned(),
         body: serde_json::json!({}),
         callback: false,
+        life: 0,
         ..Default::default()
     }
 }

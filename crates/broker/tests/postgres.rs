@@ -155,6 +155,7 @@ fn event(tenant: &str, id: &str, body: serde_json::Value) -> Event {
         run_id: "run-1".to_owned(),
         body,
         callback: true,
+        life: 0,
         ..Default::default()
     }
 }

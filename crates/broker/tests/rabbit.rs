@@ -304,6 +304,7 @@ fn job_event(tenant: &str, state: &str) -> Event {
         run_id: "run-1".to_owned(),
         body: serde_json::json!({"state": state}),
         callback: false,
+        life: 0,
         ..Default::default()
     }
 }
@@ -792,6 +793,7 @@ async fn a_subscription_for_some_states_hears_only_those() {
         run_id: "run-1".to_owned(),
         body: serde_json::json!({"state": state}),
         callback: false,
+        life: 0,
         ..Default::default()
     };
     let sent = [

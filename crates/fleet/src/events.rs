@@ -21,6 +21,7 @@ pub fn job_event(job: &JobRecord, poll_after_s: u32) -> Event {
         &envelope,
     );
     event.callback = job.callback_url.is_some();
+    event.life = job.requeues;
     event
 }
 
@@ -38,6 +39,7 @@ pub fn ticket_event(ticket: &TicketRecord) -> Event {
         run_id: ticket.run_id.clone(),
         body: ticket_view(ticket),
         callback: ticket.callback_url.is_some(),
+        life: 0,
     }
 }
 

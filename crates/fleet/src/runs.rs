@@ -205,6 +205,7 @@ pub fn run_event(run: &RunRecord, notice: RunNotice, entries: Vec<Value>) -> Eve
         run_id: run.id.clone(),
         body,
         callback: run.callback_url.is_some(),
+        life: 0,
     }
 }
 

@@ -95,26 +95,34 @@ impl Webhooks {
 pub type ClientBase = Arc<dyn Fn() -> reqwest::ClientBuilder + Send + Sync>;
 
 /// The callback of an event's job or ticket, if the call named one.
-async fn callback_of(store: &dyn Store, event: &Event) -> Option<(String, u32)> {
+async fn callback_of(store: &dyn Store, event: &Event) -> Option<String> {
     if !event.callback {
         return None;
     }
     match (event.kind, event.state) {
         (EventKind::Job, _) if event.is_settled_job() => {
-            let job = store.job_by_id(&event.id).await.ok().flatten()?;
-            Some((job.callback_url?, job.requeues))
+            store
+                .job_by_id(&event.id)
+                .await
+                .ok()
+                .flatten()?
+                .callback_url
         }
         (EventKind::Ticket, EventState::Ticket(TicketState::Answered)) => {
-            let ticket = store
+            store
                 .ticket(&event.tenant, &event.id)
                 .await
                 .ok()
-                .flatten()?;
-            Some((ticket.callback_url?, 0))
+                .flatten()?
+                .callback_url
         }
         (EventKind::Run, EventState::Run(notice)) if notice != RunNotice::Step => {
-            let run = store.run(&event.tenant, &event.id).await.ok().flatten()?;
-            Some((run.callback_url?, 0))
+            store
+                .run(&event.tenant, &event.id)
+                .await
+                .ok()
+                .flatten()?
+                .callback_url
         }
         _ => None,
     }
@@ -187,10 +195,10 @@ pub async fn deliver(
             };
             // Ended (the notices closed for now): subscribe again.
             let Some(event) = event else { break };
-            let Some((url, life)) = callback_of(sender.store.as_ref(), &event).await else {
+            let Some(url) = callback_of(sender.store.as_ref(), &event).await else {
                 continue;
             };
-            sender.notify(&event, url, life).await;
+            sender.notify(&event, url).await;
         }
         tokio::select! {
             () = tokio::time::sleep(Duration::from_millis(100)) => {}
@@ -244,14 +252,17 @@ const CATCH_UP_OVERLAP_MS: i64 = 60_000;
 const CATCH_UP_LOOKBACK_MS: i64 = 3_600_000;
 /// Jobs or tickets taken per page of a search.
 const CATCH_UP_PAGE: u32 = 200;
-/// The key of the notice of `event`, in the `life`-th life of its job (how
-/// often it was put back; 0 for tickets and runs). Every dispatcher hears
+/// The key of the notice of `event`, in the life of its job the event was
+/// made in (`Event::life`: how often it had been put back, carried by the
+/// event, so a retry made meanwhile does not move the key; 0 for tickets
+/// and runs). Every dispatcher hears
 /// every event; the first to claim the key sends the notice. A run waits
 /// and resumes many times: each of its versions has a notice of its own,
 /// and so has each life of a job put back, named past its first
 /// (`webhook:job:<id>:<state>:<life>`), so its new outcome is announced
 /// under a `Toolfleet-Delivery` of its own.
-fn notice_key(event: &Event, life: u32) -> String {
+fn notice_key(event: &Event) -> String {
+    let life = event.life;
     match event.kind {
         EventKind::Run => format!(
             "webhook:run:{}:{}:{}",
@@ -322,10 +333,7 @@ impl Sender {
                         .await?;
                     Ok(jobs
                         .iter()
-                        .map(|job| {
-                            let event = job_event(job, POLL_AFTER_S);
-                            (event, job.callback_url.clone(), job.requeues)
-                        })
+                        .map(|job| (job_event(job, POLL_AFTER_S), job.callback_url.clone()))
                         .collect())
                 })
                 .await
@@ -342,7 +350,7 @@ impl Sender {
                         .await?;
                     Ok(tickets
                         .iter()
-                        .map(|ticket| (ticket_event(ticket), ticket.callback_url.clone(), 0))
+                        .map(|ticket| (ticket_event(ticket), ticket.callback_url.clone()))
                         .collect())
                 })
                 .await
@@ -363,7 +371,7 @@ impl Sender {
     async fn catch_up_pages<F, Fut>(&self, search: F) -> bool
     where
         F: Fn() -> Fut,
-        Fut: Future<Output = Result<Vec<(Event, Option<String>, u32)>, StoreError>>,
+        Fut: Future<Output = Result<Vec<(Event, Option<String>)>, StoreError>>,
     {
         loop {
             let found = match search().await {
@@ -374,10 +382,10 @@ impl Sender {
                 }
             };
             let mut claimed = true;
-            for (event, url, life) in &found {
+            for (event, url) in &found {
                 let Some(url) = url.clone() else { continue };
                 tracing::info!(kind = %event.kind, id = %event.id, state = %event.state, "webhooks: sending a notice no listener sent");
-                claimed &= self.notify(event, url, *life).await;
+                claimed &= self.notify(event, url).await;
             }
             if !claimed {
                 return false;
@@ -401,8 +409,8 @@ impl Sender {
     /// Claims the notice of `event` and, if no one else has, sends it to
     /// `url` in a task of its own, recording the outcome. False when the
     /// store's notices could not be asked (the notice is sent all the same).
-    async fn notify(&self, event: &Event, url: String, life: u32) -> bool {
-        let claim = notice_key(event, life);
+    async fn notify(&self, event: &Event, url: String) -> bool {
+        let claim = notice_key(event);
         // A claim abandoned by a dispatcher that stopped is taken over: a
         // notice may be sent twice, never lost for that.
         let now = now_ms();
@@ -1003,11 +1011,23 @@ mod tests {
             "run-1",
             &Envelope::ok(Json::from(json!({"n": 1})), ""),
         );
-        assert_eq!(notice_key(&event, 0), "webhook:job:j1:failed");
-        assert_eq!(notice_key(&event, 1), "webhook:job:j1:failed:1");
+        let later = Event {
+            life: 1,
+            ..event.clone()
+        };
+        assert_eq!(notice_key(&event), "webhook:job:j1:failed");
+        assert_eq!(notice_key(&later), "webhook:job:j1:failed:1");
         assert_ne!(
-            delivery_id(&notice_key(&event, 0)),
-            delivery_id(&notice_key(&event, 1))
+            delivery_id(&notice_key(&event)),
+            delivery_id(&notice_key(&later))
+        );
+        // A job's event carries the life it was made in.
+        let mut job = crate::testing::record_of(crate::testing::new_job(None, 1));
+        job.state = toolfleet_core::JobState::Failed;
+        job.requeues = 2;
+        assert_eq!(
+            notice_key(&job_event(&job, 5)),
+            format!("webhook:job:{}:failed:2", job.id)
         );
     }
 

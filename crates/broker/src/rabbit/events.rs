@@ -320,6 +320,7 @@ mod tests {
             run_id: "r".into(),
             body: serde_json::json!({"status": "ok"}),
             callback: false,
+            life: 0,
             ..Default::default()
         };
         let one = serde_json::to_vec(&event("a")).expect("json");
