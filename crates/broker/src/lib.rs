@@ -156,6 +156,23 @@ pub trait Broker: Send + Sync + 'static {
         delay: Duration,
         trace: Option<&TraceContext>,
     ) -> Result<(), BrokerError>;
+    /// [`Broker::publish_traced`] when `delay` is zero, else
+    /// [`Broker::publish_delayed_traced`]: what a caller with a job due now
+    /// or later (a scheduled job, a sweep's look ahead) publishes through.
+    async fn publish_after_traced(
+        &self,
+        pool: &str,
+        job_id: &str,
+        delay: Duration,
+        trace: Option<&TraceContext>,
+    ) -> Result<(), BrokerError> {
+        if delay.is_zero() {
+            self.publish_traced(pool, job_id, trace).await
+        } else {
+            self.publish_delayed_traced(pool, job_id, delay, trace)
+                .await
+        }
+    }
     /// [`Broker::publish_traced`] of a message with no trace context.
     async fn publish(&self, pool: &str, job_id: &str) -> Result<(), BrokerError> {
         self.publish_traced(pool, job_id, None).await

@@ -857,28 +857,15 @@ pub(crate) async fn jobs_retry(
         print(&envelope);
         return outcome(&envelope);
     }
-    let mut filter = serde_json::Map::new();
-    let texts = [
-        ("tool", what.tool),
-        ("state", what.state),
-        ("error_code", what.error_code),
-    ];
-    for (key, value) in texts {
-        if let Some(value) = value {
-            filter.insert(key.to_owned(), json!(value));
-        }
+    // The filters given; the server's defaults for the others.
+    let mut filter = json!({
+        "tool": what.tool, "state": what.state, "error_code": what.error_code,
+        "since": what.since, "until": what.until, "limit": what.limit,
+    });
+    if let Some(given) = filter.as_object_mut() {
+        given.retain(|_, value| !value.is_null());
     }
-    for (key, value) in [("since", what.since), ("until", what.until)] {
-        if let Some(value) = value {
-            filter.insert(key.to_owned(), json!(value));
-        }
-    }
-    if let Some(limit) = what.limit {
-        filter.insert("limit".to_owned(), json!(limit));
-    }
-    let answer = client
-        .post("/v1/jobs/retry", &Value::Object(filter))
-        .await?;
+    let answer = client.post("/v1/jobs/retry", &filter).await?;
     print(&answer);
     outcome(&answer)
 }

@@ -159,11 +159,12 @@ pub(crate) async fn start(
     let connection_limits = config.limits.connections()?;
     let lease = lease_of(&config)?;
     let grace = shutdown_grace(&config)?;
-    let (shared, in_process) = open_shared(&config, extra, &roles, &api_limits).await?;
+    let horizon = sweep_period(lease);
+    let (shared, in_process) = open_shared(&config, extra, &roles, &api_limits, horizon).await?;
     if in_process {
         // The in-process queue starts empty: refill it from the store first.
         let (store, broker) = (shared.store.as_ref(), shared.broker.as_ref());
-        let refilled = sweep(store, broker, 100_000, None, sweep_period(lease)).await?;
+        let refilled = sweep(store, broker, 100_000, None, horizon).await?;
         if refilled > 0 {
             tracing::info!(jobs = refilled, "requeued jobs left from the last run");
         }
@@ -281,11 +282,14 @@ struct Shared {
 /// Opens the backends `config` names (as deep a subscription as `roles`
 /// needs), meters them, and builds the runtime on them with the
 /// configured tools and `extra`; true beside it for the in-process queue.
+/// Its dispatcher publishes at once the scheduled jobs due within
+/// `horizon`, the sweep period.
 async fn open_shared(
     config: &Config,
     extra: Vec<ToolDecl>,
     roles: &Roles,
     api_limits: &toolfleet_server::Limits,
+    horizon: Duration,
 ) -> Result<(Shared, bool), String> {
     let prefetch = u16::try_from(config.concurrency.max(1)).unwrap_or(u16::MAX);
     let agent_pools = agent_pools(config, &extra);
@@ -309,7 +313,7 @@ async fn open_shared(
     let access = Access::new(audit.clone(), api_limits.max_long_polls_per_principal);
     let dispatcher = Dispatcher::new(store.clone(), broker.clone(), notices.clone())
         .with_metrics(metrics.clone())
-        .with_horizon(sweep_period(lease_of(config)?));
+        .with_horizon(horizon);
     let outbox = dispatcher.outbox();
     let mut runtime = Runtime::builder()
         .config(RuntimeConfig::default())

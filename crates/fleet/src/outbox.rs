@@ -95,14 +95,11 @@ impl Outbox {
                 .build();
             let started = tokio::time::Instant::now();
             loop {
-                let published = if after.is_zero() {
-                    broker.publish_traced(&pool, &id, trace.as_ref()).await
-                } else {
-                    let left = after.saturating_sub(started.elapsed());
-                    broker
-                        .publish_delayed_traced(&pool, &id, left, trace.as_ref())
-                        .await
-                };
+                // What is left of the delay, if any.
+                let left = after.saturating_sub(started.elapsed());
+                let published = broker
+                    .publish_after_traced(&pool, &id, left, trace.as_ref())
+                    .await;
                 match published {
                     Ok(()) => {
                         tracing::debug!(job_id = %id, %pool, "job published");

@@ -53,21 +53,11 @@ pub async fn sweep(
         !fresh
     });
     let sent = futures_util::future::join_all(stale.map(|job| {
-        // Due later than now only while waiting: a taken-over job's run_at
-        // is its old lease's end, already past.
+        // Due later than now only while waiting (a taken-over job's run_at
+        // is its old lease's end, already past).
         let wait = u64::try_from(job.run_at.saturating_sub(now)).unwrap_or(0);
-        let trace = job.trace.as_ref();
-        async move {
-            match wait {
-                0 => broker.publish_traced(&job.pool, &job.id, trace).await,
-                ms => {
-                    let delay = Duration::from_millis(ms);
-                    broker
-                        .publish_delayed_traced(&job.pool, &job.id, delay, trace)
-                        .await
-                }
-            }
-        }
+        let delay = Duration::from_millis(wait);
+        broker.publish_after_traced(&job.pool, &job.id, delay, job.trace.as_ref())
     }))
     .await;
     let published = sent.iter().filter(|sent| sent.is_ok()).count();

@@ -8,6 +8,7 @@
 
 use axum::body::Body;
 use axum::extract::{Path, State};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::json;
@@ -19,7 +20,7 @@ use toolfleet_store::{JobRecord, Requeue, RequeueMany};
 
 use crate::AppState;
 use crate::access;
-use crate::routes::{Caller, bad_request, read_json, reply};
+use crate::routes::{Caller, bad_request, field_error, read_json, reply, reply_error};
 use crate::status::POLL_AFTER_S;
 
 /// The most jobs one `POST /v1/jobs/retry` puts back.
@@ -55,25 +56,10 @@ async fn retry_job(
     principal: &Principal,
     id: &str,
 ) -> Result<JobRecord, ToolError> {
+    let Some(job) = state.status().read(principal, id).await? else {
+        return Err(crate::status::missing(id));
+    };
     let shown = toolfleet_core::registry::truncate(id, 64);
-    let missing = || {
-        ToolError::not_found(format!(
-            "no job `{shown}` for this caller; check the job_id the `running` answer gave"
-        ))
-    };
-    let seen = if crate::status::plausible(id) {
-        state
-            .store
-            .job(&principal.tenant, id)
-            .await
-            .map_err(store_error)?
-            .filter(|job| access::sees_job(principal, job))
-    } else {
-        None
-    };
-    let Some(job) = seen else {
-        return Err(missing());
-    };
     if !access::operates_job(principal, &job) {
         return Err(ToolError::new(
             ErrorCode::Forbidden,
@@ -174,11 +160,8 @@ pub(crate) async fn retry_many(
         ("tool", filter.tool.as_deref(), 128),
         ("error_code", filter.error_code.as_deref(), 64),
     ];
-    if let Some((field, _, max)) = fields
-        .iter()
-        .find(|(_, v, max)| v.is_some_and(|v| v.is_empty() || v.len() > *max))
-    {
-        return bad_request(format!("`{field}` must be 1 to {max} characters"));
+    if let Some(error) = field_error(&fields) {
+        return reply_error(StatusCode::BAD_REQUEST, error);
     }
     let user = (!principal.operates_fleet()).then(|| principal.user.clone());
     let many = RequeueMany {
@@ -204,9 +187,7 @@ pub(crate) async fn retry_many(
     state.access.audit(&principal, "retry_jobs", args, &audited);
     match outcome {
         Ok(jobs) => {
-            for job in &jobs {
-                published(&state, job).await;
-            }
+            futures_util::future::join_all(jobs.iter().map(|job| published(&state, job))).await;
             let ids: Vec<&str> = jobs.iter().map(|j| j.id.as_str()).collect();
             axum::Json(json!({"retried": ids.len(), "job_ids": ids})).into_response()
         }

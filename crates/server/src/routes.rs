@@ -119,7 +119,7 @@ pub(crate) fn bad_request(message: impl Into<String>) -> Response {
 
 /// The error of `fields` (name, value, most characters) when one is empty
 /// or too long.
-fn field_error(fields: &[(&str, Option<&str>, usize)]) -> Option<ToolError> {
+pub(crate) fn field_error(fields: &[(&str, Option<&str>, usize)]) -> Option<ToolError> {
     let (field, _, max) = fields
         .iter()
         .find(|(_, v, max)| v.is_some_and(|v| v.is_empty() || v.len() > *max))?;

@@ -21,7 +21,7 @@ use toolfleet_fleet::store_error;
 /// The poll hint of `running` answers from the status API.
 pub(crate) use toolfleet_fleet::dispatch::POLL_AFTER_S;
 
-fn missing(id: &str) -> ToolError {
+pub(crate) fn missing(id: &str) -> ToolError {
     ToolError::not_found(format!(
         "no job `{}` for this caller; check the job_id the `running` answer gave",
         toolfleet_core::registry::truncate(id, 64)
@@ -103,7 +103,11 @@ impl Status {
 
     /// The job `id` if `principal` may see it: another tenant's or another
     /// user's reads as a missing one.
-    async fn read(&self, principal: &Principal, id: &str) -> Result<Option<JobRecord>, ToolError> {
+    pub(crate) async fn read(
+        &self,
+        principal: &Principal,
+        id: &str,
+    ) -> Result<Option<JobRecord>, ToolError> {
         if !plausible(id) {
             return Ok(None);
         }

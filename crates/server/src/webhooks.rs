@@ -252,15 +252,14 @@ const CATCH_UP_OVERLAP_MS: i64 = 60_000;
 const CATCH_UP_LOOKBACK_MS: i64 = 3_600_000;
 /// Jobs or tickets taken per page of a search.
 const CATCH_UP_PAGE: u32 = 200;
-/// The key of the notice of `event`, in the life of its job the event was
-/// made in (`Event::life`: how often it had been put back, carried by the
-/// event, so a retry made meanwhile does not move the key; 0 for tickets
-/// and runs). Every dispatcher hears
-/// every event; the first to claim the key sends the notice. A run waits
-/// and resumes many times: each of its versions has a notice of its own,
-/// and so has each life of a job put back, named past its first
-/// (`webhook:job:<id>:<state>:<life>`), so its new outcome is announced
-/// under a `Toolfleet-Delivery` of its own.
+/// The key of the notice of `event`. Every dispatcher hears every event;
+/// the first to claim the key sends the notice. A run waits and resumes
+/// many times: each of its versions has a notice of its own. So has each
+/// life of a job put back, named past its first
+/// (`webhook:job:<id>:<state>:<life>`, from `Event::life`, the life the
+/// event was made in, so a retry made meanwhile does not move the key),
+/// and its new outcome is announced under a `Toolfleet-Delivery` of its
+/// own.
 fn notice_key(event: &Event) -> String {
     let life = event.life;
     match event.kind {

@@ -645,6 +645,10 @@ impl Retained {
     }
 }
 
+/// The most records one [`Store::prune`] deletes, in either store: one
+/// statement stays short.
+pub(crate) const MAX_PRUNE: u32 = 10_000;
+
 /// What [`Store::prune`] takes.
 #[derive(Debug, Clone, Copy)]
 pub struct Prune {
@@ -851,7 +855,8 @@ pub trait Store: Send + Sync + 'static {
     /// `since` and before `until`, whose notice has no record among the
     /// notices ([`Store::claim_notice`]) under the key
     /// `<notice_prefix><id>:<state>`, followed by `:<requeues>` for a job
-    /// put back ([`JobRecord::requeues`] past 0): notices nobody has claimed. Oldest
+    /// put back ([`JobRecord::requeues`] past 0): notices nobody has
+    /// claimed. Oldest
     /// first (then by id), at most `limit` (bounded).
     async fn unnotified_jobs(&self, search: Unnotified<'_>) -> Result<Vec<JobRecord>, StoreError>;
 
@@ -954,13 +959,14 @@ pub trait Store: Send + Sync + 'static {
 
     // Retention.
 
-    /// Deletes at most `limit` (bounded) records of `kind` settled before
-    /// `before`, oldest first (runs in no order), and says how many: jobs that succeeded,
-    /// failed or were cancelled (their idempotency keys name nothing
-    /// afterwards), answered or expired tickets, runs that stopped, audit
-    /// records. Open tickets, running and waiting runs, unsettled jobs and
-    /// settled jobs a waiting run still waits on are never deleted. Several processes may prune at once, each record
-    /// deleted by one of them, and a call holds its rows only for its own
-    /// short statement.
+    /// Deletes at most `limit` (bounded: 10,000) records of `kind`
+    /// settled before `before`, oldest first (runs in no order), and says
+    /// how many: jobs that succeeded, failed or were cancelled (their
+    /// idempotency keys name nothing afterwards), answered or expired
+    /// tickets, runs that stopped, audit records. Open tickets, running and
+    /// waiting runs, unsettled jobs and settled jobs a waiting run still
+    /// waits on are never deleted. Several processes may prune at once,
+    /// each record deleted by one of them, and a call holds its rows only
+    /// for its own short statement.
     async fn prune(&self, prune: Prune) -> Result<u64, StoreError>;
 }

@@ -519,8 +519,8 @@ mod sql {
 
     /// Stopped runs, off `runs_stale` (a range per state, so in no order
     /// across them: unsorted, a batch reads no more than it deletes); their
-    /// wait rows go with them in
-    /// the same transaction ([`PRUNE_RUN_WAITS`] first).
+    /// wait rows go with them in the same transaction ([`PRUNE_RUN_WAITS`]
+    /// first).
     pub(super) static PRUNE_RUNS: Built = LazyLock::new(|| {
         format!(
             "DELETE FROM runs WHERE id IN (SELECT id FROM runs
@@ -1881,7 +1881,7 @@ impl Store for SqliteStore {
 
     /// At most 10,000 records per call, so the write lock is held briefly.
     async fn prune(&self, prune: Prune) -> Result<u64, StoreError> {
-        let (before, limit) = (prune.before, prune.limit.min(MAX_PRUNE));
+        let (before, limit) = (prune.before, prune.limit.min(crate::MAX_PRUNE));
         self.call(move |c| {
             let gone = match prune.kind {
                 Retained::Jobs => c.execute(&sql::PRUNE_JOBS, params![before, limit])?,
@@ -1900,9 +1900,6 @@ impl Store for SqliteStore {
         .await
     }
 }
-
-/// The most records one [`Store::prune`] deletes.
-const MAX_PRUNE: u32 = 10_000;
 
 #[cfg(test)]
 mod tests {

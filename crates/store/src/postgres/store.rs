@@ -865,7 +865,7 @@ impl Store for PgStore {
 
     /// At most 10,000 records per call, so one statement stays short.
     async fn prune(&self, prune: Prune) -> Result<u64, StoreError> {
-        let limit = i64::from(prune.limit.min(MAX_PRUNE));
+        let limit = i64::from(prune.limit.min(crate::MAX_PRUNE));
         let c = self.client().await?;
         let params: Params<'_> = &[&prune.before, &limit];
         match prune.kind {
@@ -881,6 +881,3 @@ impl Store for PgStore {
         }
     }
 }
-
-/// The most records one [`Store::prune`] deletes.
-const MAX_PRUNE: u32 = 10_000;
