@@ -299,6 +299,9 @@ pub(crate) struct Config {
     /// `[retention]`: how long settled records are kept.
     #[serde(default)]
     pub retention: RetentionConfig,
+    /// `[[schedules]]`: jobs started at the ticks of cron expressions.
+    #[serde(default)]
+    pub schedules: Vec<toolfleet_fleet::schedules::ScheduleSpec>,
     /// How deep agents may call agents: 1 lets no agent call another.
     #[serde(default = "default_max_agent_depth")]
     pub max_agent_depth: u32,

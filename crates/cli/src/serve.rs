@@ -277,6 +277,8 @@ struct Shared {
     outbox: Arc<toolfleet_fleet::Outbox>,
     /// The pools of agents' jobs: long, each in a message of its own.
     agent_pools: BTreeSet<String>,
+    /// `[[schedules]]`, checked against the tools.
+    schedules: Arc<[toolfleet_fleet::schedules::Schedule]>,
 }
 
 /// Opens the backends `config` names (as deep a subscription as `roles`
@@ -334,6 +336,7 @@ async fn open_shared(
     register_tools(&mut runtime, config, status, &agents)?;
     runtime.register_all(extra).map_err(|e| e.to_string())?;
     check_agents(&runtime, config)?;
+    let schedules = crate::tools::schedules(&runtime, config)?;
     access.learn(runtime.registry());
     let runtime = Arc::new(runtime);
     agents.set_runtime(&runtime);
@@ -346,6 +349,7 @@ async fn open_shared(
         access,
         outbox,
         agent_pools,
+        schedules,
     };
     Ok((shared, in_process))
 }
@@ -449,6 +453,7 @@ async fn dispatch(
         access,
         outbox: _,
         agent_pools: _,
+        schedules,
     } = shared;
     // Expired leases and lost retries are found within a lease, at most 10
     // s; scheduled jobs are published a period before they are due.
@@ -463,6 +468,14 @@ async fn dispatch(
         store.clone(),
         config.retention.retention(),
         toolfleet_fleet::retention::PERIOD,
+        stopped.clone(),
+    ));
+    tokio::spawn(toolfleet_fleet::schedules::run_schedules(
+        toolfleet_fleet::schedules::Ticker {
+            store: store.clone(),
+            runtime: runtime.clone(),
+            schedules: schedules.clone(),
+        },
         stopped.clone(),
     ));
     tokio::spawn(toolfleet_fleet::sweeper::run_people_sweeper(
@@ -507,6 +520,7 @@ async fn dispatch(
         stopping: stopped.clone(),
         access,
         runs: crate::tools::run_settings(config),
+        schedules,
     };
     let mcp_jobs: Arc<dyn toolfleet_mcp::Jobs> = Arc::new(toolfleet_server::McpJobs::of(&state));
     let (server, address) = if roles.http {

@@ -204,6 +204,41 @@ pub(crate) fn agent_pools(config: &Config, extra: &[ToolDecl]) -> BTreeSet<Strin
         .collect()
 }
 
+/// The schedules of `config`, checked against `runtime`'s tools: names
+/// unique, each naming a job or agent tool, its arguments valid for it.
+pub(crate) fn schedules(
+    runtime: &Runtime,
+    config: &Config,
+) -> Result<Arc<[toolfleet_fleet::schedules::Schedule]>, String> {
+    let mut names = std::collections::BTreeSet::new();
+    let mut schedules = Vec::with_capacity(config.schedules.len());
+    for spec in &config.schedules {
+        let schedule = toolfleet_fleet::schedules::Schedule::new(spec.clone())?;
+        let name = schedule.name();
+        if !names.insert(name.to_owned()) {
+            return Err(format!("schedules: `{name}` is named twice"));
+        }
+        let Some(tool) = runtime.registry().get(&spec.tool) else {
+            return Err(format!(
+                "schedules.{name}.tool: no tool is named `{}`",
+                spec.tool
+            ));
+        };
+        if !matches!(tool.shape(), Shape::Job | Shape::Agent) {
+            return Err(format!(
+                "schedules.{name}.tool: `{}` is a {} tool; a schedule starts job or agent tools",
+                spec.tool,
+                tool.shape().as_str()
+            ));
+        }
+        if let Err(error) = tool.validate(&spec.args) {
+            return Err(format!("schedules.{name}.args: {}", error.message));
+        }
+        schedules.push(schedule);
+    }
+    Ok(schedules.into())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Server, TOKEN, TempDir, config_with, events, eventually, settle};
+use common::{Server, TOKEN, TempDir, config_with, events, eventually, refused_at_start, settle};
 use serde_json::{Value, json};
 use toolfleet_agent::model::Usage;
 use toolfleet_agent::testing::{Scripted, ScriptedModel};
@@ -295,42 +295,25 @@ async fn a_killed_worker_resumes_the_loop_without_repeating_settled_calls() {
     );
 }
 
-/// `toolfleet serve` on `extra`: it must refuse to start, saying `why`.
-fn refuses(extra: &str, why: &str) {
-    let dir = TempDir::new("agent-refused");
-    let config = dir.0.join("toolfleet.toml");
-    std::fs::write(&config, config_with(&dir.0, "", extra)).unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_toolfleet"))
-        .arg("--config")
-        .arg(&config)
-        .arg("serve")
-        .env_remove("TOOLFLEET_MISSING_KEY")
-        .output()
-        .expect("toolfleet runs");
-    let said = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "started with {extra}");
-    assert!(said.contains(why), "expected {why:?} in: {said}");
-}
-
 #[test]
 fn agent_declarations_that_cannot_work_are_refused_at_start() {
     let base = "http://127.0.0.1:9/v1";
-    refuses(
+    refused_at_start(
         &agent("lost", "openai", base, "m", &["no_such_tool"]),
         "names tool `no_such_tool`, which is not registered",
     );
-    refuses(
+    refused_at_start(
         &agent("dotted", "openai", base, "m", &["toolfleet.noop"]),
         "model providers take tool names",
     );
-    refuses(
+    refused_at_start(
         &agent("keyless", "anthropic", base, "m", &["find_expenses"]).replace(
             "max_steps = 6",
             "max_steps = 6\napi_key_env = \"TOOLFLEET_MISSING_KEY\"",
         ),
         "TOOLFLEET_MISSING_KEY",
     );
-    refuses(
+    refused_at_start(
         &agent("shapeless", "openai", base, "m", &["find_expenses"])
             .replace("shape = \"agent\"", "shape = \"job\""),
         "needs shape = \"agent\"",

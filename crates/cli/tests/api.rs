@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::{
     Client, OTHER_TOKEN, Server, TOKEN, TempDir, config, config_with, eventually, hook_receiver,
-    settle, sha, signed,
+    refused_at_start, settle, sha, signed,
 };
 use reqwest::Method;
 use serde_json::{Value, json};
@@ -1204,5 +1204,183 @@ async fn a_failed_job_is_retried_by_its_owner_and_succeeds() {
     assert!(
         lines.contains(&"alice:retry_jobs:ok:".to_owned()),
         "{lines:?}"
+    );
+}
+
+// 11. Schedules.
+
+/// A job tool done at once, and two schedules: acme's every second, as
+/// alice, and globex's weekly.
+fn schedule_tools() -> String {
+    r#"
+[[tools]]
+name = "tick"
+shape = "job"
+description = "Done at once."
+executor = { kind = "exec", program = "/bin/sh", args = ["-c", "echo '{\"ticked\": true}'"] }
+
+[[schedules]]
+name = "pulse"
+cron = "* * * * * *"
+timezone = "Europe/Berlin"
+tool = "tick"
+principal = { tenant = "acme", user = "alice" }
+overlap = "allow"
+
+[[schedules]]
+name = "weekly"
+cron = "0 9 * * MON"
+tool = "tick"
+principal = { tenant = "globex", user = "mallory" }
+catch_up = "none"
+"#
+    .to_owned()
+}
+
+/// How many jobs of `tick` alice's list holds (at most 100).
+async fn ticks(alice: &Client) -> usize {
+    alice.get("/v1/jobs?tool=tick&limit=100").await["jobs"]
+        .as_array()
+        .map_or(0, Vec::len)
+}
+
+/// `GET /v1/schedules` shows each caller its own tenant's schedules, with
+/// next ticks and the last job; a schedule ticking every second makes jobs;
+/// paused it makes none until resumed; another tenant's reads as missing;
+/// pauses are audited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schedule_starts_jobs_at_its_ticks_and_pauses_for_the_fleet() {
+    let dir = TempDir::new("api-schedules");
+    let server = Server::start(&dir.0, &config_with(&dir.0, "", &schedule_tools()));
+    let alice = server.client(TOKEN);
+    let mallory = server.client(OTHER_TOKEN);
+
+    let ticked = eventually(Duration::from_secs(10), || {
+        let alice = alice.clone();
+        async move {
+            let listed = alice.get("/v1/schedules").await;
+            let state = &listed["schedules"][0]["last_job"]["state"];
+            (state == "succeeded").then_some(listed)
+        }
+    })
+    .await;
+    let shown = ticked["schedules"].as_array().unwrap();
+    assert_eq!(shown.len(), 1, "only acme's: {ticked}");
+    let pulse = &shown[0];
+    assert_eq!(
+        (
+            pulse["name"].as_str(),
+            pulse["cron"].as_str(),
+            pulse["timezone"].as_str(),
+            pulse["tool"].as_str(),
+            pulse["overlap"].as_str(),
+            pulse["catch_up"].as_str(),
+            pulse["paused"].as_bool()
+        ),
+        (
+            Some("pulse"),
+            Some("* * * * * *"),
+            Some("Europe/Berlin"),
+            Some("tick"),
+            Some("allow"),
+            Some("last"),
+            Some(false)
+        ),
+        "{pulse}"
+    );
+    let next: Vec<&str> = pulse["next_ticks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(next.len(), 3, "{pulse}");
+    assert!(next.windows(2).all(|w| w[0] < w[1]), "{next:?}");
+    assert!(pulse["last_tick"].as_str().is_some(), "{pulse}");
+    let job_id = pulse["last_job"]["job_id"].as_str().unwrap();
+    let job = alice.get(&format!("/v1/jobs/{job_id}")).await;
+    assert_eq!(job["result"]["ticked"], true, "the job is alice's: {job}");
+
+    let globex = mallory.get("/v1/schedules").await;
+    let names: Vec<&str> = globex["schedules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s["name"].as_str())
+        .collect();
+    assert_eq!(names, ["weekly"], "{globex}");
+    assert_eq!(globex["schedules"][0]["last_job"], Value::Null);
+    let refused = mallory.post("/v1/schedules/pulse/pause", json!({})).await;
+    assert_eq!(refused["error"]["code"], "not_found", "{refused}");
+    let missing = alice.post("/v1/schedules/nope/pause", json!({})).await;
+    assert_eq!(missing["error"]["code"], "not_found", "{missing}");
+
+    let paused = alice.post("/v1/schedules/pulse/pause", json!({})).await;
+    assert_eq!(paused["paused"], true, "{paused}");
+    assert_eq!(paused["next_ticks"], json!([]), "{paused}");
+    // A tick started just before the pause may still settle.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let before = ticks(&alice).await;
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    assert_eq!(ticks(&alice).await, before, "no job while paused");
+    let resumed = alice.post("/v1/schedules/pulse/resume", json!({})).await;
+    assert_eq!(resumed["paused"], false, "{resumed}");
+    eventually(Duration::from_secs(10), || {
+        let alice = alice.clone();
+        async move { (ticks(&alice).await > before).then_some(()) }
+    })
+    .await;
+
+    let db = dir.0.join("data").join("toolfleet.db");
+    let audit = std::process::Command::new("sqlite3")
+        .arg(&db)
+        .arg("SELECT user || ':' || tool || ':' || status || ':' || COALESCE(error_code, '') FROM audit WHERE tool LIKE '%_schedule' ORDER BY seq")
+        .output()
+        .expect("sqlite3 runs");
+    let lines: Vec<String> = String::from_utf8_lossy(&audit.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    for line in [
+        "mallory:pause_schedule:error:not_found",
+        "alice:pause_schedule:ok:",
+        "alice:resume_schedule:ok:",
+    ] {
+        assert!(lines.contains(&line.to_owned()), "{line} in {lines:?}");
+    }
+}
+
+#[test]
+fn a_schedule_that_cannot_tick_is_refused_at_start_naming_its_field() {
+    let tick = r#"
+[[tools]]
+name = "tick"
+shape = "job"
+executor = { kind = "exec", program = "/bin/sh", args = ["-c", "echo {}"] }
+"#;
+    let with = |schedule: &str| {
+        format!(
+            "{tick}\n[[schedules]]\n{schedule}\nprincipal = {{ tenant = \"acme\", user = \"alice\" }}\n"
+        )
+    };
+    refused_at_start(
+        &with("name = \"a\"\ncron = \"every day\"\ntool = \"tick\""),
+        "schedules.a.cron",
+    );
+    refused_at_start(
+        &with("name = \"a\"\ncron = \"0 3 * * *\"\ntimezone = \"Mars/Base\"\ntool = \"tick\""),
+        "schedules.a.timezone",
+    );
+    refused_at_start(
+        &with("name = \"a\"\ncron = \"0 3 * * *\"\ntool = \"nope\""),
+        "schedules.a.tool",
+    );
+    refused_at_start(
+        &with("name = \"a\"\ncron = \"0 3 * * *\"\ntool = \"find_expenses\""),
+        "a schedule starts job or agent tools",
+    );
+    refused_at_start(
+        &with("name = \"a\"\ncron = \"0 3 * * *\"\ntool = \"tick\"\novercap = 1"),
+        "overcap",
     );
 }

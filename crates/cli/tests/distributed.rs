@@ -701,3 +701,68 @@ async fn a_rate_limit_holds_across_two_dispatchers() {
         "{passed} passed where the fleet allows {declared:.0}"
     );
 }
+
+/// A schedule ticking every second, run by two dispatchers for 30 s with
+/// one of them killed (SIGKILL) midway and two workers running its jobs:
+/// every tick from the first to the last made exactly one job, none was
+/// lost to the kill, and each ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schedule_makes_one_job_per_tick_across_dispatchers_one_killed_midway() {
+    let ticking = |_: &Path| {
+        "[[tools]]\nname = \"tick\"\nshape = \"job\"\nexecutor = { kind = \"exec\", program = \"/bin/sh\", args = [\"-c\", \"echo '{}'\"] }\n\n[[schedules]]\nname = \"pulse\"\ncron = \"* * * * * *\"\ntool = \"tick\"\noverlap = \"allow\"\nprincipal = { tenant = \"acme\", user = \"alice\" }\n".to_owned()
+    };
+    let (_dir, config_path, _cleanup, id) = shared_fleet("schedules", "", ticking);
+    migrate(&config_path);
+    let mut one = Server::start_role(&config_path, "dispatcher", "toolfleet serving on ");
+    let two = Server::start_role(&config_path, "dispatcher", "toolfleet serving on ");
+    let _workers = [
+        Server::start_role(&config_path, "worker", "toolfleet worker running"),
+        Server::start_role(&config_path, "worker", "toolfleet worker running"),
+    ];
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    one.kill();
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    drop(two);
+    let keys = psql_value(
+        &shared_database_url(),
+        &format!(
+            "SELECT string_agg(idempotency_key || '=' || n, ',' ORDER BY idempotency_key) FROM (SELECT idempotency_key, count(*) AS n FROM tf_{id}.jobs WHERE tool = 'tick' GROUP BY idempotency_key) k"
+        ),
+    );
+    let ticks: Vec<(i64, u32)> = keys
+        .split(',')
+        .map(|pair| {
+            let (key, n) = pair.split_once('=').expect("key=count");
+            let tick = key
+                .strip_prefix("schedule:pulse:")
+                .expect("a schedule's key");
+            (tick.parse().expect("a tick"), n.parse().expect("a count"))
+        })
+        .collect();
+    assert!(ticks.len() >= 25, "about 30 ticks in 30 s: {ticks:?}");
+    assert!(
+        ticks.iter().all(|(_, n)| *n == 1),
+        "one job per tick: {ticks:?}"
+    );
+    let gaps: Vec<_> = ticks
+        .windows(2)
+        .filter(|w| w[1].0 - w[0].0 != 1_000)
+        .collect();
+    assert!(
+        gaps.is_empty(),
+        "no tick lost, before or after the kill: {gaps:?}"
+    );
+    let unsettled = psql_value(
+        &shared_database_url(),
+        &format!(
+            "SELECT count(*) FROM tf_{id}.jobs WHERE tool = 'tick' AND state <> 'succeeded' AND created_at < (SELECT max(created_at) - 3000 FROM tf_{id}.jobs)"
+        ),
+    );
+    assert_eq!(unsettled, "0", "every tick's job ran");
+    println!(
+        "{} ticks, one job each, from {} to {}",
+        ticks.len(),
+        ticks[0].0,
+        ticks[ticks.len() - 1].0
+    );
+}

@@ -22,6 +22,7 @@ pub mod limits;
 pub mod outbox;
 pub mod retention;
 pub mod runs;
+pub mod schedules;
 pub mod sweeper;
 pub mod tickets;
 

@@ -17,6 +17,7 @@ mod metrics;
 mod retry;
 mod routes;
 mod runs;
+mod schedules;
 mod status;
 #[cfg(test)]
 mod testing;
@@ -120,6 +121,8 @@ pub struct AppState {
     pub metrics_on_api: bool,
     /// The declared assistants runs may name, and the bound of a checkpoint.
     pub runs: runs::RunSettings,
+    /// `[[schedules]]`: what `/v1/schedules` lists, pauses and resumes.
+    pub schedules: Arc<[toolfleet_fleet::schedules::Schedule]>,
 }
 
 impl AppState {

@@ -446,6 +446,23 @@ mod tests {
         ) -> Result<Option<i64>, StoreError> {
             unreachable!()
         }
+        async fn schedules(&self) -> Result<Vec<toolfleet_store::ScheduleRecord>, StoreError> {
+            unreachable!()
+        }
+        async fn advance_schedule(
+            &self,
+            _: toolfleet_store::AdvanceSchedule<'_>,
+        ) -> Result<bool, StoreError> {
+            unreachable!()
+        }
+        async fn pause_schedule(
+            &self,
+            _: &str,
+            _: bool,
+            _: i64,
+        ) -> Result<toolfleet_store::ScheduleRecord, StoreError> {
+            unreachable!()
+        }
         async fn requeue(
             &self,
             _: toolfleet_store::Requeue<'_>,

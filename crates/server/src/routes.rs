@@ -48,6 +48,12 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/jobs/{id}/cancel", post(cancel))
         .route("/v1/jobs/{id}/retry", post(crate::retry::retry_one))
         .route("/v1/jobs/retry", post(crate::retry::retry_many))
+        .route("/v1/schedules", get(crate::schedules::list))
+        .route("/v1/schedules/{name}/pause", post(crate::schedules::pause))
+        .route(
+            "/v1/schedules/{name}/resume",
+            post(crate::schedules::resume),
+        )
         .route("/v1/tickets", get(crate::runs::inbox))
         .route("/v1/tickets/{id}", get(read_ticket))
         .route("/v1/tickets/{id}/answer", post(answer_ticket))

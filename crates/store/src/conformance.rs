@@ -122,6 +122,7 @@ macro_rules! store_conformance {
             unsettled_tickets_are_answered_tickets_without_an_outcome,
             prune_deletes_only_what_settled_before_its_time,
             a_token_bucket_lets_its_burst_then_its_rate_through,
+            a_schedule_moves_one_tick_at_a_time_by_compare_and_set,
         );
     };
     (@tests $make:expr; $($name:ident),* $(,)?) => {

@@ -601,6 +601,41 @@ pub struct RequeueMany<'a> {
     pub now: i64,
 }
 
+/// Where a schedule's ticks have got to, as [`Store::schedules`] reads it.
+/// A schedule's record is made the first time a dispatcher sees it (or
+/// when it is paused first), and its ticks count from then.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScheduleRecord {
+    /// The schedule's name, as `[[schedules]]` gives it.
+    pub name: String,
+    /// The last tick handled (a job started, or the tick skipped), in Unix
+    /// milliseconds; the next tick is the first after it.
+    pub last_tick: i64,
+    /// The job the last tick that started one started.
+    pub last_job: Option<String>,
+    /// True while the schedule is paused: no tick starts a job.
+    pub paused: bool,
+    /// When the record last changed, in Unix milliseconds.
+    pub updated_at: i64,
+}
+
+/// What [`Store::advance_schedule`] takes: the schedule `name` moves from
+/// the tick `from` to the tick `to`, having started `job` (or skipped).
+#[derive(Debug, Clone, Copy)]
+pub struct AdvanceSchedule<'a> {
+    /// The schedule.
+    pub name: &'a str,
+    /// The last tick the caller read; `None`: the caller saw no record, and
+    /// one is made with `to` as its last tick.
+    pub from: Option<i64>,
+    /// The tick handled, in Unix milliseconds.
+    pub to: i64,
+    /// The job the tick started; `None` keeps the last one named.
+    pub job: Option<&'a str>,
+    /// When, in Unix milliseconds.
+    pub now: i64,
+}
+
 /// A dispatcher [`Store::silent_dispatchers`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SilentDispatcher {
@@ -956,6 +991,25 @@ pub trait Store: Send + Sync + 'static {
     /// free, in the take's unit. Every process sharing the store shares the
     /// bucket; concurrent takes are serialised, none taken twice.
     async fn take_token(&self, take: TakeToken<'_>) -> Result<Option<i64>, StoreError>;
+
+    // Schedules.
+
+    /// Every schedule's record, by name.
+    async fn schedules(&self) -> Result<Vec<ScheduleRecord>, StoreError>;
+    /// Moves schedule `advance.name` on to the tick `advance.to` if its last
+    /// tick is still `advance.from` (no record, for `None`) and it is not
+    /// paused: a compare-and-set, so of several dispatchers handling one
+    /// tick one moves it. True if moved.
+    async fn advance_schedule(&self, advance: AdvanceSchedule<'_>) -> Result<bool, StoreError>;
+    /// Pauses schedule `name` (`paused`) or resumes it at `now`, making its
+    /// record if it has none: a schedule resumed counts its ticks from
+    /// `now` (those while it was paused are not made up). The record.
+    async fn pause_schedule(
+        &self,
+        name: &str,
+        paused: bool,
+        now: i64,
+    ) -> Result<ScheduleRecord, StoreError>;
 
     // Retention.
 

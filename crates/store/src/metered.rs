@@ -16,12 +16,12 @@ use toolfleet_core::metrics::Backend;
 use toolfleet_core::{AuditRecord, JobState, Metrics};
 
 use crate::{
-    AnswerTicket, Answered, CancelJob, ClaimCommit, ClaimJob, ClaimNotice, CommitClaim, Fail,
-    Heartbeat, Inserted, JobPage, JobRecord, Lease, ListJobs, ListRuns, ListTickets, NewJob,
-    NewRun, NewTicket, Park, Prune, QueuedFrom, Requeue, RequeueMany, RunInserted, RunPage,
-    RunRecord, SaveCheckpoint, SetProgress, SettleCommit, SettleNotice, SettleTicket,
-    SilentDispatcher, StaleRuns, Store, StoreError, Succeed, TakeToken, TicketPage, TicketRecord,
-    Unnotified, UpdateRun,
+    AdvanceSchedule, AnswerTicket, Answered, CancelJob, ClaimCommit, ClaimJob, ClaimNotice,
+    CommitClaim, Fail, Heartbeat, Inserted, JobPage, JobRecord, Lease, ListJobs, ListRuns,
+    ListTickets, NewJob, NewRun, NewTicket, Park, Prune, QueuedFrom, Requeue, RequeueMany,
+    RunInserted, RunPage, RunRecord, SaveCheckpoint, ScheduleRecord, SetProgress, SettleCommit,
+    SettleNotice, SettleTicket, SilentDispatcher, StaleRuns, Store, StoreError, Succeed, TakeToken,
+    TicketPage, TicketRecord, Unnotified, UpdateRun,
 };
 
 /// The store `inner`, its failures counted in `metrics`.
@@ -91,6 +91,9 @@ impl Store, for MeteredStore, error StoreError {
     fn settle_commit(&self, settle: SettleCommit<'_>) -> ();
     fn prune(&self, prune: Prune) -> u64;
     fn take_token(&self, take: TakeToken<'_>) -> Option<i64>;
+    fn schedules(&self) -> Vec<ScheduleRecord>;
+    fn advance_schedule(&self, advance: AdvanceSchedule<'_>) -> bool;
+    fn pause_schedule(&self, name: &str, paused: bool, now: i64) -> ScheduleRecord;
     fn requeue(&self, requeue: Requeue<'_>) -> Option<JobRecord>;
     fn requeue_many(&self, many: RequeueMany<'_>) -> Vec<JobRecord>;
 }

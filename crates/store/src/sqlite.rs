@@ -23,8 +23,8 @@ use serde_json::Value;
 use toolfleet_core::middleware::canonical_json;
 use toolfleet_core::{AuditRecord, Envelope, ErrorCode, JobState, ToolError, TraceContext};
 
-use crate::TakeToken;
 use crate::rows::{self, Columns, Paging, RowName, encode, to_i64};
+use crate::{AdvanceSchedule, ScheduleRecord, TakeToken};
 use crate::{
     AnswerTicket, Answered, Answerer, CancelJob, ClaimCommit, ClaimJob, ClaimNotice, CommitClaim,
     Fail, Heartbeat, Inserted, JobFilter, JobPage, JobRecord, Lease, LeaseRef, ListJobs, ListRuns,
@@ -571,6 +571,43 @@ mod sql {
         ON CONFLICT (key) DO UPDATE SET
             state = 'settled', envelope = ?2, lease_until = NULL, keep_until = ?3
         WHERE commits.state = 'pending'";
+
+    // Schedules (migration 18).
+
+    /// Every schedule's record.
+    pub(super) const SCHEDULES: &str =
+        "SELECT name, last_tick, last_job, paused, updated_at FROM schedules ORDER BY name";
+
+    /// The first record of schedule ?1, at tick ?2.
+    pub(super) const SCHEDULE_FIRST: &str =
+        "INSERT INTO schedules (name, last_tick, last_job, updated_at)
+        VALUES (?1, ?2, ?3, ?4) ON CONFLICT (name) DO NOTHING";
+
+    /// Schedule ?1 at tick ?2, not paused -> at tick ?3, having started ?4.
+    pub(super) const SCHEDULE_ADVANCE: &str = "UPDATE schedules
+        SET last_tick = ?3, last_job = COALESCE(?4, last_job), updated_at = ?5
+        WHERE name = ?1 AND last_tick = ?2 AND NOT paused";
+
+    /// Schedule ?1 paused (?2) or resumed at ?3, made if missing; resumed,
+    /// its ticks count from ?3.
+    pub(super) const SCHEDULE_PAUSE: &str =
+        "INSERT INTO schedules (name, last_tick, paused, updated_at)
+        VALUES (?1, ?3, ?2, ?3)
+        ON CONFLICT (name) DO UPDATE SET paused = ?2, updated_at = ?3,
+            last_tick = CASE WHEN ?2 THEN schedules.last_tick ELSE MAX(schedules.last_tick, ?3) END
+        RETURNING name, last_tick, last_job, paused, updated_at";
+}
+
+/// A schedule's record off a row of `name, last_tick, last_job, paused,
+/// updated_at`.
+fn schedule_record(row: &Row<'_>) -> rusqlite::Result<ScheduleRecord> {
+    Ok(ScheduleRecord {
+        name: row.get(0)?,
+        last_tick: row.get(1)?,
+        last_job: row.get(2)?,
+        paused: row.get(3)?,
+        updated_at: row.get(4)?,
+    })
 }
 
 /// The SQLite implementation of [`Store`].
@@ -1896,6 +1933,48 @@ impl Store for SqliteStore {
                 }
             };
             Ok(u64::try_from(gone).unwrap_or(u64::MAX))
+        })
+        .await
+    }
+
+    async fn schedules(&self) -> Result<Vec<ScheduleRecord>, StoreError> {
+        self.call(|c| {
+            let mut stmt = c.prepare_cached(sql::SCHEDULES)?;
+            let rows = stmt.query_map([], schedule_record)?;
+            Ok(rows.collect::<Result<Vec<_>, _>>()?)
+        })
+        .await
+    }
+
+    async fn advance_schedule(&self, advance: AdvanceSchedule<'_>) -> Result<bool, StoreError> {
+        let name = advance.name.to_owned();
+        let job = advance.job.map(str::to_owned);
+        let (from, to, now) = (advance.from, advance.to, advance.now);
+        self.call(move |c| {
+            let moved = match from {
+                None => c.execute(sql::SCHEDULE_FIRST, params![name, to, job, now])?,
+                Some(from) => {
+                    c.execute(sql::SCHEDULE_ADVANCE, params![name, from, to, job, now])?
+                }
+            };
+            Ok(moved == 1)
+        })
+        .await
+    }
+
+    async fn pause_schedule(
+        &self,
+        name: &str,
+        paused: bool,
+        now: i64,
+    ) -> Result<ScheduleRecord, StoreError> {
+        let name = name.to_owned();
+        self.call(move |c| {
+            Ok(c.query_row(
+                sql::SCHEDULE_PAUSE,
+                params![name, paused, now],
+                schedule_record,
+            )?)
         })
         .await
     }

@@ -687,3 +687,21 @@ pub(crate) async fn raw_request(address: &str, request: &str) -> (u16, String) {
         .unwrap_or(0);
     (status, text)
 }
+
+/// `toolfleet serve` on [`config_with`] and `extra` must refuse to start,
+/// saying `why` on stderr.
+pub(crate) fn refused_at_start(extra: &str, why: &str) {
+    let dir = TempDir::new("refused");
+    let config = dir.0.join("toolfleet.toml");
+    std::fs::write(&config, config_with(&dir.0, "", extra)).expect("config written");
+    let out = Command::new(env!("CARGO_BIN_EXE_toolfleet"))
+        .arg("--config")
+        .arg(&config)
+        .arg("serve")
+        .env_remove("TOOLFLEET_MISSING_KEY")
+        .output()
+        .expect("toolfleet runs");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "started with {extra}");
+    assert!(said.contains(why), "expected {why:?} in: {said}");
+}

@@ -1212,3 +1212,119 @@ pub async fn a_token_bucket_lets_its_burst_then_its_rate_through(store: &dyn Sto
         .count();
     assert_eq!(passed, 3, "at once, no more than the burst");
 }
+
+/// A schedule's record is made once, moves on only from the tick its
+/// mover read (one of several movers wins each tick), keeps its last job
+/// across a skipped tick, and takes no tick while paused; resumed, it
+/// counts from then.
+pub async fn a_schedule_moves_one_tick_at_a_time_by_compare_and_set(store: &dyn Store) {
+    use crate::AdvanceSchedule;
+    let name = format!("nightly_{}", new_id());
+    let advance = |from: Option<i64>, to: i64, job: Option<&'static str>| {
+        let name = name.clone();
+        async move {
+            store
+                .advance_schedule(AdvanceSchedule {
+                    name: &name,
+                    from,
+                    to,
+                    job,
+                    now: to + 5,
+                })
+                .await
+                .expect("advance_schedule")
+        }
+    };
+    let record = |name: String| async move {
+        store
+            .schedules()
+            .await
+            .expect("schedules")
+            .into_iter()
+            .find(|s| s.name == name)
+    };
+    assert_eq!(
+        record(name.clone()).await,
+        None,
+        "no record before it is seen"
+    );
+    assert!(advance(None, BASE, None).await, "the first sight makes it");
+    assert!(!advance(None, BASE + 7, None).await, "made once");
+    let first = record(name.clone()).await.expect("the record");
+    assert_eq!(
+        (first.last_tick, first.last_job.as_deref(), first.paused),
+        (BASE, None, false)
+    );
+
+    let movers = (0..8).map(|_| advance(Some(BASE), BASE + 1_000, Some("j_tick1")));
+    let moved = futures_util::future::join_all(movers)
+        .await
+        .into_iter()
+        .filter(|moved| *moved)
+        .count();
+    assert_eq!(moved, 1, "one of several movers wins a tick");
+    assert!(
+        !advance(Some(BASE), BASE + 2_000, None).await,
+        "from a tick gone by"
+    );
+    assert!(
+        advance(Some(BASE + 1_000), BASE + 2_000, None).await,
+        "a tick skipped"
+    );
+    let skipped = record(name.clone()).await.expect("the record");
+    assert_eq!(skipped.last_tick, BASE + 2_000);
+    assert_eq!(
+        skipped.last_job.as_deref(),
+        Some("j_tick1"),
+        "a skip keeps the last job"
+    );
+    assert_eq!(skipped.updated_at, BASE + 2_005);
+
+    let paused = store
+        .pause_schedule(&name, true, BASE + 2_500)
+        .await
+        .expect("pause");
+    assert!(paused.paused);
+    assert_eq!(
+        paused.last_tick,
+        BASE + 2_000,
+        "pausing keeps the last tick"
+    );
+    assert!(
+        !advance(Some(BASE + 2_000), BASE + 3_000, Some("j_tick3")).await,
+        "no tick while paused"
+    );
+    let resumed = store
+        .pause_schedule(&name, false, BASE + 9_000)
+        .await
+        .expect("resume");
+    assert!(!resumed.paused);
+    assert_eq!(
+        resumed.last_tick,
+        BASE + 9_000,
+        "resumed, it counts from then"
+    );
+    assert_eq!(resumed.last_job.as_deref(), Some("j_tick1"));
+    assert!(advance(Some(BASE + 9_000), BASE + 10_000, Some("j_tick10")).await);
+
+    let unseen = format!("weekly_{}", new_id());
+    let made = store
+        .pause_schedule(&unseen, true, BASE)
+        .await
+        .expect("pause of a schedule never seen");
+    assert_eq!(
+        (made.last_tick, made.paused, made.last_job),
+        (BASE, true, None)
+    );
+    let moved = store
+        .advance_schedule(AdvanceSchedule {
+            name: &unseen,
+            from: Some(BASE),
+            to: BASE + 1_000,
+            job: None,
+            now: BASE + 1_000,
+        })
+        .await
+        .expect("advance_schedule");
+    assert!(!moved, "a schedule paused before it was seen takes no tick");
+}

@@ -755,3 +755,29 @@ pub(super) const TAKE_TOKEN: &str = "INSERT INTO rate_limits (key, tat)
 
 /// The arrival time of a bucket that refused a token.
 pub(super) const TOKEN_TAT: &str = "SELECT tat FROM rate_limits WHERE key = $1";
+
+// Schedules (migration 17).
+
+/// Every schedule's record.
+pub(super) const SCHEDULES: &str =
+    "SELECT name, last_tick, last_job, paused, updated_at FROM schedules ORDER BY name";
+
+/// The first record of schedule `$1`, at tick `$2`.
+pub(super) const SCHEDULE_FIRST: &str =
+    "INSERT INTO schedules (name, last_tick, last_job, updated_at)
+    VALUES ($1, $2, $3, $4) ON CONFLICT (name) DO NOTHING";
+
+/// Schedule `$1` at tick `$2`, not paused -> at tick `$3`, having started `$4`.
+pub(super) const SCHEDULE_ADVANCE: &str = "UPDATE schedules
+    SET last_tick = $3, last_job = COALESCE($4, last_job), updated_at = $5
+    WHERE name = $1 AND last_tick = $2 AND NOT paused";
+
+/// Schedule `$1` paused (`$2`) or resumed at `$3`, made if missing;
+/// resumed, its ticks count from `$3`.
+pub(super) const SCHEDULE_PAUSE: &str =
+    "INSERT INTO schedules (name, last_tick, paused, updated_at)
+    VALUES ($1, $3, $2, $3)
+    ON CONFLICT (name) DO UPDATE SET paused = $2, updated_at = $3,
+        last_tick = CASE WHEN $2 THEN schedules.last_tick
+                         ELSE GREATEST(schedules.last_tick, $3) END
+    RETURNING name, last_tick, last_job, paused, updated_at";

@@ -18,8 +18,8 @@ use super::rows::{
     AuditColumns, Fields, Insert, audit_from_row, job_from_row, run_from_row, ticket_from_row,
 };
 use super::statements;
-use crate::TakeToken;
 use crate::rows::{Columns, Paging, encode};
+use crate::{AdvanceSchedule, ScheduleRecord, TakeToken};
 use crate::{
     AnswerTicket, Answered, Answerer, CancelJob, ClaimCommit, ClaimJob, ClaimNotice, CommitClaim,
     Fail, Heartbeat, Inserted, JobFilter, JobPage, JobRecord, Lease, LeaseRef, ListJobs, ListRuns,
@@ -880,4 +880,57 @@ impl Store for PgStore {
             }
         }
     }
+
+    async fn schedules(&self) -> Result<Vec<ScheduleRecord>, StoreError> {
+        let c = self.client().await?;
+        let stmt = c.prepare_cached(statements::SCHEDULES).await?;
+        let rows = c.query(&stmt, &[]).await?;
+        rows.iter().map(schedule_record).collect()
+    }
+
+    async fn advance_schedule(&self, advance: AdvanceSchedule<'_>) -> Result<bool, StoreError> {
+        let c = self.client().await?;
+        let moved = match advance.from {
+            None => {
+                let params: Params<'_> = &[&advance.name, &advance.to, &advance.job, &advance.now];
+                execute(&c, statements::SCHEDULE_FIRST, params).await?
+            }
+            Some(from) => {
+                let params: Params<'_> = &[
+                    &advance.name,
+                    &from,
+                    &advance.to,
+                    &advance.job,
+                    &advance.now,
+                ];
+                execute(&c, statements::SCHEDULE_ADVANCE, params).await?
+            }
+        };
+        Ok(moved == 1)
+    }
+
+    async fn pause_schedule(
+        &self,
+        name: &str,
+        paused: bool,
+        now: i64,
+    ) -> Result<ScheduleRecord, StoreError> {
+        let c = self.client().await?;
+        let stmt = c.prepare_cached(statements::SCHEDULE_PAUSE).await?;
+        let row = c.query_one(&stmt, &[&name, &paused, &now]).await?;
+        schedule_record(&row)
+    }
+}
+
+/// A schedule's record off a row of `schedules`.
+fn schedule_record(row: &Row) -> Result<ScheduleRecord, StoreError> {
+    let name: String = Fields::named(row, "schedules", "").get("name")?;
+    let fields = Fields::named(row, "schedules", &name);
+    Ok(ScheduleRecord {
+        last_tick: fields.get("last_tick")?,
+        last_job: fields.get("last_job")?,
+        paused: fields.get("paused")?,
+        updated_at: fields.get("updated_at")?,
+        name,
+    })
 }
