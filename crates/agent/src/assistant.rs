@@ -662,6 +662,7 @@ impl Pass {
                 .any(|t| t == tool)
                 .then_some(AnsweredBy::Caller),
             run_at: None,
+            priority: None,
         }
     }
 

@@ -610,6 +610,7 @@ impl Run {
             trace: ctx.trace.clone(),
             approval: None,
             run_at: None,
+            priority: None,
         }
     }
 

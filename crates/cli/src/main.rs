@@ -77,9 +77,18 @@ enum Command {
         /// For a job: start it this many seconds from now.
         #[arg(long, value_name = "SECONDS", conflicts_with = "batch")]
         delay_s: Option<f64>,
+        /// For a job of an ordered pool: its priority, higher first (-100
+        /// to 100; default: its tool's).
+        #[arg(
+            long,
+            value_name = "N",
+            conflicts_with = "batch",
+            allow_negative_numbers = true
+        )]
+        priority: Option<i16>,
         /// Make every call of FILE (a JSON array of `{"tool", "args",
         /// "idempotency_key"?, "run_id"?, "callback_url"?, "run_at"?,
-        /// "delay_s"?}`, or one such
+        /// "delay_s"?, "priority"?}`, or one such
         /// object a line), 1,000 a request, and print each envelope a line.
         #[arg(long, value_name = "FILE", conflicts_with = "tool")]
         batch: Option<std::path::PathBuf>,
@@ -349,6 +358,7 @@ fn main() -> ExitCode {
                 wait,
                 run_at,
                 delay_s,
+                priority,
                 batch,
                 server,
             } => match (batch, tool) {
@@ -365,6 +375,9 @@ fn main() -> ExitCode {
                             ));
                         }
                         call["delay_s"] = json!(delay);
+                    }
+                    if let Some(priority) = priority {
+                        call["priority"] = json!(priority);
                     }
                     client::call(&config, &server, call, &args, wait).await
                 }

@@ -201,7 +201,9 @@ pub(crate) async fn start(
         .map(|pool| {
             let long =
                 shared.agent_pools.contains(&pool) || config.one_job_per_message.contains(&pool);
+            let ordered = shared.runtime.is_ordered(&pool);
             let mut worker_config = WorkerConfig::new(pool);
+            worker_config.ordered = ordered;
             worker_config.concurrency = config.concurrency;
             worker_config.ahead = prefetch_ahead(&config, long);
             worker_config.lease = lease;

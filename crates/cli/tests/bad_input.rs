@@ -125,6 +125,10 @@ async fn every_entry_point_answers_bad_input_with_the_contract() {
         ),
         (json!({"delay_s": -1}), "delay_s", "0 or more"),
         (json!({"delay_s": 1e12}), "delay_s", "more than a year"),
+        (json!({"priority": 101}), "priority", "-100 to 100"),
+        (json!({"priority": -40000}), "priority", "-100 to 100"),
+        (json!({"priority": 2.5}), "priority", "whole number"),
+        (json!({"priority": "high"}), "priority", "whole number"),
         (
             json!({"delay_s": 5, "run_at": "2030-01-01T00:00:00Z"}),
             "delay_s",
@@ -163,6 +167,18 @@ async fn every_entry_point_answers_bad_input_with_the_contract() {
     );
     assert!(
         message.contains("`run_at` and `delay_s`") && message.contains("query"),
+        "{message}"
+    );
+    // A priority only where the pool takes jobs by priority.
+    let (status, body) = post(br#"{"tool": "garbage_job", "priority": 5}"#.to_vec()).await;
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (200, Some("bad_request")),
+        "{body}"
+    );
+    assert!(
+        message.contains("`priority`") && message.contains("in the order they came"),
         "{message}"
     );
 

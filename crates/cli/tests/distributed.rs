@@ -766,3 +766,69 @@ async fn a_schedule_makes_one_job_per_tick_across_dispatchers_one_killed_midway(
         ticks[ticks.len() - 1].0
     );
 }
+
+/// Priorities on RabbitMQ and PostgreSQL: a worker of one slot busy with a
+/// job while seven wait starts them highest priority first, equal
+/// priorities in the order they came.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_one_busy_slot_the_fleet_starts_the_highest_priority_first() {
+    let ranked = |dir: &Path| {
+        let order = dir.join("order");
+        let stamp = format!(
+            "read -r args; echo \"$args\" | sed 's/.*\"name\": *\"\\([a-z0-9]*\\)\".*/\\1/' >> {}; echo '{{}}'",
+            order.display()
+        );
+        format!(
+            "[[tools]]\nname = \"stamp\"\nshape = \"job\"\npool = \"ranked\"\npriority = 0\nexecutor = {{ kind = \"exec\", program = \"/bin/sh\", args = [\"-c\", {stamp:?}] }}\n\n[[tools]]\nname = \"hold\"\nshape = \"job\"\npool = \"ranked\"\nexecutor = {{ kind = \"exec\", program = \"/bin/sh\", args = [\"-c\", \"sleep 3; echo '{{}}'\"] }}\n"
+        )
+    };
+    let (dir, config_path, _cleanup, _) =
+        shared_fleet("priorities", "concurrency = 1\nlease_s = 30", ranked);
+    migrate(&config_path);
+    let dispatcher = Server::start_role(&config_path, "dispatcher", "toolfleet serving on ");
+    let alice = dispatcher.client(TOKEN);
+    let _worker = Server::start_role(&config_path, "worker", "toolfleet worker running");
+    let busy = alice.call("hold", json!({})).await;
+    let busy = busy["job_id"].as_str().expect("a job").to_owned();
+    eventually(Duration::from_secs(10), || {
+        let (alice, busy) = (alice.clone(), busy.clone());
+        async move {
+            let job = alice.get(&format!("/v1/jobs/{busy}")).await;
+            (job["state"] == "running").then_some(())
+        }
+    })
+    .await;
+    let mut ids = Vec::new();
+    for (name, priority) in [
+        ("low1", None),
+        ("low2", Some(0)),
+        ("high1", Some(7)),
+        ("low3", None),
+        ("lowest", Some(-5)),
+        ("high2", Some(7)),
+        ("mid", Some(3)),
+    ] {
+        let mut call = json!({"tool": "stamp", "args": {"name": name}});
+        if let Some(priority) = priority {
+            call["priority"] = json!(priority);
+        }
+        let accepted = alice.post("/v1/calls", call).await;
+        assert_eq!(accepted["status"], "running", "{accepted}");
+        ids.push(accepted["job_id"].as_str().unwrap().to_owned());
+    }
+    let listed = alice.get("/v1/jobs?tool=stamp").await;
+    let shown: Vec<i64> = listed["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|j| j["priority"].as_i64())
+        .collect();
+    assert_eq!(shown, [3, 7, -5, 0, 7, 0, 0], "newest first: {listed}");
+    for id in &ids {
+        assert_eq!(settle(&alice, id).await["status"], "ok");
+    }
+    assert_eq!(
+        lines(&dir.0.join("order")),
+        ["high1", "high2", "mid", "low1", "low2", "low3", "lowest"]
+    );
+}

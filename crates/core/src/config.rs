@@ -363,6 +363,9 @@ pub struct ToolConfig {
     pub pool: Option<String>,
     /// Job and agent tools: how many times a retryable failure is tried.
     pub max_attempts: Option<u32>,
+    /// Job and agent tools: the priority of a call that gives none; makes
+    /// the tool's pool ordered (see [`ToolDecl::priority`]).
+    pub priority: Option<i16>,
     /// The result is MCP content blocks (see [`ToolDecl::content_blocks`]).
     #[serde(default)]
     pub content_blocks: bool,
@@ -486,6 +489,7 @@ impl ToolConfig {
             poll_after_s: self.poll_after_s,
             pool: self.pool,
             max_attempts: self.max_attempts,
+            priority: self.priority,
             content_blocks: self.content_blocks,
             long_poll: None,
             answered_by: self.answered_by.unwrap_or_default(),

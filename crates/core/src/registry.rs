@@ -13,7 +13,7 @@ use serde_json::{Map, Value, json};
 
 use crate::envelope::{ErrorCode, ToolError};
 use crate::middleware::{self, Layer, LayerServices};
-use crate::tool::{Executor, MiddlewareSpec, ResolvedHints, Shape, ToolDecl};
+use crate::tool::{Executor, MiddlewareSpec, PRIORITIES, ResolvedHints, Shape, ToolDecl};
 
 /// The longest tool name; names are `A-Z a-z 0-9 _ . -`.
 pub const MAX_NAME_LEN: usize = 128;
@@ -273,6 +273,7 @@ impl Registry {
         }
         let hints = decl.hints.resolve(decl.shape);
         check_hints(&name, decl.shape, hints, &decl.middleware)?;
+        check_flow(&name, &decl)?;
         if decl.shape == Shape::Command {
             add_confirm_token(&name, &mut decl.input_schema)?;
         }
@@ -309,6 +310,35 @@ fn check_name(name: &str) -> Result<(), RegistrationError> {
             &truncate(name, MAX_NAME_LEN),
             "name",
             format!("a tool name is 1 to {MAX_NAME_LEN} characters of A-Z a-z 0-9 _ . -"),
+        ));
+    }
+    Ok(())
+}
+
+/// A priority only for job and agent tools, within [`PRIORITIES`].
+fn check_flow(name: &str, decl: &ToolDecl) -> Result<(), RegistrationError> {
+    let Some(priority) = decl.priority else {
+        return Ok(());
+    };
+    if !matches!(decl.shape, Shape::Job | Shape::Agent) {
+        return Err(RegistrationError::new(
+            name,
+            "priority",
+            format!(
+                "a {} tool runs when called; priority is for job and agent tools",
+                decl.shape
+            ),
+        ));
+    }
+    if !PRIORITIES.contains(&priority) {
+        return Err(RegistrationError::new(
+            name,
+            "priority",
+            format!(
+                "priority {priority} is outside {} to {}",
+                PRIORITIES.start(),
+                PRIORITIES.end()
+            ),
         ));
     }
     Ok(())

@@ -30,7 +30,7 @@ use crate::shapes::fleet::{
     approval_ticket_id,
 };
 use crate::shapes::handle::{HandleAnswer, HandleStore, MemoryHandleStore, read_handle_tool};
-use crate::tool::{CallCtx, Shape, ToolDecl};
+use crate::tool::{CallCtx, PRIORITIES, Shape, ToolDecl};
 
 /// Settings of the runtime; every one has a default that suits a single machine.
 #[derive(Debug, Clone)]
@@ -155,6 +155,7 @@ impl RuntimeBuilder {
                 .unwrap_or_else(|| Arc::new(MemoryCommitLog::default())),
             handles: handles.clone(),
             internal: Default::default(),
+            ordered: Default::default(),
         };
         runtime
             .register(read_handle_tool(handles))
@@ -182,6 +183,10 @@ pub struct Runtime {
     /// Executors of the runtime's own jobs (an assistant's run), by job
     /// tool name: run by workers, never offered or callable as tools.
     internal: std::collections::BTreeMap<String, Arc<dyn crate::tool::Executor>>,
+    /// The ordered pools: those of tools that declare a priority. Their
+    /// workers take the waiting job of highest priority first
+    /// ([`ToolDecl::priority`]).
+    ordered: std::collections::BTreeSet<String>,
 }
 
 impl Runtime {
@@ -213,8 +218,31 @@ impl Runtime {
 
     /// Checks and registers a tool.
     pub fn register(&mut self, decl: ToolDecl) -> Result<Arc<Tool>, RegistrationError> {
-        self.registry
-            .register(decl, &self.services, self.config.default_timeout)
+        let ordered = decl.priority.is_some().then(|| self.pool_of(&decl));
+        let tool = self
+            .registry
+            .register(decl, &self.services, self.config.default_timeout)?;
+        self.ordered.extend(ordered);
+        Ok(tool)
+    }
+
+    /// The pool the jobs of `decl` run in: its own, else the default pool
+    /// of its shape.
+    pub fn pool_of(&self, decl: &ToolDecl) -> String {
+        decl.pool.clone().unwrap_or_else(|| {
+            if decl.shape == Shape::Agent {
+                self.config.default_agent_pool.clone()
+            } else {
+                self.config.default_pool.clone()
+            }
+        })
+    }
+
+    /// True when `pool` is ordered: its workers take the waiting job of
+    /// highest priority first ([`Store::claim_next`](crate) in the
+    /// worker), and calls of its tools may give a priority.
+    pub fn is_ordered(&self, pool: &str) -> bool {
+        self.ordered.contains(pool)
     }
 
     /// Registers every declaration, stopping at the first refused.
@@ -290,6 +318,9 @@ impl Runtime {
                 ),
             ));
         }
+        if let Some(error) = self.refused_priority(tool, ctx) {
+            return Envelope::error(error);
+        }
         if let Err(error) = tool.validate(&args) {
             self.services.metrics.validation_failure(tool.name());
             return Envelope::error(error);
@@ -300,6 +331,37 @@ impl Runtime {
             Ok(envelope) => envelope,
             Err(panic) => Envelope::error(panicked(tool.name(), panic)),
         }
+    }
+
+    /// Why `ctx`'s priority is refused for `tool`, if it is: out of range,
+    /// or for a tool whose jobs are not taken by priority.
+    fn refused_priority(&self, tool: &Tool, ctx: &CallCtx) -> Option<ToolError> {
+        let priority = ctx.priority?;
+        let refused = |why: String| Some(ToolError::new(ErrorCode::BadRequest, why));
+        if !PRIORITIES.contains(&priority) {
+            return refused(format!(
+                "`priority` must be a whole number from {} to {} (higher first); {priority} is not",
+                PRIORITIES.start(),
+                PRIORITIES.end()
+            ));
+        }
+        if !matches!(tool.shape(), Shape::Job | Shape::Agent) {
+            return refused(format!(
+                "`priority` is for job and agent tools; `{}` is a {} tool and runs when called: \
+                 call it without one",
+                tool.name(),
+                tool.shape().as_str()
+            ));
+        }
+        let pool = self.pool_of(tool.declaration());
+        if !self.is_ordered(&pool) {
+            return refused(format!(
+                "`priority`: the jobs of pool `{pool}` run in the order they came; call `{}` \
+                 without one, or declare a `priority` on a tool of the pool",
+                tool.name()
+            ));
+        }
+        None
     }
 
     /// Runs a tool's executor directly, catching
@@ -542,13 +604,10 @@ impl Runtime {
     async fn run_enqueued(&self, call: Call<'_>) -> Envelope {
         let (tool, ctx) = (call.tool, call.ctx);
         let decl = tool.declaration();
-        let pool = decl.pool.clone().unwrap_or_else(|| {
-            if tool.shape() == Shape::Agent {
-                self.config.default_agent_pool.clone()
-            } else {
-                self.config.default_pool.clone()
-            }
-        });
+        let pool = self.pool_of(decl);
+        let priority = self
+            .is_ordered(&pool)
+            .then(|| ctx.priority.or(decl.priority).unwrap_or(0));
         let request = JobRequest {
             tool: tool.name().to_owned(),
             shape: tool.shape(),
@@ -563,6 +622,7 @@ impl Runtime {
                 .middleware
                 .timeout
                 .unwrap_or(self.config.default_job_timeout),
+            priority,
         };
         match self.fleet.submit(request).await {
             Ok(job_id) => Envelope::running(

@@ -262,7 +262,15 @@ pub struct CallCtx {
     /// call's `run_at` or `delay_s`); `None`: at once. Only job and agent
     /// tools take one.
     pub run_at: Option<i64>,
+    /// The priority of the job this call makes (higher first, within
+    /// [`PRIORITIES`]); `None`: its tool's. Only tools of ordered pools
+    /// take one (see [`ToolDecl::priority`]).
+    pub priority: Option<i16>,
 }
+
+/// The priorities a job may have: higher first, 0 when neither the call
+/// nor its tool gives one.
+pub const PRIORITIES: std::ops::RangeInclusive<i16> = -100..=100;
 
 /// Something a running call tells its caller before its result.
 #[derive(Debug, Clone, PartialEq)]
@@ -383,6 +391,7 @@ impl CallCtx {
             trace: None,
             approval: None,
             run_at: None,
+            priority: None,
         }
     }
 
@@ -583,6 +592,11 @@ pub struct ToolDecl {
     pub pool: Option<String>,
     /// Job and agent tools: how many times a retryable failure is tried.
     pub max_attempts: Option<u32>,
+    /// Job and agent tools: the priority of a call that gives none (higher
+    /// first, within [`PRIORITIES`]). Declaring one makes the tool's pool
+    /// ordered: its workers take the waiting job of highest priority first,
+    /// and calls of its tools may give a `priority`.
+    pub priority: Option<i16>,
     /// The result is MCP content: `{"content": [blocks]}` of text, image,
     /// audio and resource blocks, which MCP clients get as such (other
     /// providers get the JSON). For tools that answer pictures or files.
@@ -629,6 +643,7 @@ impl ToolDecl {
             poll_after_s: None,
             pool: None,
             max_attempts: None,
+            priority: None,
             content_blocks: false,
             long_poll: None,
             answered_by: AnsweredBy::Caller,
@@ -765,6 +780,13 @@ impl ToolDecl {
     /// Job and agent tools: how many times a retryable failure is tried.
     pub fn max_attempts(mut self, attempts: u32) -> Self {
         self.max_attempts = Some(attempts);
+        self
+    }
+
+    /// Job and agent tools: the priority of a call that gives none; see
+    /// [`ToolDecl::priority`].
+    pub fn priority(mut self, priority: i16) -> Self {
+        self.priority = Some(priority);
         self
     }
 

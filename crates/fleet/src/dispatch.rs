@@ -154,6 +154,7 @@ impl Fleet for Dispatcher {
                 timeout_ms: job.timeout.as_millis().min(i64::MAX as u128) as i64,
                 now: now_ms(),
                 run_at: ctx.run_at,
+                priority: job.priority,
                 origin: Some(self.outbox.origin().to_owned()),
             };
             let inserted = self.store.insert_job(new).await.map_err(store_error)?;

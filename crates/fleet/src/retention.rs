@@ -154,6 +154,7 @@ mod tests {
             timeout_ms: 1_000,
             now: at,
             run_at: None,
+            priority: None,
             origin: None,
         };
         store.insert_job(job).await.expect("insert");

@@ -259,6 +259,7 @@ pub async fn enqueue_loop(
         timeout_ms,
         now: now_ms(),
         run_at: None,
+        priority: None,
         origin: None,
     };
     let inserted = store.insert_job(job).await?;

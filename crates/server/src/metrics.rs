@@ -377,6 +377,12 @@ mod tests {
         async fn list_jobs(&self, _: ListJobs<'_>) -> Result<JobPage, StoreError> {
             unreachable!()
         }
+        async fn claim_next(
+            &self,
+            _: toolfleet_store::ClaimNext<'_>,
+        ) -> Result<Option<JobRecord>, StoreError> {
+            unreachable!()
+        }
         async fn claim(&self, _: ClaimJob<'_>) -> Result<Option<JobRecord>, StoreError> {
             unreachable!()
         }

@@ -20,7 +20,7 @@ use toolfleet_broker::{Broker, EventKind, EventState, Notices};
 use toolfleet_core::adapters::{Format, tool_specs};
 use toolfleet_core::metrics::{Denial, UNKNOWN_TOOL};
 use toolfleet_core::{
-    CallCtx, Envelope, ErrorCode, FLEET_OPERATE, JobState, Json, Principal, ToolError,
+    CallCtx, Envelope, ErrorCode, FLEET_OPERATE, JobState, Json, PRIORITIES, Principal, ToolError,
 };
 use toolfleet_store::{Answered, JobFilter, Store, TicketRecord};
 
@@ -323,10 +323,31 @@ struct CallRequest {
     /// When the job may start (RFC 3339); `delay_s` says it relatively.
     run_at: Option<String>,
     delay_s: Option<f64>,
+    /// The job's priority in an ordered pool, higher first.
+    priority: Option<Value>,
 }
 
 fn empty_object() -> Value {
     json!({})
+}
+
+/// A call's `priority`: a whole number within [`PRIORITIES`].
+fn priority_of(value: &Value) -> Result<i16, ToolError> {
+    value
+        .as_i64()
+        .and_then(|n| i16::try_from(n).ok())
+        .filter(|n| PRIORITIES.contains(n))
+        .ok_or_else(|| {
+            ToolError::new(
+                ErrorCode::BadRequest,
+                format!(
+                    "`priority` must be a whole number from {} to {} (higher first): got {}",
+                    PRIORITIES.start(),
+                    PRIORITIES.end(),
+                    toolfleet_core::registry::truncate(&value.to_string(), 32)
+                ),
+            )
+        })
 }
 
 /// How far ahead a call's `run_at` or `delay_s` may be: a year.
@@ -501,6 +522,12 @@ async fn make_call(
         toolfleet_core::now_ms(),
     )
     .map_err(Refused::BadRequest)?;
+    let priority = request
+        .priority
+        .as_ref()
+        .map(priority_of)
+        .transpose()
+        .map_err(Refused::BadRequest)?;
     if let Some(url) = request.callback_url.as_deref()
         && let Some(error) = callback_error(state, principal, url).await
     {
@@ -522,6 +549,7 @@ async fn make_call(
     ctx.idempotency_key = request.idempotency_key;
     ctx.callback_url = request.callback_url;
     ctx.run_at = start;
+    ctx.priority = priority;
     // The call's span, in the caller's trace or a new one; a job it makes
     // continues the trace. At ERROR level, so that it is enabled whatever
     // TOOLFLEET_LOG lets through.
@@ -647,7 +675,8 @@ async fn list_jobs(
                 .map(|j| {
                     json!({
                         "job_id": j.id, "tool": j.tool, "state": j.state.shown(), "attempts": j.attempts,
-                        "run_id": j.run_id, "run_at": j.run_at, "created_at": j.created_at,
+                        "run_id": j.run_id, "run_at": j.run_at, "priority": j.priority,
+                        "created_at": j.created_at,
                         "updated_at": j.updated_at,
                     })
                 })

@@ -39,6 +39,7 @@ pub(crate) fn new_job(callback_url: Option<&str>, now: i64) -> NewJob {
         timeout_ms: 60_000,
         now,
         run_at: None,
+        priority: None,
         origin: None,
     }
 }
@@ -92,6 +93,7 @@ pub(crate) fn record_of(job: NewJob) -> JobRecord {
         scopes: job.scopes,
         trace: job.trace,
         requeues: 0,
+        priority: job.priority,
         created_at: job.now,
         updated_at: job.now,
     }

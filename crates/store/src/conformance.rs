@@ -122,6 +122,7 @@ macro_rules! store_conformance {
             unsettled_tickets_are_answered_tickets_without_an_outcome,
             prune_deletes_only_what_settled_before_its_time,
             a_token_bucket_lets_its_burst_then_its_rate_through,
+            claim_next_takes_the_highest_priority_first_then_in_order,
             a_schedule_moves_one_tick_at_a_time_by_compare_and_set,
         );
     };
@@ -161,6 +162,7 @@ fn job_for(tenant: &str, tool: &str, args: Value, key: Option<&str>, now: i64) -
         timeout_ms: 60_000,
         now,
         run_at: None,
+        priority: None,
         origin: None,
     }
 }
@@ -3188,4 +3190,76 @@ pub async fn a_notice_is_claimed_by_one_sender_and_kept_once_sent(store: &dyn St
         store.claim_notice(a_notice(&other, BASE + 6)).await,
         Ok(true)
     );
+}
+
+/// `claim_next` takes, of an ordered pool's claimable jobs, the highest
+/// priority first and equal priorities in the order they came due; it
+/// never takes a job of the pool that carries no priority, a scheduled job
+/// before its time or a job whose lease holds, and takes over one whose
+/// lease expired.
+pub async fn claim_next_takes_the_highest_priority_first_then_in_order(store: &dyn Store) {
+    use crate::ClaimNext;
+    let tenant = tenant();
+    let pool = format!("ordered-{}", new_id());
+    let make = |priority: Option<i16>, now: i64, run_at: Option<i64>| NewJob {
+        pool: pool.clone(),
+        priority,
+        run_at,
+        ..job_for(&tenant, "rank", json!({}), None, now)
+    };
+    let mut ids = std::collections::HashMap::new();
+    for (name, priority, now) in [
+        ("a", Some(0), BASE + 1),
+        ("b", Some(5), BASE + 2),
+        ("c", Some(0), BASE + 3),
+        ("d", Some(5), BASE + 4),
+        ("e", Some(-3), BASE + 5),
+        ("unordered", None, BASE),
+    ] {
+        ids.insert(insert(store, make(priority, now, None)).await.id, name);
+    }
+    let later = insert(store, make(Some(9), BASE, Some(BASE + 100))).await;
+    ids.insert(later.id.clone(), "later");
+    let next = |now: i64| {
+        let pool = pool.clone();
+        async move {
+            store
+                .claim_next(ClaimNext {
+                    pool: &pool,
+                    worker: "w1",
+                    now,
+                    lease_ms: LEASE,
+                })
+                .await
+                .expect("claim_next")
+        }
+    };
+    let mut order = Vec::new();
+    while let Some(job) = next(BASE + 10).await {
+        assert_eq!(job.state, JobState::Running);
+        assert_eq!(job.lease_owner.as_deref(), Some("w1"));
+        order.push(ids[&job.id]);
+    }
+    assert_eq!(
+        order,
+        ["b", "d", "a", "c", "e"],
+        "higher first, then in order; the scheduled and the unordered wait"
+    );
+    let due = next(BASE + 100).await.expect("the scheduled job, due");
+    assert_eq!(
+        (due.id.as_str(), due.priority, due.attempts),
+        (later.id.as_str(), Some(9), 1)
+    );
+    assert!(next(BASE + 101).await.is_none(), "every lease holds");
+    let taken = next(BASE + 100 + LEASE + 1)
+        .await
+        .expect("taken over, the highest priority first");
+    assert_eq!((taken.id, taken.attempts), (later.id, 2));
+    let unordered = ids
+        .iter()
+        .find(|(_, name)| **name == "unordered")
+        .unwrap()
+        .0;
+    let left = store.job_by_id(unordered).await.unwrap().unwrap();
+    assert_eq!((left.state, left.priority), (JobState::Queued, None));
 }

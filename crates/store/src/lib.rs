@@ -105,6 +105,9 @@ pub struct NewJob {
     /// ([`Transition::Schedule`]) and no claim takes it before then; else it
     /// is `queued` and due at once.
     pub run_at: Option<i64>,
+    /// The job's priority in an ordered pool, whose workers claim the
+    /// highest first ([`Store::claim_next`]); `None` in other pools.
+    pub priority: Option<i16>,
     /// The dispatcher that publishes the job's first message: a process
     /// that answers `running` before that publish is confirmed names itself
     /// here and beats ([`Store::beat_dispatcher`]), so that another finds
@@ -212,6 +215,9 @@ pub struct JobRecord {
     /// with its own notices.
     #[serde(default)]
     pub requeues: u32,
+    /// The [`NewJob::priority`] it was made with.
+    #[serde(default)]
+    pub priority: Option<i16>,
     /// When the job was recorded, in Unix milliseconds.
     pub created_at: i64,
     /// When the job was last written (a transition, heartbeat, progress or
@@ -538,6 +544,20 @@ pub struct ClaimJob<'a> {
     pub lease_ms: i64,
 }
 
+/// What [`Store::claim_next`] takes: `worker` claims the next job of the
+/// ordered pool `pool` at `now` for `lease_ms`.
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimNext<'a> {
+    /// The ordered pool.
+    pub pool: &'a str,
+    /// The worker claiming: the lease owner if the claim wins.
+    pub worker: &'a str,
+    /// When the claim is made, in Unix milliseconds.
+    pub now: i64,
+    /// How long the lease holds from `now`, in milliseconds.
+    pub lease_ms: i64,
+}
+
 /// What [`Store::cancel`] takes: `tenant`'s job `id`, cancelled at `now`.
 #[derive(Debug, Clone, Copy)]
 pub struct CancelJob<'a> {
@@ -805,6 +825,15 @@ pub trait Store: Send + Sync + 'static {
     /// expired lease ended.
     /// `None` when the job is not claimable (settled, leased, not due, missing).
     async fn claim(&self, claim: ClaimJob<'_>) -> Result<Option<JobRecord>, StoreError>;
+    /// As [`Store::claim`], of the job of the ordered pool `claim.pool`
+    /// that comes next: of every claimable job there (queued, due
+    /// scheduled or retrying, running with an expired lease) whose
+    /// priority is set, the highest priority, then the earliest due, then
+    /// the smallest id. A worker of an ordered pool claims this way on
+    /// each message it gets, whichever job the message names: each job has
+    /// a message, so each is claimed by one. `None` when no job there is
+    /// claimable.
+    async fn claim_next(&self, claim: ClaimNext<'_>) -> Result<Option<JobRecord>, StoreError>;
     /// Extends the lease of a running job while `beat.lease` holds it;
     /// [`Lease::Lost`] once another attempt does (or it settled),
     /// [`Lease::Cancelled`] once it was cancelled.

@@ -16,12 +16,12 @@ use toolfleet_core::metrics::Backend;
 use toolfleet_core::{AuditRecord, JobState, Metrics};
 
 use crate::{
-    AdvanceSchedule, AnswerTicket, Answered, CancelJob, ClaimCommit, ClaimJob, ClaimNotice,
-    CommitClaim, Fail, Heartbeat, Inserted, JobPage, JobRecord, Lease, ListJobs, ListRuns,
-    ListTickets, NewJob, NewRun, NewTicket, Park, Prune, QueuedFrom, Requeue, RequeueMany,
-    RunInserted, RunPage, RunRecord, SaveCheckpoint, ScheduleRecord, SetProgress, SettleCommit,
-    SettleNotice, SettleTicket, SilentDispatcher, StaleRuns, Store, StoreError, Succeed, TakeToken,
-    TicketPage, TicketRecord, Unnotified, UpdateRun,
+    AdvanceSchedule, AnswerTicket, Answered, CancelJob, ClaimCommit, ClaimJob, ClaimNext,
+    ClaimNotice, CommitClaim, Fail, Heartbeat, Inserted, JobPage, JobRecord, Lease, ListJobs,
+    ListRuns, ListTickets, NewJob, NewRun, NewTicket, Park, Prune, QueuedFrom, Requeue,
+    RequeueMany, RunInserted, RunPage, RunRecord, SaveCheckpoint, ScheduleRecord, SetProgress,
+    SettleCommit, SettleNotice, SettleTicket, SilentDispatcher, StaleRuns, Store, StoreError,
+    Succeed, TakeToken, TicketPage, TicketRecord, Unnotified, UpdateRun,
 };
 
 /// The store `inner`, its failures counted in `metrics`.
@@ -52,6 +52,7 @@ impl Store, for MeteredStore, error StoreError {
     fn job_by_id(&self, id: &str) -> Option<JobRecord>;
     fn list_jobs(&self, list: ListJobs<'_>) -> JobPage;
     fn claim(&self, claim: ClaimJob<'_>) -> Option<JobRecord>;
+    fn claim_next(&self, claim: ClaimNext<'_>) -> Option<JobRecord>;
     fn heartbeat(&self, beat: Heartbeat<'_>) -> Lease;
     fn set_progress(&self, report: SetProgress<'_>) -> bool;
     fn checkpoint(&self, id: &str) -> Option<Value>;

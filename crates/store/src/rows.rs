@@ -92,6 +92,14 @@ pub(crate) trait Columns {
     fn string_opt(&self, column: &str) -> Result<Option<String>, StoreError>;
     fn integer(&self, column: &str) -> Result<i64, StoreError>;
     fn integer_opt(&self, column: &str) -> Result<Option<i64>, StoreError>;
+    /// A small integer (PostgreSQL `smallint`) that may be NULL.
+    fn small_opt(&self, column: &str) -> Result<Option<i16>, StoreError> {
+        self.integer_opt(column)?
+            .map(|n| {
+                i16::try_from(n).map_err(|_| self.corrupt(column, format!("{n} is out of range")))
+            })
+            .transpose()
+    }
 
     fn corrupt(&self, column: &str, e: impl Display) -> StoreError {
         self.name().corrupt(column, e)
@@ -156,6 +164,7 @@ pub(crate) fn job(f: &impl Columns) -> Result<JobRecord, StoreError> {
             f.text_opt("tracestate")?.as_deref(),
         ),
         requeues: f.int("requeues")?,
+        priority: f.small_opt("priority")?,
         created_at: f.integer("created_at")?,
         updated_at: f.integer("updated_at")?,
     })

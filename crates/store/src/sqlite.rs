@@ -24,7 +24,7 @@ use toolfleet_core::middleware::canonical_json;
 use toolfleet_core::{AuditRecord, Envelope, ErrorCode, JobState, ToolError, TraceContext};
 
 use crate::rows::{self, Columns, Paging, RowName, encode, to_i64};
-use crate::{AdvanceSchedule, ScheduleRecord, TakeToken};
+use crate::{AdvanceSchedule, ClaimNext, ScheduleRecord, TakeToken};
 use crate::{
     AnswerTicket, Answered, Answerer, CancelJob, ClaimCommit, ClaimJob, ClaimNotice, CommitClaim,
     Fail, Heartbeat, Inserted, JobFilter, JobPage, JobRecord, Lease, LeaseRef, ListJobs, ListRuns,
@@ -67,10 +67,10 @@ mod sql {
     pub(super) const INSERT_JOB: &str = "
         INSERT INTO jobs (id, tenant, user, tool, pool, args, state, attempts, max_attempts,
             timeout_ms, run_at, idempotency_key, run_id, call_id, callback_url, lineage, scopes,
-            traceparent, tracestate, origin, created_at, updated_at)
+            traceparent, tracestate, origin, priority, created_at, updated_at)
         VALUES (:id, :tenant, :user, :tool, :pool, :args, :state, 0, :max_attempts,
             :timeout_ms, :run_at, :key, :run_id, :call_id, :callback_url, :lineage, :scopes,
-            :traceparent, :tracestate, :origin, :now, :now)
+            :traceparent, :tracestate, :origin, :priority, :now, :now)
         ON CONFLICT DO NOTHING
         RETURNING *";
 
@@ -99,6 +99,29 @@ mod sql {
         WHERE id = ?1
           AND ((state IN {claimed} AND run_at <= ?3)
                OR (state IN {taken} AND lease_until < ?3))
+        RETURNING *",
+            running = Transition::Claim.to(),
+            claimed = sql_list(Transition::Claim.from()),
+            taken = sql_list(Transition::TakeOver.from()),
+        )
+    });
+
+    /// [`CLAIM`] of the next job of the ordered pool ?1 off `jobs_ordered`
+    /// (its predicate repeated, so SQLite uses it): the highest priority,
+    /// then the earliest due, then the smallest id.
+    pub(super) static CLAIM_NEXT: Built = LazyLock::new(|| {
+        format!(
+            "
+        UPDATE jobs SET state = '{running}', attempts = attempts + 1,
+            run_at = CASE WHEN state IN {taken} THEN COALESCE(lease_until, run_at)
+                          ELSE run_at END,
+            lease_owner = ?2, lease_until = ?4, updated_at = ?3
+        WHERE id = (SELECT id FROM jobs INDEXED BY jobs_ordered
+            WHERE pool = ?1 AND priority IS NOT NULL
+              AND state IN ('queued', 'scheduled', 'retrying', 'running')
+              AND ((state IN {claimed} AND run_at <= ?3)
+                   OR (state IN {taken} AND lease_until < ?3))
+            ORDER BY priority DESC, run_at, id LIMIT 1)
         RETURNING *",
             running = Transition::Claim.to(),
             claimed = sql_list(Transition::Claim.from()),
@@ -974,6 +997,7 @@ fn insert_job(
         ":origin": job.origin,
         ":state": state.as_str(),
         ":run_at": run_at,
+        ":priority": job.priority,
     };
     if let Some(created) = query_one(c, sql::INSERT_JOB, params, job_from_row)? {
         return Ok(Inserted::Created(created));
@@ -1472,6 +1496,20 @@ impl Store for SqliteStore {
                 c,
                 &sql::CLAIM,
                 params![id, worker, now, until],
+                job_from_row,
+            )
+        })
+        .await
+    }
+
+    async fn claim_next(&self, claim: ClaimNext<'_>) -> Result<Option<JobRecord>, StoreError> {
+        let (pool, worker) = (claim.pool.to_owned(), claim.worker.to_owned());
+        let (now, until) = (claim.now, claim.now.saturating_add(claim.lease_ms));
+        self.call(move |c| {
+            query_one(
+                c,
+                &sql::CLAIM_NEXT,
+                params![pool, worker, now, until],
                 job_from_row,
             )
         })

@@ -146,6 +146,7 @@ fn job(tenant: &str) -> NewJob {
         timeout_ms: 60_000,
         now: 1_700_000_000_000,
         run_at: None,
+        priority: None,
         origin: None,
     }
 }

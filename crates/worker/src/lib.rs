@@ -67,6 +67,9 @@ pub struct WorkerConfig {
     pub backoff_max: Duration,
     /// The poll hint written into announced envelopes.
     pub poll_after_s: u32,
+    /// The pool is ordered: each message claims the pool's next job by
+    /// priority ([`Store::claim_next`]), whichever job it names.
+    pub ordered: bool,
 }
 
 impl WorkerConfig {
@@ -82,6 +85,7 @@ impl WorkerConfig {
             backoff_min: Duration::from_secs(1),
             backoff_max: Duration::from_secs(300),
             poll_after_s: 5,
+            ordered: false,
         }
     }
 }
@@ -357,9 +361,12 @@ impl Worker {
         parent: Option<&TraceContext>,
     ) -> (Handled, Option<tracing::Span>) {
         let lease_ms = self.config.lease.as_millis() as i64;
+        let ordered = self.config.ordered;
         // Listening for its cancel before the claim: a cancel announced
         // between the claim and the executor's start is kept, not missed.
-        let cancel = Listening::new(self, job_id);
+        // In an ordered pool the job is known only once claimed; a cancel
+        // before then is found by the first heartbeat.
+        let listening = (!ordered).then(|| Listening::new(self, job_id));
         let claimed_at = now_ms();
         // The lease owner of this claim alone: a job put back after it
         // failed or was cancelled counts its attempts from 1 again, so an
@@ -369,15 +376,28 @@ impl Worker {
             .claims
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let owner = format!("{}.{n}", self.config.id);
-        let claimed = self
-            .store
-            .claim(toolfleet_store::ClaimJob {
-                id: job_id,
+        let by_id = toolfleet_store::ClaimJob {
+            id: job_id,
+            worker: &owner,
+            now: claimed_at,
+            lease_ms,
+        };
+        let claimed = if ordered {
+            let next = toolfleet_store::ClaimNext {
+                pool: &self.config.pool,
                 worker: &owner,
                 now: claimed_at,
                 lease_ms,
-            })
-            .await;
+            };
+            match self.store.claim_next(next).await {
+                // No job of the pool carries a priority: the message's own
+                // job, made before the pool was ordered, is claimed by id.
+                Ok(None) => self.store.claim(by_id).await,
+                claimed => claimed,
+            }
+        } else {
+            self.store.claim(by_id).await
+        };
         let pool = &self.config.pool;
         let job = match claimed {
             Ok(Some(job)) => job,
@@ -394,6 +414,13 @@ impl Worker {
                 return (Handled::Interrupted, None);
             }
         };
+        let cancel = match listening {
+            Some(listening) => listening,
+            None => Listening::new(self, &job.id),
+        };
+        // The message's trace is its own job's: another job claimed in its
+        // place continues the trace stored with it.
+        let parent = parent.filter(|_| job.id == job_id);
         let placement = Placement::new(parent.or(job.trace.as_ref()));
         let span = tracing::error_span!(
             "job",
@@ -491,6 +518,7 @@ impl Worker {
             approval: None,
             // What the job calls starts at once.
             run_at: None,
+            priority: None,
         };
         let budget = Duration::from_millis(job.timeout_ms.max(1) as u64);
         // The result is stored as every reader gets it (get_job, the job

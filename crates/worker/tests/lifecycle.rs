@@ -124,6 +124,7 @@ impl Rig {
                 timeout_ms,
                 now: now_ms(),
                 run_at: None,
+                priority: None,
                 origin: None,
             })
             .await
@@ -867,6 +868,7 @@ async fn a_jobs_lineage_and_its_callers_scopes_reach_its_executor() {
             timeout_ms: 5_000,
             now: now_ms(),
             run_at: None,
+            priority: None,
             origin: None,
         })
         .await

@@ -69,6 +69,7 @@ async fn insert_at(store: &dyn Store, tool: &str, max_attempts: u32, now: i64) -
             timeout_ms: 60_000,
             now,
             run_at: None,
+            priority: None,
             origin: None,
         })
         .await

@@ -31,6 +31,9 @@ pub struct JobRequest {
     pub max_attempts: u32,
     /// Wall-time budget of one attempt.
     pub timeout: std::time::Duration,
+    /// The job's priority, in an ordered pool (the call's, else its
+    /// tool's, else 0); `None` in a pool that is not ordered.
+    pub priority: Option<i16>,
 }
 
 /// A question for a person.

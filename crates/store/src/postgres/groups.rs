@@ -120,6 +120,10 @@ async fn insert_many(pool: Pool, place: Arc<str>, jobs: Vec<Insert>) -> Answers<
         &optional(|i| i.job.origin.as_deref()),
         &column(|i| i.state),
         &number(|i| i.run_at),
+        &jobs
+            .iter()
+            .map(|i| i.job.priority)
+            .collect::<Vec<Option<i16>>>(),
     ];
     let stmt = c.prepare_cached(statements::INSERT_MANY).await?;
     let mut created: HashMap<String, Result<JobRecord, StoreError>> = HashMap::new();

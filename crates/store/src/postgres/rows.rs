@@ -78,6 +78,10 @@ impl Columns for Fields<'_> {
     fn integer_opt(&self, column: &str) -> Result<Option<i64>, StoreError> {
         self.get(column)
     }
+
+    fn small_opt(&self, column: &str) -> Result<Option<i16>, StoreError> {
+        self.get(column)
+    }
 }
 
 pub(super) fn job_from_row(row: &Row) -> Result<JobRecord, StoreError> {

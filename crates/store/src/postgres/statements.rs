@@ -31,7 +31,7 @@ macro_rules! job_columns {
         r#"id, tenant, "user", tool, pool, args, state, attempts, max_attempts,
             timeout_ms, run_at, lease_owner, lease_until, progress, result, error,
             idempotency_key, run_id, call_id, callback_url, lineage, scopes,
-            traceparent, tracestate, requeues, created_at, updated_at"#
+            traceparent, tracestate, requeues, priority, created_at, updated_at"#
     };
 }
 
@@ -56,9 +56,9 @@ pub(super) const INSERT_JOB: &str = concat!(
     r#"
         INSERT INTO jobs (id, tenant, "user", tool, pool, args, state, attempts, max_attempts,
             timeout_ms, run_at, idempotency_key, run_id, call_id, callback_url, lineage,
-            scopes, traceparent, tracestate, origin, created_at, updated_at)
+            scopes, traceparent, tracestate, origin, priority, created_at, updated_at)
         VALUES ($1, $2, $3, $4, $5, $6, $19, 0, $7,
-            $8, $20, $10, $11, $12, $13, $14, $15, $16, $17, $18, $9, $9)
+            $8, $20, $10, $11, $12, $13, $14, $15, $16, $17, $18, $21, $9, $9)
         ON CONFLICT DO NOTHING
         RETURNING "#,
     job_columns!()
@@ -71,17 +71,17 @@ pub(super) const INSERT_MANY: &str = concat!(
     r#"
         INSERT INTO jobs (id, tenant, "user", tool, pool, args, state, attempts, max_attempts,
             timeout_ms, run_at, idempotency_key, run_id, call_id, callback_url, lineage,
-            scopes, traceparent, tracestate, origin, created_at, updated_at)
+            scopes, traceparent, tracestate, origin, priority, created_at, updated_at)
         SELECT id, tenant, "user", tool, pool, args, state, 0, max_attempts,
             timeout_ms, run_at, idempotency_key, run_id, call_id, callback_url, lineage, scopes,
-            traceparent, tracestate, origin, now, now
+            traceparent, tracestate, origin, priority, now, now
         FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
             $7::bigint[], $8::bigint[], $9::bigint[], $10::text[], $11::text[], $12::text[],
             $13::text[], $14::text[], $15::text[], $16::text[], $17::text[], $18::text[],
-            $19::text[], $20::bigint[])
+            $19::text[], $20::bigint[], $21::smallint[])
             WITH ORDINALITY AS n(id, tenant, "user", tool, pool, args, max_attempts,
             timeout_ms, now, idempotency_key, run_id, call_id, callback_url, lineage, scopes,
-            traceparent, tracestate, origin, state, run_at, ord)
+            traceparent, tracestate, origin, state, run_at, priority, ord)
         ORDER BY ord
         ON CONFLICT DO NOTHING
         RETURNING "#,
@@ -781,3 +781,30 @@ pub(super) const SCHEDULE_PAUSE: &str =
         last_tick = CASE WHEN $2 THEN schedules.last_tick
                          ELSE GREATEST(schedules.last_tick, $3) END
     RETURNING name, last_tick, last_job, paused, updated_at";
+
+/// `claim` or `take_over` of the next job of the ordered pool `$1`
+/// (`$2` the lease owner, `$3` now, `$4` the lease's end) off
+/// `jobs_ordered` (migration 18): the highest priority, then the earliest
+/// due, then the smallest id; a row another claim holds is skipped.
+pub(super) static CLAIM_NEXT: Built = LazyLock::new(|| {
+    format!(
+        concat!(
+            "UPDATE jobs SET state = '{running}', attempts = attempts + 1,
+                run_at = CASE WHEN state IN {taken} THEN COALESCE(lease_until, run_at)
+                              ELSE run_at END,
+                lease_owner = $2, lease_until = $4, updated_at = $3
+            WHERE id = (SELECT id FROM jobs
+                WHERE pool = $1 AND priority IS NOT NULL
+                  AND state IN ('queued', 'scheduled', 'retrying', 'running')
+                  AND ((state IN {claimed} AND run_at <= $3)
+                       OR (state IN {taken} AND lease_until < $3))
+                ORDER BY priority DESC, run_at, id LIMIT 1
+                FOR UPDATE SKIP LOCKED)
+            RETURNING ",
+            job_columns!()
+        ),
+        running = Transition::Claim.to(),
+        claimed = sql_list(Transition::Claim.from()),
+        taken = sql_list(Transition::TakeOver.from()),
+    )
+});

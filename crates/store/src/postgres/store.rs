@@ -19,7 +19,7 @@ use super::rows::{
 };
 use super::statements;
 use crate::rows::{Columns, Paging, encode};
-use crate::{AdvanceSchedule, ScheduleRecord, TakeToken};
+use crate::{AdvanceSchedule, ClaimNext, ScheduleRecord, TakeToken};
 use crate::{
     AnswerTicket, Answered, Answerer, CancelJob, ClaimCommit, ClaimJob, ClaimNotice, CommitClaim,
     Fail, Heartbeat, Inserted, JobFilter, JobPage, JobRecord, Lease, LeaseRef, ListJobs, ListRuns,
@@ -95,6 +95,7 @@ pub(super) async fn insert_job(c: &ClientWrapper, insert: &Insert) -> Result<Ins
         &job.origin,
         &insert.state,
         &insert.run_at,
+        &job.priority,
     ];
     if let Some(created) = query_one(c, statements::INSERT_JOB, params, job_from_row).await? {
         return Ok(Inserted::Created(created));
@@ -500,6 +501,13 @@ impl Store for PgStore {
             cursor,
         } = list;
         list_jobs(&*self.client().await?, tenant, filter, limit, cursor).await
+    }
+
+    async fn claim_next(&self, claim: ClaimNext<'_>) -> Result<Option<JobRecord>, StoreError> {
+        let c = self.client().await?;
+        let until = claim.now.saturating_add(claim.lease_ms);
+        let params: Params<'_> = &[&claim.pool, &claim.worker, &claim.now, &until];
+        query_one(&c, &statements::CLAIM_NEXT, params, job_from_row).await
     }
 
     async fn claim(&self, claim: ClaimJob<'_>) -> Result<Option<JobRecord>, StoreError> {
