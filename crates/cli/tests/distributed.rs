@@ -832,3 +832,81 @@ async fn with_one_busy_slot_the_fleet_starts_the_highest_priority_first() {
         ["high1", "high2", "mid", "low1", "low2", "low3", "lowest"]
     );
 }
+
+/// A concurrency limit of 2 per key holds across two workers of 8 slots
+/// each: 200 jobs of 5 accounts, the running jobs of each account read
+/// from the store all along, never above 2, and every job done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_concurrency_limit_per_key_holds_across_two_workers() {
+    let keyed = |_: &Path| {
+        "[[tools]]\nname = \"sync\"\nshape = \"job\"\npool = \"sync\"\ninput_schema = { type = \"object\", properties = { account = { type = \"string\" } }, required = [\"account\"] }\nconcurrency = { limit = 2, key = \"/account\" }\nexecutor = { kind = \"exec\", program = \"/bin/sh\", args = [\"-c\", \"sleep 0.2; echo '{}'\"] }\n".to_owned()
+    };
+    let (_dir, config_path, _cleanup, id) =
+        shared_fleet("keys", "concurrency = 8\nlease_s = 30", keyed);
+    migrate(&config_path);
+    let dispatcher = Server::start_role(&config_path, "dispatcher", "toolfleet serving on ");
+    let _workers = [
+        Server::start_role(&config_path, "worker", "toolfleet worker running"),
+        Server::start_role(&config_path, "worker", "toolfleet worker running"),
+    ];
+    let alice = dispatcher.client(TOKEN);
+    let calls: Vec<_> = (0..200)
+        .map(|n| json!({"tool": "sync", "args": {"account": format!("acct-{}", n % 5)}}))
+        .collect();
+    let accepted = alice.post("/v1/calls", json!({"calls": calls})).await;
+    let ids: Vec<String> = accepted["results"]
+        .as_array()
+        .expect("results")
+        .iter()
+        .map(|r| r["job_id"].as_str().expect("a job").to_owned())
+        .collect();
+    assert_eq!(ids.len(), 200, "{accepted}");
+    // The last job of an account waits for its key, and says so.
+    let last = ids[199].clone();
+    let waiting = eventually(Duration::from_secs(10), || {
+        let (alice, last) = (alice.clone(), last.clone());
+        async move {
+            let job = alice.get(&format!("/v1/jobs/{last}")).await;
+            (job["waiting_for"] == "concurrency_key").then_some(job)
+        }
+    })
+    .await;
+    assert_eq!(waiting["state"], "queued", "{waiting}");
+    let url = shared_database_url();
+    let mut most = 0u32;
+    let mut busiest = String::new();
+    let started = std::time::Instant::now();
+    loop {
+        let counts = psql_value(
+            &url,
+            &format!(
+                "SELECT coalesce(string_agg(n::text, ','), '') FROM (SELECT count(*) AS n FROM tf_{id}.jobs WHERE state = 'running' AND lease_until >= (extract(epoch from now()) * 1000)::bigint GROUP BY concurrency_key) k"
+            ),
+        );
+        for n in counts.split(',').filter(|n| !n.is_empty()) {
+            let n: u32 = n.parse().expect("a count");
+            if n > most {
+                most = n;
+                busiest = counts.clone();
+            }
+        }
+        let left = psql_value(
+            &url,
+            &format!("SELECT count(*) FROM tf_{id}.jobs WHERE state <> 'succeeded'"),
+        );
+        if left == "0" {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "{left} jobs left"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    println!(
+        "200 jobs of 5 keys in {:.1} s; at most {most} of one key running at once ({busiest})",
+        started.elapsed().as_secs_f64()
+    );
+    assert!(most <= 2, "a key ran {most} at once: {busiest}");
+    assert_eq!(most, 2, "the limit is reached, not undercut");
+}

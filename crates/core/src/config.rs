@@ -305,6 +305,16 @@ pub struct RateLimitConfig {
     pub per_s: f64,
 }
 
+/// `concurrency = { limit, key }` of a tool.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConcurrencyConfig {
+    /// The most jobs running at once per key.
+    pub limit: u32,
+    /// `"tenant"`, `"user"` or a JSON pointer into the arguments.
+    pub key: String,
+}
+
 /// The middleware table of a tool.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -366,6 +376,10 @@ pub struct ToolConfig {
     /// Job and agent tools: the priority of a call that gives none; makes
     /// the tool's pool ordered (see [`ToolDecl::priority`]).
     pub priority: Option<i16>,
+    /// Job and agent tools: `{ limit, key }`, at most `limit` jobs running
+    /// at once per `key` (`"tenant"`, `"user"` or a JSON pointer into the
+    /// arguments); makes the tool's pool ordered.
+    pub concurrency: Option<ConcurrencyConfig>,
     /// The result is MCP content blocks (see [`ToolDecl::content_blocks`]).
     #[serde(default)]
     pub content_blocks: bool,
@@ -451,6 +465,20 @@ impl ToolConfig {
             .expires_in_s
             .map(|s| seconds("expires_in_s", &name, s))
             .transpose()?;
+        let concurrency = self
+            .concurrency
+            .map(|c| match crate::tool::ConcurrencyKey::parse(&c.key) {
+                Some(key) => Ok(crate::tool::Concurrency {
+                    limit: c.limit,
+                    key,
+                }),
+                None => Err(ConfigError::new(format!(
+                    "tool `{name}`: concurrency.key must be \"tenant\", \"user\" or a JSON pointer \
+                     into the arguments such as \"/account\", not {:?}",
+                    c.key
+                ))),
+            })
+            .transpose()?;
         let m = self.middleware;
         let middleware = MiddlewareSpec {
             audit: m.audit,
@@ -490,6 +518,7 @@ impl ToolConfig {
             pool: self.pool,
             max_attempts: self.max_attempts,
             priority: self.priority,
+            concurrency,
             content_blocks: self.content_blocks,
             long_poll: None,
             answered_by: self.answered_by.unwrap_or_default(),

@@ -313,6 +313,11 @@ pub enum Envelope {
         /// 3339, UTC).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         run_at: Option<String>,
+        /// Set by `get_job` for a `queued` job whose tool's concurrency
+        /// limit is reached for its key: `"concurrency_key"`. It starts
+        /// when a job of its key stops running.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        waiting_for: Option<String>,
     },
     /// A human tool opened a ticket and waits for its answer.
     Suspended {
@@ -351,6 +356,7 @@ impl Envelope {
             attempts: None,
             progress: None,
             run_at: None,
+            waiting_for: None,
         }
     }
 

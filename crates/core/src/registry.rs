@@ -13,7 +13,10 @@ use serde_json::{Map, Value, json};
 
 use crate::envelope::{ErrorCode, ToolError};
 use crate::middleware::{self, Layer, LayerServices};
-use crate::tool::{Executor, MiddlewareSpec, PRIORITIES, ResolvedHints, Shape, ToolDecl};
+use crate::tool::{
+    ConcurrencyKey, Executor, MAX_CONCURRENCY, MiddlewareSpec, PRIORITIES, ResolvedHints, Shape,
+    ToolDecl,
+};
 
 /// The longest tool name; names are `A-Z a-z 0-9 _ . -`.
 pub const MAX_NAME_LEN: usize = 128;
@@ -315,12 +318,49 @@ fn check_name(name: &str) -> Result<(), RegistrationError> {
     Ok(())
 }
 
-/// A priority only for job and agent tools, within [`PRIORITIES`].
+/// A priority and a concurrency limit only for job and agent tools, the
+/// priority within [`PRIORITIES`], the limit within [`MAX_CONCURRENCY`]
+/// and its key's pointer into the arguments the schema declares.
 fn check_flow(name: &str, decl: &ToolDecl) -> Result<(), RegistrationError> {
+    let queued = matches!(decl.shape, Shape::Job | Shape::Agent);
+    if let Some(concurrency) = &decl.concurrency {
+        let refused = |why: String| Err(RegistrationError::new(name, "concurrency", why));
+        if !queued {
+            return refused(format!(
+                "a {} tool runs when called; concurrency is for job and agent tools",
+                decl.shape
+            ));
+        }
+        if !(1..=MAX_CONCURRENCY).contains(&concurrency.limit) {
+            return refused(format!(
+                "concurrency.limit must be 1 to {MAX_CONCURRENCY}, not {}",
+                concurrency.limit
+            ));
+        }
+        if let ConcurrencyKey::Pointer(pointer) = &concurrency.key
+            && let Some(properties) = decl
+                .input_schema
+                .get("properties")
+                .and_then(Value::as_object)
+        {
+            let first = pointer
+                .trim_start_matches('/')
+                .split('/')
+                .next()
+                .unwrap_or_default()
+                .replace("~1", "/")
+                .replace("~0", "~");
+            if !properties.contains_key(&first) {
+                return refused(format!(
+                    "concurrency.key `{pointer}` points into nothing: the input schema has no property `{first}`"
+                ));
+            }
+        }
+    }
     let Some(priority) = decl.priority else {
         return Ok(());
     };
-    if !matches!(decl.shape, Shape::Job | Shape::Agent) {
+    if !queued {
         return Err(RegistrationError::new(
             name,
             "priority",

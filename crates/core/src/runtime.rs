@@ -183,9 +183,10 @@ pub struct Runtime {
     /// Executors of the runtime's own jobs (an assistant's run), by job
     /// tool name: run by workers, never offered or callable as tools.
     internal: std::collections::BTreeMap<String, Arc<dyn crate::tool::Executor>>,
-    /// The ordered pools: those of tools that declare a priority. Their
-    /// workers take the waiting job of highest priority first
-    /// ([`ToolDecl::priority`]).
+    /// The ordered pools: those of tools that declare a priority or a
+    /// concurrency limit. Their workers take the waiting job of highest
+    /// priority first whose key has a free slot ([`ToolDecl::priority`],
+    /// [`ToolDecl::concurrency`]).
     ordered: std::collections::BTreeSet<String>,
 }
 
@@ -218,7 +219,8 @@ impl Runtime {
 
     /// Checks and registers a tool.
     pub fn register(&mut self, decl: ToolDecl) -> Result<Arc<Tool>, RegistrationError> {
-        let ordered = decl.priority.is_some().then(|| self.pool_of(&decl));
+        let ordered =
+            (decl.priority.is_some() || decl.concurrency.is_some()).then(|| self.pool_of(&decl));
         let tool = self
             .registry
             .register(decl, &self.services, self.config.default_timeout)?;
@@ -608,6 +610,13 @@ impl Runtime {
         let priority = self
             .is_ordered(&pool)
             .then(|| ctx.priority.or(decl.priority).unwrap_or(0));
+        let concurrency = match &decl.concurrency {
+            Some(declared) => match concurrency_key(tool.name(), declared, ctx, &call.args) {
+                Ok(key) => Some((key, declared.limit)),
+                Err(error) => return Envelope::error(error),
+            },
+            None => None,
+        };
         let request = JobRequest {
             tool: tool.name().to_owned(),
             shape: tool.shape(),
@@ -623,6 +632,7 @@ impl Runtime {
                 .timeout
                 .unwrap_or(self.config.default_job_timeout),
             priority,
+            concurrency,
         };
         match self.fleet.submit(request).await {
             Ok(job_id) => Envelope::running(
@@ -792,4 +802,48 @@ fn panicked(tool: &str, panic: Box<dyn std::any::Any + Send>) -> ToolError {
         ),
         false,
     )
+}
+
+/// The longest value of the arguments a concurrency key counts by, as
+/// canonical JSON.
+const MAX_KEY_VALUE: usize = 256;
+
+/// The key a job of `tool` counts under for its concurrency limit: the
+/// tool, the caller's tenant and the declared key's value (the user, or
+/// the arguments' value at the pointer, as canonical JSON), joined by a
+/// separator no name holds.
+fn concurrency_key(
+    tool: &str,
+    declared: &crate::tool::Concurrency,
+    ctx: &CallCtx,
+    args: &serde_json::Value,
+) -> Result<String, ToolError> {
+    use crate::tool::ConcurrencyKey;
+    let value = match &declared.key {
+        ConcurrencyKey::Tenant => String::new(),
+        ConcurrencyKey::User => ctx.user().to_owned(),
+        ConcurrencyKey::Pointer(pointer) => {
+            let Some(value) = args.pointer(pointer) else {
+                return Err(ToolError::new(
+                    ErrorCode::InvalidArguments,
+                    format!(
+                        "`{tool}` counts its running jobs by the argument at `{pointer}`, which \
+                         this call does not give: give it"
+                    ),
+                ));
+            };
+            let text = crate::middleware::canonical_json(value);
+            if text.len() > MAX_KEY_VALUE {
+                return Err(ToolError::new(
+                    ErrorCode::InvalidArguments,
+                    format!(
+                        "the argument at `{pointer}`, which `{tool}` counts its running jobs by, \
+                         is longer than {MAX_KEY_VALUE} characters: give a shorter one"
+                    ),
+                ));
+            }
+            text
+        }
+    };
+    Ok(format!("{tool}\u{1f}{}\u{1f}{value}", ctx.tenant()))
 }

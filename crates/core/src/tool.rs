@@ -268,6 +268,47 @@ pub struct CallCtx {
     pub priority: Option<i16>,
 }
 
+/// How many of a tool's jobs may run at once, per key: `concurrency = {
+/// limit, key }`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Concurrency {
+    /// The most running at once per key, across the fleet (1 to
+    /// [`MAX_CONCURRENCY`]).
+    pub limit: u32,
+    /// What the jobs are counted by.
+    pub key: ConcurrencyKey,
+}
+
+/// The largest [`Concurrency::limit`].
+pub const MAX_CONCURRENCY: u32 = 10_000;
+
+/// What a tool's jobs are counted by: always within the caller's tenant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConcurrencyKey {
+    /// One count per tenant: `key = "tenant"`.
+    Tenant,
+    /// One count per user of the tenant: `key = "user"`.
+    User,
+    /// One count per value of the arguments at a JSON pointer:
+    /// `key = "/account"`.
+    Pointer(String),
+}
+
+impl ConcurrencyKey {
+    /// The key as configured: `tenant`, `user`, or a JSON pointer
+    /// (`/account`); `None` for anything else.
+    pub fn parse(text: &str) -> Option<ConcurrencyKey> {
+        match text {
+            "tenant" => Some(ConcurrencyKey::Tenant),
+            "user" => Some(ConcurrencyKey::User),
+            pointer if pointer.starts_with('/') && pointer.len() <= 256 => {
+                Some(ConcurrencyKey::Pointer(pointer.to_owned()))
+            }
+            _ => None,
+        }
+    }
+}
+
 /// The priorities a job may have: higher first, 0 when neither the call
 /// nor its tool gives one.
 pub const PRIORITIES: std::ops::RangeInclusive<i16> = -100..=100;
@@ -597,6 +638,10 @@ pub struct ToolDecl {
     /// ordered: its workers take the waiting job of highest priority first,
     /// and calls of its tools may give a `priority`.
     pub priority: Option<i16>,
+    /// Job and agent tools: at most so many of its jobs run at once per
+    /// key, across the fleet; the others wait in order. Declaring it makes
+    /// the tool's pool ordered, as [`ToolDecl::priority`] does.
+    pub concurrency: Option<Concurrency>,
     /// The result is MCP content: `{"content": [blocks]}` of text, image,
     /// audio and resource blocks, which MCP clients get as such (other
     /// providers get the JSON). For tools that answer pictures or files.
@@ -644,6 +689,7 @@ impl ToolDecl {
             pool: None,
             max_attempts: None,
             priority: None,
+            concurrency: None,
             content_blocks: false,
             long_poll: None,
             answered_by: AnsweredBy::Caller,
@@ -787,6 +833,13 @@ impl ToolDecl {
     /// [`ToolDecl::priority`].
     pub fn priority(mut self, priority: i16) -> Self {
         self.priority = Some(priority);
+        self
+    }
+
+    /// Job and agent tools: at most `limit` jobs running at once per `key`;
+    /// see [`ToolDecl::concurrency`].
+    pub fn concurrency(mut self, limit: u32, key: ConcurrencyKey) -> Self {
+        self.concurrency = Some(Concurrency { limit, key });
         self
     }
 

@@ -155,6 +155,8 @@ impl Fleet for Dispatcher {
                 now: now_ms(),
                 run_at: ctx.run_at,
                 priority: job.priority,
+                concurrency_key: job.concurrency.as_ref().map(|(key, _)| key.clone()),
+                concurrency_limit: job.concurrency.as_ref().map(|(_, limit)| *limit),
                 origin: Some(self.outbox.origin().to_owned()),
             };
             let inserted = self.store.insert_job(new).await.map_err(store_error)?;

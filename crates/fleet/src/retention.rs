@@ -155,6 +155,8 @@ mod tests {
             now: at,
             run_at: None,
             priority: None,
+            concurrency_key: None,
+            concurrency_limit: None,
             origin: None,
         };
         store.insert_job(job).await.expect("insert");

@@ -260,6 +260,8 @@ pub async fn enqueue_loop(
         now: now_ms(),
         run_at: None,
         priority: None,
+        concurrency_key: None,
+        concurrency_limit: None,
         origin: None,
     };
     let inserted = store.insert_job(job).await?;

@@ -377,6 +377,9 @@ mod tests {
         async fn list_jobs(&self, _: ListJobs<'_>) -> Result<JobPage, StoreError> {
             unreachable!()
         }
+        async fn running_with_key(&self, _: &str, _: i64) -> Result<u32, StoreError> {
+            unreachable!()
+        }
         async fn claim_next(
             &self,
             _: toolfleet_store::ClaimNext<'_>,

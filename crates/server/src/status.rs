@@ -60,10 +60,34 @@ impl Status {
     /// its envelope, if `principal` may read its result.
     pub async fn get_job(&self, principal: &Principal, id: &str, wait: Duration) -> Envelope {
         match self.wait_settled(principal, id, wait).await {
-            Ok(Some(job)) => self.answer(principal, &job),
+            Ok(Some(job)) => {
+                self.waiting_for_key(&job, self.answer(principal, &job))
+                    .await
+            }
             Ok(None) => Envelope::error(missing(id)),
             Err(error) => Envelope::error(error),
         }
+    }
+
+    /// `envelope`, of a queued `job`, saying it waits for its concurrency
+    /// key when as many of its key run as its tool allows.
+    async fn waiting_for_key(&self, job: &JobRecord, mut envelope: Envelope) -> Envelope {
+        let (Some(key), Some(limit)) = (&job.concurrency_key, job.concurrency_limit) else {
+            return envelope;
+        };
+        if job.state != toolfleet_core::JobState::Queued {
+            return envelope;
+        }
+        let full = matches!(
+            self.store.running_with_key(key, toolfleet_core::now_ms()).await,
+            Ok(running) if running >= limit
+        );
+        if let Envelope::Running { waiting_for, .. } = &mut envelope
+            && full
+        {
+            *waiting_for = Some("concurrency_key".to_owned());
+        }
+        envelope
     }
 
     /// What `principal` reads of `job`: its envelope, or why its result is

@@ -40,6 +40,8 @@ pub(crate) fn new_job(callback_url: Option<&str>, now: i64) -> NewJob {
         now,
         run_at: None,
         priority: None,
+        concurrency_key: None,
+        concurrency_limit: None,
         origin: None,
     }
 }
@@ -94,6 +96,8 @@ pub(crate) fn record_of(job: NewJob) -> JobRecord {
         trace: job.trace,
         requeues: 0,
         priority: job.priority,
+        concurrency_key: job.concurrency_key,
+        concurrency_limit: job.concurrency_limit,
         created_at: job.now,
         updated_at: job.now,
     }

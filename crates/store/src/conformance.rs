@@ -123,6 +123,7 @@ macro_rules! store_conformance {
             prune_deletes_only_what_settled_before_its_time,
             a_token_bucket_lets_its_burst_then_its_rate_through,
             claim_next_takes_the_highest_priority_first_then_in_order,
+            claim_next_holds_each_concurrency_key_to_its_limit,
             a_schedule_moves_one_tick_at_a_time_by_compare_and_set,
         );
     };
@@ -163,6 +164,8 @@ fn job_for(tenant: &str, tool: &str, args: Value, key: Option<&str>, now: i64) -
         now,
         run_at: None,
         priority: None,
+        concurrency_key: None,
+        concurrency_limit: None,
         origin: None,
     }
 }
@@ -3262,4 +3265,102 @@ pub async fn claim_next_takes_the_highest_priority_first_then_in_order(store: &d
         .0;
     let left = store.job_by_id(unordered).await.unwrap().unwrap();
     assert_eq!((left.state, left.priority), (JobState::Queued, None));
+}
+
+/// `claim_next` takes a job with a concurrency key only while fewer than
+/// its limit of its key run with a lease that holds: the others wait,
+/// queued and in order, and are taken when a job of their key settles or
+/// when a holder's lease expires; other keys and jobs without a key are
+/// taken meanwhile.
+pub async fn claim_next_holds_each_concurrency_key_to_its_limit(store: &dyn Store) {
+    use crate::ClaimNext;
+    let tenant = tenant();
+    let pool = format!("keyed-{}", new_id());
+    let key = format!("sync\u{1f}{tenant}\u{1f}\"acct-1\"");
+    let other = format!("sync\u{1f}{tenant}\u{1f}\"acct-2\"");
+    let make = |k: Option<(&str, u32)>, now: i64| NewJob {
+        pool: pool.clone(),
+        priority: Some(0),
+        concurrency_key: k.map(|(key, _)| key.to_owned()),
+        concurrency_limit: k.map(|(_, limit)| limit),
+        ..job_for(&tenant, "sync", json!({}), None, now)
+    };
+    let mut names = std::collections::HashMap::new();
+    for (name, k, now) in [
+        ("k1", Some((key.as_str(), 2)), BASE + 1),
+        ("k2", Some((key.as_str(), 2)), BASE + 2),
+        ("k3", Some((key.as_str(), 2)), BASE + 3),
+        ("k4", Some((key.as_str(), 2)), BASE + 4),
+        ("m1", Some((other.as_str(), 1)), BASE + 5),
+        ("m2", Some((other.as_str(), 1)), BASE + 6),
+        ("free", None, BASE + 7),
+    ] {
+        let job = insert(store, make(k, now)).await;
+        assert_eq!(job.concurrency_key.as_deref(), k.map(|(key, _)| key));
+        assert_eq!(job.concurrency_limit, k.map(|(_, limit)| limit));
+        names.insert(job.id, name);
+    }
+    let next = |now: i64| {
+        let pool = pool.clone();
+        async move {
+            store
+                .claim_next(ClaimNext {
+                    pool: &pool,
+                    worker: "w1",
+                    now,
+                    lease_ms: LEASE,
+                })
+                .await
+                .expect("claim_next")
+        }
+    };
+    let mut held = Vec::new();
+    while let Some(job) = next(BASE + 10).await {
+        held.push(job);
+    }
+    let order: Vec<&str> = held.iter().map(|job| names[&job.id]).collect();
+    assert_eq!(order, ["k1", "k2", "m1", "free"], "each key to its limit");
+    let running = |k: String, now: i64| async move {
+        store
+            .running_with_key(&k, now)
+            .await
+            .expect("running_with_key")
+    };
+    assert_eq!(running(key.clone(), BASE + 10).await, 2);
+    assert_eq!(running(other.clone(), BASE + 10).await, 1);
+    let k3 = names.iter().find(|(_, n)| **n == "k3").unwrap().0.clone();
+    let waiting = store.job_by_id(&k3).await.unwrap().unwrap();
+    assert_eq!(
+        waiting.state,
+        JobState::Queued,
+        "waiting for its key, queued"
+    );
+
+    succeed(store, &holder(&held[0]), &result_doc(), BASE + 20)
+        .await
+        .expect("k1 settles");
+    let freed = next(BASE + 20).await.expect("k1's slot is free");
+    assert_eq!(names[&freed.id], "k3", "the next of its key, in order");
+    assert!(
+        next(BASE + 20).await.is_none(),
+        "k4 and m2 wait for their keys"
+    );
+
+    // Every lease expires: the holders are taken over first (the earliest
+    // due), and the keys' limits hold among the new attempts.
+    let later = BASE + 20 + LEASE + 1;
+    assert_eq!(
+        running(key.clone(), later).await,
+        0,
+        "an expired lease frees its slot"
+    );
+    let mut again = Vec::new();
+    while let Some(job) = next(later).await {
+        again.push((names[&job.id], job.attempts));
+    }
+    assert_eq!(
+        again,
+        [("k2", 2), ("k3", 2), ("m1", 2), ("free", 2)],
+        "taken over, each key to its limit again"
+    );
 }

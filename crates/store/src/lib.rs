@@ -108,6 +108,12 @@ pub struct NewJob {
     /// The job's priority in an ordered pool, whose workers claim the
     /// highest first ([`Store::claim_next`]); `None` in other pools.
     pub priority: Option<i16>,
+    /// The key the job counts under for its tool's concurrency limit:
+    /// [`Store::claim_next`] takes it only while fewer than
+    /// `concurrency_limit` jobs of the key run.
+    pub concurrency_key: Option<String>,
+    /// The most jobs of `concurrency_key` running at once.
+    pub concurrency_limit: Option<u32>,
     /// The dispatcher that publishes the job's first message: a process
     /// that answers `running` before that publish is confirmed names itself
     /// here and beats ([`Store::beat_dispatcher`]), so that another finds
@@ -218,6 +224,12 @@ pub struct JobRecord {
     /// The [`NewJob::priority`] it was made with.
     #[serde(default)]
     pub priority: Option<i16>,
+    /// The [`NewJob::concurrency_key`] it was made with.
+    #[serde(default)]
+    pub concurrency_key: Option<String>,
+    /// The [`NewJob::concurrency_limit`] it was made with.
+    #[serde(default)]
+    pub concurrency_limit: Option<u32>,
     /// When the job was recorded, in Unix milliseconds.
     pub created_at: i64,
     /// When the job was last written (a transition, heartbeat, progress or
@@ -829,11 +841,17 @@ pub trait Store: Send + Sync + 'static {
     /// that comes next: of every claimable job there (queued, due
     /// scheduled or retrying, running with an expired lease) whose
     /// priority is set, the highest priority, then the earliest due, then
-    /// the smallest id. A worker of an ordered pool claims this way on
+    /// the smallest id, of those without a concurrency key or whose key has
+    /// fewer than its limit running with a lease that holds (a job whose
+    /// key is full waits, queued, until a slot frees). A worker of an
+    /// ordered pool claims this way on
     /// each message it gets, whichever job the message names: each job has
     /// a message, so each is claimed by one. `None` when no job there is
     /// claimable.
     async fn claim_next(&self, claim: ClaimNext<'_>) -> Result<Option<JobRecord>, StoreError>;
+    /// How many jobs of concurrency key `key` run with a lease that holds
+    /// at `now`: those [`Store::claim_next`] counts against its limit.
+    async fn running_with_key(&self, key: &str, now: i64) -> Result<u32, StoreError>;
     /// Extends the lease of a running job while `beat.lease` holds it;
     /// [`Lease::Lost`] once another attempt does (or it settled),
     /// [`Lease::Cancelled`] once it was cancelled.

@@ -165,6 +165,14 @@ pub(crate) fn job(f: &impl Columns) -> Result<JobRecord, StoreError> {
         ),
         requeues: f.int("requeues")?,
         priority: f.small_opt("priority")?,
+        concurrency_key: f.string_opt("concurrency_key")?,
+        concurrency_limit: f
+            .integer_opt("concurrency_limit")?
+            .map(|n| {
+                u32::try_from(n)
+                    .map_err(|_| f.corrupt("concurrency_limit", format!("{n} is out of range")))
+            })
+            .transpose()?,
         created_at: f.integer("created_at")?,
         updated_at: f.integer("updated_at")?,
     })

@@ -67,10 +67,12 @@ mod sql {
     pub(super) const INSERT_JOB: &str = "
         INSERT INTO jobs (id, tenant, user, tool, pool, args, state, attempts, max_attempts,
             timeout_ms, run_at, idempotency_key, run_id, call_id, callback_url, lineage, scopes,
-            traceparent, tracestate, origin, priority, created_at, updated_at)
+            traceparent, tracestate, origin, priority, concurrency_key, concurrency_limit,
+            created_at, updated_at)
         VALUES (:id, :tenant, :user, :tool, :pool, :args, :state, 0, :max_attempts,
             :timeout_ms, :run_at, :key, :run_id, :call_id, :callback_url, :lineage, :scopes,
-            :traceparent, :tracestate, :origin, :priority, :now, :now)
+            :traceparent, :tracestate, :origin, :priority, :concurrency_key, :concurrency_limit,
+            :now, :now)
         ON CONFLICT DO NOTHING
         RETURNING *";
 
@@ -108,7 +110,10 @@ mod sql {
 
     /// [`CLAIM`] of the next job of the ordered pool ?1 off `jobs_ordered`
     /// (its predicate repeated, so SQLite uses it): the highest priority,
-    /// then the earliest due, then the smallest id.
+    /// then the earliest due, then the smallest id, of the jobs without a
+    /// concurrency key and those whose key has fewer than its limit running
+    /// with a lease that holds (off `jobs_keyed`). One statement under
+    /// SQLite's one writer: no two claims count the same free slot.
     pub(super) static CLAIM_NEXT: Built = LazyLock::new(|| {
         format!(
             "
@@ -121,6 +126,11 @@ mod sql {
               AND state IN ('queued', 'scheduled', 'retrying', 'running')
               AND ((state IN {claimed} AND run_at <= ?3)
                    OR (state IN {taken} AND lease_until < ?3))
+              AND (concurrency_key IS NULL OR concurrency_limit > (
+                  SELECT count(*) FROM jobs r INDEXED BY jobs_keyed
+                  WHERE r.concurrency_key = jobs.concurrency_key
+                    AND r.concurrency_key IS NOT NULL AND r.state = 'running'
+                    AND r.lease_until >= ?3))
             ORDER BY priority DESC, run_at, id LIMIT 1)
         RETURNING *",
             running = Transition::Claim.to(),
@@ -998,6 +1008,8 @@ fn insert_job(
         ":state": state.as_str(),
         ":run_at": run_at,
         ":priority": job.priority,
+        ":concurrency_key": job.concurrency_key,
+        ":concurrency_limit": job.concurrency_limit,
     };
     if let Some(created) = query_one(c, sql::INSERT_JOB, params, job_from_row)? {
         return Ok(Inserted::Created(created));
@@ -1498,6 +1510,20 @@ impl Store for SqliteStore {
                 params![id, worker, now, until],
                 job_from_row,
             )
+        })
+        .await
+    }
+
+    async fn running_with_key(&self, key: &str, now: i64) -> Result<u32, StoreError> {
+        let key = key.to_owned();
+        self.call(move |c| {
+            let n: i64 = c.query_row(
+                "SELECT count(*) FROM jobs INDEXED BY jobs_keyed WHERE concurrency_key = ?1
+                    AND concurrency_key IS NOT NULL AND state = 'running' AND lease_until >= ?2",
+                params![key, now],
+                |row| row.get(0),
+            )?;
+            Ok(u32::try_from(n).unwrap_or(u32::MAX))
         })
         .await
     }

@@ -36,6 +36,7 @@ impl JobRecord {
                 progress: self.progress.clone(),
                 run_at: (state == JobState::Scheduled)
                     .then(|| toolfleet_core::iso8601(self.run_at)),
+                waiting_for: None,
             },
         }
     }

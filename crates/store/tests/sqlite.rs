@@ -68,6 +68,8 @@ fn job(tenant: &str) -> NewJob {
         now: 1_700_000_000_000,
         run_at: None,
         priority: None,
+        concurrency_key: None,
+        concurrency_limit: None,
         origin: None,
     }
 }

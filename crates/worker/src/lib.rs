@@ -390,9 +390,15 @@ impl Worker {
                 lease_ms,
             };
             match self.store.claim_next(next).await {
-                // No job of the pool carries a priority: the message's own
-                // job, made before the pool was ordered, is claimed by id.
-                Ok(None) => self.store.claim(by_id).await,
+                // Nothing of the pool's ordered jobs is claimable: the
+                // message's own job, if it carries no priority (made before
+                // the pool was ordered), is claimed by id. One with a
+                // priority is left to claim_next: its key may be full.
+                Ok(None) => match self.store.job_by_id(job_id).await {
+                    Ok(Some(own)) if own.priority.is_none() => self.store.claim(by_id).await,
+                    Ok(_) => Ok(None),
+                    Err(error) => Err(error),
+                },
                 claimed => claimed,
             }
         } else {
@@ -442,11 +448,26 @@ impl Worker {
             worker: owner,
             attempt: job.attempts,
         };
+        let keyed = job.concurrency_key.is_some();
         let handled = self
             .run_claimed(job, &lease, claimed_at, trace, &cancel.notify)
             .instrument(span.clone())
             .await;
+        if keyed {
+            self.slot_freed(&lease.job_id).await;
+        }
         (handled, Some(span))
+    }
+
+    /// A job with a concurrency key stopped running here (settled, put
+    /// back to retry, parked or lost): a message to the pool, so that a job
+    /// waiting for its key's free slot is claimed now (any message claims
+    /// the pool's next job). Lost, the sweeper's pass publishes the waiting
+    /// job again.
+    async fn slot_freed(&self, job_id: &str) {
+        if let Err(error) = self.broker.publish(&self.config.pool, job_id).await {
+            tracing::warn!(job_id = %job_id, %error, "a freed slot's message was not published; left to the sweeper");
+        }
     }
 
     /// Runs a job this worker has just claimed as `lease`, in the trace `trace`.

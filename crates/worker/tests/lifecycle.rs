@@ -125,6 +125,8 @@ impl Rig {
                 now: now_ms(),
                 run_at: None,
                 priority: None,
+                concurrency_key: None,
+                concurrency_limit: None,
                 origin: None,
             })
             .await
@@ -869,6 +871,8 @@ async fn a_jobs_lineage_and_its_callers_scopes_reach_its_executor() {
             now: now_ms(),
             run_at: None,
             priority: None,
+            concurrency_key: None,
+            concurrency_limit: None,
             origin: None,
         })
         .await

@@ -70,6 +70,8 @@ async fn insert_at(store: &dyn Store, tool: &str, max_attempts: u32, now: i64) -
             now,
             run_at: None,
             priority: None,
+            concurrency_key: None,
+            concurrency_limit: None,
             origin: None,
         })
         .await

@@ -221,6 +221,8 @@ async fn a_job_made_before_its_pool_was_ordered_still_runs() {
         now,
         run_at: None,
         priority: None,
+        concurrency_key: None,
+        concurrency_limit: None,
         origin: None,
     };
     let Inserted::Created(old) = rig.store.insert_job(old).await.unwrap() else {

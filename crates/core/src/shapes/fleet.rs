@@ -34,6 +34,10 @@ pub struct JobRequest {
     /// The job's priority, in an ordered pool (the call's, else its
     /// tool's, else 0); `None` in a pool that is not ordered.
     pub priority: Option<i16>,
+    /// Its tool's concurrency limit: the key the job counts under (tool,
+    /// tenant and the declared key's value) and the most running at once
+    /// under it.
+    pub concurrency: Option<(String, u32)>,
 }
 
 /// A question for a person.

@@ -124,6 +124,11 @@ async fn insert_many(pool: Pool, place: Arc<str>, jobs: Vec<Insert>) -> Answers<
             .iter()
             .map(|i| i.job.priority)
             .collect::<Vec<Option<i16>>>(),
+        &optional(|i| i.job.concurrency_key.as_deref()),
+        &jobs
+            .iter()
+            .map(|i| i.job.concurrency_limit.map(i64::from))
+            .collect::<Vec<Option<i64>>>(),
     ];
     let stmt = c.prepare_cached(statements::INSERT_MANY).await?;
     let mut created: HashMap<String, Result<JobRecord, StoreError>> = HashMap::new();

@@ -31,7 +31,8 @@ macro_rules! job_columns {
         r#"id, tenant, "user", tool, pool, args, state, attempts, max_attempts,
             timeout_ms, run_at, lease_owner, lease_until, progress, result, error,
             idempotency_key, run_id, call_id, callback_url, lineage, scopes,
-            traceparent, tracestate, requeues, priority, created_at, updated_at"#
+            traceparent, tracestate, requeues, priority, concurrency_key, concurrency_limit,
+            created_at, updated_at"#
     };
 }
 
@@ -56,9 +57,10 @@ pub(super) const INSERT_JOB: &str = concat!(
     r#"
         INSERT INTO jobs (id, tenant, "user", tool, pool, args, state, attempts, max_attempts,
             timeout_ms, run_at, idempotency_key, run_id, call_id, callback_url, lineage,
-            scopes, traceparent, tracestate, origin, priority, created_at, updated_at)
+            scopes, traceparent, tracestate, origin, priority, concurrency_key, concurrency_limit,
+            created_at, updated_at)
         VALUES ($1, $2, $3, $4, $5, $6, $19, 0, $7,
-            $8, $20, $10, $11, $12, $13, $14, $15, $16, $17, $18, $21, $9, $9)
+            $8, $20, $10, $11, $12, $13, $14, $15, $16, $17, $18, $21, $22, $23, $9, $9)
         ON CONFLICT DO NOTHING
         RETURNING "#,
     job_columns!()
@@ -71,17 +73,19 @@ pub(super) const INSERT_MANY: &str = concat!(
     r#"
         INSERT INTO jobs (id, tenant, "user", tool, pool, args, state, attempts, max_attempts,
             timeout_ms, run_at, idempotency_key, run_id, call_id, callback_url, lineage,
-            scopes, traceparent, tracestate, origin, priority, created_at, updated_at)
+            scopes, traceparent, tracestate, origin, priority, concurrency_key, concurrency_limit,
+            created_at, updated_at)
         SELECT id, tenant, "user", tool, pool, args, state, 0, max_attempts,
             timeout_ms, run_at, idempotency_key, run_id, call_id, callback_url, lineage, scopes,
-            traceparent, tracestate, origin, priority, now, now
+            traceparent, tracestate, origin, priority, concurrency_key, concurrency_limit, now, now
         FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
             $7::bigint[], $8::bigint[], $9::bigint[], $10::text[], $11::text[], $12::text[],
             $13::text[], $14::text[], $15::text[], $16::text[], $17::text[], $18::text[],
-            $19::text[], $20::bigint[], $21::smallint[])
+            $19::text[], $20::bigint[], $21::smallint[], $22::text[], $23::bigint[])
             WITH ORDINALITY AS n(id, tenant, "user", tool, pool, args, max_attempts,
             timeout_ms, now, idempotency_key, run_id, call_id, callback_url, lineage, scopes,
-            traceparent, tracestate, origin, state, run_at, priority, ord)
+            traceparent, tracestate, origin, state, run_at, priority, concurrency_key,
+            concurrency_limit, ord)
         ORDER BY ord
         ON CONFLICT DO NOTHING
         RETURNING "#,
@@ -785,7 +789,11 @@ pub(super) const SCHEDULE_PAUSE: &str =
 /// `claim` or `take_over` of the next job of the ordered pool `$1`
 /// (`$2` the lease owner, `$3` now, `$4` the lease's end) off
 /// `jobs_ordered` (migration 18): the highest priority, then the earliest
-/// due, then the smallest id; a row another claim holds is skipped.
+/// due, then the smallest id, of the jobs without a concurrency key and
+/// those whose key has fewer than its limit running with a lease that
+/// holds (counted off `jobs_keyed`, migration 19); a row another claim
+/// holds is skipped. Run after [`LOCK_POOL`] in one transaction, so that
+/// two claims never both count a key's last free slot.
 pub(super) static CLAIM_NEXT: Built = LazyLock::new(|| {
     format!(
         concat!(
@@ -798,6 +806,10 @@ pub(super) static CLAIM_NEXT: Built = LazyLock::new(|| {
                   AND state IN ('queued', 'scheduled', 'retrying', 'running')
                   AND ((state IN {claimed} AND run_at <= $3)
                        OR (state IN {taken} AND lease_until < $3))
+                  AND (concurrency_key IS NULL OR concurrency_limit > (
+                      SELECT count(*) FROM jobs r
+                      WHERE r.concurrency_key = jobs.concurrency_key AND r.state = '{running}'
+                        AND r.lease_until >= $3))
                 ORDER BY priority DESC, run_at, id LIMIT 1
                 FOR UPDATE SKIP LOCKED)
             RETURNING ",
@@ -806,5 +818,18 @@ pub(super) static CLAIM_NEXT: Built = LazyLock::new(|| {
         running = Transition::Claim.to(),
         claimed = sql_list(Transition::Claim.from()),
         taken = sql_list(Transition::TakeOver.from()),
+    )
+});
+
+/// Serialises the claims of ordered pool `$1` until the transaction ends.
+pub(super) const LOCK_POOL: &str =
+    "SELECT pg_advisory_xact_lock(hashtextextended('toolfleet.claim_next:' || $1, 0))";
+
+/// How many jobs of concurrency key `$1` run with a lease that holds at `$2`.
+pub(super) static RUNNING_WITH_KEY: Built = LazyLock::new(|| {
+    format!(
+        "SELECT count(*) AS n FROM jobs WHERE concurrency_key = $1 AND state = '{running}'
+            AND lease_until >= $2",
+        running = Transition::Claim.to()
     )
 });

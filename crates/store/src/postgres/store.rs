@@ -96,6 +96,8 @@ pub(super) async fn insert_job(c: &ClientWrapper, insert: &Insert) -> Result<Ins
         &insert.state,
         &insert.run_at,
         &job.priority,
+        &job.concurrency_key,
+        &job.concurrency_limit.map(i64::from),
     ];
     if let Some(created) = query_one(c, statements::INSERT_JOB, params, job_from_row).await? {
         return Ok(Inserted::Created(created));
@@ -504,10 +506,25 @@ impl Store for PgStore {
     }
 
     async fn claim_next(&self, claim: ClaimNext<'_>) -> Result<Option<JobRecord>, StoreError> {
-        let c = self.client().await?;
+        let mut c = self.client().await?;
         let until = claim.now.saturating_add(claim.lease_ms);
-        let params: Params<'_> = &[&claim.pool, &claim.worker, &claim.now, &until];
-        query_one(&c, &statements::CLAIM_NEXT, params, job_from_row).await
+        let lock = c.prepare_cached(statements::LOCK_POOL).await?;
+        let next = c.prepare_cached(&statements::CLAIM_NEXT).await?;
+        let tx = c.transaction().await?;
+        tx.execute(&lock, &[&claim.pool]).await?;
+        let row = tx
+            .query_opt(&next, &[&claim.pool, &claim.worker, &claim.now, &until])
+            .await?;
+        tx.commit().await?;
+        row.as_ref().map(job_from_row).transpose()
+    }
+
+    async fn running_with_key(&self, key: &str, now: i64) -> Result<u32, StoreError> {
+        let c = self.client().await?;
+        let stmt = c.prepare_cached(&statements::RUNNING_WITH_KEY).await?;
+        let row = c.query_one(&stmt, &[&key, &now]).await?;
+        let n: i64 = Fields::named(&row, "jobs", key).get("n")?;
+        Ok(u32::try_from(n).unwrap_or(u32::MAX))
     }
 
     async fn claim(&self, claim: ClaimJob<'_>) -> Result<Option<JobRecord>, StoreError> {

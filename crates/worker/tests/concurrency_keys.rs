@@ -1,0 +1,148 @@
+//! Concurrency keys through the in-process path: a tool declaring at most
+//! 2 running jobs per account never runs a third of one account, whatever
+//! the worker's slots, runs other accounts meanwhile, and finishes every
+//! job; a call without the key's argument is refused.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::sync::watch;
+use toolfleet_broker::memory::{MemoryBroker, MemoryNotices};
+use toolfleet_core::{
+    CallCtx, ConcurrencyKey, Envelope, ErrorCode, JobState, Principal, Runtime, ToolDecl, ToolError,
+};
+use toolfleet_fleet::Dispatcher;
+use toolfleet_store::Store;
+use toolfleet_store::sqlite::SqliteStore;
+use toolfleet_worker::{Worker, WorkerConfig};
+
+const POOL: &str = "sync";
+
+/// Per account: running now, and the most at once.
+type Counts = Arc<Mutex<HashMap<String, (u32, u32)>>>;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_most_the_limit_of_one_key_runs_at_once_and_every_job_finishes() {
+    let store: Arc<dyn Store> = Arc::new(SqliteStore::open_in_memory().await.unwrap());
+    let broker = MemoryBroker::new();
+    let notices = MemoryNotices::new();
+    let dispatcher = Dispatcher::new(
+        store.clone(),
+        Arc::new(broker.clone()),
+        Arc::new(notices.clone()),
+    );
+    let mut runtime = Runtime::builder().fleet(Arc::new(dispatcher)).build();
+    let counts: Counts = Arc::default();
+    let seen = counts.clone();
+    let sync = ToolDecl::job("sync")
+        .pool(POOL)
+        .input_schema(json!({
+            "type": "object",
+            "properties": {"account": {"type": "string"}},
+            "required": ["account"]
+        }))
+        .concurrency(2, ConcurrencyKey::Pointer("/account".to_owned()))
+        .run(move |_ctx: CallCtx, args: Value| {
+            let seen = seen.clone();
+            async move {
+                let account = args["account"].as_str().unwrap_or_default().to_owned();
+                {
+                    let mut counts = seen.lock().unwrap();
+                    let entry = counts.entry(account.clone()).or_insert((0, 0));
+                    entry.0 += 1;
+                    entry.1 = entry.1.max(entry.0);
+                }
+                tokio::time::sleep(Duration::from_millis(30)).await;
+                seen.lock().unwrap().get_mut(&account).unwrap().0 -= 1;
+                Ok::<_, ToolError>(json!({}))
+            }
+        });
+    runtime.register(sync).expect("the tool registers");
+    assert!(
+        runtime.is_ordered(POOL),
+        "a concurrency limit orders its pool"
+    );
+    let runtime = Arc::new(runtime);
+    let mut config = WorkerConfig::new(POOL);
+    config.concurrency = 8;
+    config.ordered = true;
+    let worker = Worker::new(
+        config,
+        runtime.clone(),
+        store.clone(),
+        Arc::new(broker),
+        Arc::new(notices),
+    );
+    let principal = Arc::new(Principal::new("acme", "alice", Vec::<String>::new()));
+    let mut ids = Vec::new();
+    for n in 0..30 {
+        let account = ["a", "b", "c"][n % 3];
+        let ctx = CallCtx::new(principal.clone());
+        match runtime
+            .invoke("sync", json!({"account": account}), &ctx)
+            .await
+        {
+            Envelope::Running { job_id, .. } => ids.push(job_id),
+            other => panic!("{other:?}"),
+        }
+    }
+    let missing = runtime
+        .invoke("sync", json!({}), &CallCtx::new(principal.clone()))
+        .await;
+    match missing {
+        Envelope::Error { error, .. } => {
+            assert_eq!(error.code, ErrorCode::InvalidArguments);
+        }
+        other => panic!("{other:?}"),
+    }
+    let (stop, stopped) = watch::channel(false);
+    tokio::spawn(worker.run(stopped, Duration::from_secs(1)));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    for id in &ids {
+        while store.job_by_id(id).await.unwrap().unwrap().state != JobState::Succeeded {
+            assert!(tokio::time::Instant::now() < deadline, "job {id} never ran");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    let counts = counts.lock().unwrap().clone();
+    assert_eq!(counts.len(), 3);
+    for (account, (now, most)) in &counts {
+        assert_eq!(*now, 0, "{account}");
+        assert!(*most <= 2, "account {account} ran {most} at once");
+    }
+    assert!(
+        counts.values().any(|(_, most)| *most == 2),
+        "the limit is reached, not undercut: {counts:?}"
+    );
+    let _ = stop.send(true);
+}
+
+#[test]
+fn a_concurrency_key_is_refused_where_it_cannot_count() {
+    let job = |decl: ToolDecl| {
+        decl.run(|_ctx: CallCtx, _args: Value| async move { Ok::<_, ToolError>(json!({})) })
+    };
+    let mut runtime = Runtime::builder().build();
+    let nowhere = job(ToolDecl::job("j1")
+        .input_schema(json!({"type": "object", "properties": {"account": {"type": "string"}}}))
+        .concurrency(2, ConcurrencyKey::Pointer("/acount".to_owned())));
+    let error = runtime.register(nowhere).unwrap_err();
+    assert_eq!(error.rule, "concurrency");
+    assert!(
+        error.message.contains("points into nothing"),
+        "{}",
+        error.message
+    );
+    let zero = job(ToolDecl::job("j2").concurrency(0, ConcurrencyKey::Tenant));
+    assert_eq!(runtime.register(zero).unwrap_err().rule, "concurrency");
+    let query = job(ToolDecl::query("q").concurrency(1, ConcurrencyKey::User));
+    assert_eq!(runtime.register(query).unwrap_err().rule, "concurrency");
+    assert_eq!(
+        ConcurrencyKey::parse("tenant"),
+        Some(ConcurrencyKey::Tenant)
+    );
+    assert_eq!(ConcurrencyKey::parse("user"), Some(ConcurrencyKey::User));
+    assert_eq!(ConcurrencyKey::parse("account"), None);
+}
