@@ -253,6 +253,10 @@ pub(crate) struct Config {
     /// `jobs_per_message` says (pools of long jobs); agents' pools always do.
     #[serde(default)]
     pub one_job_per_message: Vec<String>,
+    /// Pools whose waiting jobs are taken in turns by tenant, so that one
+    /// tenant's backlog cannot starve another's jobs.
+    #[serde(default)]
+    pub fair_share: Vec<String>,
     /// How settled work is announced across processes; see
     /// [`toolfleet_fleet::backends::Settings::notices_backend`] for the default.
     pub notices: Option<NoticesBackend>,
@@ -596,6 +600,14 @@ database_ca_file = "/etc/toolfleet/db-ca.pem"
 broker_url = "amqp://y"
 broker_ca_file = "/etc/toolfleet/rabbit-ca.pem"
 include = ["more.toml"]
+fair_share = ["crawl"]
+
+[[schedules]]
+name = "nightly"
+cron = "0 3 * * *"
+timezone = "Europe/Berlin"
+tool = "t"
+principal = { tenant = "acme", user = "alice" }
 
 [[auth.tokens]]
 sha256 = "ab"
@@ -647,6 +659,9 @@ input_schema_file = "schemas/t.json"
         assert!(globex.secret.is_some());
         assert_eq!(config.tools[0].1, PathBuf::from("/etc/toolfleet"));
         assert_eq!(config.include, [PathBuf::from("more.toml")]);
+        assert_eq!(config.fair_share, ["crawl"]);
+        assert_eq!(config.schedules[0].name, "nightly");
+        assert_eq!(config.schedules[0].timezone, "Europe/Berlin");
         let typo = Config::parse("lisen = \"x\"", Path::new("t.toml")).unwrap_err();
         assert!(typo.contains("lisen"), "{typo}");
     }

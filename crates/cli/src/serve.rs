@@ -320,7 +320,10 @@ async fn open_shared(
         .with_horizon(horizon);
     let outbox = dispatcher.outbox();
     let mut runtime = Runtime::builder()
-        .config(RuntimeConfig::default())
+        .config(RuntimeConfig {
+            fair_share: config.fair_share.iter().cloned().collect(),
+            ..RuntimeConfig::default()
+        })
         .secret(signing_key(config)?)
         .metrics(metrics.clone())
         .fleet(Arc::new(dispatcher))

@@ -53,6 +53,9 @@ pub struct RuntimeConfig {
     pub default_job_timeout: Duration,
     /// Entries in the read cache.
     pub cache_capacity: usize,
+    /// Pools whose waiting jobs are taken in turns by tenant: ordered pools
+    /// where one tenant's backlog cannot starve another's jobs.
+    pub fair_share: std::collections::BTreeSet<String>,
 }
 
 impl Default for RuntimeConfig {
@@ -67,6 +70,7 @@ impl Default for RuntimeConfig {
             default_max_attempts: 3,
             default_job_timeout: Duration::from_secs(15 * 60),
             cache_capacity: 10_000,
+            fair_share: Default::default(),
         }
     }
 }
@@ -244,7 +248,15 @@ impl Runtime {
     /// highest priority first ([`Store::claim_next`](crate) in the
     /// worker), and calls of its tools may give a priority.
     pub fn is_ordered(&self, pool: &str) -> bool {
-        self.ordered.contains(pool)
+        self.ordered.contains(pool) || self.is_fair(pool)
+    }
+
+    /// True when `pool` shares its workers fairly between tenants
+    /// (`fair_share`): within a priority, each tenant's next job takes its
+    /// turn, so one tenant's backlog delays another's job by a turn, not by
+    /// the backlog. A fair pool is ordered.
+    pub fn is_fair(&self, pool: &str) -> bool {
+        self.config.fair_share.contains(pool)
     }
 
     /// Registers every declaration, stopping at the first refused.
@@ -610,6 +622,7 @@ impl Runtime {
         let priority = self
             .is_ordered(&pool)
             .then(|| ctx.priority.or(decl.priority).unwrap_or(0));
+        let fair = self.is_fair(&pool);
         let concurrency = match &decl.concurrency {
             Some(declared) => match concurrency_key(tool.name(), declared, ctx, &call.args) {
                 Ok(key) => Some((key, declared.limit)),
@@ -633,6 +646,7 @@ impl Runtime {
                 .unwrap_or(self.config.default_job_timeout),
             priority,
             concurrency,
+            fair,
         };
         match self.fleet.submit(request).await {
             Ok(job_id) => Envelope::running(

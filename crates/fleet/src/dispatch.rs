@@ -136,6 +136,15 @@ impl Fleet for Dispatcher {
         let trace = placement.place(&span);
         let enqueue = async move {
             let ctx = &job.ctx;
+            // In a fair pool, the job takes its tenant's next turn.
+            let fair_rank = if job.fair {
+                self.store
+                    .fair_turn(&job.pool, &ctx.principal.tenant)
+                    .await
+                    .map_err(store_error)?
+            } else {
+                0
+            };
             let new = NewJob {
                 id,
                 tenant: ctx.principal.tenant.clone(),
@@ -157,6 +166,8 @@ impl Fleet for Dispatcher {
                 priority: job.priority,
                 concurrency_key: job.concurrency.as_ref().map(|(key, _)| key.clone()),
                 concurrency_limit: job.concurrency.as_ref().map(|(_, limit)| *limit),
+
+                fair_rank,
                 origin: Some(self.outbox.origin().to_owned()),
             };
             let inserted = self.store.insert_job(new).await.map_err(store_error)?;

@@ -157,6 +157,8 @@ mod tests {
             priority: None,
             concurrency_key: None,
             concurrency_limit: None,
+
+            fair_rank: 0,
             origin: None,
         };
         store.insert_job(job).await.expect("insert");

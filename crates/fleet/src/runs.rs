@@ -262,6 +262,8 @@ pub async fn enqueue_loop(
         priority: None,
         concurrency_key: None,
         concurrency_limit: None,
+
+        fair_rank: 0,
         origin: None,
     };
     let inserted = store.insert_job(job).await?;

@@ -380,6 +380,9 @@ mod tests {
         async fn running_with_key(&self, _: &str, _: i64) -> Result<u32, StoreError> {
             unreachable!()
         }
+        async fn fair_turn(&self, _: &str, _: &str) -> Result<i64, StoreError> {
+            unreachable!()
+        }
         async fn claim_next(
             &self,
             _: toolfleet_store::ClaimNext<'_>,

@@ -42,6 +42,8 @@ pub(crate) fn new_job(callback_url: Option<&str>, now: i64) -> NewJob {
         priority: None,
         concurrency_key: None,
         concurrency_limit: None,
+
+        fair_rank: 0,
         origin: None,
     }
 }
@@ -98,6 +100,7 @@ pub(crate) fn record_of(job: NewJob) -> JobRecord {
         priority: job.priority,
         concurrency_key: job.concurrency_key,
         concurrency_limit: job.concurrency_limit,
+        fair_rank: job.fair_rank,
         created_at: job.now,
         updated_at: job.now,
     }

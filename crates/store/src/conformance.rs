@@ -124,6 +124,7 @@ macro_rules! store_conformance {
             a_token_bucket_lets_its_burst_then_its_rate_through,
             claim_next_takes_the_highest_priority_first_then_in_order,
             claim_next_holds_each_concurrency_key_to_its_limit,
+            fair_turns_let_a_newcomer_in_within_a_turn,
             a_schedule_moves_one_tick_at_a_time_by_compare_and_set,
         );
     };
@@ -166,6 +167,8 @@ fn job_for(tenant: &str, tool: &str, args: Value, key: Option<&str>, now: i64) -
         priority: None,
         concurrency_key: None,
         concurrency_limit: None,
+
+        fair_rank: 0,
         origin: None,
     }
 }
@@ -3362,5 +3365,76 @@ pub async fn claim_next_holds_each_concurrency_key_to_its_limit(store: &dyn Stor
         again,
         [("k2", 2), ("k3", 2), ("m1", 2), ("free", 2)],
         "taken over, each key to its limit again"
+    );
+}
+
+/// In a fair pool each tenant's jobs take turns: a tenant's next turn is
+/// one past its last and past the pool's clock (the turn claimed last), so
+/// a tenant that comes while another has a backlog is taken within a turn;
+/// a higher priority still comes first.
+pub async fn fair_turns_let_a_newcomer_in_within_a_turn(store: &dyn Store) {
+    use crate::ClaimNext;
+    let pool = format!("fair-{}", new_id());
+    let (a, b) = (tenant(), tenant());
+    let mut names = std::collections::HashMap::new();
+    let mut now = BASE;
+    let mut add = |tenant: &str, name: &str, priority: i16| {
+        now += 1;
+        let (tenant, name, pool, at) = (tenant.to_owned(), name.to_owned(), pool.clone(), now);
+        async move {
+            let rank = store.fair_turn(&pool, &tenant).await.expect("fair_turn");
+            let job = NewJob {
+                pool,
+                priority: Some(priority),
+                fair_rank: rank,
+                ..job_for(&tenant, "crawl", json!({}), None, at)
+            };
+            (insert(store, job).await, name, rank)
+        }
+    };
+    let mut ranks = Vec::new();
+    for n in 1..=6 {
+        let (job, name, rank) = add(&a, &format!("a{n}"), 0).await;
+        names.insert(job.id, name);
+        ranks.push(rank);
+    }
+    assert_eq!(
+        ranks,
+        [1, 2, 3, 4, 5, 6],
+        "a tenant's turns follow each other"
+    );
+    let next = || {
+        let pool = pool.clone();
+        async move {
+            store
+                .claim_next(ClaimNext {
+                    pool: &pool,
+                    worker: "w1",
+                    now: BASE + 100,
+                    lease_ms: LEASE,
+                })
+                .await
+                .expect("claim_next")
+        }
+    };
+    let mut order = Vec::new();
+    for _ in 0..2 {
+        order.push(names[&next().await.expect("a job").id].clone());
+    }
+    // b comes with a's backlog of four: its turns start at the clock's.
+    for n in 1..=2 {
+        let (job, name, rank) = add(&b, &format!("b{n}"), 0).await;
+        assert_eq!(rank, 2 + n, "past the clock, not behind a's backlog");
+        names.insert(job.id, name);
+    }
+    let (urgent, name, _) = add(&b, "urgent", 5).await;
+    names.insert(urgent.id, name);
+    while let Some(job) = next().await {
+        order.push(names[&job.id].clone());
+    }
+    assert_eq!(
+        order,
+        ["a1", "a2", "urgent", "a3", "b1", "a4", "b2", "a5", "a6"],
+        "turns alternate within a priority"
     );
 }

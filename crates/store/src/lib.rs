@@ -114,6 +114,10 @@ pub struct NewJob {
     pub concurrency_key: Option<String>,
     /// The most jobs of `concurrency_key` running at once.
     pub concurrency_limit: Option<u32>,
+    /// The job's turn in a fair pool ([`Store::fair_turn`]): within a
+    /// priority, [`Store::claim_next`] takes the lowest turn first. 0 in
+    /// other pools.
+    pub fair_rank: i64,
     /// The dispatcher that publishes the job's first message: a process
     /// that answers `running` before that publish is confirmed names itself
     /// here and beats ([`Store::beat_dispatcher`]), so that another finds
@@ -230,6 +234,9 @@ pub struct JobRecord {
     /// The [`NewJob::concurrency_limit`] it was made with.
     #[serde(default)]
     pub concurrency_limit: Option<u32>,
+    /// The [`NewJob::fair_rank`] it was made with.
+    #[serde(default)]
+    pub fair_rank: i64,
     /// When the job was recorded, in Unix milliseconds.
     pub created_at: i64,
     /// When the job was last written (a transition, heartbeat, progress or
@@ -840,18 +847,25 @@ pub trait Store: Send + Sync + 'static {
     /// As [`Store::claim`], of the job of the ordered pool `claim.pool`
     /// that comes next: of every claimable job there (queued, due
     /// scheduled or retrying, running with an expired lease) whose
-    /// priority is set, the highest priority, then the earliest due, then
-    /// the smallest id, of those without a concurrency key or whose key has
-    /// fewer than its limit running with a lease that holds (a job whose
-    /// key is full waits, queued, until a slot frees). A worker of an
-    /// ordered pool claims this way on
-    /// each message it gets, whichever job the message names: each job has
-    /// a message, so each is claimed by one. `None` when no job there is
+    /// priority is set, the highest priority, then the lowest turn (a fair
+    /// pool's [`NewJob::fair_rank`], moving the pool's clock to it), then
+    /// the earliest due, then the smallest id, of those without a
+    /// concurrency key or whose key has fewer than its limit running with
+    /// a lease that holds (a job whose key is full waits, queued, until a
+    /// slot frees). A worker of an ordered pool claims this way on each
+    /// message it gets, whichever job the message names: each job has a
+    /// message, so each is claimed by one. `None` when no job there is
     /// claimable.
     async fn claim_next(&self, claim: ClaimNext<'_>) -> Result<Option<JobRecord>, StoreError>;
     /// How many jobs of concurrency key `key` run with a lease that holds
     /// at `now`: those [`Store::claim_next`] counts against its limit.
     async fn running_with_key(&self, key: &str, now: i64) -> Result<u32, StoreError>;
+    /// The next turn of `tenant` in the fair pool `pool`: one past its last
+    /// turn there, and past the pool's clock (the turn of the job
+    /// [`Store::claim_next`] took last), so a tenant that comes later is
+    /// behind a turn, not behind another's backlog. Every call answers a
+    /// turn of its own.
+    async fn fair_turn(&self, pool: &str, tenant: &str) -> Result<i64, StoreError>;
     /// Extends the lease of a running job while `beat.lease` holds it;
     /// [`Lease::Lost`] once another attempt does (or it settled),
     /// [`Lease::Cancelled`] once it was cancelled.

@@ -54,6 +54,7 @@ impl Store, for MeteredStore, error StoreError {
     fn claim(&self, claim: ClaimJob<'_>) -> Option<JobRecord>;
     fn claim_next(&self, claim: ClaimNext<'_>) -> Option<JobRecord>;
     fn running_with_key(&self, key: &str, now: i64) -> u32;
+    fn fair_turn(&self, pool: &str, tenant: &str) -> i64;
     fn heartbeat(&self, beat: Heartbeat<'_>) -> Lease;
     fn set_progress(&self, report: SetProgress<'_>) -> bool;
     fn checkpoint(&self, id: &str) -> Option<Value>;

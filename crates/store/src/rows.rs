@@ -166,6 +166,7 @@ pub(crate) fn job(f: &impl Columns) -> Result<JobRecord, StoreError> {
         requeues: f.int("requeues")?,
         priority: f.small_opt("priority")?,
         concurrency_key: f.string_opt("concurrency_key")?,
+        fair_rank: f.integer("fair_rank")?,
         concurrency_limit: f
             .integer_opt("concurrency_limit")?
             .map(|n| {

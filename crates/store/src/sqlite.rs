@@ -68,11 +68,11 @@ mod sql {
         INSERT INTO jobs (id, tenant, user, tool, pool, args, state, attempts, max_attempts,
             timeout_ms, run_at, idempotency_key, run_id, call_id, callback_url, lineage, scopes,
             traceparent, tracestate, origin, priority, concurrency_key, concurrency_limit,
-            created_at, updated_at)
+            fair_rank, created_at, updated_at)
         VALUES (:id, :tenant, :user, :tool, :pool, :args, :state, 0, :max_attempts,
             :timeout_ms, :run_at, :key, :run_id, :call_id, :callback_url, :lineage, :scopes,
             :traceparent, :tracestate, :origin, :priority, :concurrency_key, :concurrency_limit,
-            :now, :now)
+            :fair_rank, :now, :now)
         ON CONFLICT DO NOTHING
         RETURNING *";
 
@@ -131,7 +131,7 @@ mod sql {
                   WHERE r.concurrency_key = jobs.concurrency_key
                     AND r.concurrency_key IS NOT NULL AND r.state = 'running'
                     AND r.lease_until >= ?3))
-            ORDER BY priority DESC, run_at, id LIMIT 1)
+            ORDER BY priority DESC, fair_rank, run_at, id LIMIT 1)
         RETURNING *",
             running = Transition::Claim.to(),
             claimed = sql_list(Transition::Claim.from()),
@@ -608,6 +608,17 @@ mod sql {
     // Schedules (migration 18).
 
     /// Every schedule's record.
+    /// The next turn of tenant ?2 in fair pool ?1, past the pool's clock.
+    pub(super) const FAIR_TURN: &str = "INSERT INTO fair_turns (pool, tenant, rank)
+        VALUES (?1, ?2, COALESCE((SELECT rank FROM fair_clocks WHERE pool = ?1), 0) + 1)
+        ON CONFLICT (pool, tenant) DO UPDATE SET rank = MAX(fair_turns.rank,
+            COALESCE((SELECT rank FROM fair_clocks WHERE pool = ?1), 0)) + 1
+        RETURNING rank";
+
+    /// Pool ?1's clock moved on to turn ?2 (never back).
+    pub(super) const FAIR_CLOCK: &str = "INSERT INTO fair_clocks (pool, rank) VALUES (?1, ?2)
+        ON CONFLICT (pool) DO UPDATE SET rank = MAX(fair_clocks.rank, ?2)";
+
     pub(super) const SCHEDULES: &str =
         "SELECT name, last_tick, last_job, paused, updated_at FROM schedules ORDER BY name";
 
@@ -1010,6 +1021,7 @@ fn insert_job(
         ":priority": job.priority,
         ":concurrency_key": job.concurrency_key,
         ":concurrency_limit": job.concurrency_limit,
+        ":fair_rank": job.fair_rank,
     };
     if let Some(created) = query_one(c, sql::INSERT_JOB, params, job_from_row)? {
         return Ok(Inserted::Created(created));
@@ -1532,13 +1544,27 @@ impl Store for SqliteStore {
         let (pool, worker) = (claim.pool.to_owned(), claim.worker.to_owned());
         let (now, until) = (claim.now, claim.now.saturating_add(claim.lease_ms));
         self.call(move |c| {
-            query_one(
-                c,
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let job = query_one(
+                &tx,
                 &sql::CLAIM_NEXT,
                 params![pool, worker, now, until],
                 job_from_row,
-            )
+            )?;
+            if let Some(job) = job.as_ref().filter(|job| job.fair_rank > 0) {
+                tx.execute(sql::FAIR_CLOCK, params![pool, job.fair_rank])?;
+            }
+            tx.commit()?;
+            Ok(job)
         })
+        .await
+    }
+
+    async fn fair_turn(&self, pool: &str, tenant: &str) -> Result<i64, StoreError> {
+        let (pool, tenant) = (pool.to_owned(), tenant.to_owned());
+        self.call(
+            move |c| Ok(c.query_row(sql::FAIR_TURN, params![pool, tenant], |row| row.get(0))?),
+        )
         .await
     }
 

@@ -149,6 +149,8 @@ fn job(tenant: &str) -> NewJob {
         priority: None,
         concurrency_key: None,
         concurrency_limit: None,
+
+        fair_rank: 0,
         origin: None,
     }
 }

@@ -127,6 +127,8 @@ impl Rig {
                 priority: None,
                 concurrency_key: None,
                 concurrency_limit: None,
+
+                fair_rank: 0,
                 origin: None,
             })
             .await
@@ -873,6 +875,8 @@ async fn a_jobs_lineage_and_its_callers_scopes_reach_its_executor() {
             priority: None,
             concurrency_key: None,
             concurrency_limit: None,
+
+            fair_rank: 0,
             origin: None,
         })
         .await

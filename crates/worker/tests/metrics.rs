@@ -72,6 +72,8 @@ async fn insert_at(store: &dyn Store, tool: &str, max_attempts: u32, now: i64) -
             priority: None,
             concurrency_key: None,
             concurrency_limit: None,
+
+            fair_rank: 0,
             origin: None,
         })
         .await

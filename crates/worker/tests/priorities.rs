@@ -223,6 +223,8 @@ async fn a_job_made_before_its_pool_was_ordered_still_runs() {
         priority: None,
         concurrency_key: None,
         concurrency_limit: None,
+
+        fair_rank: 0,
         origin: None,
     };
     let Inserted::Created(old) = rig.store.insert_job(old).await.unwrap() else {

@@ -38,6 +38,9 @@ pub struct JobRequest {
     /// tenant and the declared key's value) and the most running at once
     /// under it.
     pub concurrency: Option<(String, u32)>,
+    /// The pool shares its workers fairly between tenants: the job takes
+    /// its tenant's next turn.
+    pub fair: bool,
 }
 
 /// A question for a person.

@@ -129,6 +129,7 @@ async fn insert_many(pool: Pool, place: Arc<str>, jobs: Vec<Insert>) -> Answers<
             .iter()
             .map(|i| i.job.concurrency_limit.map(i64::from))
             .collect::<Vec<Option<i64>>>(),
+        &number(|i| i.job.fair_rank),
     ];
     let stmt = c.prepare_cached(statements::INSERT_MANY).await?;
     let mut created: HashMap<String, Result<JobRecord, StoreError>> = HashMap::new();

@@ -32,7 +32,7 @@ macro_rules! job_columns {
             timeout_ms, run_at, lease_owner, lease_until, progress, result, error,
             idempotency_key, run_id, call_id, callback_url, lineage, scopes,
             traceparent, tracestate, requeues, priority, concurrency_key, concurrency_limit,
-            created_at, updated_at"#
+            fair_rank, created_at, updated_at"#
     };
 }
 
@@ -58,9 +58,9 @@ pub(super) const INSERT_JOB: &str = concat!(
         INSERT INTO jobs (id, tenant, "user", tool, pool, args, state, attempts, max_attempts,
             timeout_ms, run_at, idempotency_key, run_id, call_id, callback_url, lineage,
             scopes, traceparent, tracestate, origin, priority, concurrency_key, concurrency_limit,
-            created_at, updated_at)
+            fair_rank, created_at, updated_at)
         VALUES ($1, $2, $3, $4, $5, $6, $19, 0, $7,
-            $8, $20, $10, $11, $12, $13, $14, $15, $16, $17, $18, $21, $22, $23, $9, $9)
+            $8, $20, $10, $11, $12, $13, $14, $15, $16, $17, $18, $21, $22, $23, $24, $9, $9)
         ON CONFLICT DO NOTHING
         RETURNING "#,
     job_columns!()
@@ -74,18 +74,20 @@ pub(super) const INSERT_MANY: &str = concat!(
         INSERT INTO jobs (id, tenant, "user", tool, pool, args, state, attempts, max_attempts,
             timeout_ms, run_at, idempotency_key, run_id, call_id, callback_url, lineage,
             scopes, traceparent, tracestate, origin, priority, concurrency_key, concurrency_limit,
-            created_at, updated_at)
+            fair_rank, created_at, updated_at)
         SELECT id, tenant, "user", tool, pool, args, state, 0, max_attempts,
             timeout_ms, run_at, idempotency_key, run_id, call_id, callback_url, lineage, scopes,
-            traceparent, tracestate, origin, priority, concurrency_key, concurrency_limit, now, now
+            traceparent, tracestate, origin, priority, concurrency_key, concurrency_limit,
+            fair_rank, now, now
         FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
             $7::bigint[], $8::bigint[], $9::bigint[], $10::text[], $11::text[], $12::text[],
             $13::text[], $14::text[], $15::text[], $16::text[], $17::text[], $18::text[],
-            $19::text[], $20::bigint[], $21::smallint[], $22::text[], $23::bigint[])
+            $19::text[], $20::bigint[], $21::smallint[], $22::text[], $23::bigint[],
+            $24::bigint[])
             WITH ORDINALITY AS n(id, tenant, "user", tool, pool, args, max_attempts,
             timeout_ms, now, idempotency_key, run_id, call_id, callback_url, lineage, scopes,
             traceparent, tracestate, origin, state, run_at, priority, concurrency_key,
-            concurrency_limit, ord)
+            concurrency_limit, fair_rank, ord)
         ORDER BY ord
         ON CONFLICT DO NOTHING
         RETURNING "#,
@@ -810,7 +812,7 @@ pub(super) static CLAIM_NEXT: Built = LazyLock::new(|| {
                       SELECT count(*) FROM jobs r
                       WHERE r.concurrency_key = jobs.concurrency_key AND r.state = '{running}'
                         AND r.lease_until >= $3))
-                ORDER BY priority DESC, run_at, id LIMIT 1
+                ORDER BY priority DESC, fair_rank, run_at, id LIMIT 1
                 FOR UPDATE SKIP LOCKED)
             RETURNING ",
             job_columns!()
@@ -833,3 +835,14 @@ pub(super) static RUNNING_WITH_KEY: Built = LazyLock::new(|| {
         running = Transition::Claim.to()
     )
 });
+
+/// The next turn of tenant `$2` in fair pool `$1`, past the pool's clock.
+pub(super) const FAIR_TURN: &str = "INSERT INTO fair_turns (pool, tenant, rank)
+    VALUES ($1, $2, COALESCE((SELECT rank FROM fair_clocks WHERE pool = $1), 0) + 1)
+    ON CONFLICT (pool, tenant) DO UPDATE SET rank = GREATEST(fair_turns.rank,
+        COALESCE((SELECT rank FROM fair_clocks WHERE pool = $1), 0)) + 1
+    RETURNING rank";
+
+/// Pool `$1`'s clock moved on to turn `$2` (never back).
+pub(super) const FAIR_CLOCK: &str = "INSERT INTO fair_clocks (pool, rank) VALUES ($1, $2)
+    ON CONFLICT (pool) DO UPDATE SET rank = GREATEST(fair_clocks.rank, EXCLUDED.rank)";

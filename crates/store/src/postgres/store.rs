@@ -98,6 +98,7 @@ pub(super) async fn insert_job(c: &ClientWrapper, insert: &Insert) -> Result<Ins
         &job.priority,
         &job.concurrency_key,
         &job.concurrency_limit.map(i64::from),
+        &job.fair_rank,
     ];
     if let Some(created) = query_one(c, statements::INSERT_JOB, params, job_from_row).await? {
         return Ok(Inserted::Created(created));
@@ -515,8 +516,20 @@ impl Store for PgStore {
         let row = tx
             .query_opt(&next, &[&claim.pool, &claim.worker, &claim.now, &until])
             .await?;
+        let job = row.as_ref().map(job_from_row).transpose()?;
+        if let Some(job) = job.as_ref().filter(|job| job.fair_rank > 0) {
+            let clock = tx.prepare_cached(statements::FAIR_CLOCK).await?;
+            tx.execute(&clock, &[&claim.pool, &job.fair_rank]).await?;
+        }
         tx.commit().await?;
-        row.as_ref().map(job_from_row).transpose()
+        Ok(job)
+    }
+
+    async fn fair_turn(&self, pool: &str, tenant: &str) -> Result<i64, StoreError> {
+        let c = self.client().await?;
+        let stmt = c.prepare_cached(statements::FAIR_TURN).await?;
+        let row = c.query_one(&stmt, &[&pool, &tenant]).await?;
+        Fields::named(&row, "fair_turns", tenant).get("rank")
     }
 
     async fn running_with_key(&self, key: &str, now: i64) -> Result<u32, StoreError> {

@@ -1,0 +1,25 @@
+-- toolfleet's PostgreSQL schema, version 20: fair share. A job of a pool
+-- in `fair_share` takes its tenant's next turn (`fair_rank`): one past the
+-- tenant's last turn in the pool, and never before the pool's clock, the
+-- turn of the job claimed last (fair_turns, fair_clocks). Store::claim_next
+-- takes the lowest turn within the highest priority, so tenants take
+-- turns and a tenant that comes later queues behind a turn, not behind
+-- another's backlog. Jobs of other pools keep turn 0.
+
+ALTER TABLE jobs ADD COLUMN fair_rank bigint NOT NULL DEFAULT 0;
+
+DROP INDEX jobs_ordered;
+CREATE INDEX jobs_ordered ON jobs (pool, priority DESC, fair_rank, run_at, id)
+    WHERE priority IS NOT NULL AND state IN ('queued', 'scheduled', 'retrying', 'running');
+
+CREATE TABLE fair_turns (
+    pool text NOT NULL,
+    tenant text NOT NULL,
+    rank bigint NOT NULL,
+    PRIMARY KEY (pool, tenant)
+);
+
+CREATE TABLE fair_clocks (
+    pool text PRIMARY KEY,
+    rank bigint NOT NULL
+);
