@@ -303,6 +303,9 @@ pub struct RateLimitConfig {
     pub max: u32,
     /// The window, in seconds.
     pub per_s: f64,
+    /// What the calls are counted by: `"tenant"` (the default), `"user"`
+    /// or a JSON pointer into the arguments.
+    pub key: Option<String>,
 }
 
 /// `concurrency = { limit, key }` of a tool.
@@ -467,7 +470,7 @@ impl ToolConfig {
             .transpose()?;
         let concurrency = self
             .concurrency
-            .map(|c| match crate::tool::ConcurrencyKey::parse(&c.key) {
+            .map(|c| match crate::tool::CountedBy::parse(&c.key) {
                 Some(key) => Ok(crate::tool::Concurrency {
                     limit: c.limit,
                     key,
@@ -480,7 +483,17 @@ impl ToolConfig {
             })
             .transpose()?;
         let m = self.middleware;
+        let rate_limit_by = match m.rate_limit.as_ref().and_then(|r| r.key.as_deref()) {
+            None => crate::tool::CountedBy::Tenant,
+            Some(key) => crate::tool::CountedBy::parse(key).ok_or_else(|| {
+                ConfigError::new(format!(
+                    "tool `{name}`: rate_limit.key must be \"tenant\", \"user\" or a JSON pointer \
+                     into the arguments such as \"/account\", not {key:?}"
+                ))
+            })?,
+        };
         let middleware = MiddlewareSpec {
+            rate_limit_by,
             audit: m.audit,
             scopes: m.require_scope,
             rate_limit: m
@@ -589,7 +602,7 @@ shape = "query"
 description = "Find things."
 input_schema = { type = "object", properties = { q = { type = "string" } }, required = ["q"] }
 hints = { idempotent = true }
-middleware = { audit = true, require_scope = ["things:read"], cache_reads = { ttl_s = 60 }, rate_limit = { max = 5, per_s = 1 }, timeout_s = 2.5, redact = ["secret"] }
+middleware = { audit = true, require_scope = ["things:read"], cache_reads = { ttl_s = 60 }, rate_limit = { max = 5, per_s = 1, key = "user" }, timeout_s = 2.5, redact = ["secret"] }
 executor = { kind = "builtin", name = "things.find" }
 
 [[tools]]
@@ -598,6 +611,8 @@ shape = "job"
 input_schema_file = "schemas/report.json"
 executor = { kind = "http", url = "http://127.0.0.1:9000/report" }
 poll_after_s = 20
+priority = 3
+concurrency = { limit = 2, key = "/id" }
 "#;
 
     #[test]
@@ -616,10 +631,19 @@ poll_after_s = 20
         assert_eq!(find.middleware.cache_ttl, Some(Duration::from_secs(60)));
         assert_eq!(find.middleware.timeout, Some(Duration::from_millis(2500)));
         assert_eq!(find.middleware.rate_limit.unwrap().max, 5);
+        assert_eq!(find.middleware.rate_limit_by, crate::tool::CountedBy::User);
         assert_eq!(find.input_schema["required"][0], "q");
         let report = tools[1].clone().into_decl(&read, None).unwrap();
         assert_eq!(report.input_schema["properties"]["id"]["type"], "integer");
         assert_eq!(report.poll_after_s, Some(20));
+        assert_eq!(report.priority, Some(3));
+        assert_eq!(
+            report.concurrency,
+            Some(crate::tool::Concurrency {
+                limit: 2,
+                key: crate::tool::CountedBy::Pointer("/id".to_owned())
+            })
+        );
         assert!(matches!(tools[1].executor, Some(ExecutorSpec::Http { .. })));
     }
 
@@ -659,6 +683,21 @@ executor = { kind = "exec", program = "tool", env = { MODE = "fast" }, pass_env 
             .into_decl(&|_| Err("no such file".into()), None)
             .unwrap_err();
         assert!(err.message.contains("nope.json") && err.message.contains("no such file"));
+        for (bad, says) in [
+            (
+                "middleware = { rate_limit = { max = 1, per_s = 1, key = \"account\" } }",
+                "rate_limit.key",
+            ),
+            (
+                "concurrency = { limit = 1, key = \"everyone\" }",
+                "concurrency.key",
+            ),
+        ] {
+            let text = format!("[[tools]]\nname = \"x\"\nshape = \"job\"\n{bad}\n");
+            let tool = parse_tools(&text).unwrap().remove(0);
+            let err = tool.into_decl(&|_| Ok(String::new()), None).unwrap_err();
+            assert!(err.message.contains(says), "{}", err.message);
+        }
         let zero = "[[tools]]\nname = \"x\"\nshape = \"query\"\nmiddleware = { timeout_s = 0 }\n";
         let tool = parse_tools(zero).unwrap().remove(0);
         assert!(tool.into_decl(&|_| Ok(String::new()), None).is_err());

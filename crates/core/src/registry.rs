@@ -14,7 +14,7 @@ use serde_json::{Map, Value, json};
 use crate::envelope::{ErrorCode, ToolError};
 use crate::middleware::{self, Layer, LayerServices};
 use crate::tool::{
-    ConcurrencyKey, Executor, MAX_CONCURRENCY, MiddlewareSpec, PRIORITIES, ResolvedHints, Shape,
+    CountedBy, Executor, MAX_CONCURRENCY, MiddlewareSpec, PRIORITIES, ResolvedHints, Shape,
     ToolDecl,
 };
 
@@ -337,25 +337,18 @@ fn check_flow(name: &str, decl: &ToolDecl) -> Result<(), RegistrationError> {
                 concurrency.limit
             ));
         }
-        if let ConcurrencyKey::Pointer(pointer) = &concurrency.key
-            && let Some(properties) = decl
-                .input_schema
-                .get("properties")
-                .and_then(Value::as_object)
-        {
-            let first = pointer
-                .trim_start_matches('/')
-                .split('/')
-                .next()
-                .unwrap_or_default()
-                .replace("~1", "/")
-                .replace("~0", "~");
-            if !properties.contains_key(&first) {
-                return refused(format!(
-                    "concurrency.key `{pointer}` points into nothing: the input schema has no property `{first}`"
-                ));
-            }
+        if let Some(why) = points_into_nothing(decl, &concurrency.key) {
+            return refused(format!("concurrency.key {why}"));
         }
+    }
+    if decl.middleware.rate_limit.is_some()
+        && let Some(why) = points_into_nothing(decl, &decl.middleware.rate_limit_by)
+    {
+        return Err(RegistrationError::new(
+            name,
+            "rate_limit",
+            format!("rate_limit.key {why}"),
+        ));
     }
     let Some(priority) = decl.priority else {
         return Ok(());
@@ -382,6 +375,25 @@ fn check_flow(name: &str, decl: &ToolDecl) -> Result<(), RegistrationError> {
         ));
     }
     Ok(())
+}
+
+/// Why the pointer of `by` points into nothing the input schema of `decl`
+/// declares (its first step names no property), if it does.
+fn points_into_nothing(decl: &ToolDecl, by: &CountedBy) -> Option<String> {
+    let CountedBy::Pointer(pointer) = by else {
+        return None;
+    };
+    let properties = decl.input_schema.get("properties")?.as_object()?;
+    let first = pointer
+        .trim_start_matches('/')
+        .split('/')
+        .next()
+        .unwrap_or_default()
+        .replace("~1", "/")
+        .replace("~0", "~");
+    (!properties.contains_key(&first)).then(|| {
+        format!("`{pointer}` points into nothing: the input schema has no property `{first}`")
+    })
 }
 
 fn check_hints(

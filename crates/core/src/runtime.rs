@@ -818,46 +818,14 @@ fn panicked(tool: &str, panic: Box<dyn std::any::Any + Send>) -> ToolError {
     )
 }
 
-/// The longest value of the arguments a concurrency key counts by, as
-/// canonical JSON.
-const MAX_KEY_VALUE: usize = 256;
-
 /// The key a job of `tool` counts under for its concurrency limit: the
-/// tool, the caller's tenant and the declared key's value (the user, or
-/// the arguments' value at the pointer, as canonical JSON), joined by a
-/// separator no name holds.
+/// tool, then the scope of the declared key ([`CountedBy::scope`]).
 fn concurrency_key(
     tool: &str,
     declared: &crate::tool::Concurrency,
     ctx: &CallCtx,
     args: &serde_json::Value,
 ) -> Result<String, ToolError> {
-    use crate::tool::ConcurrencyKey;
-    let value = match &declared.key {
-        ConcurrencyKey::Tenant => String::new(),
-        ConcurrencyKey::User => ctx.user().to_owned(),
-        ConcurrencyKey::Pointer(pointer) => {
-            let Some(value) = args.pointer(pointer) else {
-                return Err(ToolError::new(
-                    ErrorCode::InvalidArguments,
-                    format!(
-                        "`{tool}` counts its running jobs by the argument at `{pointer}`, which \
-                         this call does not give: give it"
-                    ),
-                ));
-            };
-            let text = crate::middleware::canonical_json(value);
-            if text.len() > MAX_KEY_VALUE {
-                return Err(ToolError::new(
-                    ErrorCode::InvalidArguments,
-                    format!(
-                        "the argument at `{pointer}`, which `{tool}` counts its running jobs by, \
-                         is longer than {MAX_KEY_VALUE} characters: give a shorter one"
-                    ),
-                ));
-            }
-            text
-        }
-    };
-    Ok(format!("{tool}\u{1f}{}\u{1f}{value}", ctx.tenant()))
+    let scope = declared.key.scope(tool, ctx, args, "running jobs")?;
+    Ok(format!("{tool}\u{1f}{scope}"))
 }

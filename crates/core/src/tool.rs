@@ -276,16 +276,22 @@ pub struct Concurrency {
     /// [`MAX_CONCURRENCY`]).
     pub limit: u32,
     /// What the jobs are counted by.
-    pub key: ConcurrencyKey,
+    pub key: CountedBy,
 }
+
+/// The longest value of the arguments a count is kept by, as canonical
+/// JSON.
+const MAX_KEY_VALUE: usize = 256;
 
 /// The largest [`Concurrency::limit`].
 pub const MAX_CONCURRENCY: u32 = 10_000;
 
-/// What a tool's jobs are counted by: always within the caller's tenant.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ConcurrencyKey {
+/// What a tool's running jobs (`concurrency`) or calls (`rate_limit`) are
+/// counted by: always within the caller's tenant.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum CountedBy {
     /// One count per tenant: `key = "tenant"`.
+    #[default]
     Tenant,
     /// One count per user of the tenant: `key = "user"`.
     User,
@@ -294,15 +300,66 @@ pub enum ConcurrencyKey {
     Pointer(String),
 }
 
-impl ConcurrencyKey {
+impl CountedBy {
+    /// The count of a call of `tool` by `ctx` with `args` belongs to: the
+    /// tenant, and the user or the argument's value (canonical JSON) after
+    /// it, joined by a separator no name holds; the error a model can act
+    /// on when the argument is missing or too long.
+    pub fn scope(
+        &self,
+        tool: &str,
+        ctx: &CallCtx,
+        args: &Value,
+        what: &str,
+    ) -> Result<String, crate::ToolError> {
+        use crate::{ErrorCode, ToolError};
+        let value = match self {
+            CountedBy::Tenant => return Ok(ctx.tenant().to_owned()),
+            CountedBy::User => ctx.user().to_owned(),
+            CountedBy::Pointer(pointer) => {
+                let Some(value) = args.pointer(pointer) else {
+                    return Err(ToolError::new(
+                        ErrorCode::InvalidArguments,
+                        format!(
+                            "`{tool}` counts its {what} by the argument at `{pointer}`, which \
+                             this call does not give: give it"
+                        ),
+                    ));
+                };
+                let text = crate::middleware::canonical_json(value);
+                if text.len() > MAX_KEY_VALUE {
+                    return Err(ToolError::new(
+                        ErrorCode::InvalidArguments,
+                        format!(
+                            "the argument at `{pointer}`, which `{tool}` counts its {what} by, \
+                             is longer than {MAX_KEY_VALUE} characters: give a shorter one"
+                        ),
+                    ));
+                }
+                text
+            }
+        };
+        Ok(format!("{}\u{1f}{value}", ctx.tenant()))
+    }
+
+    /// How the count is described to a model: `per tenant`, `per user`,
+    /// `per value of /account`.
+    pub fn describe(&self) -> String {
+        match self {
+            CountedBy::Tenant => "per tenant".to_owned(),
+            CountedBy::User => "per user".to_owned(),
+            CountedBy::Pointer(pointer) => format!("per value of `{pointer}`"),
+        }
+    }
+
     /// The key as configured: `tenant`, `user`, or a JSON pointer
     /// (`/account`); `None` for anything else.
-    pub fn parse(text: &str) -> Option<ConcurrencyKey> {
+    pub fn parse(text: &str) -> Option<CountedBy> {
         match text {
-            "tenant" => Some(ConcurrencyKey::Tenant),
-            "user" => Some(ConcurrencyKey::User),
+            "tenant" => Some(CountedBy::Tenant),
+            "user" => Some(CountedBy::User),
             pointer if pointer.starts_with('/') && pointer.len() <= 256 => {
-                Some(ConcurrencyKey::Pointer(pointer.to_owned()))
+                Some(CountedBy::Pointer(pointer.to_owned()))
             }
             _ => None,
         }
@@ -580,6 +637,9 @@ pub struct MiddlewareSpec {
     pub scopes: Vec<String>,
     /// How often the tool may be called, per tenant.
     pub rate_limit: Option<RateLimit>,
+    /// What `rate_limit` counts by: the tenant (the default), its users,
+    /// or the values of an argument.
+    pub rate_limit_by: CountedBy,
     /// How long a read's `ok` answer is cached, per tenant, user and arguments.
     pub cache_ttl: Option<Duration>,
     /// How long a call may run before it fails with a timeout.
@@ -596,6 +656,7 @@ impl fmt::Debug for MiddlewareSpec {
             .field("audit", &self.audit)
             .field("scopes", &self.scopes)
             .field("rate_limit", &self.rate_limit)
+            .field("rate_limit_by", &self.rate_limit_by)
             .field("cache_ttl", &self.cache_ttl)
             .field("timeout", &self.timeout)
             .field("redact", &self.redact)
@@ -838,7 +899,7 @@ impl ToolDecl {
 
     /// Job and agent tools: at most `limit` jobs running at once per `key`;
     /// see [`ToolDecl::concurrency`].
-    pub fn concurrency(mut self, limit: u32, key: ConcurrencyKey) -> Self {
+    pub fn concurrency(mut self, limit: u32, key: CountedBy) -> Self {
         self.concurrency = Some(Concurrency { limit, key });
         self
     }

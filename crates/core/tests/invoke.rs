@@ -11,8 +11,8 @@ use serde_json::{Value, json};
 use toolfleet_core::middleware::{Call, Layer, Next, Stage};
 use toolfleet_core::tool::{Budget, Lineage};
 use toolfleet_core::{
-    CallCtx, Envelope, ErrorCode, Json, MemoryAuditSink, MemoryFleet, Principal, RateLimit,
-    Runtime, RuntimeConfig, ToolDecl, ToolError,
+    CallCtx, CountedBy, Envelope, ErrorCode, Json, MemoryAuditSink, MemoryFleet, Principal,
+    RateLimit, Runtime, RuntimeConfig, ToolDecl, ToolError,
 };
 
 fn ctx(tenant: &str, user: &str, scopes: &[&str]) -> CallCtx {
@@ -454,6 +454,81 @@ async fn rate_limits_answer_when_to_come_back() {
             .await
             .is_ok()
     );
+}
+
+/// A rate limit may count per user or per value of an argument, within a
+/// tenant; a pointer into nothing is refused at registration and a call
+/// without the argument is told to give it.
+#[tokio::test]
+async fn rate_limits_count_per_user_or_per_argument_when_declared() {
+    let limit = RateLimit {
+        max: 1,
+        per: Duration::from_secs(60),
+    };
+    let mut runtime = Runtime::builder().build();
+    let mut per_user = counting_query("per_user", Arc::default()).rate_limit(limit);
+    per_user.middleware.rate_limit_by = CountedBy::User;
+    let mut per_q = counting_query("per_q", Arc::default()).rate_limit(limit);
+    per_q.middleware.rate_limit_by = CountedBy::Pointer("/q".to_owned());
+    runtime.register_all([per_user, per_q]).unwrap();
+    let (alice, bob) = (ctx("acme", "alice", &[]), ctx("acme", "bob", &[]));
+    let x = json!({"q": "x"});
+    assert!(runtime.invoke("per_user", x.clone(), &alice).await.is_ok());
+    assert!(
+        runtime.invoke("per_user", x.clone(), &bob).await.is_ok(),
+        "bob's own"
+    );
+    let limited = runtime.invoke("per_user", x.clone(), &alice).await;
+    let error = limited.error_ref().unwrap();
+    assert_eq!(error.code, ErrorCode::RateLimited);
+    assert!(error.message.contains("per user"), "{}", error.message);
+    assert!(runtime.invoke("per_q", x.clone(), &alice).await.is_ok());
+    assert!(
+        runtime
+            .invoke("per_q", json!({"q": "y"}), &alice)
+            .await
+            .is_ok(),
+        "another value's own"
+    );
+    let limited = runtime.invoke("per_q", x.clone(), &bob).await;
+    let error = limited.error_ref().unwrap();
+    assert_eq!(
+        error.code,
+        ErrorCode::RateLimited,
+        "one count per value, whoever calls"
+    );
+    assert!(
+        error.message.contains("per value of `/q`"),
+        "{}",
+        error.message
+    );
+    assert!(
+        runtime
+            .invoke("per_q", x, &ctx("globex", "u", &[]))
+            .await
+            .is_ok(),
+        "within a tenant"
+    );
+
+    let mut nowhere = counting_query("nowhere", Arc::default()).rate_limit(limit);
+    nowhere.middleware.rate_limit_by = CountedBy::Pointer("/account".to_owned());
+    let refused = runtime.register(nowhere).unwrap_err();
+    assert_eq!(refused.rule, "rate_limit");
+    assert!(
+        refused.message.contains("points into nothing"),
+        "{}",
+        refused.message
+    );
+    let mut optional = ToolDecl::query("optional")
+        .input_schema(json!({"type": "object", "properties": {"account": {"type": "string"}}}))
+        .rate_limit(limit)
+        .run(|_, _: Value| async { Ok::<_, ToolError>(json!({})) });
+    optional.middleware.rate_limit_by = CountedBy::Pointer("/account".to_owned());
+    runtime.register(optional).unwrap();
+    let missing = runtime.invoke("optional", json!({}), &alice).await;
+    let error = missing.error_ref().unwrap();
+    assert_eq!(error.code, ErrorCode::InvalidArguments);
+    assert!(error.message.contains("`/account`"), "{}", error.message);
 }
 
 #[tokio::test]

@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 use toolfleet_broker::memory::{MemoryBroker, MemoryNotices};
 use toolfleet_core::{
-    CallCtx, ConcurrencyKey, Envelope, ErrorCode, JobState, Principal, Runtime, ToolDecl, ToolError,
+    CallCtx, CountedBy, Envelope, ErrorCode, JobState, Principal, Runtime, ToolDecl, ToolError,
 };
 use toolfleet_fleet::Dispatcher;
 use toolfleet_store::Store;
@@ -43,7 +43,7 @@ async fn at_most_the_limit_of_one_key_runs_at_once_and_every_job_finishes() {
             "properties": {"account": {"type": "string"}},
             "required": ["account"]
         }))
-        .concurrency(2, ConcurrencyKey::Pointer("/account".to_owned()))
+        .concurrency(2, CountedBy::Pointer("/account".to_owned()))
         .run(move |_ctx: CallCtx, args: Value| {
             let seen = seen.clone();
             async move {
@@ -127,7 +127,7 @@ fn a_concurrency_key_is_refused_where_it_cannot_count() {
     let mut runtime = Runtime::builder().build();
     let nowhere = job(ToolDecl::job("j1")
         .input_schema(json!({"type": "object", "properties": {"account": {"type": "string"}}}))
-        .concurrency(2, ConcurrencyKey::Pointer("/acount".to_owned())));
+        .concurrency(2, CountedBy::Pointer("/acount".to_owned())));
     let error = runtime.register(nowhere).unwrap_err();
     assert_eq!(error.rule, "concurrency");
     assert!(
@@ -135,14 +135,11 @@ fn a_concurrency_key_is_refused_where_it_cannot_count() {
         "{}",
         error.message
     );
-    let zero = job(ToolDecl::job("j2").concurrency(0, ConcurrencyKey::Tenant));
+    let zero = job(ToolDecl::job("j2").concurrency(0, CountedBy::Tenant));
     assert_eq!(runtime.register(zero).unwrap_err().rule, "concurrency");
-    let query = job(ToolDecl::query("q").concurrency(1, ConcurrencyKey::User));
+    let query = job(ToolDecl::query("q").concurrency(1, CountedBy::User));
     assert_eq!(runtime.register(query).unwrap_err().rule, "concurrency");
-    assert_eq!(
-        ConcurrencyKey::parse("tenant"),
-        Some(ConcurrencyKey::Tenant)
-    );
-    assert_eq!(ConcurrencyKey::parse("user"), Some(ConcurrencyKey::User));
-    assert_eq!(ConcurrencyKey::parse("account"), None);
+    assert_eq!(CountedBy::parse("tenant"), Some(CountedBy::Tenant));
+    assert_eq!(CountedBy::parse("user"), Some(CountedBy::User));
+    assert_eq!(CountedBy::parse("account"), None);
 }

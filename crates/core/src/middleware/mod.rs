@@ -148,10 +148,9 @@ pub(crate) fn build_stack(
         stack.push(Arc::new(RequireScopes::new(spec.scopes.clone())));
     }
     if let Some(limit) = spec.rate_limit {
-        stack.push(Arc::new(RateLimiter::new(
-            limit,
-            services.rate_limits.clone(),
-        )));
+        stack.push(Arc::new(
+            RateLimiter::new(limit, services.rate_limits.clone()).by(spec.rate_limit_by.clone()),
+        ));
     }
     if let Some(ttl) = spec.cache_ttl {
         stack.push(Arc::new(

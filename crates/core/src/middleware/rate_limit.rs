@@ -1,4 +1,5 @@
-//! `rate_limit`: a token bucket per tenant and tool. A caller over the limit
+//! `rate_limit`: a token bucket per tool and tenant (or, as the tool
+//! declares, per user or per value of an argument). A caller over the limit
 //! gets `rate_limited` with `retry_after_s`, never a queue that grows. The
 //! buckets are [`TokenBuckets`]: this process's ([`RateLimits`]), or a
 //! store's that every dispatcher of a fleet shares (`toolfleet-fleet`'s
@@ -14,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{Call, Layer, Next, Stage};
 use crate::envelope::{Envelope, ErrorCode, ToolError};
+use crate::tool::CountedBy;
 
 /// At most `max` calls per `per`, per tenant and tool; bursts up to `max`.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -101,7 +103,8 @@ impl Default for RateLimits {
 
 /// Where a rate-limited tool's tokens are taken.
 pub trait TokenBuckets: Send + Sync + 'static {
-    /// Takes a token of `limit` for `tool` in `tenant`: `Ok(None)` when
+    /// Takes a token of `limit` for `tool` in `tenant` (a tenant, or a
+    /// tenant's scope: [`CountedBy::scope`]): `Ok(None)` when
     /// taken, `Ok(Some(wait))` when none is free for `wait`, `Err` when the
     /// buckets cannot be reached (the call is refused as `unavailable`).
     fn take<'a>(
@@ -127,13 +130,24 @@ impl TokenBuckets for RateLimits {
 /// The rate limit layer of one tool.
 pub struct RateLimiter {
     limit: RateLimit,
+    by: CountedBy,
     buckets: Arc<dyn TokenBuckets>,
 }
 
 impl RateLimiter {
-    /// The layer applying `limit`, its buckets kept in `buckets`.
+    /// The layer applying `limit` per tenant, its buckets kept in `buckets`.
     pub fn new(limit: RateLimit, buckets: Arc<dyn TokenBuckets>) -> Self {
-        RateLimiter { limit, buckets }
+        RateLimiter {
+            limit,
+            by: CountedBy::Tenant,
+            buckets,
+        }
+    }
+
+    /// This layer, counting by `by` within each tenant.
+    pub fn by(mut self, by: CountedBy) -> Self {
+        self.by = by;
+        self
     }
 }
 
@@ -145,14 +159,19 @@ impl Layer for RateLimiter {
     fn call<'a>(&'a self, call: Call<'a>, next: Next<'a>) -> BoxFuture<'a, Envelope> {
         Box::pin(async move {
             let name = call.tool.name();
-            match self.buckets.take(name, call.ctx.tenant(), self.limit).await {
+            let scope = match self.by.scope(name, call.ctx, &call.args, "calls") {
+                Ok(scope) => scope,
+                Err(error) => return Envelope::error(error),
+            };
+            match self.buckets.take(name, &scope, self.limit).await {
                 Ok(None) => next.run(call).await,
                 Ok(Some(wait)) => {
                     let retry_after_s = wait.as_secs_f64().ceil().max(1.0) as u64;
                     let message = format!(
-                        "`{name}` allows {} calls per {} s per tenant; wait {retry_after_s} s before calling it again",
+                        "`{name}` allows {} calls per {} s {}; wait {retry_after_s} s before calling it again",
                         self.limit.max,
-                        self.limit.per.as_secs_f64()
+                        self.limit.per.as_secs_f64(),
+                        self.by.describe()
                     );
                     Envelope::error(
                         ToolError::new(ErrorCode::RateLimited, message)
