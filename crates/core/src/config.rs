@@ -383,6 +383,9 @@ pub struct ToolConfig {
     /// at once per `key` (`"tenant"`, `"user"` or a JSON pointer into the
     /// arguments); makes the tool's pool ordered.
     pub concurrency: Option<ConcurrencyConfig>,
+    /// Job and agent tools: `{ max, per_s, key }`, how often the executor
+    /// may start across the fleet; jobs over it wait, they do not fail.
+    pub start_rate: Option<RateLimitConfig>,
     /// The result is MCP content blocks (see [`ToolDecl::content_blocks`]).
     #[serde(default)]
     pub content_blocks: bool,
@@ -483,14 +486,28 @@ impl ToolConfig {
             })
             .transpose()?;
         let m = self.middleware;
-        let rate_limit_by = match m.rate_limit.as_ref().and_then(|r| r.key.as_deref()) {
-            None => crate::tool::CountedBy::Tenant,
+        let counted_by = |key: Option<&str>, field: &str| match key {
+            None => Ok(crate::tool::CountedBy::Tenant),
             Some(key) => crate::tool::CountedBy::parse(key).ok_or_else(|| {
                 ConfigError::new(format!(
-                    "tool `{name}`: rate_limit.key must be \"tenant\", \"user\" or a JSON pointer \
+                    "tool `{name}`: {field}.key must be \"tenant\", \"user\" or a JSON pointer \
                      into the arguments such as \"/account\", not {key:?}"
                 ))
-            })?,
+            }),
+        };
+        let rate_limit_by = counted_by(
+            m.rate_limit.as_ref().and_then(|r| r.key.as_deref()),
+            "rate_limit",
+        )?;
+        let start_rate = match self.start_rate {
+            Some(start) => Some(crate::tool::StartRate {
+                by: counted_by(start.key.as_deref(), "start_rate")?,
+                limit: RateLimit {
+                    max: start.max,
+                    per: seconds("start_rate.per_s", &name, start.per_s)?,
+                },
+            }),
+            None => None,
         };
         let middleware = MiddlewareSpec {
             rate_limit_by,
@@ -532,6 +549,7 @@ impl ToolConfig {
             max_attempts: self.max_attempts,
             priority: self.priority,
             concurrency,
+            start_rate,
             content_blocks: self.content_blocks,
             long_poll: None,
             answered_by: self.answered_by.unwrap_or_default(),

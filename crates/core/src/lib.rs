@@ -72,7 +72,7 @@ pub use shapes::handle::{HandleStore, MemoryHandleStore};
 pub use tool::{
     AnsweredBy, Budget, CallCtx, CallEvent, CallEvents, Concurrency, CountedBy, DEFAULT_POOL,
     Executor, FLEET_OPERATE, FLEET_READ, Hints, Lineage, LogLevel, MAX_CONCURRENCY, MiddlewareSpec,
-    PRIORITIES, Principal, ResolvedHints, Shape, ToolDecl, executor_fn, executor_value, is_job_id,
-    iso8601, new_id, now_ms,
+    PRIORITIES, Principal, ResolvedHints, Shape, StartRate, ToolDecl, executor_fn, executor_value,
+    is_job_id, iso8601, new_id, now_ms,
 };
 pub use trace::TraceContext;

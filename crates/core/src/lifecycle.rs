@@ -196,6 +196,10 @@ pub enum Transition {
     Park,
     /// parked -> retrying, due now: the ticket it waits on was answered.
     Wake,
+    /// running (this attempt) -> retrying at a later time, the attempt
+    /// given back and the lease released: its tool's `start_rate` has no
+    /// start free now (waiting for a start is not a failed attempt).
+    Defer,
     /// running (this attempt) -> succeeded.
     Succeed,
     /// running (this attempt) -> retrying at a later time: the attempt
@@ -215,7 +219,7 @@ pub enum Transition {
 
 impl Transition {
     /// Every transition.
-    pub const ALL: [Transition; 12] = [
+    pub const ALL: [Transition; 13] = [
         Transition::Enqueue,
         Transition::Schedule,
         Transition::Claim,
@@ -223,6 +227,7 @@ impl Transition {
         Transition::Heartbeat,
         Transition::Park,
         Transition::Wake,
+        Transition::Defer,
         Transition::Succeed,
         Transition::Retry,
         Transition::Fail,
@@ -240,6 +245,7 @@ impl Transition {
             Transition::Heartbeat => "heartbeat",
             Transition::Park => "park",
             Transition::Wake => "wake",
+            Transition::Defer => "defer",
             Transition::Succeed => "succeed",
             Transition::Retry => "retry",
             Transition::Fail => "fail",
@@ -258,6 +264,7 @@ impl Transition {
             Transition::TakeOver
             | Transition::Heartbeat
             | Transition::Park
+            | Transition::Defer
             | Transition::Succeed
             | Transition::Retry
             | Transition::Fail => &[Running],
@@ -274,7 +281,7 @@ impl Transition {
             Transition::Schedule => JobState::Scheduled,
             Transition::Claim | Transition::TakeOver | Transition::Heartbeat => JobState::Running,
             Transition::Park => JobState::Parked,
-            Transition::Wake | Transition::Retry => JobState::Retrying,
+            Transition::Wake | Transition::Retry | Transition::Defer => JobState::Retrying,
             Transition::Succeed => JobState::Succeeded,
             Transition::Fail => JobState::Failed,
             Transition::Cancel => JobState::Cancelled,
@@ -292,6 +299,7 @@ impl Transition {
             Transition::Claim | Transition::TakeOver => Caller::Claimant,
             Transition::Heartbeat
             | Transition::Park
+            | Transition::Defer
             | Transition::Succeed
             | Transition::Retry
             | Transition::Fail => Caller::Holder,
@@ -306,6 +314,7 @@ impl Transition {
             Transition::TakeOver => Guard::LeaseExpired,
             Transition::Heartbeat
             | Transition::Park
+            | Transition::Defer
             | Transition::Succeed
             | Transition::Retry
             | Transition::Fail => Guard::Held,

@@ -341,6 +341,22 @@ fn check_flow(name: &str, decl: &ToolDecl) -> Result<(), RegistrationError> {
             return refused(format!("concurrency.key {why}"));
         }
     }
+    if let Some(start) = &decl.start_rate {
+        let refused = |why: String| Err(RegistrationError::new(name, "start_rate", why));
+        if !queued {
+            return refused(format!(
+                "a {} tool runs when called; start_rate is for job and agent tools (a rate limit \
+                 is middleware.rate_limit)",
+                decl.shape
+            ));
+        }
+        if start.limit.max == 0 || start.limit.per.is_zero() {
+            return refused("start_rate needs max and per_s above 0".to_owned());
+        }
+        if let Some(why) = points_into_nothing(decl, &start.by) {
+            return refused(format!("start_rate.key {why}"));
+        }
+    }
     if decl.middleware.rate_limit.is_some()
         && let Some(why) = points_into_nothing(decl, &decl.middleware.rate_limit_by)
     {

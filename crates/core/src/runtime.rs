@@ -232,6 +232,27 @@ impl Runtime {
         Ok(tool)
     }
 
+    /// Takes a start of `tool`'s `start_rate` for a job of `ctx` with
+    /// `args`, from the buckets calls' rate limits use (so, on
+    /// PostgreSQL, the fleet's): `None` when taken or the tool declares
+    /// none, else how long until one is free.
+    pub async fn take_start(
+        &self,
+        tool: &Tool,
+        ctx: &CallCtx,
+        args: &serde_json::Value,
+    ) -> Result<Option<Duration>, ToolError> {
+        let Some(start) = &tool.declaration().start_rate else {
+            return Ok(None);
+        };
+        let scope = start.by.scope(tool.name(), ctx, args, "starts")?;
+        let bucket = format!("start\u{1f}{}", tool.name());
+        self.services
+            .rate_limits
+            .take(&bucket, &scope, start.limit)
+            .await
+    }
+
     /// The pool the jobs of `decl` run in: its own, else the default pool
     /// of its shape.
     pub fn pool_of(&self, decl: &ToolDecl) -> String {
@@ -623,6 +644,12 @@ impl Runtime {
             .is_ordered(&pool)
             .then(|| ctx.priority.or(decl.priority).unwrap_or(0));
         let fair = self.is_fair(&pool);
+        // The key its starts are counted by must be in the arguments now.
+        if let Some(start) = &decl.start_rate
+            && let Err(error) = start.by.scope(tool.name(), ctx, &call.args, "starts")
+        {
+            return Envelope::error(error);
+        }
         let concurrency = match &decl.concurrency {
             Some(declared) => match concurrency_key(tool.name(), declared, ctx, &call.args) {
                 Ok(key) => Some((key, declared.limit)),

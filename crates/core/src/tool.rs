@@ -283,6 +283,16 @@ pub struct Concurrency {
 /// JSON.
 const MAX_KEY_VALUE: usize = 256;
 
+/// How often a tool's executor may start: `start_rate = { max, per_s,
+/// key }`, counted as `rate_limit` counts calls.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StartRate {
+    /// At most `max` starts per `per`, a burst of `max` at most.
+    pub limit: RateLimit,
+    /// What the starts are counted by, within a tenant.
+    pub by: CountedBy,
+}
+
 /// The largest [`Concurrency::limit`].
 pub const MAX_CONCURRENCY: u32 = 10_000;
 
@@ -703,6 +713,11 @@ pub struct ToolDecl {
     /// key, across the fleet; the others wait in order. Declaring it makes
     /// the tool's pool ordered, as [`ToolDecl::priority`] does.
     pub concurrency: Option<Concurrency>,
+    /// Job and agent tools: how often their executor may start, across the
+    /// fleet (for a downstream API that allows so many calls a second): a
+    /// job over it waits for a start, `retrying`, without spending an
+    /// attempt; it never fails for it.
+    pub start_rate: Option<StartRate>,
     /// The result is MCP content: `{"content": [blocks]}` of text, image,
     /// audio and resource blocks, which MCP clients get as such (other
     /// providers get the JSON). For tools that answer pictures or files.
@@ -751,6 +766,7 @@ impl ToolDecl {
             max_attempts: None,
             priority: None,
             concurrency: None,
+            start_rate: None,
             content_blocks: false,
             long_poll: None,
             answered_by: AnsweredBy::Caller,
@@ -894,6 +910,13 @@ impl ToolDecl {
     /// [`ToolDecl::priority`].
     pub fn priority(mut self, priority: i16) -> Self {
         self.priority = Some(priority);
+        self
+    }
+
+    /// Job and agent tools: at most `limit.max` executor starts per
+    /// `limit.per`, counted `by`; see [`ToolDecl::start_rate`].
+    pub fn start_rate(mut self, limit: RateLimit, by: CountedBy) -> Self {
+        self.start_rate = Some(StartRate { limit, by });
         self
     }
 

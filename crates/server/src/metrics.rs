@@ -377,6 +377,12 @@ mod tests {
         async fn list_jobs(&self, _: ListJobs<'_>) -> Result<JobPage, StoreError> {
             unreachable!()
         }
+        async fn defer(
+            &self,
+            _: toolfleet_store::Defer<'_>,
+        ) -> Result<Option<JobRecord>, StoreError> {
+            unreachable!()
+        }
         async fn running_with_key(&self, _: &str, _: i64) -> Result<u32, StoreError> {
             unreachable!()
         }

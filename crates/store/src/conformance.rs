@@ -125,6 +125,7 @@ macro_rules! store_conformance {
             claim_next_takes_the_highest_priority_first_then_in_order,
             claim_next_holds_each_concurrency_key_to_its_limit,
             fair_turns_let_a_newcomer_in_within_a_turn,
+            a_deferred_job_gives_its_attempt_back_and_waits,
             a_schedule_moves_one_tick_at_a_time_by_compare_and_set,
         );
     };
@@ -3011,6 +3012,14 @@ async fn apply(
             Lease::Cancelled | Lease::Lost => None,
         },
         Transition::Park => park(store, last, ticket, DUE_NOW).await,
+        Transition::Defer => store
+            .defer(crate::Defer {
+                lease: last,
+                until: DUE_NOW + 1_000,
+                now: DUE_NOW,
+            })
+            .await
+            .expect("defer"),
         Transition::Wake => {
             let woken = store.wake(ticket, DUE_NOW).await.expect("wake");
             woken.into_iter().find(|j| j.id == job.id)
@@ -3436,5 +3445,52 @@ pub async fn fair_turns_let_a_newcomer_in_within_a_turn(store: &dyn Store) {
         order,
         ["a1", "a2", "urgent", "a3", "b1", "a4", "b2", "a5", "a6"],
         "turns alternate within a priority"
+    );
+}
+
+/// `defer` gives the attempt back and waits: the job is retrying, due when
+/// the defer says, with the attempts it had before the claim, and a claim
+/// before then takes nothing; a stale attempt defers nothing.
+pub async fn a_deferred_job_gives_its_attempt_back_and_waits(store: &dyn Store) {
+    let job = running(store, &tenant(), "w1").await;
+    assert_eq!(job.attempts, 1);
+    let held = holder(&job);
+    let deferred = store
+        .defer(crate::Defer {
+            lease: &held,
+            until: BASE + 5_000,
+            now: BASE + 10,
+        })
+        .await
+        .expect("defer")
+        .expect("the holder defers");
+    assert_eq!(
+        (
+            deferred.state,
+            deferred.attempts,
+            deferred.run_at,
+            deferred.lease_owner
+        ),
+        (JobState::Retrying, 0, BASE + 5_000, None)
+    );
+    assert!(
+        claim(store, &job.id, "w2", BASE + 4_999).await.is_none(),
+        "not before"
+    );
+    let again = claim(store, &job.id, "w2", BASE + 5_000)
+        .await
+        .expect("due");
+    assert_eq!(again.attempts, 1, "the deferred attempt was not counted");
+    let stale = store
+        .defer(crate::Defer {
+            lease: &held,
+            until: BASE + 9_000,
+            now: BASE + 5_001,
+        })
+        .await
+        .expect("defer");
+    assert!(
+        stale.is_none(),
+        "an attempt that lost the job defers nothing"
     );
 }

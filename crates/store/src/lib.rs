@@ -371,6 +371,17 @@ pub struct Park<'a> {
     pub now: i64,
 }
 
+/// What [`Store::defer`] takes.
+#[derive(Debug, Clone, Copy)]
+pub struct Defer<'a> {
+    /// The attempt that holds the job.
+    pub lease: &'a LeaseRef,
+    /// When the job is due again, in Unix milliseconds.
+    pub until: i64,
+    /// When it is deferred, in Unix milliseconds.
+    pub now: i64,
+}
+
 /// What [`Store::succeed`] takes.
 #[derive(Debug, Clone, Copy)]
 pub struct Succeed<'a> {
@@ -891,6 +902,11 @@ pub trait Store: Send + Sync + 'static {
     /// whose tool asked a person: its worker is free meanwhile. The parked
     /// job, or `None` when this attempt no longer holds it.
     async fn park(&self, park: Park<'_>) -> Result<Option<JobRecord>, StoreError>;
+    /// `defer`: running (this attempt) -> retrying, due at `defer.until`,
+    /// the attempt given back (its tool's `start_rate` had no start free:
+    /// not a failed attempt) and the lease released. The deferred job, or
+    /// `None` when this attempt no longer holds it.
+    async fn defer(&self, defer: Defer<'_>) -> Result<Option<JobRecord>, StoreError>;
     /// `wake`: jobs parked on `ticket` -> retrying, due at `now`. The jobs
     /// woken, to publish.
     async fn wake(&self, ticket: &str, now: i64) -> Result<Vec<JobRecord>, StoreError>;

@@ -17,8 +17,8 @@ use toolfleet_core::{AuditRecord, JobState, Metrics};
 
 use crate::{
     AdvanceSchedule, AnswerTicket, Answered, CancelJob, ClaimCommit, ClaimJob, ClaimNext,
-    ClaimNotice, CommitClaim, Fail, Heartbeat, Inserted, JobPage, JobRecord, Lease, ListJobs,
-    ListRuns, ListTickets, NewJob, NewRun, NewTicket, Park, Prune, QueuedFrom, Requeue,
+    ClaimNotice, CommitClaim, Defer, Fail, Heartbeat, Inserted, JobPage, JobRecord, Lease,
+    ListJobs, ListRuns, ListTickets, NewJob, NewRun, NewTicket, Park, Prune, QueuedFrom, Requeue,
     RequeueMany, RunInserted, RunPage, RunRecord, SaveCheckpoint, ScheduleRecord, SetProgress,
     SettleCommit, SettleNotice, SettleTicket, SilentDispatcher, StaleRuns, Store, StoreError,
     Succeed, TakeToken, TicketPage, TicketRecord, Unnotified, UpdateRun,
@@ -53,6 +53,7 @@ impl Store, for MeteredStore, error StoreError {
     fn list_jobs(&self, list: ListJobs<'_>) -> JobPage;
     fn claim(&self, claim: ClaimJob<'_>) -> Option<JobRecord>;
     fn claim_next(&self, claim: ClaimNext<'_>) -> Option<JobRecord>;
+    fn defer(&self, defer: Defer<'_>) -> Option<JobRecord>;
     fn running_with_key(&self, key: &str, now: i64) -> u32;
     fn fair_turn(&self, pool: &str, tenant: &str) -> i64;
     fn heartbeat(&self, beat: Heartbeat<'_>) -> Lease;

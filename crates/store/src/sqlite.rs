@@ -24,7 +24,7 @@ use toolfleet_core::middleware::canonical_json;
 use toolfleet_core::{AuditRecord, Envelope, ErrorCode, JobState, ToolError, TraceContext};
 
 use crate::rows::{self, Columns, Paging, RowName, encode, to_i64};
-use crate::{AdvanceSchedule, ClaimNext, ScheduleRecord, TakeToken};
+use crate::{AdvanceSchedule, ClaimNext, Defer, ScheduleRecord, TakeToken};
 use crate::{
     AnswerTicket, Answered, Answerer, CancelJob, ClaimCommit, ClaimJob, ClaimNotice, CommitClaim,
     Fail, Heartbeat, Inserted, JobFilter, JobPage, JobRecord, Lease, LeaseRef, ListJobs, ListRuns,
@@ -179,6 +179,21 @@ mod sql {
         WHERE {held}
         RETURNING *",
             parked = Transition::Park.to(),
+            held = held()
+        )
+    });
+
+    /// `defer`: running (this attempt) -> retrying, due at ?4, the
+    /// attempt given back.
+    pub(super) static DEFER: Built = LazyLock::new(|| {
+        format!(
+            "
+        UPDATE jobs SET state = '{retrying}',
+            attempts = attempts - 1, lease_owner = NULL, lease_until = NULL,
+            run_at = ?4, updated_at = ?5
+        WHERE {held}
+        RETURNING *",
+            retrying = Transition::Defer.to(),
             held = held()
         )
     });
@@ -1615,6 +1630,16 @@ impl Store for SqliteStore {
         self.call(move |c| {
             let params = params![job_id, worker, attempt, ticket, now];
             query_one(c, &sql::PARK, params, job_from_row)
+        })
+        .await
+    }
+
+    async fn defer(&self, defer: Defer<'_>) -> Result<Option<JobRecord>, StoreError> {
+        let (job_id, worker, attempt) = owned(defer.lease);
+        let (until, now) = (defer.until, defer.now);
+        self.call(move |c| {
+            let params = params![job_id, worker, attempt, until, now];
+            query_one(c, &sql::DEFER, params, job_from_row)
         })
         .await
     }

@@ -459,6 +459,65 @@ impl Worker {
         (handled, Some(span))
     }
 
+    /// How long `job` must wait for a start of its tool's `start_rate`;
+    /// `None` when it may start now (or its tool declares none). Starts
+    /// the buckets cannot give now (the store unreachable) wait a second.
+    async fn start_wait(&self, job: &JobRecord) -> Option<Duration> {
+        let tool = self.runtime.registry().get(&job.tool)?;
+        tool.declaration().start_rate.as_ref()?;
+        let principal = Principal::new(&job.tenant, &job.user, Vec::<String>::new());
+        let ctx = CallCtx::new(Arc::new(principal));
+        match self.runtime.take_start(tool, &ctx, &job.args).await {
+            Ok(wait) => wait,
+            Err(error) if error.code == ErrorCode::InvalidArguments => {
+                // Its arguments lack the key (the call checks it, so the
+                // tool's declaration changed since): it is not held back.
+                tracing::warn!(%error, "a job's start_rate key is missing; it starts");
+                None
+            }
+            Err(error) => {
+                tracing::warn!(%error, "no start could be taken; the job waits a second");
+                Some(Duration::from_secs(1))
+            }
+        }
+    }
+
+    /// Puts `job` back to wait `wait` for a start of its tool's
+    /// `start_rate` (`defer`: the attempt given back), its message
+    /// published with that delay; the sweeper finds it if the publish is
+    /// lost.
+    async fn defer(&self, job: &JobRecord, lease: &LeaseRef, wait: Duration) -> Handled {
+        let now = now_ms();
+        let wait_ms = i64::try_from(wait.as_millis()).unwrap_or(i64::MAX).max(1);
+        let deferred = self
+            .store
+            .defer(toolfleet_store::Defer {
+                lease,
+                until: now.saturating_add(wait_ms),
+                now,
+            })
+            .await;
+        match deferred {
+            Ok(Some(job)) => {
+                tracing::debug!(wait_ms, "job waits for a start of its tool's start_rate");
+                let delay = Duration::from_millis(u64::try_from(wait_ms).unwrap_or(1));
+                if let Err(error) = self
+                    .broker
+                    .publish_after_traced(&job.pool, &job.id, delay, job.trace.as_ref())
+                    .await
+                {
+                    tracing::warn!(%error, "a deferred job's publish failed; left to the sweeper");
+                }
+                Handled::Ran(JobState::Retrying)
+            }
+            Ok(None) => Handled::Skipped,
+            Err(error) => {
+                tracing::warn!(job_id = %job.id, %error, "could not defer a job; the message goes back");
+                Handled::Interrupted
+            }
+        }
+    }
+
     /// A job with a concurrency key stopped running here (settled, put
     /// back to retry, parked or lost): a message to the pool, so that a job
     /// waiting for its key's free slot is claimed now (any message claims
@@ -489,6 +548,9 @@ impl Worker {
                 false,
             );
             return self.settle(job, lease, Outcome::Done(Err(error))).await;
+        }
+        if let Some(wait) = self.start_wait(&job).await {
+            return self.defer(&job, lease, wait).await;
         }
         tracing::info!("job started");
         let metrics = self.runtime.metrics();

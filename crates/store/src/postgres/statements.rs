@@ -188,6 +188,24 @@ pub(super) static PROGRESS: Built = LazyLock::new(|| {
 
 /// `park`: running (this attempt) -> parked on a ticket: unleased, the
 /// attempt given back.
+/// `defer`: running (this attempt) -> retrying, due at `$4`, the attempt
+/// given back.
+pub(super) static DEFER: Built = LazyLock::new(|| {
+    format!(
+        concat!(
+            "
+        UPDATE jobs SET state = '{retrying}',
+            attempts = attempts - 1, lease_owner = NULL, lease_until = NULL,
+            run_at = $4, updated_at = $5
+        WHERE {held}
+        RETURNING ",
+            job_columns!()
+        ),
+        retrying = Transition::Defer.to(),
+        held = held()
+    )
+});
+
 pub(super) static PARK: Built = LazyLock::new(|| {
     format!(
         concat!(

@@ -19,7 +19,7 @@ use super::rows::{
 };
 use super::statements;
 use crate::rows::{Columns, Paging, encode};
-use crate::{AdvanceSchedule, ClaimNext, ScheduleRecord, TakeToken};
+use crate::{AdvanceSchedule, ClaimNext, Defer, ScheduleRecord, TakeToken};
 use crate::{
     AnswerTicket, Answered, Answerer, CancelJob, ClaimCommit, ClaimJob, ClaimNotice, CommitClaim,
     Fail, Heartbeat, Inserted, JobFilter, JobPage, JobRecord, Lease, LeaseRef, ListJobs, ListRuns,
@@ -591,6 +591,13 @@ impl Store for PgStore {
         let c = self.client().await?;
         let params: Params<'_> = &[&id, &worker, &attempt, &park.ticket, &park.now];
         query_one(&c, &statements::PARK, params, job_from_row).await
+    }
+
+    async fn defer(&self, defer: Defer<'_>) -> Result<Option<JobRecord>, StoreError> {
+        let (id, worker, attempt) = parts(defer.lease);
+        let c = self.client().await?;
+        let params: Params<'_> = &[&id, &worker, &attempt, &defer.until, &defer.now];
+        query_one(&c, &statements::DEFER, params, job_from_row).await
     }
 
     async fn wake(&self, ticket: &str, now: i64) -> Result<Vec<JobRecord>, StoreError> {
