@@ -3207,13 +3207,23 @@ pub async fn a_notice_is_claimed_by_one_sender_and_kept_once_sent(store: &dyn St
     );
 }
 
+/// The next job of ordered pool `pool` claimed by `w1` at `now`.
+async fn claim_next(store: &dyn Store, pool: &str, now: i64) -> Option<JobRecord> {
+    let claim = crate::ClaimNext {
+        pool,
+        worker: "w1",
+        now,
+        lease_ms: LEASE,
+    };
+    store.claim_next(claim).await.expect("claim_next")
+}
+
 /// `claim_next` takes, of an ordered pool's claimable jobs, the highest
 /// priority first and equal priorities in the order they came due; it
 /// never takes a job of the pool that carries no priority, a scheduled job
 /// before its time or a job whose lease holds, and takes over one whose
 /// lease expired.
 pub async fn claim_next_takes_the_highest_priority_first_then_in_order(store: &dyn Store) {
-    use crate::ClaimNext;
     let tenant = tenant();
     let pool = format!("ordered-{}", new_id());
     let make = |priority: Option<i16>, now: i64, run_at: Option<i64>| NewJob {
@@ -3235,20 +3245,7 @@ pub async fn claim_next_takes_the_highest_priority_first_then_in_order(store: &d
     }
     let later = insert(store, make(Some(9), BASE, Some(BASE + 100))).await;
     ids.insert(later.id.clone(), "later");
-    let next = |now: i64| {
-        let pool = pool.clone();
-        async move {
-            store
-                .claim_next(ClaimNext {
-                    pool: &pool,
-                    worker: "w1",
-                    now,
-                    lease_ms: LEASE,
-                })
-                .await
-                .expect("claim_next")
-        }
-    };
+    let next = |now: i64| claim_next(store, &pool, now);
     let mut order = Vec::new();
     while let Some(job) = next(BASE + 10).await {
         assert_eq!(job.state, JobState::Running);
@@ -3285,7 +3282,6 @@ pub async fn claim_next_takes_the_highest_priority_first_then_in_order(store: &d
 /// when a holder's lease expires; other keys and jobs without a key are
 /// taken meanwhile.
 pub async fn claim_next_holds_each_concurrency_key_to_its_limit(store: &dyn Store) {
-    use crate::ClaimNext;
     let tenant = tenant();
     let pool = format!("keyed-{}", new_id());
     let key = format!("sync\u{1f}{tenant}\u{1f}\"acct-1\"");
@@ -3312,20 +3308,7 @@ pub async fn claim_next_holds_each_concurrency_key_to_its_limit(store: &dyn Stor
         assert_eq!(job.concurrency_limit, k.map(|(_, limit)| limit));
         names.insert(job.id, name);
     }
-    let next = |now: i64| {
-        let pool = pool.clone();
-        async move {
-            store
-                .claim_next(ClaimNext {
-                    pool: &pool,
-                    worker: "w1",
-                    now,
-                    lease_ms: LEASE,
-                })
-                .await
-                .expect("claim_next")
-        }
-    };
+    let next = |now: i64| claim_next(store, &pool, now);
     let mut held = Vec::new();
     while let Some(job) = next(BASE + 10).await {
         held.push(job);
@@ -3382,7 +3365,6 @@ pub async fn claim_next_holds_each_concurrency_key_to_its_limit(store: &dyn Stor
 /// a tenant that comes while another has a backlog is taken within a turn;
 /// a higher priority still comes first.
 pub async fn fair_turns_let_a_newcomer_in_within_a_turn(store: &dyn Store) {
-    use crate::ClaimNext;
     let pool = format!("fair-{}", new_id());
     let (a, b) = (tenant(), tenant());
     let mut names = std::collections::HashMap::new();
@@ -3412,20 +3394,7 @@ pub async fn fair_turns_let_a_newcomer_in_within_a_turn(store: &dyn Store) {
         [1, 2, 3, 4, 5, 6],
         "a tenant's turns follow each other"
     );
-    let next = || {
-        let pool = pool.clone();
-        async move {
-            store
-                .claim_next(ClaimNext {
-                    pool: &pool,
-                    worker: "w1",
-                    now: BASE + 100,
-                    lease_ms: LEASE,
-                })
-                .await
-                .expect("claim_next")
-        }
-    };
+    let next = || claim_next(store, &pool, BASE + 100);
     let mut order = Vec::new();
     for _ in 0..2 {
         order.push(names[&next().await.expect("a job").id].clone());

@@ -3,20 +3,18 @@
 //! the worker's slots, runs other accounts meanwhile, and finishes every
 //! job; a call without the key's argument is refused.
 
+mod common;
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use tokio::sync::watch;
-use toolfleet_broker::memory::{MemoryBroker, MemoryNotices};
 use toolfleet_core::{
-    CallCtx, CountedBy, Envelope, ErrorCode, JobState, Principal, Runtime, ToolDecl, ToolError,
+    CallCtx, CountedBy, Envelope, ErrorCode, JobState, Principal, Runtime, RuntimeConfig, ToolDecl,
+    ToolError,
 };
-use toolfleet_fleet::Dispatcher;
-use toolfleet_store::Store;
-use toolfleet_store::sqlite::SqliteStore;
-use toolfleet_worker::{Worker, WorkerConfig};
+use toolfleet_worker::WorkerConfig;
 
 const POOL: &str = "sync";
 
@@ -25,15 +23,8 @@ type Counts = Arc<Mutex<HashMap<String, (u32, u32)>>>;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn at_most_the_limit_of_one_key_runs_at_once_and_every_job_finishes() {
-    let store: Arc<dyn Store> = Arc::new(SqliteStore::open_in_memory().await.unwrap());
-    let broker = MemoryBroker::new();
-    let notices = MemoryNotices::new();
-    let dispatcher = Dispatcher::new(
-        store.clone(),
-        Arc::new(broker.clone()),
-        Arc::new(notices.clone()),
-    );
-    let mut runtime = Runtime::builder().fleet(Arc::new(dispatcher)).build();
+    let rig = common::Rig::new().await;
+    let mut runtime = rig.runtime(RuntimeConfig::default());
     let counts: Counts = Arc::default();
     let seen = counts.clone();
     let sync = ToolDecl::job("sync")
@@ -68,13 +59,7 @@ async fn at_most_the_limit_of_one_key_runs_at_once_and_every_job_finishes() {
     let mut config = WorkerConfig::new(POOL);
     config.concurrency = 8;
     config.ordered = true;
-    let worker = Worker::new(
-        config,
-        runtime.clone(),
-        store.clone(),
-        Arc::new(broker),
-        Arc::new(notices),
-    );
+    let worker = rig.worker(config, &runtime);
     let principal = Arc::new(Principal::new("acme", "alice", Vec::<String>::new()));
     let mut ids = Vec::new();
     for n in 0..30 {
@@ -97,14 +82,10 @@ async fn at_most_the_limit_of_one_key_runs_at_once_and_every_job_finishes() {
         }
         other => panic!("{other:?}"),
     }
-    let (stop, stopped) = watch::channel(false);
-    tokio::spawn(worker.run(stopped, Duration::from_secs(1)));
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let stop = rig.start(&worker);
     for id in &ids {
-        while store.job_by_id(id).await.unwrap().unwrap().state != JobState::Succeeded {
-            assert!(tokio::time::Instant::now() < deadline, "job {id} never ran");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        rig.until(id, JobState::Succeeded, Duration::from_secs(20))
+            .await;
     }
     let counts = counts.lock().unwrap().clone();
     assert_eq!(counts.len(), 3);

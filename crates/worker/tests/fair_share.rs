@@ -3,17 +3,14 @@
 //! of that backlog has run (measured and printed); in a pool that is not
 //! fair, the same job waits behind the backlog.
 
+mod common;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use tokio::sync::watch;
-use toolfleet_broker::memory::{MemoryBroker, MemoryNotices};
-use toolfleet_core::{CallCtx, Envelope, Principal, Runtime, RuntimeConfig, ToolDecl, ToolError};
-use toolfleet_fleet::Dispatcher;
-use toolfleet_store::Store;
-use toolfleet_store::sqlite::SqliteStore;
-use toolfleet_worker::{Worker, WorkerConfig};
+use toolfleet_core::{CallCtx, Envelope, Principal, RuntimeConfig, ToolDecl, ToolError};
+use toolfleet_worker::WorkerConfig;
 
 const BACKLOG: usize = 20_000;
 
@@ -22,22 +19,12 @@ const BACKLOG: usize = 20_000;
 /// not.
 async fn started_before_the_newcomer(fair: bool, backlog: usize) -> usize {
     let pool = "crawl";
-    let store: Arc<dyn Store> = Arc::new(SqliteStore::open_in_memory().await.unwrap());
-    let broker = MemoryBroker::new();
-    let notices = MemoryNotices::new();
-    let dispatcher = Dispatcher::new(
-        store.clone(),
-        Arc::new(broker.clone()),
-        Arc::new(notices.clone()),
-    );
+    let rig = common::Rig::new().await;
     let mut config = RuntimeConfig::default();
     if fair {
         config.fair_share.insert(pool.to_owned());
     }
-    let mut runtime = Runtime::builder()
-        .config(config)
-        .fleet(Arc::new(dispatcher))
-        .build();
+    let mut runtime = rig.runtime(config);
     let started: Arc<Mutex<Vec<String>>> = Arc::default();
     let seen = started.clone();
     let crawl =
@@ -65,15 +52,7 @@ async fn started_before_the_newcomer(fair: bool, backlog: usize) -> usize {
     worker_config.concurrency = 8;
     worker_config.ahead = 8;
     worker_config.ordered = true;
-    let worker = Worker::new(
-        worker_config,
-        runtime.clone(),
-        store.clone(),
-        Arc::new(broker),
-        Arc::new(notices),
-    );
-    let (stop, stopped) = watch::channel(false);
-    tokio::spawn(worker.run(stopped, Duration::from_secs(1)));
+    let stop = rig.start(&rig.worker(worker_config, &runtime));
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     while started.lock().unwrap().len() < 100 {
         assert!(

@@ -3,32 +3,23 @@
 //! worker's slots; the jobs over it wait, retrying, and none fails or
 //! spends an attempt for it.
 
+mod common;
+
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use tokio::sync::watch;
-use toolfleet_broker::memory::{MemoryBroker, MemoryNotices};
 use toolfleet_core::middleware::RateLimit;
 use toolfleet_core::{
-    CallCtx, CountedBy, Envelope, ErrorCode, JobState, Principal, Runtime, ToolDecl, ToolError,
+    CallCtx, CountedBy, Envelope, ErrorCode, JobState, Principal, RuntimeConfig, ToolDecl,
+    ToolError,
 };
-use toolfleet_fleet::Dispatcher;
-use toolfleet_store::Store;
-use toolfleet_store::sqlite::SqliteStore;
-use toolfleet_worker::{Worker, WorkerConfig};
+use toolfleet_worker::WorkerConfig;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_over_the_start_rate_wait_and_none_fails() {
-    let store: Arc<dyn Store> = Arc::new(SqliteStore::open_in_memory().await.unwrap());
-    let broker = MemoryBroker::new();
-    let notices = MemoryNotices::new();
-    let dispatcher = Dispatcher::new(
-        store.clone(),
-        Arc::new(broker.clone()),
-        Arc::new(notices.clone()),
-    );
-    let mut runtime = Runtime::builder().fleet(Arc::new(dispatcher)).build();
+    let rig = common::Rig::new().await;
+    let mut runtime = rig.runtime(RuntimeConfig::default());
     let starts: Arc<Mutex<Vec<Instant>>> = Arc::default();
     let seen = starts.clone();
     let limit = RateLimit {
@@ -75,27 +66,12 @@ async fn jobs_over_the_start_rate_wait_and_none_fails() {
     }
     let mut config = WorkerConfig::new(toolfleet_core::DEFAULT_POOL);
     config.concurrency = 8;
-    let worker = Worker::new(
-        config,
-        runtime.clone(),
-        store.clone(),
-        Arc::new(broker),
-        Arc::new(notices),
-    );
-    let (stop, stopped) = watch::channel(false);
-    tokio::spawn(worker.run(stopped, Duration::from_secs(1)));
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let stop = rig.start(&rig.worker(config, &runtime));
     for id in &ids {
-        loop {
-            let job = store.job_by_id(id).await.unwrap().unwrap();
-            if job.state == JobState::Succeeded {
-                assert_eq!(job.attempts, 1, "waiting spent no attempt");
-                break;
-            }
-            assert_ne!(job.state, JobState::Failed, "{job:?}");
-            assert!(tokio::time::Instant::now() < deadline, "{job:?}");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        let job = rig
+            .until(id, JobState::Succeeded, Duration::from_secs(20))
+            .await;
+        assert_eq!(job.attempts, 1, "waiting spent no attempt");
     }
     let mut starts = starts.lock().unwrap().clone();
     starts.sort();
