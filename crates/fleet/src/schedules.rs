@@ -329,7 +329,9 @@ impl Ticker {
                     break;
                 };
                 match self.take(schedule, record.as_ref(), step, now).await {
-                    Ok(ticked) => done.extend(ticked),
+                    Ok(Taken::Done(ticked)) => done.extend(ticked),
+                    // The call may succeed later: the next look tries again.
+                    Ok(Taken::Later) => break,
                     Err(error) => {
                         tracing::warn!(schedule = %schedule.name(), %error, "a schedule's tick waits for the store");
                         break;
@@ -358,7 +360,7 @@ impl Ticker {
         record: Option<&ScheduleRecord>,
         step: Step,
         now: i64,
-    ) -> Result<Option<Ticked>, StoreError> {
+    ) -> Result<Taken, StoreError> {
         let from = record.map(|r| r.last_tick);
         let name = schedule.name();
         let skipped = |tick: i64, reason: &str| Ticked::Skipped {
@@ -380,7 +382,7 @@ impl Ticker {
                 }
                 Start::Overlapping => (tick, None, Some(skipped(tick, "overlap"))),
                 Start::Refused(reason) => (tick, None, Some(skipped(tick, &reason))),
-                Start::Later => return Ok(None),
+                Start::Later => return Ok(Taken::Later),
             },
         };
         let moved = self
@@ -403,7 +405,7 @@ impl Ticker {
                 }
                 None => {}
             }
-            return Ok(ticked);
+            return Ok(Taken::Done(ticked));
         }
         // Another process moved it first. If it skipped this very tick while
         // this one started its job, the record names the job, so that the
@@ -422,7 +424,7 @@ impl Ticker {
                 })
                 .await?;
         }
-        Ok(None)
+        Ok(Taken::Done(None))
     }
 
     /// Starts the job of `tick` unless its previous one overlaps.
@@ -479,6 +481,15 @@ impl Ticker {
         });
         until.clamp(Duration::from_millis(5), LOOK)
     }
+}
+
+/// What taking a step came to.
+enum Taken {
+    /// Done (by this process or another): what this one did, if anything.
+    Done(Option<Ticked>),
+    /// The tick's call failed in a way a later one may not: the schedule
+    /// waits for the next look.
+    Later,
 }
 
 /// What starting a tick's job came to.

@@ -42,6 +42,15 @@ fn spec(name: &str, cron: &str, overlap: Overlap, catch_up: CatchUp) -> Schedule
 /// `n` tickers of `specs` over one store, each with a dispatcher of its own:
 /// the tool `report` is a job no worker runs, so its jobs stay queued.
 async fn tickers(n: usize, specs: Vec<ScheduleSpec>) -> (Arc<dyn Store>, Vec<Ticker>) {
+    tickers_limited(n, specs, None).await
+}
+
+/// As [`tickers`], `report` limited to `limit` calls a minute when given.
+async fn tickers_limited(
+    n: usize,
+    specs: Vec<ScheduleSpec>,
+    limit: Option<u32>,
+) -> (Arc<dyn Store>, Vec<Ticker>) {
     let store: Arc<dyn Store> = Arc::new(SqliteStore::open_in_memory().await.unwrap());
     let schedules: Arc<[Schedule]> = specs
         .into_iter()
@@ -63,6 +72,13 @@ async fn tickers(n: usize, specs: Vec<ScheduleSpec>) -> (Arc<dyn Store>, Vec<Tic
                     "additionalProperties": false
                 }))
                 .run(|_ctx: CallCtx, _args: Value| async move { Ok::<_, ToolError>(json!({})) });
+            let report = match limit {
+                Some(max) => report.rate_limit(toolfleet_core::RateLimit {
+                    max,
+                    per: std::time::Duration::from_secs(60),
+                }),
+                None => report,
+            };
             runtime.register(report).expect("the tool registers");
             Ticker {
                 store: store.clone(),
@@ -231,4 +247,32 @@ async fn a_call_the_tool_refuses_skips_its_tick_saying_why() {
     }
     assert_eq!(store.schedules().await.unwrap()[0].last_tick, T0 + 60_000);
     assert!(jobs_per_tick(store.as_ref()).await.is_empty());
+}
+
+/// A tick whose call is refused for now (`rate_limited`) is not skipped:
+/// the record stays, the pass makes that one call and stops, and a later
+/// look makes the call again.
+#[tokio::test]
+async fn a_tick_refused_for_now_is_tried_again_at_the_next_look() {
+    let minutely = spec("limited", "* * * * *", Overlap::Allow, CatchUp::Last);
+    let (store, tickers) = tickers_limited(1, vec![minutely], Some(1)).await;
+    let ticker = &tickers[0];
+    ticker.pass(T0).await.unwrap();
+    assert_eq!(
+        started(&ticker.pass(T0 + 60_100).await.unwrap()),
+        vec![T0 + 60_000]
+    );
+    let refused = ticker.pass(T0 + 120_100).await.unwrap();
+    assert!(refused.is_empty(), "{refused:?}");
+    assert_eq!(
+        store.schedules().await.unwrap()[0].last_tick,
+        T0 + 60_000,
+        "not skipped"
+    );
+    let calls = ticker.runtime.metrics().render();
+    let limited = calls
+        .lines()
+        .find(|l| l.starts_with("toolfleet_calls_total") && l.contains("rate_limited"))
+        .unwrap_or_else(|| panic!("a refused call is counted: {calls}"));
+    assert!(limited.ends_with(" 1"), "one call a pass: {limited}");
 }
