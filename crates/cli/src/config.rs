@@ -555,14 +555,39 @@ impl Config {
                 .extend(tools.into_iter().map(|t| (t, dir.clone())));
             let agents = parse_agents(&text).map_err(|e| format!("{}: {e}", path.display()))?;
             self.agents.extend(agents);
+            let schedules = toml::from_str::<ScheduleTables>(&text)
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            self.schedules.extend(schedules.schedules);
         }
         Ok(())
     }
 }
 
+/// The `[[schedules]]` tables of an included file; other keys are read
+/// elsewhere.
+#[derive(Deserialize)]
+struct ScheduleTables {
+    #[serde(default)]
+    schedules: Vec<toolfleet_fleet::schedules::ScheduleSpec>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn schedules_are_read_from_included_files_too() {
+        let dir = std::env::temp_dir().join(format!("tf-include-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let more = "[[schedules]]\nname = \"weekly\"\ncron = \"0 9 * * MON\"\ntool = \"t\"\nprincipal = { tenant = \"acme\", user = \"ops\" }\n";
+        std::fs::write(dir.join("more.toml"), more).unwrap();
+        let main = "include = [\"more.toml\"]\n\n[[schedules]]\nname = \"nightly\"\ncron = \"0 3 * * *\"\ntool = \"t\"\nprincipal = { tenant = \"acme\", user = \"ops\" }\n";
+        std::fs::write(dir.join("toolfleet.toml"), main).unwrap();
+        let config = Config::load(Some(&dir.join("toolfleet.toml"))).unwrap();
+        let names: Vec<&str> = config.schedules.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["nightly", "weekly"]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn retention_keeps_each_kind_its_days_and_zero_for_ever() {
