@@ -55,15 +55,10 @@ async fn at_most_the_limit_of_one_key_runs_at_once_and_every_job_finishes() {
         runtime.is_ordered(POOL),
         "a concurrency limit orders its pool"
     );
-    assert!(
-        runtime.is_keyed(POOL),
-        "and its claims are taken one at a time"
-    );
     let runtime = Arc::new(runtime);
     let mut config = WorkerConfig::new(POOL);
     config.concurrency = 8;
     config.ordered = true;
-    config.keyed = true;
     let worker = rig.worker(config, &runtime);
     let principal = Arc::new(Principal::new("acme", "alice", Vec::<String>::new()));
     let mut ids = Vec::new();

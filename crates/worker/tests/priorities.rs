@@ -73,10 +73,6 @@ impl Rig {
             .register_all([stamp, hold, plain, look])
             .expect("tools register");
         assert!(runtime.is_ordered(POOL), "a tool declares a priority");
-        assert!(
-            !runtime.is_keyed(POOL),
-            "claims side by side: no key to count"
-        );
         assert!(!runtime.is_ordered("default"));
         let runtime = Arc::new(runtime);
         let mut config = WorkerConfig::new(POOL);
