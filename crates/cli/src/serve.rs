@@ -204,7 +204,6 @@ pub(crate) async fn start(
             let ordered = shared.runtime.is_ordered(&pool);
             let mut worker_config = WorkerConfig::new(pool);
             worker_config.ordered = ordered;
-            worker_config.keyed = shared.runtime.is_keyed(&worker_config.pool);
             worker_config.concurrency = config.concurrency;
             worker_config.ahead = prefetch_ahead(&config, long);
             worker_config.lease = lease;

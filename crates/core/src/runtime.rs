@@ -160,7 +160,6 @@ impl RuntimeBuilder {
             handles: handles.clone(),
             internal: Default::default(),
             ordered: Default::default(),
-            keyed: Default::default(),
         };
         runtime
             .register(read_handle_tool(handles))
@@ -193,9 +192,6 @@ pub struct Runtime {
     /// priority first whose key has a free slot ([`ToolDecl::priority`],
     /// [`ToolDecl::concurrency`]).
     ordered: std::collections::BTreeSet<String>,
-    /// The pools of tools that declare a concurrency limit: their claims
-    /// count running jobs, so they are taken one at a time.
-    keyed: std::collections::BTreeSet<String>,
 }
 
 impl Runtime {
@@ -229,12 +225,10 @@ impl Runtime {
     pub fn register(&mut self, decl: ToolDecl) -> Result<Arc<Tool>, RegistrationError> {
         let ordered =
             (decl.priority.is_some() || decl.concurrency.is_some()).then(|| self.pool_of(&decl));
-        let keyed = decl.concurrency.is_some().then(|| self.pool_of(&decl));
         let tool = self
             .registry
             .register(decl, &self.services, self.config.default_timeout)?;
         self.ordered.extend(ordered);
-        self.keyed.extend(keyed);
         Ok(tool)
     }
 
@@ -276,13 +270,6 @@ impl Runtime {
     /// worker), and calls of its tools may give a priority.
     pub fn is_ordered(&self, pool: &str) -> bool {
         self.ordered.contains(pool) || self.is_fair(pool)
-    }
-
-    /// True when a tool of `pool` declares a concurrency limit: its claims
-    /// count the running jobs of a key, so the store takes them one at a
-    /// time ([`ClaimNext::serial`](crate)).
-    pub fn is_keyed(&self, pool: &str) -> bool {
-        self.keyed.contains(pool)
     }
 
     /// True when `pool` shares its workers fairly between tenants

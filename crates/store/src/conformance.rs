@@ -3207,15 +3207,13 @@ pub async fn a_notice_is_claimed_by_one_sender_and_kept_once_sent(store: &dyn St
     );
 }
 
-/// The next job of ordered pool `pool` claimed by `w1` at `now`, one at a
-/// time (`serial`, for a pool with concurrency keys) or not.
-async fn claim_next(store: &dyn Store, pool: &str, now: i64, serial: bool) -> Option<JobRecord> {
+/// The next job of ordered pool `pool` claimed by `w1` at `now`.
+async fn claim_next(store: &dyn Store, pool: &str, now: i64) -> Option<JobRecord> {
     let claim = crate::ClaimNext {
         pool,
         worker: "w1",
         now,
         lease_ms: LEASE,
-        serial,
     };
     store.claim_next(claim).await.expect("claim_next")
 }
@@ -3247,7 +3245,7 @@ pub async fn claim_next_takes_the_highest_priority_first_then_in_order(store: &d
     }
     let later = insert(store, make(Some(9), BASE, Some(BASE + 100))).await;
     ids.insert(later.id.clone(), "later");
-    let next = |now: i64| claim_next(store, &pool, now, false);
+    let next = |now: i64| claim_next(store, &pool, now);
     let mut order = Vec::new();
     while let Some(job) = next(BASE + 10).await {
         assert_eq!(job.state, JobState::Running);
@@ -3310,7 +3308,7 @@ pub async fn claim_next_holds_each_concurrency_key_to_its_limit(store: &dyn Stor
         assert_eq!(job.concurrency_limit, k.map(|(_, limit)| limit));
         names.insert(job.id, name);
     }
-    let next = |now: i64| claim_next(store, &pool, now, true);
+    let next = |now: i64| claim_next(store, &pool, now);
     let mut held = Vec::new();
     while let Some(job) = next(BASE + 10).await {
         held.push(job);
@@ -3396,7 +3394,7 @@ pub async fn fair_turns_let_a_newcomer_in_within_a_turn(store: &dyn Store) {
         [1, 2, 3, 4, 5, 6],
         "a tenant's turns follow each other"
     );
-    let next = || claim_next(store, &pool, BASE + 100, false);
+    let next = || claim_next(store, &pool, BASE + 100);
     let mut order = Vec::new();
     for _ in 0..2 {
         order.push(names[&next().await.expect("a job").id].clone());

@@ -586,10 +586,6 @@ pub struct ClaimNext<'a> {
     pub now: i64,
     /// How long the lease holds from `now`, in milliseconds.
     pub lease_ms: i64,
-    /// The pool's jobs may carry a concurrency key: claims are taken one at
-    /// a time (on PostgreSQL, under the pool's advisory lock), so two never
-    /// count the same free slot. Without keys, claims run side by side.
-    pub serial: bool,
 }
 
 /// What [`Store::cancel`] takes: `tenant`'s job `id`, cancelled at `now`.

@@ -70,9 +70,6 @@ pub struct WorkerConfig {
     /// The pool is ordered: each message claims the pool's next job by
     /// priority ([`Store::claim_next`]), whichever job it names.
     pub ordered: bool,
-    /// Of an ordered pool: a tool of it declares a concurrency limit, so
-    /// claims are taken one at a time ([`toolfleet_store::ClaimNext::serial`]).
-    pub keyed: bool,
 }
 
 impl WorkerConfig {
@@ -89,7 +86,6 @@ impl WorkerConfig {
             backoff_max: Duration::from_secs(300),
             poll_after_s: 5,
             ordered: false,
-            keyed: false,
         }
     }
 }
@@ -392,7 +388,6 @@ impl Worker {
                 worker: &owner,
                 now: claimed_at,
                 lease_ms,
-                serial: self.config.keyed,
             };
             match self.store.claim_next(next).await {
                 // Nothing of the pool's ordered jobs is claimable: the

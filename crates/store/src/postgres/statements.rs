@@ -812,9 +812,8 @@ pub(super) const SCHEDULE_PAUSE: &str =
 /// due, then the smallest id, of the jobs without a concurrency key and
 /// those whose key has fewer than its limit running with a lease that
 /// holds (counted off `jobs_keyed`, migration 19); a row another claim
-/// holds is skipped. In a pool with concurrency keys it runs after
-/// [`LOCK_POOL`] in one transaction, so that two claims never both count a
-/// key's last free slot; other ordered pools claim side by side.
+/// holds is skipped. Run after [`LOCK_POOL`] in one transaction, so that
+/// two claims never both count a key's last free slot.
 pub(super) static CLAIM_NEXT: Built = LazyLock::new(|| {
     format!(
         concat!(

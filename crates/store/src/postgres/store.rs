@@ -509,12 +509,10 @@ impl Store for PgStore {
     async fn claim_next(&self, claim: ClaimNext<'_>) -> Result<Option<JobRecord>, StoreError> {
         let mut c = self.client().await?;
         let until = claim.now.saturating_add(claim.lease_ms);
+        let lock = c.prepare_cached(statements::LOCK_POOL).await?;
         let next = c.prepare_cached(&statements::CLAIM_NEXT).await?;
         let tx = c.transaction().await?;
-        if claim.serial {
-            let lock = tx.prepare_cached(statements::LOCK_POOL).await?;
-            tx.execute(&lock, &[&claim.pool]).await?;
-        }
+        tx.execute(&lock, &[&claim.pool]).await?;
         let row = tx
             .query_opt(&next, &[&claim.pool, &claim.worker, &claim.now, &until])
             .await?;
