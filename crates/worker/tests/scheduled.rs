@@ -142,7 +142,16 @@ async fn a_delayed_job_is_scheduled_and_starts_at_its_time_not_before() {
         }
         other => panic!("get_job of a scheduled job: {other:?}"),
     }
-    // Within the horizon: published at once, as one delayed message.
+    // Within the horizon: published at once (after the answer, by the
+    // outbox), as one delayed message, well before the job is due.
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(500);
+    while rig.broker.scheduled(POOL) == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no delayed message half a second after the call"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     assert_eq!(rig.broker.scheduled(POOL), 1);
 
     let done = rig
