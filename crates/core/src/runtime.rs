@@ -30,7 +30,7 @@ use crate::shapes::fleet::{
     approval_ticket_id,
 };
 use crate::shapes::handle::{HandleAnswer, HandleStore, MemoryHandleStore, read_handle_tool};
-use crate::tool::{CallCtx, PRIORITIES, Shape, ToolDecl};
+use crate::tool::{CallCtx, Shape, ToolDecl};
 
 /// Settings of the runtime; every one has a default that suits a single machine.
 #[derive(Debug, Clone)]
@@ -372,14 +372,10 @@ impl Runtime {
     /// or for a tool whose jobs are not taken by priority.
     fn refused_priority(&self, tool: &Tool, ctx: &CallCtx) -> Option<ToolError> {
         let priority = ctx.priority?;
-        let refused = |why: String| Some(ToolError::new(ErrorCode::BadRequest, why));
-        if !PRIORITIES.contains(&priority) {
-            return refused(format!(
-                "`priority` must be a whole number from {} to {} (higher first); {priority} is not",
-                PRIORITIES.start(),
-                PRIORITIES.end()
-            ));
+        if let Err(error) = crate::tool::priority_of(&serde_json::Value::from(priority)) {
+            return Some(error);
         }
+        let refused = |why: String| Some(ToolError::new(ErrorCode::BadRequest, why));
         if !matches!(tool.shape(), Shape::Job | Shape::Agent) {
             return refused(format!(
                 "`priority` is for job and agent tools; `{}` is a {} tool and runs when called: \

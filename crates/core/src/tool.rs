@@ -380,6 +380,26 @@ impl CountedBy {
 /// nor its tool gives one.
 pub const PRIORITIES: std::ops::RangeInclusive<i16> = -100..=100;
 
+/// A call's `priority` as it was given (any JSON), within [`PRIORITIES`],
+/// or the `bad_request` naming the field and its bounds.
+pub fn priority_of(value: &Value) -> Result<i16, crate::ToolError> {
+    value
+        .as_i64()
+        .and_then(|n| i16::try_from(n).ok())
+        .filter(|n| PRIORITIES.contains(n))
+        .ok_or_else(|| {
+            crate::ToolError::new(
+                crate::ErrorCode::BadRequest,
+                format!(
+                    "`priority` must be a whole number from {} to {} (higher first): got {}",
+                    PRIORITIES.start(),
+                    PRIORITIES.end(),
+                    crate::registry::truncate(&value.to_string(), 32)
+                ),
+            )
+        })
+}
+
 /// Something a running call tells its caller before its result.
 #[derive(Debug, Clone, PartialEq)]
 pub enum CallEvent {

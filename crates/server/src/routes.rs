@@ -20,7 +20,7 @@ use toolfleet_broker::{Broker, EventKind, EventState, Notices};
 use toolfleet_core::adapters::{Format, tool_specs};
 use toolfleet_core::metrics::{Denial, UNKNOWN_TOOL};
 use toolfleet_core::{
-    CallCtx, Envelope, ErrorCode, FLEET_OPERATE, JobState, Json, PRIORITIES, Principal, ToolError,
+    CallCtx, Envelope, ErrorCode, FLEET_OPERATE, JobState, Json, Principal, ToolError,
 };
 use toolfleet_store::{Answered, JobFilter, Store, TicketRecord};
 
@@ -331,25 +331,6 @@ fn empty_object() -> Value {
     json!({})
 }
 
-/// A call's `priority`: a whole number within [`PRIORITIES`].
-fn priority_of(value: &Value) -> Result<i16, ToolError> {
-    value
-        .as_i64()
-        .and_then(|n| i16::try_from(n).ok())
-        .filter(|n| PRIORITIES.contains(n))
-        .ok_or_else(|| {
-            ToolError::new(
-                ErrorCode::BadRequest,
-                format!(
-                    "`priority` must be a whole number from {} to {} (higher first): got {}",
-                    PRIORITIES.start(),
-                    PRIORITIES.end(),
-                    toolfleet_core::registry::truncate(&value.to_string(), 32)
-                ),
-            )
-        })
-}
-
 /// How far ahead a call's `run_at` or `delay_s` may be: a year.
 pub(crate) const MAX_DELAY_S: i64 = 366 * 24 * 3600;
 
@@ -525,7 +506,7 @@ async fn make_call(
     let priority = request
         .priority
         .as_ref()
-        .map(priority_of)
+        .map(toolfleet_core::priority_of)
         .transpose()
         .map_err(Refused::BadRequest)?;
     if let Some(url) = request.callback_url.as_deref()

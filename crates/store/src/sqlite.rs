@@ -620,6 +620,12 @@ mod sql {
             state = 'settled', envelope = ?2, lease_until = NULL, keep_until = ?3
         WHERE commits.state = 'pending'";
 
+    /// How many jobs of concurrency key ?1 run with a lease that holds at
+    /// ?2, off `jobs_keyed` (as [`CLAIM_NEXT`] counts them).
+    pub(super) const RUNNING_WITH_KEY: &str = "SELECT count(*) FROM jobs INDEXED BY jobs_keyed
+        WHERE concurrency_key = ?1 AND concurrency_key IS NOT NULL AND state = 'running'
+          AND lease_until >= ?2";
+
     // Schedules (migration 18).
 
     /// Every schedule's record.
@@ -1544,12 +1550,7 @@ impl Store for SqliteStore {
     async fn running_with_key(&self, key: &str, now: i64) -> Result<u32, StoreError> {
         let key = key.to_owned();
         self.call(move |c| {
-            let n: i64 = c.query_row(
-                "SELECT count(*) FROM jobs INDEXED BY jobs_keyed WHERE concurrency_key = ?1
-                    AND concurrency_key IS NOT NULL AND state = 'running' AND lease_until >= ?2",
-                params![key, now],
-                |row| row.get(0),
-            )?;
+            let n: i64 = c.query_row(sql::RUNNING_WITH_KEY, params![key, now], |row| row.get(0))?;
             Ok(u32::try_from(n).unwrap_or(u32::MAX))
         })
         .await
