@@ -57,6 +57,7 @@ macro_rules! broker_conformance {
             requeue_redelivers,
             dropped_consumer_gives_back_unacked,
             rejected_message_is_not_redelivered,
+            rejected_messages_are_dead_letters_until_taken,
             settlements_in_any_order_each_take_effect,
             delayed_message_waits_its_delay,
             pools_are_isolated,
@@ -428,6 +429,50 @@ pub mod broker {
         );
         ack(next).await;
         assert_nothing_delivered(consumer.as_mut(), "the rejected message").await;
+    }
+
+    /// A rejected message is among its pool's dead letters (none of another
+    /// pool's), reason `rejected`, carrying its id; a dead letter requeued
+    /// comes again, one acked or rejected never does.
+    pub async fn rejected_messages_are_dead_letters_until_taken(broker: &dyn Broker) {
+        let (pool, other) = (unique("dead"), unique("dead-other"));
+        let ids = job_ids(3);
+        publish_all(broker, &pool, &ids).await;
+        publish_all(broker, &other, &job_ids(1)).await;
+        let mut consumer = consume(broker, &pool, 1).await;
+        for _ in 0..ids.len() {
+            let delivery = next_delivery(consumer.as_mut(), "to reject").await;
+            assert_eq!(within("reject", delivery.reject()).await, Ok(()));
+        }
+        let mut elsewhere = consume(broker, &other, 1).await;
+        let kept = next_delivery(elsewhere.as_mut(), "another pool's").await;
+        assert_eq!(within("reject", kept.reject()).await, Ok(()));
+        let mut dead = within("consume_dead", broker.consume_dead(&pool))
+            .await
+            .expect("consume the dead letters");
+        // Held together (a consumer of dead letters holds several), then
+        // given back.
+        let mut letters = Vec::new();
+        for _ in 0..ids.len() {
+            letters.push(next_delivery(dead.as_mut(), "a dead letter").await);
+        }
+        let mut seen = Vec::new();
+        for letter in letters {
+            assert_eq!(letter.dead_reason.as_deref(), Some("rejected"));
+            seen.push(letter.job_id.clone());
+            assert_eq!(within("requeue", letter.requeue()).await, Ok(()));
+        }
+        seen.sort();
+        let mut sorted = ids.clone();
+        sorted.sort();
+        assert_eq!(seen, sorted, "each rejected message, and only this pool's");
+        let again = next_delivery(dead.as_mut(), "a requeued dead letter").await;
+        assert!(ids.contains(&again.job_id));
+        assert_eq!(within("reject", again.reject()).await, Ok(()));
+        for _ in 1..ids.len() {
+            ack(next_delivery(dead.as_mut(), "the rest").await).await;
+        }
+        assert_nothing_delivered(dead.as_mut(), "a dead letter taken").await;
     }
 
     /// Delays are per message: a shorter delay published after a longer one

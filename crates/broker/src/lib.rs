@@ -66,6 +66,11 @@ pub struct Delivery {
     /// The trace context the message carried: the span that enqueued the
     /// job. `None` when it carried none (or one that is not valid).
     pub trace: Option<TraceContext>,
+    /// Of a dead letter ([`Broker::consume_dead`]): why the broker
+    /// dead-lettered it, as the broker says (`rejected`: a worker could not
+    /// process it; RabbitMQ's `delivery_limit`, `expired` and `maxlen`:
+    /// the broker gave up delivering it). `None` for a pool's delivery.
+    pub dead_reason: Option<String>,
     acker: Box<dyn Acker>,
 }
 
@@ -77,8 +82,15 @@ impl Delivery {
             job_id,
             redelivered,
             trace: None,
+            dead_reason: None,
             acker,
         }
+    }
+
+    /// This delivery, a dead letter for `reason`.
+    pub fn with_dead_reason(mut self, reason: Option<String>) -> Self {
+        self.dead_reason = reason;
+        self
     }
 
     /// This delivery, carrying `trace`.
@@ -110,6 +122,7 @@ impl std::fmt::Debug for Delivery {
             .field("job_id", &self.job_id)
             .field("redelivered", &self.redelivered)
             .field("trace", &self.trace)
+            .field("dead_reason", &self.dead_reason)
             .finish()
     }
 }
@@ -194,6 +207,12 @@ pub trait Broker: Send + Sync + 'static {
     /// Messages waiting in `pool` (ready, not delivered), for metrics; a
     /// message may carry several job ids.
     async fn depth(&self, pool: &str) -> Result<u64, BrokerError>;
+    /// Consumes the dead letters of `pool`: the messages a worker rejected
+    /// and those the broker gave up delivering, oldest first, each id a
+    /// delivery of its own with its [`Delivery::dead_reason`]. An ack takes
+    /// one away for good; a requeue keeps it for the next look; a reject
+    /// drops it. Several consumers share them, each taking its own.
+    async fn consume_dead(&self, pool: &str) -> Result<Box<dyn Consumer>, BrokerError>;
 }
 
 /// What an event is about: a job or a ticket.

@@ -71,7 +71,6 @@ struct Pool {
     scheduled: usize,
     /// Per consumer id, its unacknowledged deliveries by tag.
     unacked: HashMap<u64, BTreeMap<u64, Message>>,
-    dead_letters: Vec<String>,
     /// Woken on every change a waiting consumer may act on: a message became
     /// ready, a delivery was settled, or the broker closed. All waiters wake
     /// and look again, because only a consumer with room under its prefetch
@@ -84,6 +83,7 @@ struct Message {
     job_id: String,
     redelivered: bool,
     trace: Option<TraceContext>,
+    dead_reason: Option<&'static str>,
 }
 
 /// How a delivery is settled.
@@ -125,13 +125,14 @@ impl MemoryBroker {
         state.pools.get(pool).map_or(0, |p| p.scheduled)
     }
 
-    /// The job ids rejected in `pool`, oldest first.
+    /// The job ids rejected in `pool` and not yet taken from its dead
+    /// letters ([`Broker::consume_dead`]), oldest first.
     pub fn dead_letters(&self, pool: &str) -> Vec<String> {
         let state = self.shared().lock();
         state
             .pools
-            .get(pool)
-            .map(|p| p.dead_letters.clone())
+            .get(&dead_queue(pool))
+            .map(|p| p.ready.iter().map(|m| m.job_id.clone()).collect())
             .unwrap_or_default()
     }
 
@@ -213,7 +214,22 @@ impl Broker for MemoryBroker {
         let ready = state.pools.get(pool).map_or(0, |p| p.ready.len());
         Ok(u64::try_from(ready).unwrap_or(u64::MAX))
     }
+
+    async fn consume_dead(&self, pool: &str) -> Result<Box<dyn Consumer>, BrokerError> {
+        self.consume(&dead_queue(pool), DEAD_PREFETCH).await
+    }
 }
+
+/// How many dead letters a consumer of them holds at once.
+const DEAD_PREFETCH: u16 = 16;
+
+/// The queue of `pool`'s dead letters: a name no pool has (pool names hold
+/// no NUL), so that its own rejects are dropped.
+fn dead_queue(pool: &str) -> String {
+    format!("{pool}{DEAD_SUFFIX}")
+}
+
+const DEAD_SUFFIX: &str = "\u{0}dead";
 
 /// The timer of one delayed message. It holds the state weakly so that a
 /// pending delay never keeps a dropped broker's queues alive, and it settles
@@ -357,13 +373,25 @@ impl Shared {
             .get_mut(&consumer)
             .and_then(|unacked| unacked.remove(&tag))
             .ok_or(BrokerError::Closed)?;
+        // Even an ack frees a place under the consumer's prefetch.
+        pool_state.changed.notify_waiters();
         match how {
             Settle::Ack => {}
             Settle::Requeue => pool_state.give_back([message]),
-            Settle::Reject => pool_state.dead_letters.push(message.job_id),
+            // A dead letter rejected is dropped, as from a queue without a
+            // dead-letter exchange; any other message joins its pool's dead
+            // letters, which must always take it (no bound).
+            Settle::Reject if pool.ends_with(DEAD_SUFFIX) => {}
+            Settle::Reject => {
+                let dead = state.pools.entry(dead_queue(pool)).or_default();
+                dead.ready.push_back(Message {
+                    redelivered: false,
+                    dead_reason: Some("rejected"),
+                    ..message
+                });
+                dead.changed.notify_waiters();
+            }
         }
-        // Even an ack frees a place under the consumer's prefetch.
-        pool_state.changed.notify_waiters();
         Ok(())
     }
 
@@ -392,6 +420,7 @@ impl Pool {
             job_id,
             redelivered: false,
             trace,
+            dead_reason: None,
         });
         self.changed.notify_waiters();
     }
@@ -447,6 +476,7 @@ impl MemoryConsumer {
         };
         Delivery::new(message.job_id, message.redelivered, Box::new(acker))
             .with_trace(message.trace)
+            .with_dead_reason(message.dead_reason.map(str::to_owned))
     }
 }
 

@@ -62,6 +62,7 @@ toolfleet_core::forward_to_inner! {
         ) -> ();
         fn consume(&self, pool: &str, prefetch: u16) -> Box<dyn Consumer>;
         fn depth(&self, pool: &str) -> u64;
+        fn consume_dead(&self, pool: &str) -> Box<dyn Consumer>;
     }
 }
 

@@ -137,6 +137,10 @@ impl Broker for Isolated<RabbitBroker> {
     async fn depth(&self, pool: &str) -> Result<u64, BrokerError> {
         self.0.depth(pool).await
     }
+
+    async fn consume_dead(&self, pool: &str) -> Result<Box<dyn Consumer>, BrokerError> {
+        self.0.consume_dead(pool).await
+    }
 }
 
 #[async_trait]
@@ -392,6 +396,37 @@ async fn rejected_message_lands_in_the_dead_letter_queue() {
     let connection = raw_connection().await;
     assert_eq!(get_from(&connection, &dead(&pool)).await, "not-a-job");
     assert_eq!(broker.0.depth(&pool).await, Ok(0));
+}
+
+/// A pool queue with a delivery limit dead-letters a message that keeps
+/// coming back unsettled once it is over the limit, requeued or dropped
+/// with its consumer alike; its dead letter says `delivery_limit`, and the
+/// pool's next message is not held up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_over_its_delivery_limit_is_a_dead_letter() {
+    let broker = broker_with(RabbitOptions {
+        delivery_limit: Some(1),
+        ..options()
+    })
+    .await;
+    let pool = unique("limit");
+    publish(&broker.0, &pool, "job-poison").await;
+    let mut consumer = consume(&broker.0, &pool, 1).await;
+    let first = next_delivery(consumer.as_mut(), "the first delivery").await;
+    assert_eq!(first.requeue().await, Ok(()));
+    let second = next_delivery(consumer.as_mut(), "the second delivery").await;
+    assert_eq!(second.job_id, "job-poison");
+    drop(second);
+    publish(&broker.0, &pool, "job-next").await;
+    let next = next_delivery(consumer.as_mut(), "the next message").await;
+    assert_eq!(next.job_id, "job-next", "the poison message is gone");
+    assert_eq!(next.ack().await, Ok(()));
+
+    let mut dead = broker.0.consume_dead(&pool).await.expect("consume dead");
+    let letter = next_delivery(dead.as_mut(), "the dead letter").await;
+    assert_eq!(letter.job_id, "job-poison");
+    assert_eq!(letter.dead_reason.as_deref(), Some("delivery_limit"));
+    assert_eq!(letter.ack().await, Ok(()));
 }
 
 /// A quorum queue checks its bound after taking a message, so it takes one

@@ -253,6 +253,9 @@ pub(crate) struct Config {
     /// `jobs_per_message` says (pools of long jobs); agents' pools always do.
     #[serde(default)]
     pub one_job_per_message: Vec<String>,
+    /// RabbitMQ's `x-delivery-limit` of the pool queues this fleet declares:
+    /// a message that came back unsettled more often is dead-lettered.
+    pub delivery_limit: Option<u32>,
     /// Pools whose waiting jobs are taken in turns by tenant, so that one
     /// tenant's backlog cannot starve another's jobs.
     #[serde(default)]
@@ -533,6 +536,7 @@ impl Config {
             broker_prefix: self.broker_prefix.clone(),
             broker_ca_file: self.broker_ca_file.clone(),
             jobs_per_message: self.jobs_per_message,
+            delivery_limit: self.delivery_limit,
             one_job_per_message: self.one_job_per_message.iter().cloned().collect(),
             notices: self.notices,
         }

@@ -469,6 +469,18 @@ async fn dispatch(
         period,
         stopped.clone(),
     ));
+    // The broker's dead letters end in the store: each pool's are taken
+    // here, their jobs failed `dead_lettered`.
+    tokio::spawn(toolfleet_fleet::dead_letters::run_dead_letters(
+        toolfleet_fleet::dead_letters::Reconciler {
+            store: store.clone(),
+            broker: broker.clone(),
+            notices: notices.clone(),
+            runtime: runtime.clone(),
+        },
+        all_pools(&runtime, config).into_iter().collect(),
+        stopped.clone(),
+    ));
     tokio::spawn(toolfleet_fleet::retention::run_retention(
         store.clone(),
         config.retention.retention(),
@@ -672,6 +684,24 @@ mod tests {
         let options = rabbit_options(&parse(""), 16, &BTreeSet::new()).expect("valid options");
         assert_eq!(options.notice_buffer, NOTICE_BUFFER);
         assert_eq!(options.default_prefetch, 16);
+    }
+
+    /// RabbitMQ's own delivery limit holds unless `delivery_limit` sets one,
+    /// of 1 to 10,000.
+    #[test]
+    fn a_delivery_limit_is_rabbitmqs_unless_set_and_bounded() {
+        let none = BTreeSet::new();
+        let options = rabbit_options(&parse(""), 16, &none).expect("the default");
+        assert_eq!(options.delivery_limit, None);
+        let set = rabbit_options(&parse("delivery_limit = 5"), 16, &none).expect("five");
+        assert_eq!(set.delivery_limit, Some(5));
+        for refused in ["delivery_limit = 0", "delivery_limit = 10001"] {
+            let error = rabbit_options(&parse(refused), 16, &none).expect_err(refused);
+            assert!(
+                error.contains("delivery_limit must be 1 to 10000"),
+                "{error}"
+            );
+        }
     }
 
     /// Messages carry up to 64 job ids unless `jobs_per_message` says

@@ -554,20 +554,7 @@ async fn a_notice_every_dispatcher_missed_is_sent_from_the_store() {
 /// The messages in RabbitMQ's queue `queue`, or `None` when no such queue
 /// was ever declared.
 async fn messages_in(queue: &str) -> Option<u32> {
-    let connection =
-        lapin::Connection::connect(&shared_amqp_url(), lapin::ConnectionProperties::default())
-            .await
-            .expect("RabbitMQ");
-    let channel = connection.create_channel().await.expect("a channel");
-    let passive = lapin::options::QueueDeclareOptions {
-        passive: true,
-        ..Default::default()
-    };
-    let declared = channel
-        .queue_declare(queue.into(), passive, lapin::types::FieldTable::default())
-        .await;
-    let _ = connection.close(0, "done".into()).await;
-    declared.ok().map(|q| q.message_count())
+    common::ready_in(&shared_amqp_url(), queue).await
 }
 
 /// A call with `delay_s` is `scheduled` across the fleet: `get_job` and the
@@ -909,4 +896,148 @@ async fn a_concurrency_limit_per_key_holds_across_two_workers() {
     );
     assert!(most <= 2, "a key ran {most} at once: {busiest}");
     assert_eq!(most, 2, "the limit is reached, not undercut");
+}
+
+/// Messages RabbitMQ dead-letters and the store's failed jobs agree. A job
+/// whose message comes back unsettled more often than the pool's
+/// `delivery_limit` (here a consumer that loses it twice, as a worker
+/// killed holding it would) is dead-lettered by RabbitMQ, and the
+/// dispatcher takes the letter: the job is `failed` with `dead_lettered`
+/// (the broker's reason in `details`), listed among the failed jobs, and
+/// neither its pool queue nor its dead-letter queue holds it any more.
+/// `POST /v1/jobs/{id}/retry` puts it back, and a worker runs it once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_rabbitmq_dead_letters_is_a_failed_job_until_retried() {
+    use toolfleet_broker::Broker;
+    use toolfleet_broker::rabbit::{RabbitBroker, RabbitOptions};
+    // Leases of 30 s: the sweep, 10 s apart, republishes nothing meanwhile.
+    let top = "delivery_limit = 1\njobs_per_message = 1\nlease_s = 30";
+    let (dir, config_path, _cleanup, id) = shared_fleet("dead", top, tools);
+    migrate(&config_path);
+    let dispatcher = Server::start_role(&config_path, "dispatcher", "toolfleet serving on ");
+    let alice = dispatcher.client(TOKEN);
+    let accepted = alice.call("side_effect", json!({})).await;
+    let job = accepted["job_id"].as_str().expect("a job id").to_owned();
+
+    let prefix = format!("tf-{id}");
+    let options = RabbitOptions {
+        prefix: prefix.clone(),
+        delivery_limit: Some(1),
+        ..RabbitOptions::default()
+    };
+    let rogue = RabbitBroker::connect(&shared_amqp_url(), options)
+        .await
+        .expect("RabbitMQ");
+    let mut consumer = rogue.consume("default", 1).await.expect("consume");
+    for lost in 0..2 {
+        let delivery = tokio::time::timeout(Duration::from_secs(10), consumer.next())
+            .await
+            .unwrap_or_else(|_| panic!("delivery {lost} of the job's message"))
+            .expect("a delivery");
+        assert_eq!(delivery.job_id, job);
+        drop(delivery);
+    }
+    let failed = eventually(Duration::from_secs(15), || {
+        let alice = &alice;
+        let job = &job;
+        async move {
+            let read = alice.get(&format!("/v1/jobs/{job}")).await;
+            (read["state"] == "failed").then_some(read)
+        }
+    })
+    .await;
+    assert_eq!(failed["error"]["code"], "dead_lettered", "{failed}");
+    assert_eq!(failed["error"]["details"]["reason"], "delivery_limit");
+    assert_eq!(failed["error"]["retryable"], true);
+    let listed = alice.get("/v1/jobs?state=failed").await;
+    assert_eq!(listed["jobs"][0]["job_id"], job.as_str(), "{listed}");
+    let dead = toolfleet_broker::rabbit::dead_letter_queue_name(&prefix, "default");
+    let pool = toolfleet_broker::rabbit::pool_queue_name(&prefix, "default");
+    eventually(Duration::from_secs(5), || {
+        let dead = &dead;
+        async move { (messages_in(dead).await == Some(0)).then_some(()) }
+    })
+    .await;
+    assert_eq!(messages_in(&pool).await, Some(0), "no message left");
+    // Dropped, not deleted: the fleet's queues stay (the cleanup takes them).
+    drop(consumer);
+    drop(rogue);
+
+    let retried = alice
+        .post(&format!("/v1/jobs/{job}/retry"), json!({}))
+        .await;
+    assert_eq!(retried["state"], "queued", "{retried}");
+    let _worker = Server::start_role(&config_path, "worker", "toolfleet worker running");
+    let done = settle(&alice, &job).await;
+    assert_eq!(done["result"]["done"], true, "{done}");
+    assert_eq!(lines(&dir.0.join("effects")), vec![job]);
+}
+
+/// Fair share across the fleet: in a `fair_share` pool worked by two
+/// workers, a job another tenant calls while one tenant's 20,000-job
+/// backlog drains starts before 1 % more of that backlog has run (counted
+/// from the order the executors started in, and printed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_a_fair_pool_another_tenants_job_starts_before_one_percent_of_a_backlog() {
+    const BACKLOG: usize = 20_000;
+    let crawl = |dir: &Path| {
+        let starts = dir.join("starts");
+        let script = format!(
+            "echo \"$TOOLFLEET_TENANT\" >> {}; echo '{{}}'",
+            starts.display()
+        );
+        format!(
+            "[[tools]]\nname = \"crawl\"\nshape = \"job\"\npool = \"crawl\"\nexecutor = {{ kind = \"exec\", program = \"/bin/sh\", args = [\"-c\", {script:?}] }}\n"
+        )
+    };
+    let top = "concurrency = 8\nlease_s = 30\nfair_share = [\"crawl\"]";
+    let (dir, config_path, _cleanup, _) = shared_fleet("fair", top, crawl);
+    migrate(&config_path);
+    let dispatcher = Server::start_role(&config_path, "dispatcher", "toolfleet serving on ");
+    let (acme, globex) = (dispatcher.client(TOKEN), dispatcher.client(OTHER_TOKEN));
+    let batch: Vec<_> = (0..1000)
+        .map(|_| json!({"tool": "crawl", "args": {}}))
+        .collect();
+    for _ in 0..BACKLOG / batch.len() {
+        let accepted = acme.post("/v1/calls", json!({"calls": batch})).await;
+        let results = accepted["results"].as_array().expect("results");
+        assert_eq!(results.len(), batch.len(), "{accepted}");
+        assert!(
+            results.iter().all(|r| r["status"] == "running"),
+            "{accepted}"
+        );
+    }
+    let _workers = [
+        Server::start_role(&config_path, "worker", "toolfleet worker running"),
+        Server::start_role(&config_path, "worker", "toolfleet worker running"),
+    ];
+    // The backlog drains; then the other tenant calls.
+    let starts = dir.0.join("starts");
+    let draining = eventually(Duration::from_secs(30), || {
+        let starts = starts.clone();
+        async move {
+            let started = lines(&starts).len();
+            (started >= 50).then_some(started)
+        }
+    })
+    .await;
+    let at_call = lines(&starts).len();
+    let newcomer = globex.call("crawl", json!({})).await;
+    let job = newcomer["job_id"].as_str().expect("a job id").to_owned();
+    let done = settle(&globex, &job).await;
+    assert_eq!(done["status"], "ok", "{done}");
+    let started = lines(&starts);
+    let position = started
+        .iter()
+        .position(|tenant| tenant == "globex")
+        .expect("the newcomer started");
+    let before = position.saturating_sub(at_call);
+    println!(
+        "fair share across two workers: with {draining}+ of a {BACKLOG}-job backlog started, the other tenant's job started after {before} more ({:.2} %)",
+        before as f64 * 100.0 / BACKLOG as f64
+    );
+    assert!(
+        before < BACKLOG / 100,
+        "{before} of the backlog started first"
+    );
 }

@@ -142,6 +142,9 @@ pub enum ErrorCode {
     Rejected,
     /// A ticket expired before anyone answered it.
     Expired,
+    /// The broker gave up delivering the job's message (RabbitMQ's delivery
+    /// limit, or a policy's time or length bound) before the job settled.
+    DeadLettered,
 }
 
 impl ErrorCode {
@@ -166,6 +169,7 @@ impl ErrorCode {
             ErrorCode::BadRequest => "bad_request",
             ErrorCode::Rejected => "rejected",
             ErrorCode::Expired => "expired",
+            ErrorCode::DeadLettered => "dead_lettered",
         }
     }
 
@@ -173,7 +177,10 @@ impl ErrorCode {
     pub fn retryable_by_default(self) -> bool {
         matches!(
             self,
-            ErrorCode::RateLimited | ErrorCode::Timeout | ErrorCode::Unavailable
+            ErrorCode::RateLimited
+                | ErrorCode::Timeout
+                | ErrorCode::Unavailable
+                | ErrorCode::DeadLettered
         )
     }
 }

@@ -172,6 +172,8 @@ pub enum Guard {
     WaitsOnTicket,
     /// The job belongs to the caller's tenant.
     Tenant,
+    /// No attempt holds the job: a running one's lease has run out.
+    Unheld,
 }
 
 /// Every way a job changes state, by name.
@@ -215,11 +217,17 @@ pub enum Transition {
     /// error, result, progress and checkpoint are cleared, and its
     /// `requeues` grows by one, so its notices are those of a new life.
     Requeue,
+    /// queued, scheduled, retrying, or running with an expired lease ->
+    /// failed (`dead_lettered`): the broker gave up delivering the job's
+    /// message, so the store says what the broker did. A job held by a
+    /// live lease, parked or settled is left as it is: that message was a
+    /// duplicate of one already taken.
+    DeadLetter,
 }
 
 impl Transition {
     /// Every transition.
-    pub const ALL: [Transition; 13] = [
+    pub const ALL: [Transition; 14] = [
         Transition::Enqueue,
         Transition::Schedule,
         Transition::Claim,
@@ -233,6 +241,7 @@ impl Transition {
         Transition::Fail,
         Transition::Cancel,
         Transition::Requeue,
+        Transition::DeadLetter,
     ];
 
     /// Its name, as the docs and the logs say it.
@@ -251,6 +260,7 @@ impl Transition {
             Transition::Fail => "fail",
             Transition::Cancel => "cancel",
             Transition::Requeue => "requeue",
+            Transition::DeadLetter => "dead_letter",
         }
     }
 
@@ -271,6 +281,7 @@ impl Transition {
             Transition::Wake => &[Parked],
             Transition::Cancel => &[Queued, Scheduled, Retrying, Parked, Running],
             Transition::Requeue => &[Failed, Cancelled],
+            Transition::DeadLetter => &[Queued, Scheduled, Retrying, Running],
         }
     }
 
@@ -283,7 +294,7 @@ impl Transition {
             Transition::Park => JobState::Parked,
             Transition::Wake | Transition::Retry | Transition::Defer => JobState::Retrying,
             Transition::Succeed => JobState::Succeeded,
-            Transition::Fail => JobState::Failed,
+            Transition::Fail | Transition::DeadLetter => JobState::Failed,
             Transition::Cancel => JobState::Cancelled,
         }
     }
@@ -295,7 +306,8 @@ impl Transition {
             | Transition::Schedule
             | Transition::Wake
             | Transition::Cancel
-            | Transition::Requeue => Caller::Dispatcher,
+            | Transition::Requeue
+            | Transition::DeadLetter => Caller::Dispatcher,
             Transition::Claim | Transition::TakeOver => Caller::Claimant,
             Transition::Heartbeat
             | Transition::Park
@@ -320,6 +332,7 @@ impl Transition {
             | Transition::Fail => Guard::Held,
             Transition::Wake => Guard::WaitsOnTicket,
             Transition::Cancel | Transition::Requeue => Guard::Tenant,
+            Transition::DeadLetter => Guard::Unheld,
         }
     }
 

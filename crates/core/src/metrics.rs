@@ -382,7 +382,7 @@ impl Metrics {
         );
         r.register(
             "dead_letters",
-            "Messages a worker could not process and dead-lettered",
+            "Dead letters: messages a worker could not process, and jobs failed because the broker gave up delivering them",
             m.dead_letters.clone(),
         );
         r.register_with_unit(
@@ -602,7 +602,8 @@ impl Metrics {
         };
     }
 
-    /// Counts a message of `pool` a worker could not process and dead-lettered.
+    /// Counts a dead letter of `pool`: a message a worker could not process
+    /// and rejected, or a job failed because the broker gave up on its message.
     pub fn dead_letter(&self, pool: &str) {
         self.dead_letters.get_or_create(&pool_label(pool)).inc();
     }

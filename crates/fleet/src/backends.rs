@@ -82,6 +82,8 @@ pub struct Settings {
     pub broker_ca_file: Option<PathBuf>,
     /// The most job ids one RabbitMQ message carries.
     pub jobs_per_message: usize,
+    /// RabbitMQ's delivery limit of the pool queues (`None`: RabbitMQ's).
+    pub delivery_limit: Option<u32>,
     /// Pools whose jobs each travel alone.
     pub one_job_per_message: BTreeSet<String>,
     /// The `notices` key: `None` for the default.
@@ -143,6 +145,10 @@ pub const CANCELLED_STATE: [EventState; 1] = [EventState::Job(JobState::Cancelle
 /// with bursts.
 pub const NOTICE_BUFFER: usize = 65_536;
 
+/// The largest `delivery_limit`: past it, a message a worker keeps losing
+/// might as well have none.
+pub const MAX_DELIVERY_LIMIT: u32 = 10_000;
+
 /// How this process uses RabbitMQ: the configured prefix and prefetch, and
 /// event subscriptions as deep as the process's fan-out ([`NOTICE_BUFFER`]
 /// events), since one message carries up to a few hundred events: a ring
@@ -172,6 +178,13 @@ pub fn rabbit_options(
             toolfleet_core::registry::truncate(bad, 32)
         ));
     }
+    if let Some(limit) = settings.delivery_limit
+        && !(1..=MAX_DELIVERY_LIMIT).contains(&limit)
+    {
+        return Err(format!(
+            "delivery_limit must be 1 to {MAX_DELIVERY_LIMIT}, got {limit}"
+        ));
+    }
     let mut one_job_per_message = agent_pools.clone();
     one_job_per_message.extend(settings.one_job_per_message.iter().cloned());
     Ok(RabbitOptions {
@@ -180,6 +193,7 @@ pub fn rabbit_options(
         notice_buffer: NOTICE_BUFFER,
         jobs_per_message,
         one_job_per_message,
+        delivery_limit: settings.delivery_limit,
         ca_file: settings.broker_ca_file.clone(),
         ..RabbitOptions::default()
     })

@@ -16,6 +16,7 @@
 
 pub mod announcer;
 pub mod backends;
+pub mod dead_letters;
 pub mod dispatch;
 pub mod events;
 pub mod limits;

@@ -311,6 +311,9 @@ mod tests {
         async fn depth(&self, _: &str) -> Result<u64, BrokerError> {
             std::future::pending().await
         }
+        async fn consume_dead(&self, _: &str) -> Result<Box<dyn Consumer>, BrokerError> {
+            std::future::pending().await
+        }
     }
 
     /// A store of which a scrape reads only `ping` and `job_counts`: these
@@ -479,6 +482,12 @@ mod tests {
             _: bool,
             _: i64,
         ) -> Result<toolfleet_store::ScheduleRecord, StoreError> {
+            unreachable!()
+        }
+        async fn dead_letter(
+            &self,
+            _: toolfleet_store::DeadLetter<'_>,
+        ) -> Result<Option<JobRecord>, StoreError> {
             unreachable!()
         }
         async fn requeue(

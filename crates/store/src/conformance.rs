@@ -70,6 +70,7 @@ macro_rules! store_conformance {
             the_last_attempt_fails_for_good,
             cancel_stops_queued_retrying_and_running_jobs,
             cancel_leaves_a_settled_job_as_it_is,
+            a_dead_letter_fails_only_a_job_no_attempt_holds,
             due_jobs_lists_what_should_run_oldest_first,
             a_scheduled_job_waits_for_its_time,
             a_failed_or_cancelled_job_is_put_back_as_new,
@@ -866,6 +867,66 @@ pub async fn cancel_stops_queued_retrying_and_running_jobs(store: &dyn Store) {
         None
     );
     assert_eq!(reread(store, &running_job).await.state, JobState::Cancelled);
+}
+
+/// [`Store::dead_letter`] of `id` at `now`, with the error the reconciler
+/// gives.
+async fn dead_letter(store: &dyn Store, id: &str, now: i64) -> Option<JobRecord> {
+    let error = ToolError::new(ErrorCode::DeadLettered, "the broker gave up on its message");
+    store
+        .dead_letter(crate::DeadLetter {
+            id,
+            error: &error,
+            now,
+        })
+        .await
+        .expect("dead_letter")
+}
+
+/// A dead letter fails a waiting job (of whichever tenant) and a running
+/// one whose lease ran out, keeping the error; a job a live lease holds, a
+/// settled one and a missing id are left as they are, and the holder of
+/// a lease that ran out can no longer settle it.
+pub async fn a_dead_letter_fails_only_a_job_no_attempt_holds(store: &dyn Store) {
+    let t = tenant();
+    let waiting = queued(store, &t).await;
+    let failed = dead_letter(store, &waiting.id, BASE + 1)
+        .await
+        .expect("a queued job fails");
+    assert_eq!(failed.state, JobState::Failed);
+    let error = failed.error.as_ref().expect("its error is kept");
+    assert_eq!(error.code, ErrorCode::DeadLettered);
+    assert_eq!(
+        dead_letter(store, &waiting.id, BASE + 2).await,
+        None,
+        "settled"
+    );
+    assert_eq!(reread(store, &failed).await, failed, "left as it was");
+
+    let held = running(store, &t, "w1").await;
+    assert_eq!(
+        dead_letter(store, &held.id, BASE + 1).await,
+        None,
+        "a live lease holds it: the dead letter was a duplicate"
+    );
+    assert_eq!(reread(store, &held).await.state, JobState::Running);
+    let out = dead_letter(store, &held.id, LEASES_OUT)
+        .await
+        .expect("a lease that ran out holds nothing");
+    assert_eq!(out.state, JobState::Failed);
+    assert_eq!(out.lease_owner, None);
+    let late = succeed(
+        store,
+        &lease(&held.id, "w1", 1),
+        &result_doc(),
+        LEASES_OUT + 1,
+    )
+    .await;
+    assert_eq!(late, None, "the old holder settles nothing");
+    assert_eq!(
+        dead_letter(store, &format!("j_{}", new_id()), BASE).await,
+        None
+    );
 }
 
 /// Cancelling a settled job answers it unchanged.
@@ -3038,6 +3099,7 @@ async fn apply(
             })
             .await
             .expect("requeue"),
+        Transition::DeadLetter => dead_letter(store, &job.id, LEASES_OUT).await,
         Transition::Cancel => {
             let now = store
                 .cancel(crate::CancelJob {

@@ -125,6 +125,14 @@ pub struct NewJob {
     pub origin: Option<String>,
 }
 
+/// The states `dead_letter` fails a job from without looking at a lease:
+/// those of [`Transition::DeadLetter`] but running.
+pub(crate) fn unheld_states() -> &'static [JobState] {
+    let from = toolfleet_core::lifecycle::Transition::DeadLetter.from();
+    debug_assert_eq!(from.last(), Some(&JobState::Running));
+    &from[..from.len() - 1]
+}
+
 /// What `requeue` sets, in both stores' SQL: the job due at `now` (a
 /// placeholder), its attempts anew, its last life's outcome and lease gone.
 pub(crate) fn requeued(now: &str) -> String {
@@ -599,6 +607,19 @@ pub struct CancelJob<'a> {
     pub now: i64,
 }
 
+/// What [`Store::dead_letter`] fails: a job of any tenant (the broker's
+/// dead letters name ids, not principals).
+#[derive(Debug, Clone, Copy)]
+pub struct DeadLetter<'a> {
+    /// The job whose message the broker dead-lettered.
+    pub id: &'a str,
+    /// Its final error (`dead_lettered`).
+    pub error: &'a ToolError,
+    /// When, in Unix milliseconds; a running job's lease must have ended
+    /// before it.
+    pub now: i64,
+}
+
 /// What [`Store::take_token`] takes: a token of the bucket `key`, which
 /// gains one every `interval` and holds at most `burst`. Times are in one
 /// unit the caller keeps for every take of a bucket (toolfleet's buckets
@@ -921,6 +942,12 @@ pub trait Store: Send + Sync + 'static {
     /// `cancel`: queued, scheduled, retrying, parked or running -> cancelled. The job as it now stands
     /// (already settled ones unchanged), `None` if missing or another tenant's.
     async fn cancel(&self, cancel: CancelJob<'_>) -> Result<Option<JobRecord>, StoreError>;
+    /// `dead_letter`: queued, scheduled, retrying, or running with a lease
+    /// that ran out before `now` -> failed with `error`: the broker gave up
+    /// delivering the job's message. The job failed, or `None` when it is
+    /// missing, held by a live lease, parked or settled (then that message
+    /// was a duplicate, and the job is left as it is).
+    async fn dead_letter(&self, dead: DeadLetter<'_>) -> Result<Option<JobRecord>, StoreError>;
     /// `requeue`: failed or cancelled -> queued, due at `now`, its attempts
     /// counted anew, its error, result, progress and checkpoint cleared,
     /// its `requeues` one more. The job put back, or `None` when it is

@@ -17,11 +17,11 @@ use toolfleet_core::{AuditRecord, JobState, Metrics};
 
 use crate::{
     AdvanceSchedule, AnswerTicket, Answered, CancelJob, ClaimCommit, ClaimJob, ClaimNext,
-    ClaimNotice, CommitClaim, Defer, Fail, Heartbeat, Inserted, JobPage, JobRecord, Lease,
-    ListJobs, ListRuns, ListTickets, NewJob, NewRun, NewTicket, Park, Prune, QueuedFrom, Requeue,
-    RequeueMany, RunInserted, RunPage, RunRecord, SaveCheckpoint, ScheduleRecord, SetProgress,
-    SettleCommit, SettleNotice, SettleTicket, SilentDispatcher, StaleRuns, Store, StoreError,
-    Succeed, TakeToken, TicketPage, TicketRecord, Unnotified, UpdateRun,
+    ClaimNotice, CommitClaim, DeadLetter, Defer, Fail, Heartbeat, Inserted, JobPage, JobRecord,
+    Lease, ListJobs, ListRuns, ListTickets, NewJob, NewRun, NewTicket, Park, Prune, QueuedFrom,
+    Requeue, RequeueMany, RunInserted, RunPage, RunRecord, SaveCheckpoint, ScheduleRecord,
+    SetProgress, SettleCommit, SettleNotice, SettleTicket, SilentDispatcher, StaleRuns, Store,
+    StoreError, Succeed, TakeToken, TicketPage, TicketRecord, Unnotified, UpdateRun,
 };
 
 /// The store `inner`, its failures counted in `metrics`.
@@ -98,6 +98,7 @@ impl Store, for MeteredStore, error StoreError {
     fn schedules(&self) -> Vec<ScheduleRecord>;
     fn advance_schedule(&self, advance: AdvanceSchedule<'_>) -> bool;
     fn pause_schedule(&self, name: &str, paused: bool, now: i64) -> ScheduleRecord;
+    fn dead_letter(&self, dead: DeadLetter<'_>) -> Option<JobRecord>;
     fn requeue(&self, requeue: Requeue<'_>) -> Option<JobRecord>;
     fn requeue_many(&self, many: RequeueMany<'_>) -> Vec<JobRecord>;
 }

@@ -24,7 +24,7 @@ use toolfleet_core::middleware::canonical_json;
 use toolfleet_core::{AuditRecord, Envelope, ErrorCode, JobState, ToolError, TraceContext};
 
 use crate::rows::{self, Columns, Paging, RowName, encode, to_i64};
-use crate::{AdvanceSchedule, ClaimNext, Defer, ScheduleRecord, TakeToken};
+use crate::{AdvanceSchedule, ClaimNext, DeadLetter, Defer, ScheduleRecord, TakeToken};
 use crate::{
     AnswerTicket, Answered, Answerer, CancelJob, ClaimCommit, ClaimJob, ClaimNotice, CommitClaim,
     Fail, Heartbeat, Inserted, JobFilter, JobPage, JobRecord, Lease, LeaseRef, ListJobs, ListRuns,
@@ -259,6 +259,21 @@ mod sql {
         RETURNING *",
             to = Transition::Cancel.to(),
             from = sql_list(Transition::Cancel.from())
+        )
+    });
+
+    /// `dead_letter`: waiting, or running with a lease that ended before
+    /// `?3` -> failed with the error `?2`.
+    pub(super) static DEAD_LETTER: Built = LazyLock::new(|| {
+        format!(
+            "
+        UPDATE jobs SET state = '{to}', error = ?2,
+            lease_owner = NULL, lease_until = NULL, updated_at = ?3
+        WHERE id = ?1 AND (state IN {waiting} OR (state = '{running}' AND lease_until < ?3))
+        RETURNING *",
+            to = Transition::DeadLetter.to(),
+            waiting = sql_list(crate::unheld_states()),
+            running = JobState::Running,
         )
     });
 
@@ -1675,6 +1690,12 @@ impl Store for SqliteStore {
         let CancelJob { tenant, id, now } = job;
         let (tenant, id) = (tenant.to_owned(), id.to_owned());
         self.call(move |c| cancel(c, &tenant, &id, now)).await
+    }
+
+    async fn dead_letter(&self, dead: DeadLetter<'_>) -> Result<Option<JobRecord>, StoreError> {
+        let (id, error, now) = (dead.id.to_owned(), encode(dead.error)?, dead.now);
+        self.call(move |c| query_one(c, &sql::DEAD_LETTER, params![id, error, now], job_from_row))
+            .await
     }
 
     async fn requeue(&self, requeue: Requeue<'_>) -> Result<Option<JobRecord>, StoreError> {

@@ -327,7 +327,15 @@ impl Worker {
                     // The store or the lease failed: give it a moment rather than
                     // take the same message straight back in a tight loop.
                     tokio::time::sleep(REQUEUE_PAUSE).await;
-                    delivery.requeue().await
+                    // Sent again as a new message rather than given back, so
+                    // a broker's delivery limit counts only the deliveries
+                    // a worker lost (its process died holding them), never a
+                    // store's outage; given back when the broker refuses.
+                    let (pool, trace) = (&self.config.pool, delivery.trace.as_ref());
+                    match self.broker.publish_traced(pool, &job_id, trace).await {
+                        Ok(()) => delivery.ack().await,
+                        Err(_) => delivery.requeue().await,
+                    }
                 }
                 _ => delivery.ack().await,
             };

@@ -1055,6 +1055,13 @@ impl Broker for Overlapping {
     async fn depth(&self, pool: &str) -> Result<u64, BrokerError> {
         self.inner.depth(pool).await
     }
+
+    async fn consume_dead(
+        &self,
+        pool: &str,
+    ) -> Result<Box<dyn toolfleet_broker::Consumer>, BrokerError> {
+        self.inner.consume_dead(pool).await
+    }
 }
 
 /// The sweeper publishes what is due all at once, so that a broker that

@@ -250,6 +250,10 @@ impl Broker for Unreachable {
     async fn depth(&self, pool: &str) -> Result<u64, BrokerError> {
         self.inner.depth(pool).await
     }
+
+    async fn consume_dead(&self, pool: &str) -> Result<Box<dyn Consumer>, BrokerError> {
+        self.inner.consume_dead(pool).await
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

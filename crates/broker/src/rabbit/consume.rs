@@ -33,31 +33,60 @@ impl RabbitBroker {
         pool: &str,
         prefetch: u16,
     ) -> Result<Box<dyn Consumer>, BrokerError> {
-        let shared = self.shared();
         let prefetch = match prefetch {
-            0 => shared.options.default_prefetch.max(1),
+            0 => self.shared().options.default_prefetch.max(1),
             n => n,
         };
+        self.consume_queue(pool, prefetch, false).await
+    }
+
+    /// [`Broker::consume_dead`](crate::Broker::consume_dead): the pool's
+    /// dead-letter queue, each delivery with its `x-first-death-reason`.
+    pub(super) async fn consume_dead_letters(
+        &self,
+        pool: &str,
+    ) -> Result<Box<dyn Consumer>, BrokerError> {
+        self.consume_queue(pool, DEAD_PREFETCH, true).await
+    }
+
+    async fn consume_queue(
+        &self,
+        pool: &str,
+        prefetch: u16,
+        dead: bool,
+    ) -> Result<Box<dyn Consumer>, BrokerError> {
+        let shared = self.shared();
         let (sender, deliveries) = mpsc::unbounded_channel();
         let feed = PoolFeed {
             queues: self.queues(pool)?,
             prefetch,
+            dead,
             sender,
         };
         start_feed(shared, feed).await?;
         Ok(Box::new(RabbitConsumer {
             deliveries,
             timeout: shared.options.operation_timeout,
+            dead,
             parts: VecDeque::new(),
             message: None,
         }))
     }
 }
 
-/// A worker's feed: one pool queue, manual acks, a bounded prefetch.
+/// How many dead letters a consumer of them holds unacknowledged.
+const DEAD_PREFETCH: u16 = 16;
+
+/// The header RabbitMQ gives a message it dead-letters: why, the first time.
+const DEATH_REASON: &str = "x-first-death-reason";
+
+/// A worker's feed: one pool queue (or its dead-letter queue), manual
+/// acks, a bounded prefetch.
 struct PoolFeed {
     queues: PoolQueues,
     prefetch: u16,
+    /// The dead-letter queue rather than the pool queue.
+    dead: bool,
     /// Unbounded here because RabbitMQ bounds it: at most `prefetch`
     /// unacknowledged deliveries are ever in flight.
     sender: mpsc::UnboundedSender<LapinDelivery>,
@@ -74,14 +103,18 @@ impl Feed for PoolFeed {
         let channel = shared.channel(link).await?;
         let qos = channel.basic_qos(self.prefetch, BasicQosOptions::default());
         shared.bounded("setting the prefetch", qos).await?;
+        let queue = match self.dead {
+            true => &self.queues.dead,
+            false => &self.queues.pool,
+        };
         let consume = channel.basic_consume(
-            name(&self.queues.pool)?,
+            name(queue)?,
             ShortString::default(),
             BasicConsumeOptions::default(),
             FieldTable::default(),
         );
         let consumer = shared
-            .bounded(&format!("consuming {}", self.queues.pool), consume)
+            .bounded(&format!("consuming {queue}"), consume)
             .await?;
         Ok(Subscribed {
             generation: link.generation,
@@ -102,6 +135,8 @@ impl Feed for PoolFeed {
 struct RabbitConsumer {
     deliveries: mpsc::UnboundedReceiver<LapinDelivery>,
     timeout: Duration,
+    /// Of dead letters: each delivery says why it was dead-lettered.
+    dead: bool,
     /// The ids of a message of several not handed out yet, and that
     /// message.
     parts: VecDeque<Delivery>,
@@ -158,10 +193,16 @@ impl RabbitConsumer {
         // job and rejects it into the dead-letter queue.
         let body = String::from_utf8_lossy(&delivery.data);
         let ids: Vec<&str> = body.split('\n').filter(|id| !id.is_empty()).collect();
+        let headers = delivery.properties.headers().as_ref();
+        let reason = headers
+            .filter(|_| self.dead)
+            .and_then(|headers| text_header(headers, DEATH_REASON))
+            .map(str::to_owned);
         if ids.len() <= 1 {
-            let trace = delivery.properties.headers().as_ref().and_then(trace_of);
+            let trace = headers.and_then(trace_of);
             let one = Delivery::new(body.into_owned(), delivery.redelivered, Box::new(acker))
-                .with_trace(trace);
+                .with_trace(trace)
+                .with_dead_reason(reason);
             return (VecDeque::from([one]), None);
         }
         let message = Arc::new(Mutex::new(SharedMessage {
@@ -178,6 +219,7 @@ impl RabbitConsumer {
                     settled: false,
                 };
                 Delivery::new(id.to_owned(), delivery.redelivered, Box::new(part))
+                    .with_dead_reason(reason.clone())
             })
             .collect();
         (parts, Some(message))
@@ -251,12 +293,17 @@ impl Drop for PartAcker {
 /// The trace context of a message's headers; `None` without a valid
 /// `traceparent` (a message from an older publisher, or someone else's).
 fn trace_of(headers: &FieldTable) -> Option<TraceContext> {
-    let text = |name: &str| match headers.inner().get(name) {
+    let text = |name| text_header(headers, name);
+    TraceContext::parse(text("traceparent")?, text("tracestate"))
+}
+
+/// The header `name` of a message, when it is text.
+fn text_header<'a>(headers: &'a FieldTable, name: &str) -> Option<&'a str> {
+    match headers.inner().get(name) {
         Some(AMQPValue::LongString(value)) => std::str::from_utf8(value.as_bytes()).ok(),
         Some(AMQPValue::ShortString(value)) => Some(value.as_str()),
         _ => None,
-    };
-    TraceContext::parse(text("traceparent")?, text("tracestate"))
+    }
 }
 
 /// How a delivery is settled.

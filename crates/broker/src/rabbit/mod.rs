@@ -104,6 +104,12 @@ pub struct RabbitOptions {
     /// queue is first declared: one that exists with other arguments is used
     /// as it is (change it with a RabbitMQ policy).
     pub max_length: Option<u32>,
+    /// How many times a pool queue delivers a message that comes back
+    /// unsettled (its worker died holding it, or requeued it) before it
+    /// dead-letters it: RabbitMQ's `x-delivery-limit`. `None`: RabbitMQ's
+    /// default (none before 4.0, 20 from 4.0) or a policy's. Fixed when a
+    /// queue is first declared, like `max_length`.
+    pub delivery_limit: Option<u32>,
     /// How long one call to RabbitMQ (connect, declare, publish confirm) may
     /// take before it answers [`BrokerError::Unavailable`].
     pub operation_timeout: Duration,
@@ -134,6 +140,7 @@ impl Default for RabbitOptions {
             prefix: DEFAULT_PREFIX.to_owned(),
             default_prefetch: 1,
             max_length: u32::try_from(DEFAULT_CAPACITY).ok(),
+            delivery_limit: None,
             operation_timeout: Duration::from_secs(5),
             reconnect_min: Duration::from_millis(100),
             reconnect_max: Duration::from_secs(10),
@@ -240,6 +247,10 @@ impl Broker for RabbitBroker {
 
     async fn consume(&self, pool: &str, prefetch: u16) -> Result<Box<dyn Consumer>, BrokerError> {
         self.consume_pool(pool, prefetch).await
+    }
+
+    async fn consume_dead(&self, pool: &str) -> Result<Box<dyn Consumer>, BrokerError> {
+        self.consume_dead_letters(pool).await
     }
 
     async fn depth(&self, pool: &str) -> Result<u64, BrokerError> {

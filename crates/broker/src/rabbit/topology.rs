@@ -89,7 +89,7 @@ pub fn delay_queue_name(prefix: &str, pool: &str, ms: u64) -> String {
 /// The names of one pool's queues.
 pub(super) struct PoolQueues {
     pub(super) pool: String,
-    dead: String,
+    pub(super) dead: String,
     /// The pool name: the dead-letter routing key.
     key: String,
     prefix: String,
@@ -328,6 +328,12 @@ impl Shared {
         args.insert("x-dead-letter-exchange".into(), text(dlx));
         args.insert("x-dead-letter-routing-key".into(), text(&queues.key));
         args.insert("x-dead-letter-strategy".into(), text("at-least-once"));
+        if let Some(limit) = self.options.delivery_limit {
+            args.insert(
+                "x-delivery-limit".into(),
+                AMQPValue::LongLongInt(i64::from(limit)),
+            );
+        }
         args
     }
 

@@ -564,6 +564,24 @@ pub(crate) fn shared_fleet(
     (dir, config, cleanup, id)
 }
 
+/// The ready messages of RabbitMQ's queue `queue` at `url`, or `None` when
+/// no such queue was ever declared.
+pub(crate) async fn ready_in(url: &str, queue: &str) -> Option<u32> {
+    let connection = lapin::Connection::connect(url, lapin::ConnectionProperties::default())
+        .await
+        .expect("RabbitMQ answers");
+    let channel = connection.create_channel().await.expect("a channel");
+    let passive = lapin::options::QueueDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
+    let declared = channel
+        .queue_declare(queue.into(), passive, lapin::types::FieldTable::default())
+        .await;
+    let _ = connection.close(200, "done".into()).await;
+    declared.ok().map(|q| q.message_count())
+}
+
 /// `toolfleet migrate` with `config`, which must succeed.
 pub(crate) fn migrate(config: &Path) {
     let migrated = Command::new(env!("CARGO_BIN_EXE_toolfleet"))

@@ -305,6 +305,24 @@ pub(super) static CANCEL: Built = LazyLock::new(|| {
     )
 });
 
+/// `dead_letter`: waiting, or running with a lease that ended before `$3`
+/// -> failed with the error `$2`.
+pub(super) static DEAD_LETTER: Built = LazyLock::new(|| {
+    format!(
+        concat!(
+            "
+        UPDATE jobs SET state = '{to}', error = $2,
+            lease_owner = NULL, lease_until = NULL, updated_at = $3
+        WHERE id = $1 AND (state IN {waiting} OR (state = '{running}' AND lease_until < $3))
+        RETURNING ",
+            job_columns!()
+        ),
+        to = Transition::DeadLetter.to(),
+        waiting = sql_list(crate::unheld_states()),
+        running = toolfleet_core::JobState::Running,
+    )
+});
+
 /// `requeue`: failed or cancelled -> queued, due at `$3`.
 pub(super) static REQUEUE: Built = LazyLock::new(|| {
     format!(

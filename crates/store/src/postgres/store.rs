@@ -19,7 +19,7 @@ use super::rows::{
 };
 use super::statements;
 use crate::rows::{Columns, Paging, encode};
-use crate::{AdvanceSchedule, ClaimNext, Defer, ScheduleRecord, TakeToken};
+use crate::{AdvanceSchedule, ClaimNext, DeadLetter, Defer, ScheduleRecord, TakeToken};
 use crate::{
     AnswerTicket, Answered, Answerer, CancelJob, ClaimCommit, ClaimJob, ClaimNotice, CommitClaim,
     Fail, Heartbeat, Inserted, JobFilter, JobPage, JobRecord, Lease, LeaseRef, ListJobs, ListRuns,
@@ -632,6 +632,13 @@ impl Store for PgStore {
     async fn cancel(&self, job: CancelJob<'_>) -> Result<Option<JobRecord>, StoreError> {
         let CancelJob { tenant, id, now } = job;
         cancel(&*self.client().await?, tenant, id, now).await
+    }
+
+    async fn dead_letter(&self, dead: DeadLetter<'_>) -> Result<Option<JobRecord>, StoreError> {
+        let error = encode(dead.error)?;
+        let c = self.client().await?;
+        let params: Params<'_> = &[&dead.id, &error, &dead.now];
+        query_one(&c, &statements::DEAD_LETTER, params, job_from_row).await
     }
 
     async fn requeue(&self, requeue: Requeue<'_>) -> Result<Option<JobRecord>, StoreError> {
