@@ -538,6 +538,7 @@ async fn dispatch(
         access,
         runs: crate::tools::run_settings(config),
         schedules,
+        console_key: toolfleet_server::console::session::ConsoleKey::derive(&signing_key(config)?),
     };
     let mcp_jobs: Arc<dyn toolfleet_mcp::Jobs> = Arc::new(toolfleet_server::McpJobs::of(&state));
     let (server, address) = if roles.http {

@@ -30,6 +30,12 @@ impl Auth {
         self.by_hash.is_empty()
     }
 
+    /// The principal of the token whose hex SHA-256 is `sha256_hex` (a
+    /// console session names its token so): `None` once it is not known.
+    pub fn by_sha256(&self, sha256_hex: &str) -> Option<Arc<Principal>> {
+        self.by_hash.get(sha256_hex).cloned()
+    }
+
     /// The principal of an `Authorization` header value.
     pub fn principal(&self, header: Option<&str>) -> Result<Arc<Principal>, ToolError> {
         let unauthenticated = |m: &str| ToolError::new(ErrorCode::Unauthenticated, m);

@@ -11,6 +11,7 @@ pub mod access;
 pub mod auth;
 pub mod bounds;
 pub mod callbacks;
+pub mod console;
 pub mod http;
 mod mcp;
 mod metrics;
@@ -123,6 +124,8 @@ pub struct AppState {
     pub runs: runs::RunSettings,
     /// `[[schedules]]`: what `/v1/schedules` lists, pauses and resumes.
     pub schedules: Arc<[toolfleet_fleet::schedules::Schedule]>,
+    /// The key of the console's sessions and CSRF tokens.
+    pub console_key: console::session::ConsoleKey,
 }
 
 impl AppState {

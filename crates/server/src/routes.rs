@@ -29,8 +29,14 @@ use crate::access::{self, Access};
 use crate::metrics::{health_response, metrics_response, ready_response};
 use toolfleet_fleet::{store_error, ticket_view};
 
-/// The router of every route.
+/// The router of every route: the API's and the console's.
 pub fn router(state: AppState) -> Router {
+    let api = api_router(state.clone());
+    api.clone().merge(crate::console::routes(state, api))
+}
+
+/// The routes of the API alone: what the console calls in process.
+fn api_router(state: AppState) -> Router {
     let body_timeout = state.limits.body_read_timeout;
     let mut router = Router::new();
     if state.metrics_on_api {
@@ -211,6 +217,11 @@ impl FromRequestParts<AppState> for Caller {
     type Rejection = Refusal;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Refusal> {
+        // The console's request in process, made for its signed-in
+        // principal: the extension is only ever set inside this process.
+        if let Some(crate::console::Signed(principal)) = parts.extensions.get() {
+            return Ok(Caller(principal.clone()));
+        }
         let header = parts
             .headers
             .get(header::AUTHORIZATION)
