@@ -65,6 +65,8 @@ executor = {{ kind = "builtin", name = "expenses.submit" }}
 name = "file_report"
 shape = "job"
 description = "File the month's report in the ledger."
+input_schema = {{ type = "object", properties = {{ month = {{ type = "string" }}, ledger_key = {{ type = "string" }} }} }}
+middleware = {{ redact = ["ledger_key"] }}
 executor = {{ kind = "exec", program = "/bin/sh", args = ["-c", {flaky:?}] }}
 
 [[tools]]
@@ -104,7 +106,11 @@ async fn plan(client: &common::Client, lines: &[&str]) -> String {
 
 /// A job of `tool`, waiting until it is in `state`: its id.
 async fn job(client: &common::Client, tool: &str, state: &str) -> String {
-    let accepted = client.call(tool, json!({})).await;
+    let args = match tool {
+        "file_report" => json!({"month": "2026-09", "ledger_key": "k-hunter2"}),
+        _ => json!({}),
+    };
+    let accepted = client.call(tool, args).await;
     let id = accepted["job_id"].as_str().expect("a job").to_owned();
     eventually(Duration::from_secs(20), || {
         let (client, id) = (client.clone(), id.clone());
@@ -265,6 +271,20 @@ async fn a_person_works_the_console_in_a_real_browser() {
     assert_eq!(retried["result"]["report"], "filed", "{retried}");
     let cancelled = alice.get(&format!("/v1/jobs/{slow}")).await;
     assert_eq!(cancelled["state"], "cancelled", "{cancelled}");
+    // The job's record: its arguments with the tool's redactions, as the
+    // page showed them; another user's or tenant's reads as missing.
+    let record = alice.get(&format!("/v1/jobs/{failed}/record")).await;
+    assert_eq!(record["status"], "ok", "{record}");
+    let record = &record["result"];
+    assert_eq!(record["args"]["month"], "2026-09", "{record}");
+    assert_eq!(record["args"]["ledger_key"], "[redacted]", "{record}");
+    assert_eq!(record["attempts"], 1, "{record}");
+    assert_eq!(record["requeues"], 1, "{record}");
+    assert_eq!(record["outcome"]["status"], "ok", "{record}");
+    for other in [&bobs_job, &mallorys_job] {
+        let missing = alice.get(&format!("/v1/jobs/{other}/record")).await;
+        assert_eq!(missing["error"]["code"], "not_found", "{missing}");
+    }
     // Bob's job was never touched by alice.
     let bobs = bob.get(&format!("/v1/jobs/{bobs_job}")).await;
     assert_eq!(bobs["state"], "failed", "{bobs}");

@@ -51,6 +51,7 @@ fn api_router(state: AppState) -> Router {
         .route("/v1/calls", post(call))
         .route("/v1/jobs", get(list_jobs))
         .route("/v1/jobs/{id}", get(read_job))
+        .route("/v1/jobs/{id}/record", get(job_record))
         .route("/v1/jobs/{id}/cancel", post(cancel))
         .route("/v1/jobs/{id}/retry", post(crate::retry::retry_one))
         .route("/v1/jobs/retry", post(crate::retry::retry_many))
@@ -596,6 +597,45 @@ async fn read_job(
         return with_status(StatusCode::TOO_MANY_REQUESTS, &envelope);
     }
     reply(&envelope)
+}
+
+/// `GET /v1/jobs/{id}/record`: the job's record beside its `get_job`
+/// envelope (`outcome`), for the console's page and an operator's look:
+/// its arguments (with the tool's `redact` fields redacted), attempts,
+/// pool, run, trace and times. Read as `get_job` reads: a job the caller
+/// may not see is `not_found`, one whose tool's scopes the caller lacks
+/// is `forbidden`.
+async fn job_record(
+    State(state): State<AppState>,
+    Caller(principal): Caller,
+    Path(id): Path<String>,
+) -> Response {
+    let status = state.status();
+    let outcome = status.get_job(&principal, &id, Duration::ZERO).await;
+    if let Envelope::Error { state: None, .. } = outcome {
+        return reply(&outcome);
+    }
+    let job = match status.read(&principal, &id).await {
+        Ok(Some(job)) => job,
+        Ok(None) => return reply(&outcome),
+        Err(error) => return reply(&Envelope::error(error)),
+    };
+    let redact = state
+        .runtime
+        .registry()
+        .get(&job.tool)
+        .map(|tool| tool.declaration().middleware.redact.clone())
+        .unwrap_or_default();
+    let args = toolfleet_core::middleware::redact_json(Json::from(job.args.clone()), &redact);
+    let record = json!({
+        "job_id": job.id, "tool": job.tool, "pool": job.pool, "user": job.user,
+        "state": job.state.shown(), "attempts": job.attempts, "max_attempts": job.max_attempts,
+        "requeues": job.requeues, "args": args.to_value(), "run_id": job.run_id,
+        "call_id": job.call_id, "trace_id": job.trace.as_ref().map(|t| t.trace_id()),
+        "priority": job.priority, "run_at": job.run_at, "created_at": job.created_at,
+        "updated_at": job.updated_at, "outcome": serde_json::to_value(&outcome).unwrap_or_default(),
+    });
+    reply(&Envelope::ok(Json::from(record), job.call_id.clone()))
 }
 
 async fn cancel(

@@ -76,6 +76,19 @@ async function withJavaScript(browser) {
   }
   await shot(page, "inbox-laptop");
 
+  // A ticket raised while the inbox is open appears without a reload.
+  await page.evaluate(() => {
+    window.stillThisDocument = true;
+  });
+  const raised = await fetch(at("/v1/calls"), {
+    method: "POST",
+    headers: { authorization: `Bearer ${t.token}`, "content-type": "application/json" },
+    body: JSON.stringify({ tool: "ask_user", args: { question: "A question that arrives live" } }),
+  }).then((r) => r.json());
+  assert.equal(raised.status, "suspended", JSON.stringify(raised));
+  await page.getByText("A question that arrives live").waitFor({ timeout: 10000 });
+  assert.equal(await page.evaluate(() => window.stillThisDocument), true, "the page was not reloaded");
+
   // Answer the run's question: the run resumes and answers.
   await ticket(page, t.runTicket).getByRole("button", { name: "travel" }).click();
   await page.getByRole("status").getByText("Answered.").waitFor();
@@ -114,6 +127,9 @@ async function withJavaScript(browser) {
     (await page.locator(".state.succeeded").count()) > 0,
   );
   await page.getByText('"filed"').waitFor();
+  await page.getByRole("heading", { name: "Arguments" }).waitFor();
+  await page.getByText('"2026-09"').waitFor();
+  assert.equal(await page.getByText("k-hunter2").count(), 0, "a redacted argument is not shown");
   await shot(page, "job-laptop");
 
   // Cancel the running job.

@@ -435,9 +435,9 @@ async fn job(
     Path(id): Path<String>,
     Query(notice): Query<Notice>,
 ) -> Response {
-    let uri = format!("/v1/jobs/{}", segment(&id));
-    let (_, envelope) = c.api(&session.principal, Method::GET, &uri, None).await;
-    pages::job(&session, &id, &envelope, &notice_of(&notice))
+    let uri = format!("/v1/jobs/{}/record", segment(&id));
+    let (_, record) = c.api(&session.principal, Method::GET, &uri, None).await;
+    pages::job(&session, &id, &record, &notice_of(&notice))
 }
 
 async fn job_action(

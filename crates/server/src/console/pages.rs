@@ -424,13 +424,12 @@ pub(crate) fn jobs(session: &Session, list: &Value, filter: &JobFilter, flash: &
     )
 }
 
-/// One job: its state, outcome and progress, with cancel and retry.
-pub(crate) fn job(session: &Session, id: &str, envelope: &Value, flash: &Flash) -> Response {
-    let missing = envelope["error"]["code"] == "not_found";
-    let state = match envelope["status"].as_str() {
-        Some("ok") => "succeeded".to_owned(),
-        _ => text(&envelope["state"]),
-    };
+/// One job: its record (arguments, attempts, run, trace, times) and its
+/// outcome, with cancel and retry.
+pub(crate) fn job(session: &Session, id: &str, answer: &Value, flash: &Flash) -> Response {
+    let record = &answer["result"];
+    let envelope = &record["outcome"];
+    let state = text(&record["state"]);
     let settled = matches!(state.as_str(), "succeeded" | "failed" | "cancelled");
     let action = |what: &str| format!("/console/jobs/{}/{what}", segment(id));
     layout(
@@ -439,16 +438,30 @@ pub(crate) fn job(session: &Session, id: &str, envelope: &Value, flash: &Flash) 
         flash,
         html! {
             h1 { "Job " code { (id) } }
-            @if missing {
+            @if answer["error"]["code"] == "not_found" {
                 p.empty { "No such job for you. A job of another user or tenant reads as missing; check the id." }
+            } @else if answer["status"] == "error" {
+                (api_error(answer).unwrap_or_default())
             } @else {
                 dl.facts {
+                    dt { "Tool" } dd { code { (text(&record["tool"])) } }
                     dt { "State" } dd { span class=(format!("state {state}")) { (state) } }
-                    @if envelope["attempts"].is_u64() { dt { "Attempts" } dd { (text(&envelope["attempts"])) } }
-                    @if envelope["run_at"].is_string() { dt { "Runs at" } dd { (text(&envelope["run_at"])) } }
+                    dt { "Attempts" } dd { (text(&record["attempts"])) " of " (text(&record["max_attempts"])) }
+                    @if record["requeues"].as_u64().is_some_and(|n| n > 0) { dt { "Put back" } dd { (text(&record["requeues"])) " times" } }
+                    dt { "Pool" } dd { (text(&record["pool"])) }
+                    dt { "Caller" } dd { (text(&record["user"])) }
+                    @if let Some(run) = record["run_id"].as_str().filter(|r| r.starts_with("run_")) {
+                        dt { "Run" } dd { a href=(format!("/console/runs/{}", segment(run))) { code { (run) } } }
+                    }
+                    @if record["trace_id"].is_string() { dt { "Trace" } dd { code { (text(&record["trace_id"])) } } }
+                    @if !record["priority"].is_null() { dt { "Priority" } dd { (text(&record["priority"])) } }
                     @if envelope["waiting_for"].is_string() { dt { "Waiting for" } dd { (text(&envelope["waiting_for"])) } }
-                    @if envelope["call_id"].is_string() { dt { "Call" } dd { code { (text(&envelope["call_id"])) } } }
+                    dt { "Made" } dd { (time(&record["created_at"])) }
+                    dt { "Due" } dd { (time(&record["run_at"])) }
+                    dt { "Changed" } dd { (time(&record["updated_at"])) }
                 }
+                h2 { "Arguments" }
+                (json_block("Arguments", &record["args"]))
                 @if !envelope["progress"].is_null() { h2 { "Progress" } (json_block("Progress", &envelope["progress"])) }
                 @if envelope["status"] == "ok" { h2 { "Result" } (json_block("Result", &envelope["result"])) }
                 @if envelope["status"] == "error" {
