@@ -125,6 +125,44 @@ pub struct NewJob {
     pub origin: Option<String>,
 }
 
+/// The job list of a tenant in `states` (one shown state: one or two
+/// stored ones), newest first, read off `jobs_tenant_state` in its order:
+/// each state's rows a page at most, merged. The parameters: 1 tenant,
+/// 2 tool (or null), 3 the cursor, 4 the rows to fetch, 5 the user (when
+/// `owned`). `param(n)` writes placeholder `n` as the store's SQL does,
+/// `hint` follows `FROM jobs`, `user` names the user column.
+pub(crate) fn list_in_states(
+    states: &[JobState],
+    param: impl Fn(u8) -> String,
+    hint: &str,
+    user: Option<&str>,
+    columns: &str,
+) -> String {
+    let (tenant, tool, cursor, rows) = (param(1), param(2), param(3), param(4));
+    let owned = user.map_or_else(String::new, |column| format!("AND {column} = {}", param(5)));
+    let one = |state: &JobState| {
+        format!(
+            "SELECT {columns} FROM jobs {hint} WHERE tenant = {tenant} AND state = '{state}' \
+             AND id < {cursor} AND ({tool} IS NULL OR tool = {tool}) {owned} \
+             ORDER BY id DESC LIMIT {rows}"
+        )
+    };
+    match states {
+        [state] => one(state),
+        many => {
+            let parts: Vec<String> = many
+                .iter()
+                .enumerate()
+                .map(|(n, state)| format!("SELECT * FROM ({}) AS part{n}", one(state)))
+                .collect();
+            format!(
+                "{} ORDER BY id DESC LIMIT {rows}",
+                parts.join(" UNION ALL ")
+            )
+        }
+    }
+}
+
 /// The states `dead_letter` fails a job from without looking at a lease:
 /// those of [`Transition::DeadLetter`] but running.
 pub(crate) fn unheld_states() -> &'static [JobState] {

@@ -362,18 +362,14 @@ mod sql {
     /// `?2`: a JSON array of the stored states of the state filter.
     pub(super) const LIST: &str = "
         SELECT * FROM jobs
-        WHERE tenant = ?1 AND id < ?4
-          AND (?2 IS NULL OR state IN (SELECT value FROM json_each(?2)))
-          AND (?3 IS NULL OR tool = ?3)
-        ORDER BY id DESC LIMIT ?5";
+        WHERE tenant = ?1 AND id < ?3 AND (?2 IS NULL OR tool = ?2)
+        ORDER BY id DESC LIMIT ?4";
 
     /// [`LIST`] of one user's jobs, off `jobs_owner`.
     pub(super) const LIST_OWNED: &str = "
         SELECT * FROM jobs INDEXED BY jobs_owner
-        WHERE tenant = ?1 AND user = ?6 AND id < ?4
-          AND (?2 IS NULL OR state IN (SELECT value FROM json_each(?2)))
-          AND (?3 IS NULL OR tool = ?3)
-        ORDER BY id DESC LIMIT ?5";
+        WHERE tenant = ?1 AND user = ?5 AND id < ?3 AND (?2 IS NULL OR tool = ?2)
+        ORDER BY id DESC LIMIT ?4";
 
     pub(super) const INSERT_TICKET: &str = "
         INSERT INTO tickets (id, tenant, user, tool, question, options, args,
@@ -1145,24 +1141,40 @@ fn list_jobs(
     cursor: Option<&str>,
 ) -> Result<JobPage, StoreError> {
     let page = Paging::new(limit, cursor);
-    // The stored states the filter means: retrying finds parked jobs too.
-    let state = filter
-        .state
-        .map(|state| serde_json::to_string(state.stored_as()))
-        .transpose()
-        .map_err(|e| StoreError::Unavailable(format!("a state filter: {e}")))?;
     let (tool, cursor, rows) = (&filter.tool, page.cursor, page.fetch());
-    let mut jobs = match &filter.user {
-        None => query_all(
+    let mut jobs = match (filter.state, &filter.user) {
+        // The stored states the filter means (retrying finds parked jobs
+        // too), each off jobs_tenant_state in its order.
+        (Some(state), user) => {
+            let hint = "INDEXED BY jobs_tenant_state";
+            let owned = user.as_ref().map(|_| "user");
+            let statement =
+                crate::list_in_states(state.stored_as(), |n| format!("?{n}"), hint, owned, "*");
+            match user {
+                None => query_all(
+                    c,
+                    &statement,
+                    params![tenant, tool, cursor, rows],
+                    job_from_row,
+                )?,
+                Some(user) => query_all(
+                    c,
+                    &statement,
+                    params![tenant, tool, cursor, rows, user],
+                    job_from_row,
+                )?,
+            }
+        }
+        (None, None) => query_all(
             c,
             sql::LIST,
-            params![tenant, state, tool, cursor, rows],
+            params![tenant, tool, cursor, rows],
             job_from_row,
         )?,
-        Some(user) => query_all(
+        (None, Some(user)) => query_all(
             c,
             sql::LIST_OWNED,
-            params![tenant, state, tool, cursor, rows, user],
+            params![tenant, tool, cursor, rows, user],
             job_from_row,
         )?,
     };
@@ -2165,6 +2177,43 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("SCAN commits\n"), "{text}");
+    }
+
+    /// The job list in a state reads each stored state off
+    /// jobs_tenant_state in its order: one state is never sorted, two
+    /// are merged from a page of each.
+    #[tokio::test]
+    async fn the_job_list_in_a_state_reads_its_index_in_order() {
+        let store = SqliteStore::open_in_memory().await.expect("a store");
+        for (state, user) in [(JobState::Failed, None), (JobState::Failed, Some("user"))] {
+            let statement = crate::list_in_states(
+                state.stored_as(),
+                |n| format!("?{n}"),
+                "INDEXED BY jobs_tenant_state",
+                user,
+                "*",
+            );
+            let statement: &'static str = Box::leak(statement.into_boxed_str());
+            let text = plan(&store, statement).await.join("\n");
+            assert!(text.contains("USING INDEX jobs_tenant_state"), "{text}");
+            assert!(!text.contains("TEMP B-TREE"), "sorted:\n{text}");
+        }
+        let two = crate::list_in_states(
+            JobState::Retrying.stored_as(),
+            |n| format!("?{n}"),
+            "INDEXED BY jobs_tenant_state",
+            None,
+            "*",
+        );
+        assert_eq!(JobState::Retrying.stored_as().len(), 2);
+        let text = plan(&store, Box::leak(two.into_boxed_str()))
+            .await
+            .join("\n");
+        assert_eq!(
+            text.matches("USING INDEX jobs_tenant_state").count(),
+            2,
+            "{text}"
+        );
     }
 
     /// due_jobs reads each half off an index in its order: the waiting

@@ -36,6 +36,9 @@ macro_rules! job_columns {
     };
 }
 
+/// The columns of a job row, for statements built at run time.
+pub(super) const JOB_COLUMNS: &str = job_columns!();
+
 macro_rules! ticket_columns {
     () => {
         r#"id, tenant, "user", tool, question, options, args, run_id, call_id,
@@ -398,9 +401,8 @@ pub(super) const LIST: &str = concat!(
     "SELECT ",
     job_columns!(),
     " FROM jobs
-        WHERE tenant = $1 AND id < $4
-          AND ($2::text[] IS NULL OR state = ANY($2)) AND ($3::text IS NULL OR tool = $3)
-        ORDER BY id DESC LIMIT $5"
+        WHERE tenant = $1 AND id < $3 AND ($2::text IS NULL OR tool = $2)
+        ORDER BY id DESC LIMIT $4"
 );
 
 /// [`LIST`] of one user's jobs, off `jobs_owner`.
@@ -408,9 +410,8 @@ pub(super) const LIST_OWNED: &str = concat!(
     "SELECT ",
     job_columns!(),
     r#" FROM jobs
-        WHERE tenant = $1 AND "user" = $6 AND id < $4
-          AND ($2::text[] IS NULL OR state = ANY($2)) AND ($3::text IS NULL OR tool = $3)
-        ORDER BY id DESC LIMIT $5"#
+        WHERE tenant = $1 AND "user" = $5 AND id < $3 AND ($2::text IS NULL OR tool = $2)
+        ORDER BY id DESC LIMIT $4"#
 );
 
 pub(super) const JOB: &str = concat!(

@@ -177,18 +177,38 @@ async fn list_jobs(
     cursor: Option<&str>,
 ) -> Result<JobPage, StoreError> {
     let page = Paging::new(limit, cursor);
-    // The stored states the filter means: retrying finds parked jobs too.
-    let state: Option<Vec<&str>> = filter
-        .state
-        .map(|state| state.stored_as().iter().map(|s| s.as_str()).collect());
     let (cursor, fetch) = (page.cursor, page.fetch());
-    let mut jobs = match &filter.user {
-        None => {
-            let params: Params<'_> = &[&tenant, &state, &filter.tool, &cursor, &fetch];
+    let tool = &filter.tool;
+    let mut jobs = match (filter.state, &filter.user) {
+        // The stored states the filter means (retrying finds parked jobs
+        // too), each off jobs_tenant_state in its order.
+        (Some(state), user) => {
+            let placeholder = |n: u8| match n {
+                2 | 3 => format!("${n}::text"),
+                4 => "$4::bigint".to_owned(),
+                n => format!("${n}"),
+            };
+            let owned = user.as_ref().map(|_| "\"user\"");
+            let columns = statements::JOB_COLUMNS;
+            let statement =
+                crate::list_in_states(state.stored_as(), placeholder, "", owned, columns);
+            match user {
+                None => {
+                    let params: Params<'_> = &[&tenant, tool, &cursor, &fetch];
+                    query_all(c, &statement, params, job_from_row).await?
+                }
+                Some(user) => {
+                    let params: Params<'_> = &[&tenant, tool, &cursor, &fetch, user];
+                    query_all(c, &statement, params, job_from_row).await?
+                }
+            }
+        }
+        (None, None) => {
+            let params: Params<'_> = &[&tenant, tool, &cursor, &fetch];
             query_all(c, statements::LIST, params, job_from_row).await?
         }
-        Some(user) => {
-            let params: Params<'_> = &[&tenant, &state, &filter.tool, &cursor, &fetch, user];
+        (None, Some(user)) => {
+            let params: Params<'_> = &[&tenant, tool, &cursor, &fetch, user];
             query_all(c, statements::LIST_OWNED, params, job_from_row).await?
         }
     };
