@@ -24,6 +24,7 @@ use serde_json::{Value, json};
 use toolfleet_agent::testing::{Scripted, ScriptedModel};
 
 const BOB_TOKEN: &str = "tf_test_bob";
+const OPERATOR_TOKEN: &str = "tf_test_olga";
 
 /// Where `playwright-core` is installed (.ci/run puts it there).
 fn node_modules() -> PathBuf {
@@ -53,6 +54,12 @@ tenant = "acme"
 user = "bob"
 scopes = ["expenses:read", "expenses:submit"]
 
+[[auth.tokens]]
+sha256 = "{olga}"
+tenant = "acme"
+user = "olga"
+scopes = ["fleet:read", "expenses:read"]
+
 [[tools]]
 name = "submit_approved"
 shape = "command"
@@ -76,6 +83,7 @@ description = "A report that takes a minute."
 executor = {{ kind = "exec", program = "/bin/sh", args = ["-c", "sleep 60; echo '{{}}'"] }}
 "#,
         bob = common::sha(BOB_TOKEN),
+        olga = common::sha(OPERATOR_TOKEN),
     )
 }
 
@@ -215,6 +223,7 @@ async fn a_person_works_the_console_in_a_real_browser() {
         "chromium": chromium(),
         "shots": shots,
         "token": TOKEN,
+        "operatorToken": OPERATOR_TOKEN,
         "run": run,
         "runTicket": run_ticket,
         "question": question,

@@ -484,6 +484,13 @@ mod tests {
         ) -> Result<toolfleet_store::ScheduleRecord, StoreError> {
             unreachable!()
         }
+        async fn queue_stats(
+            &self,
+            _: &str,
+            _: i64,
+        ) -> Result<Vec<toolfleet_store::PoolRow>, StoreError> {
+            unreachable!()
+        }
         async fn dead_letter(
             &self,
             _: toolfleet_store::DeadLetter<'_>,

@@ -55,6 +55,7 @@ fn api_router(state: AppState) -> Router {
         .route("/v1/jobs/{id}/cancel", post(cancel))
         .route("/v1/jobs/{id}/retry", post(crate::retry::retry_one))
         .route("/v1/jobs/retry", post(crate::retry::retry_many))
+        .route("/v1/queues", get(queues))
         .route("/v1/schedules", get(crate::schedules::list))
         .route("/v1/schedules/{name}/pause", post(crate::schedules::pause))
         .route(
@@ -636,6 +637,91 @@ async fn job_record(
         "updated_at": job.updated_at, "outcome": serde_json::to_value(&outcome).unwrap_or_default(),
     });
     reply(&Envelope::ok(Json::from(record), job.call_id.clone()))
+}
+
+#[derive(Deserialize)]
+struct QueuesQuery {
+    since_s: Option<String>,
+}
+
+/// `GET /v1/queues?since_s=N`: the tenant's jobs by pool, for its
+/// operators (`fleet:read` or `fleet:operate`): how many wait in each
+/// state and since when, and what settled in the last `since_s` seconds
+/// (60 to 86,400; default 3,600), in all and minute by minute.
+async fn queues(
+    State(state): State<AppState>,
+    Caller(principal): Caller,
+    Query(q): Query<QueuesQuery>,
+) -> Response {
+    if !principal.reads_fleet() {
+        return reply(&Envelope::error(ToolError::new(
+            ErrorCode::Forbidden,
+            "the queues are for the tenant's operators: they need scope `fleet:read` or `fleet:operate`",
+        )));
+    }
+    let since_s = match q.since_s.as_deref().map(str::parse::<i64>) {
+        None => 3_600,
+        Some(Ok(n)) if (60..=86_400).contains(&n) => n,
+        Some(_) => return bad_request("since_s must be a whole number of seconds, 60 to 86400"),
+    };
+    let since = toolfleet_core::now_ms() - since_s * 1000;
+    let rows = match state.store.queue_stats(&principal.tenant, since).await {
+        Ok(rows) => rows,
+        Err(error) => return reply(&Envelope::error(store_error(error))),
+    };
+    let mut pools: std::collections::BTreeMap<String, Value> = std::collections::BTreeMap::new();
+    for row in rows {
+        let pool = pools.entry(row.pool.clone()).or_insert_with(|| {
+            json!({"pool": row.pool, "queued": 0, "scheduled": 0, "running": 0, "retrying": 0,
+                   "earliest_due": null, "settled": {"succeeded": 0, "failed": 0, "cancelled": 0},
+                   "per_minute": {}})
+        });
+        let shown = row.state.shown().as_str();
+        match row.minute {
+            None => {
+                let n = pool[shown].as_u64().unwrap_or(0) + row.count;
+                pool[shown] = json!(n);
+                let earliest = pool["earliest_due"].as_i64();
+                if let Some(at) = row.earliest.filter(|at| earliest.is_none_or(|e| *at < e)) {
+                    pool["earliest_due"] = json!(at);
+                }
+            }
+            Some(minute) => {
+                let n = pool["settled"][shown].as_u64().unwrap_or(0) + row.count;
+                pool["settled"][shown] = json!(n);
+                let slot = &mut pool["per_minute"][minute.to_string()];
+                let n = slot[shown].as_u64().unwrap_or(0) + row.count;
+                slot[shown] = json!(n);
+            }
+        }
+    }
+    let pools: Vec<Value> = pools
+        .into_values()
+        .map(|mut pool| {
+            let minutes: Vec<Value> = pool["per_minute"]
+                .as_object()
+                .map(|m| {
+                    let mut at: Vec<(i64, Value)> = m
+                        .iter()
+                        .filter_map(|(k, v)| Some((k.parse().ok()?, v.clone())))
+                        .collect();
+                    at.sort_by_key(|(k, _)| *k);
+                    at.into_iter()
+                        .map(|(k, mut v)| {
+                            v["at"] = json!(k);
+                            v
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            pool["per_minute"] = Value::Array(minutes);
+            pool
+        })
+        .collect();
+    reply(&Envelope::ok(
+        Json::from(json!({"pools": pools, "since": since})),
+        "",
+    ))
 }
 
 async fn cancel(

@@ -71,6 +71,7 @@ macro_rules! store_conformance {
             cancel_stops_queued_retrying_and_running_jobs,
             cancel_leaves_a_settled_job_as_it_is,
             a_dead_letter_fails_only_a_job_no_attempt_holds,
+            queue_stats_count_a_tenants_jobs_by_pool_state_and_minute,
             due_jobs_lists_what_should_run_oldest_first,
             a_scheduled_job_waits_for_its_time,
             a_failed_or_cancelled_job_is_put_back_as_new,
@@ -926,6 +927,57 @@ pub async fn a_dead_letter_fails_only_a_job_no_attempt_holds(store: &dyn Store) 
     assert_eq!(
         dead_letter(store, &format!("j_{}", new_id()), BASE).await,
         None
+    );
+}
+
+/// A tenant's queues: its jobs not settled by pool and state with the
+/// earliest due, its jobs settled since a time by pool, state and minute;
+/// never another tenant's, nor what settled before.
+pub async fn queue_stats_count_a_tenants_jobs_by_pool_state_and_minute(store: &dyn Store) {
+    let (t, other) = (tenant(), tenant());
+    let in_pool = |pool: &str, now: i64| NewJob {
+        pool: pool.to_owned(),
+        ..job_for(&t, "ocr", json!({}), None, now)
+    };
+    insert(store, in_pool("crawl", BASE + 5)).await;
+    insert(store, in_pool("crawl", BASE + 3)).await;
+    insert(store, in_pool("mail", BASE + 4)).await;
+    queued(store, &other).await;
+    let early = running(store, &t, "w1").await;
+    succeed(store, &holder(&early), &result_doc(), BASE + 10)
+        .await
+        .expect("held");
+    let late = running(store, &t, "w1").await;
+    let minute = BASE + 120_000;
+    succeed(store, &holder(&late), &result_doc(), minute + 5)
+        .await
+        .expect("held");
+    let mut rows = store
+        .queue_stats(&t, BASE + 60_000)
+        .await
+        .expect("queue_stats");
+    rows.sort_by(|a, b| (&a.pool, a.state.as_str()).cmp(&(&b.pool, b.state.as_str())));
+    let row = |pool: &str, state, count, earliest, minute| crate::PoolRow {
+        pool: pool.to_owned(),
+        state,
+        count,
+        earliest,
+        minute,
+    };
+    let settled_minute = (minute + 5) / 60_000 * 60_000;
+    assert_eq!(
+        rows,
+        [
+            row("crawl", JobState::Queued, 2, Some(BASE + 3), None),
+            row(
+                "default",
+                JobState::Succeeded,
+                1,
+                None,
+                Some(settled_minute)
+            ),
+            row("mail", JobState::Queued, 1, Some(BASE + 4), None),
+        ]
     );
 }
 

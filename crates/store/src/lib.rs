@@ -125,24 +125,58 @@ pub struct NewJob {
     pub origin: Option<String>,
 }
 
+/// [`Store::queue_stats`]'s statement, in both stores' SQL: `tenant` and
+/// `since` as the store writes placeholders 1 and 2.
+pub(crate) fn queue_stats_sql(tenant: &str, since: &str) -> String {
+    use toolfleet_core::lifecycle::sql_list;
+    let waiting: Vec<JobState> = JobState::ALL
+        .into_iter()
+        .filter(|s| !s.is_settled())
+        .collect();
+    format!(
+        "SELECT pool, state, count(*) AS n, min(run_at) AS earliest, CAST(NULL AS BIGINT) AS minute FROM jobs \
+         WHERE tenant = {tenant} AND state IN {waiting} GROUP BY pool, state \
+         UNION ALL \
+         SELECT pool, state, count(*), NULL, (updated_at / 60000) * 60000 FROM jobs \
+         WHERE tenant = {tenant} AND state IN {settled} AND updated_at >= {since} \
+         GROUP BY pool, state, (updated_at / 60000) * 60000",
+        waiting = sql_list(&waiting),
+        settled = sql_list(&JobState::SETTLED),
+    )
+}
+
+/// The states of the partial index `jobs_tenant_state`: those the path of
+/// every job never passes through, so it costs that path nothing.
+const LISTED_APART: [JobState; 2] = [JobState::Failed, JobState::Cancelled];
+
 /// The job list of a tenant in `states` (one shown state: one or two
-/// stored ones), newest first, read off `jobs_tenant_state` in its order:
-/// each state's rows a page at most, merged. The parameters: 1 tenant,
+/// stored ones), newest first, each state read off an index in its order
+/// (a page at most) and merged: failed and cancelled jobs off the partial
+/// `jobs_tenant_state` (the statement names its condition, so that
+/// SQLite sees it holds), the others off the tenant's jobs newest first,
+/// where they are found near the newest end. The parameters: 1 tenant,
 /// 2 tool (or null), 3 the cursor, 4 the rows to fetch, 5 the user (when
-/// `owned`). `param(n)` writes placeholder `n` as the store's SQL does,
-/// `hint` follows `FROM jobs`, `user` names the user column.
+/// `user` names its column). `param(n)` writes placeholder `n` as the
+/// store's SQL does; `hints` follow `FROM jobs`: (the partial index's,
+/// the others').
 pub(crate) fn list_in_states(
     states: &[JobState],
     param: impl Fn(u8) -> String,
-    hint: &str,
+    hints: (&str, &str),
     user: Option<&str>,
     columns: &str,
 ) -> String {
     let (tenant, tool, cursor, rows) = (param(1), param(2), param(3), param(4));
     let owned = user.map_or_else(String::new, |column| format!("AND {column} = {}", param(5)));
+    let apart = toolfleet_core::lifecycle::sql_list(&LISTED_APART);
     let one = |state: &JobState| {
+        let (hint, term) = if LISTED_APART.contains(state) {
+            (hints.0, format!("AND state IN {apart}"))
+        } else {
+            (hints.1, String::new())
+        };
         format!(
-            "SELECT {columns} FROM jobs {hint} WHERE tenant = {tenant} AND state = '{state}' \
+            "SELECT {columns} FROM jobs {hint} WHERE tenant = {tenant} AND state = '{state}' {term} \
              AND id < {cursor} AND ({tool} IS NULL OR tool = {tool}) {owned} \
              ORDER BY id DESC LIMIT {rows}"
         )
@@ -645,6 +679,22 @@ pub struct CancelJob<'a> {
     pub now: i64,
 }
 
+/// One row of [`Store::queue_stats`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolRow {
+    /// The pool.
+    pub pool: String,
+    /// The stored state counted.
+    pub state: JobState,
+    /// How many jobs.
+    pub count: u64,
+    /// Of jobs not settled: the earliest `run_at` among them.
+    pub earliest: Option<i64>,
+    /// Of settled jobs: the minute they settled in (Unix milliseconds at
+    /// its start).
+    pub minute: Option<i64>,
+}
+
 /// What [`Store::dead_letter`] fails: a job of any tenant (the broker's
 /// dead letters name ids, not principals).
 #[derive(Debug, Clone, Copy)]
@@ -1010,6 +1060,10 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<Vec<JobRecord>, StoreError>;
     /// Counts of jobs by state, for metrics.
     async fn job_counts(&self) -> Result<Vec<(JobState, u64)>, StoreError>;
+    /// `tenant`'s jobs by pool: those not settled by state (with the
+    /// earliest due of each), and those settled since `since` by state
+    /// and minute. For the queues an operator looks at.
+    async fn queue_stats(&self, tenant: &str, since: i64) -> Result<Vec<PoolRow>, StoreError>;
 
     // The outbox: dispatchers that answer before they publish.
 

@@ -18,10 +18,11 @@ use toolfleet_core::{AuditRecord, JobState, Metrics};
 use crate::{
     AdvanceSchedule, AnswerTicket, Answered, CancelJob, ClaimCommit, ClaimJob, ClaimNext,
     ClaimNotice, CommitClaim, DeadLetter, Defer, Fail, Heartbeat, Inserted, JobPage, JobRecord,
-    Lease, ListJobs, ListRuns, ListTickets, NewJob, NewRun, NewTicket, Park, Prune, QueuedFrom,
-    Requeue, RequeueMany, RunInserted, RunPage, RunRecord, SaveCheckpoint, ScheduleRecord,
-    SetProgress, SettleCommit, SettleNotice, SettleTicket, SilentDispatcher, StaleRuns, Store,
-    StoreError, Succeed, TakeToken, TicketPage, TicketRecord, Unnotified, UpdateRun,
+    Lease, ListJobs, ListRuns, ListTickets, NewJob, NewRun, NewTicket, Park, PoolRow, Prune,
+    QueuedFrom, Requeue, RequeueMany, RunInserted, RunPage, RunRecord, SaveCheckpoint,
+    ScheduleRecord, SetProgress, SettleCommit, SettleNotice, SettleTicket, SilentDispatcher,
+    StaleRuns, Store, StoreError, Succeed, TakeToken, TicketPage, TicketRecord, Unnotified,
+    UpdateRun,
 };
 
 /// The store `inner`, its failures counted in `metrics`.
@@ -67,6 +68,7 @@ impl Store, for MeteredStore, error StoreError {
     fn cancel(&self, cancel: CancelJob<'_>) -> Option<JobRecord>;
     fn due_jobs(&self, now: i64, due_by: i64, limit: u32) -> Vec<JobRecord>;
     fn job_counts(&self) -> Vec<(JobState, u64)>;
+    fn queue_stats(&self, tenant: &str, since: i64) -> Vec<PoolRow>;
     fn beat_dispatcher(&self, origin: &str, now: i64) -> ();
     fn silent_dispatchers(&self, seen_before: i64, limit: u32) -> Vec<SilentDispatcher>;
     fn queued_from(&self, from: QueuedFrom<'_>) -> Vec<JobRecord>;

@@ -24,7 +24,7 @@ use toolfleet_core::middleware::canonical_json;
 use toolfleet_core::{AuditRecord, Envelope, ErrorCode, JobState, ToolError, TraceContext};
 
 use crate::rows::{self, Columns, Paging, RowName, encode, to_i64};
-use crate::{AdvanceSchedule, ClaimNext, DeadLetter, Defer, ScheduleRecord, TakeToken};
+use crate::{AdvanceSchedule, ClaimNext, DeadLetter, Defer, PoolRow, ScheduleRecord, TakeToken};
 use crate::{
     AnswerTicket, Answered, Answerer, CancelJob, ClaimCommit, ClaimJob, ClaimNotice, CommitClaim,
     Fail, Heartbeat, Inserted, JobFilter, JobPage, JobRecord, Lease, LeaseRef, ListJobs, ListRuns,
@@ -276,6 +276,9 @@ mod sql {
             running = JobState::Running,
         )
     });
+
+    /// [`Store::queue_stats`](crate::Store::queue_stats).
+    pub(super) static QUEUE_STATS: Built = LazyLock::new(|| crate::queue_stats_sql("?1", "?2"));
 
     /// `requeue`: failed or cancelled -> queued, due at `?3`.
     pub(super) static REQUEUE: Built = LazyLock::new(|| {
@@ -1146,10 +1149,10 @@ fn list_jobs(
         // The stored states the filter means (retrying finds parked jobs
         // too), each off jobs_tenant_state in its order.
         (Some(state), user) => {
-            let hint = "INDEXED BY jobs_tenant_state";
+            let hints = ("INDEXED BY jobs_tenant_state", "INDEXED BY jobs_tenant");
             let owned = user.as_ref().map(|_| "user");
             let statement =
-                crate::list_in_states(state.stored_as(), |n| format!("?{n}"), hint, owned, "*");
+                crate::list_in_states(state.stored_as(), |n| format!("?{n}"), hints, owned, "*");
             match user {
                 None => query_all(
                     c,
@@ -1753,6 +1756,23 @@ impl Store for SqliteStore {
         self.call(|c| job_counts(c)).await
     }
 
+    async fn queue_stats(&self, tenant: &str, since: i64) -> Result<Vec<PoolRow>, StoreError> {
+        let tenant = tenant.to_owned();
+        self.call(move |c| {
+            query_all(c, &sql::QUEUE_STATS, params![tenant, since], |row| {
+                let state: String = row.get(1)?;
+                Ok(PoolRow {
+                    pool: row.get(0)?,
+                    state: JobState::parse(&state).unwrap_or(JobState::Queued),
+                    count: u64::try_from(row.get::<_, i64>(2)?).unwrap_or(0),
+                    earliest: row.get(3)?,
+                    minute: row.get(4)?,
+                })
+            })
+        })
+        .await
+    }
+
     async fn beat_dispatcher(&self, origin: &str, now: i64) -> Result<(), StoreError> {
         let origin = origin.to_owned();
         self.call(move |c| {
@@ -2179,41 +2199,32 @@ mod tests {
         assert!(!text.contains("SCAN commits\n"), "{text}");
     }
 
-    /// The job list in a state reads each stored state off
-    /// jobs_tenant_state in its order: one state is never sorted, two
-    /// are merged from a page of each.
+    /// The job list in a state reads each stored state off an index in its
+    /// order: failed and cancelled jobs off jobs_tenant_state, the others
+    /// off jobs_tenant; one state is never sorted, two are merged from a
+    /// page of each.
     #[tokio::test]
     async fn the_job_list_in_a_state_reads_its_index_in_order() {
         let store = SqliteStore::open_in_memory().await.expect("a store");
-        for (state, user) in [(JobState::Failed, None), (JobState::Failed, Some("user"))] {
-            let statement = crate::list_in_states(
-                state.stored_as(),
-                |n| format!("?{n}"),
-                "INDEXED BY jobs_tenant_state",
-                user,
-                "*",
-            );
-            let statement: &'static str = Box::leak(statement.into_boxed_str());
-            let text = plan(&store, statement).await.join("\n");
-            assert!(text.contains("USING INDEX jobs_tenant_state"), "{text}");
-            assert!(!text.contains("TEMP B-TREE"), "sorted:\n{text}");
+        let hints = ("INDEXED BY jobs_tenant_state", "INDEXED BY jobs_tenant");
+        for (state, user, index) in [
+            (JobState::Failed, None, "jobs_tenant_state"),
+            (JobState::Cancelled, Some("user"), "jobs_tenant_state"),
+            (JobState::Queued, None, "jobs_tenant"),
+            (JobState::Retrying, None, "jobs_tenant"),
+        ] {
+            let statement =
+                crate::list_in_states(state.stored_as(), |n| format!("?{n}"), hints, user, "*");
+            let parts = state.stored_as().len();
+            let text = plan(&store, Box::leak(statement.into_boxed_str()))
+                .await
+                .join("\n");
+            let used = format!("USING INDEX {index} ");
+            assert_eq!(text.matches(&used).count(), parts, "{state}: {text}");
+            if parts == 1 {
+                assert!(!text.contains("TEMP B-TREE"), "{state} sorted:\n{text}");
+            }
         }
-        let two = crate::list_in_states(
-            JobState::Retrying.stored_as(),
-            |n| format!("?{n}"),
-            "INDEXED BY jobs_tenant_state",
-            None,
-            "*",
-        );
-        assert_eq!(JobState::Retrying.stored_as().len(), 2);
-        let text = plan(&store, Box::leak(two.into_boxed_str()))
-            .await
-            .join("\n");
-        assert_eq!(
-            text.matches("USING INDEX jobs_tenant_state").count(),
-            2,
-            "{text}"
-        );
     }
 
     /// due_jobs reads each half off an index in its order: the waiting

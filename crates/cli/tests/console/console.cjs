@@ -28,10 +28,10 @@ async function until(page, what, check, seconds = 20) {
   }
 }
 
-async function signIn(page) {
+async function signIn(page, token = t.token) {
   await page.goto(at("/console"));
   assert.match(page.url(), /\/console\/login$/, "signed out, the console asks for a token");
-  await page.getByLabel("Token").fill(t.token);
+  await page.getByLabel("Token").fill(token);
   await page.getByRole("button", { name: "Sign in" }).click();
   await page.waitForURL(at("/console"));
 }
@@ -157,6 +157,10 @@ async function withJavaScript(browser) {
   assert.match(headers["content-security-policy"], /default-src 'none'/);
   assert.match(headers["content-security-policy"], /script-src 'self'/);
 
+  // The queues are for operators: alice is told so.
+  await page.goto(at("/console/queues"));
+  await page.getByText("The queues are for your tenant's operators").waitFor();
+
   await page.goto(at("/console/tools"));
   await page.getByRole("heading", { name: "file_report" }).waitFor();
   await shot(page, "tools-laptop");
@@ -170,6 +174,7 @@ async function withJavaScript(browser) {
     ["jobs", "/console/jobs"],
     ["job", `/console/jobs/${t.failed}`],
     ["runs", "/console/runs"],
+    ["queues", "/console/queues"],
     ["run", `/console/runs/${t.run}`],
     ["tools", "/console/tools"],
   ]) {
@@ -182,6 +187,27 @@ async function withJavaScript(browser) {
 
   assert.deepEqual(dialogs, [], "no script ran from what people or models wrote");
   assert.deepEqual(errors, [], "the console's script raised nothing");
+  await context.close();
+}
+
+// An operator's queues: the tenant's pools, what waits and what settled.
+async function asOperator(browser) {
+  const context = await browser.newContext({ viewport: LAPTOP });
+  const page = await context.newPage();
+  await signIn(page, t.operatorToken);
+  await page.getByRole("navigation").getByRole("link", { name: "Queues" }).click();
+  const row = page.locator("tbody tr", { has: page.locator("code", { hasText: /^default$/ }) });
+  await row.waitFor();
+  const cells = await row.locator("td").allTextContents();
+  assert.ok(Number(cells[3]) >= 0, `running: ${cells}`);
+  assert.ok(Number(cells[6]) >= 1, `something succeeded in the hour: ${cells}`);
+  assert.ok(Number(cells[7]) >= 1, `something failed in the hour: ${cells}`);
+  await row.locator("svg rect").first().waitFor();
+  await shot(page, "queues-laptop");
+  // An operator sees every user's failed jobs of the tenant, never another tenant's.
+  await page.goto(at("/console/jobs?state=failed"));
+  await page.getByText(t.bobsJob).waitFor();
+  assert.equal(await page.getByText(t.mallorysJob).count(), 0);
   await context.close();
 }
 
@@ -212,6 +238,7 @@ async function withoutJavaScript(browser) {
   });
   try {
     await withJavaScript(browser);
+    await asOperator(browser);
     await withoutJavaScript(browser);
   } finally {
     await browser.close();

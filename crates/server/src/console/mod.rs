@@ -92,6 +92,7 @@ pub(crate) fn routes(state: AppState, api: Router) -> Router {
         .route("/console/runs", get(runs))
         .route("/console/runs/{id}", get(run))
         .route("/console/runs/{id}/cancel", post(run_cancel))
+        .route("/console/queues", get(queues))
         .route("/console/tools", get(tools))
         .route("/console/events", get(events))
         .route("/console/assets/{name}", get(asset))
@@ -518,6 +519,13 @@ async fn run_cancel(
         &answer,
         "Cancelled.",
     )
+}
+
+async fn queues(State(c): State<Console>, session: Session) -> Response {
+    let (_, stats) = c
+        .api(&session.principal, Method::GET, "/v1/queues", None)
+        .await;
+    pages::queues(&session, &stats)
 }
 
 async fn tools(State(c): State<Console>, session: Session) -> Response {

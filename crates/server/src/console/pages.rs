@@ -61,6 +61,7 @@ fn layout(title: &str, session: Option<&Session>, flash: &Flash, body: Markup) -
                             a href="/console/inbox" { "Inbox" }
                             a href="/console/runs" { "Runs" }
                             a href="/console/jobs" { "Jobs" }
+                            a href="/console/queues" { "Queues" }
                             a href="/console/tools" { "Tools" }
                         }
                         form.signout method="post" action="/console/logout" {
@@ -619,6 +620,86 @@ fn entry_item(entry: &Value) -> Markup {
                             } @else { (text(value)) }
                         }
                     }
+                }
+            }
+        }
+    }
+}
+
+/// The tenant's queues: per pool, what waits and what settled in the
+/// last hour, with a chart of it minute by minute.
+pub(crate) fn queues(session: &Session, stats: &Value) -> Response {
+    let empty = Vec::new();
+    let pools = stats["result"]["pools"].as_array().unwrap_or(&empty);
+    let since = stats["result"]["since"].as_i64().unwrap_or(0);
+    layout(
+        "Queues",
+        Some(session),
+        &Flash::default(),
+        html! {
+            h1 { "Queues" }
+            @if stats["error"]["code"] == "forbidden" {
+                p.empty { "The queues are for your tenant's operators: a token with scope fleet:read or fleet:operate sees them." }
+            } @else if let Some(error) = api_error(stats) {
+                (error)
+            } @else if pools.is_empty() {
+                p.empty { "No job in the last hour and none waiting. Pools appear here once a job or agent tool is called." }
+            } @else {
+                table {
+                    thead { tr {
+                        th { "Pool" } th { "Queued" } th { "Scheduled" } th { "Running" } th { "Retrying" }
+                        th { "Waiting since" } th { "Succeeded (1 h)" } th { "Failed (1 h)" } th { "Per minute" }
+                    } }
+                    tbody {
+                        @for pool in pools {
+                            tr {
+                                td { code { (text(&pool["pool"])) } }
+                                td { (text(&pool["queued"])) }
+                                td { (text(&pool["scheduled"])) }
+                                td { (text(&pool["running"])) }
+                                td { (text(&pool["retrying"])) }
+                                td { (time(&pool["earliest_due"])) }
+                                td { (text(&pool["settled"]["succeeded"])) }
+                                td {
+                                    a href=(format!("/console/jobs?state=failed")) { (text(&pool["settled"]["failed"])) }
+                                }
+                                td { (chart(&pool["per_minute"], since)) }
+                            }
+                        }
+                    }
+                }
+            }
+        },
+    )
+}
+
+/// Jobs settled per minute over the hour from `since`: a bar a minute,
+/// failures in their own colour. Drawn with attributes alone (the
+/// Content-Security-Policy allows no inline style).
+fn chart(minutes: &Value, since: i64) -> Markup {
+    let empty = Vec::new();
+    let minutes = minutes.as_array().unwrap_or(&empty);
+    let total = |m: &Value| {
+        ["succeeded", "failed", "cancelled"]
+            .iter()
+            .map(|k| m[*k].as_u64().unwrap_or(0))
+            .sum::<u64>()
+    };
+    let most = minutes.iter().map(total).max().unwrap_or(0).max(1);
+    let sum: u64 = minutes.iter().map(total).sum();
+    let label = format!("{sum} jobs settled in the hour, at most {most} in a minute");
+    html! {
+        svg.chart width="120" height="30" viewBox="0 0 120 30" role="img" aria-label=(label) {
+            title { (label) }
+            @for m in minutes {
+                @let slot = ((m["at"].as_i64().unwrap_or(since) - since) / 60_000).clamp(0, 59);
+                @let all = total(m);
+                @let failed = m["failed"].as_u64().unwrap_or(0);
+                @let height = all * 30 / most;
+                @let bad = failed * 30 / most;
+                rect x=(slot * 2) y=(30 - height) width="2" height=(height) fill="#1f5fbf" {}
+                @if bad > 0 {
+                    rect x=(slot * 2) y=(30 - bad) width="2" height=(bad) fill="#b3261e" {}
                 }
             }
         }

@@ -326,6 +326,9 @@ pub(super) static DEAD_LETTER: Built = LazyLock::new(|| {
     )
 });
 
+/// [`Store::queue_stats`](crate::Store::queue_stats): `$2` a bigint.
+pub(super) static QUEUE_STATS: Built = LazyLock::new(|| crate::queue_stats_sql("$1", "$2::bigint"));
+
 /// `requeue`: failed or cancelled -> queued, due at `$3`.
 pub(super) static REQUEUE: Built = LazyLock::new(|| {
     format!(

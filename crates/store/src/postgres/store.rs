@@ -19,7 +19,7 @@ use super::rows::{
 };
 use super::statements;
 use crate::rows::{Columns, Paging, encode};
-use crate::{AdvanceSchedule, ClaimNext, DeadLetter, Defer, ScheduleRecord, TakeToken};
+use crate::{AdvanceSchedule, ClaimNext, DeadLetter, Defer, PoolRow, ScheduleRecord, TakeToken};
 use crate::{
     AnswerTicket, Answered, Answerer, CancelJob, ClaimCommit, ClaimJob, ClaimNotice, CommitClaim,
     Fail, Heartbeat, Inserted, JobFilter, JobPage, JobRecord, Lease, LeaseRef, ListJobs, ListRuns,
@@ -191,7 +191,7 @@ async fn list_jobs(
             let owned = user.as_ref().map(|_| "\"user\"");
             let columns = statements::JOB_COLUMNS;
             let statement =
-                crate::list_in_states(state.stored_as(), placeholder, "", owned, columns);
+                crate::list_in_states(state.stored_as(), placeholder, ("", ""), owned, columns);
             match user {
                 None => {
                     let params: Params<'_> = &[&tenant, tool, &cursor, &fetch];
@@ -766,6 +766,22 @@ impl Store for PgStore {
 
     async fn job_counts(&self) -> Result<Vec<(JobState, u64)>, StoreError> {
         job_counts(&*self.client().await?).await
+    }
+
+    async fn queue_stats(&self, tenant: &str, since: i64) -> Result<Vec<PoolRow>, StoreError> {
+        let c = self.client().await?;
+        let statement = &*statements::QUEUE_STATS;
+        query_all(&c, statement, &[&tenant, &since], |row| {
+            let state: String = row.try_get(1)?;
+            Ok(PoolRow {
+                pool: row.try_get(0)?,
+                state: JobState::parse(&state).unwrap_or(JobState::Queued),
+                count: u64::try_from(row.try_get::<_, i64>(2)?).unwrap_or(0),
+                earliest: row.try_get(3)?,
+                minute: row.try_get(4)?,
+            })
+        })
+        .await
     }
 
     async fn unnotified_tickets(
