@@ -633,7 +633,8 @@ async fn job_record(
         "state": job.state.shown(), "attempts": job.attempts, "max_attempts": job.max_attempts,
         "requeues": job.requeues, "args": args.to_value(), "run_id": job.run_id,
         "call_id": job.call_id, "trace_id": job.trace.as_ref().map(|t| t.trace_id()),
-        "priority": job.priority, "run_at": job.run_at, "created_at": job.created_at,
+        "priority": job.priority, "run_at": job.run_at, "started_at": job.started_at,
+        "attempts_log": job.attempts_log, "created_at": job.created_at,
         "updated_at": job.updated_at, "outcome": serde_json::to_value(&outcome).unwrap_or_default(),
     });
     reply(&Envelope::ok(Json::from(record), job.call_id.clone()))
@@ -674,8 +675,20 @@ async fn queues(
         let pool = pools.entry(row.pool.clone()).or_insert_with(|| {
             json!({"pool": row.pool, "queued": 0, "scheduled": 0, "running": 0, "retrying": 0,
                    "earliest_due": null, "settled": {"succeeded": 0, "failed": 0, "cancelled": 0},
-                   "per_minute": {}})
+                   "per_minute": {}, "waited": 0, "wait_total_ms": 0, "wait_max_ms": null})
         });
+        if row.waited > 0 {
+            pool["waited"] = json!(pool["waited"].as_u64().unwrap_or(0) + row.waited);
+            let total = pool["wait_total_ms"].as_i64().unwrap_or(0);
+            pool["wait_total_ms"] = json!(total.saturating_add(row.wait_total_ms));
+            let most = pool["wait_max_ms"].as_i64();
+            if let Some(max) = row
+                .wait_max_ms
+                .filter(|m| most.is_none_or(|most| *m > most))
+            {
+                pool["wait_max_ms"] = json!(max);
+            }
+        }
         let shown = row.state.shown().as_str();
         match row.minute {
             None => {
@@ -715,6 +728,18 @@ async fn queues(
                 })
                 .unwrap_or_default();
             pool["per_minute"] = Value::Array(minutes);
+            // The settled jobs' wait from due to start, on average.
+            let waited = pool["waited"].as_i64().unwrap_or(0);
+            let total = pool["wait_total_ms"].as_i64().unwrap_or(0);
+            pool["wait_avg_ms"] = if waited > 0 {
+                json!(total / waited)
+            } else {
+                Value::Null
+            };
+            if let Some(fields) = pool.as_object_mut() {
+                fields.remove("waited");
+                fields.remove("wait_total_ms");
+            }
             pool
         })
         .collect();

@@ -101,6 +101,8 @@ pub(crate) fn record_of(job: NewJob) -> JobRecord {
         concurrency_key: job.concurrency_key,
         concurrency_limit: job.concurrency_limit,
         fair_rank: job.fair_rank,
+        started_at: None,
+        attempts_log: None,
         created_at: job.now,
         updated_at: job.now,
     }

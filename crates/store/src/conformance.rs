@@ -71,6 +71,7 @@ macro_rules! store_conformance {
             cancel_stops_queued_retrying_and_running_jobs,
             cancel_leaves_a_settled_job_as_it_is,
             a_dead_letter_fails_only_a_job_no_attempt_holds,
+            each_failed_attempt_is_logged_with_its_times_and_error,
             queue_stats_count_a_tenants_jobs_by_pool_state_and_minute,
             due_jobs_lists_what_should_run_oldest_first,
             a_scheduled_job_waits_for_its_time,
@@ -930,6 +931,76 @@ pub async fn a_dead_letter_fails_only_a_job_no_attempt_holds(store: &dyn Store) 
     );
 }
 
+/// A claim records when its attempt started; each failed attempt, retried
+/// or final, is logged with its number, start, end and error; a success
+/// logs nothing; a requeue starts a new log.
+pub async fn each_failed_attempt_is_logged_with_its_times_and_error(store: &dyn Store) {
+    let t = tenant();
+    let first = running(store, &t, "w1").await;
+    assert_eq!(first.started_at, Some(BASE));
+    assert_eq!(first.attempts_log, None);
+    let retrying = fail(
+        store,
+        &holder(&first),
+        &failure("flaky"),
+        Some(BASE + 100),
+        BASE + 50,
+    )
+    .await
+    .expect("held");
+    let second = claim(store, &first.id, "w2", BASE + 200)
+        .await
+        .expect("due");
+    assert_eq!(second.started_at, Some(BASE + 200));
+    let failed = fail(
+        store,
+        &holder(&second),
+        &failure("broken"),
+        None,
+        BASE + 300,
+    )
+    .await
+    .expect("held");
+    assert_eq!(failed.state, JobState::Failed);
+    let log = failed.attempts_log.expect("a log");
+    let entries = log.as_array().expect("an array");
+    assert_eq!(entries.len(), 2, "{log}");
+    assert_eq!(entries[0]["attempt"], 1);
+    assert_eq!(entries[0]["started_at"], BASE);
+    assert_eq!(entries[0]["ended_at"], BASE + 50);
+    assert_eq!(
+        entries[0]["error"]["message"],
+        retrying.error.expect("kept").message
+    );
+    assert_eq!(entries[1]["attempt"], 2);
+    assert_eq!(
+        (
+            entries[1]["started_at"].as_i64(),
+            entries[1]["ended_at"].as_i64()
+        ),
+        (Some(BASE + 200), Some(BASE + 300))
+    );
+    let again = store
+        .requeue(crate::Requeue {
+            tenant: &t,
+            id: &first.id,
+            now: BASE + 400,
+        })
+        .await
+        .expect("requeue")
+        .expect("put back");
+    assert_eq!(
+        (again.attempts_log, again.started_at),
+        (None, None),
+        "a new life"
+    );
+    let ok = running(store, &t, "w1").await;
+    let done = succeed(store, &holder(&ok), &result_doc(), BASE + 10)
+        .await
+        .expect("held");
+    assert_eq!(done.attempts_log, None, "a success logs nothing");
+}
+
 /// A tenant's queues: its jobs not settled by pool and state with the
 /// earliest due, its jobs settled since a time by pool, state and minute;
 /// never another tenant's, nor what settled before.
@@ -963,19 +1034,30 @@ pub async fn queue_stats_count_a_tenants_jobs_by_pool_state_and_minute(store: &d
         count,
         earliest,
         minute,
+        waited: 0,
+        wait_total_ms: 0,
+        wait_max_ms: None,
     };
     let settled_minute = (minute + 5) / 60_000 * 60_000;
+    // The late job was due at BASE and started when `running` claimed it.
+    let wait = late.started_at.unwrap_or_default() - late.run_at;
+    let settled = crate::PoolRow {
+        waited: 1,
+        wait_total_ms: wait,
+        wait_max_ms: Some(wait),
+        ..row(
+            "default",
+            JobState::Succeeded,
+            1,
+            None,
+            Some(settled_minute),
+        )
+    };
     assert_eq!(
         rows,
         [
             row("crawl", JobState::Queued, 2, Some(BASE + 3), None),
-            row(
-                "default",
-                JobState::Succeeded,
-                1,
-                None,
-                Some(settled_minute)
-            ),
+            settled,
             row("mail", JobState::Queued, 1, Some(BASE + 4), None),
         ]
     );

@@ -134,10 +134,12 @@ pub(crate) fn queue_stats_sql(tenant: &str, since: &str) -> String {
         .filter(|s| !s.is_settled())
         .collect();
     format!(
-        "SELECT pool, state, count(*) AS n, min(run_at) AS earliest, CAST(NULL AS BIGINT) AS minute FROM jobs \
+        "SELECT pool, state, count(*) AS n, min(run_at) AS earliest, CAST(NULL AS BIGINT) AS minute, \
+         0 AS waited, CAST(0 AS BIGINT) AS wait_total, CAST(NULL AS BIGINT) AS wait_max FROM jobs \
          WHERE tenant = {tenant} AND state IN {waiting} GROUP BY pool, state \
          UNION ALL \
-         SELECT pool, state, count(*), NULL, (updated_at / 60000) * 60000 FROM jobs \
+         SELECT pool, state, count(*), NULL, (updated_at / 60000) * 60000, count(started_at), \
+         CAST(COALESCE(sum(started_at - run_at), 0) AS BIGINT), max(started_at - run_at) FROM jobs \
          WHERE tenant = {tenant} AND state IN {settled} AND updated_at >= {since} \
          GROUP BY pool, state, (updated_at / 60000) * 60000",
         waiting = sql_list(&waiting),
@@ -211,7 +213,8 @@ pub(crate) fn requeued(now: &str) -> String {
     format!(
         "state = '{to}', attempts = 0, requeues = requeues + 1, run_at = {now},
             lease_owner = NULL, lease_until = NULL, progress = NULL, result = NULL,
-            error = NULL, checkpoint = NULL, waiting_on = NULL, updated_at = {now}",
+            error = NULL, checkpoint = NULL, waiting_on = NULL, updated_at = {now},
+            started_at = NULL, attempts_log = NULL",
         to = Transition::Requeue.to()
     )
 }
@@ -317,6 +320,14 @@ pub struct JobRecord {
     /// The [`NewJob::fair_rank`] it was made with.
     #[serde(default)]
     pub fair_rank: i64,
+    /// When the running (or last) attempt was claimed, in Unix
+    /// milliseconds; `None` before the first claim.
+    #[serde(default)]
+    pub started_at: Option<i64>,
+    /// The attempts that failed, oldest first: each `{attempt,
+    /// started_at, ended_at, error}`; `None` while none has.
+    #[serde(default)]
+    pub attempts_log: Option<Value>,
     /// When the job was recorded, in Unix milliseconds.
     pub created_at: i64,
     /// When the job was last written (a transition, heartbeat, progress or
@@ -693,6 +704,13 @@ pub struct PoolRow {
     /// Of settled jobs: the minute they settled in (Unix milliseconds at
     /// its start).
     pub minute: Option<i64>,
+    /// Of settled jobs: how many had started, and their waits from due to
+    /// their last attempt's start, in all and the longest (milliseconds).
+    pub waited: u64,
+    /// The sum of those waits.
+    pub wait_total_ms: i64,
+    /// The longest of them.
+    pub wait_max_ms: Option<i64>,
 }
 
 /// What [`Store::dead_letter`] fails: a job of any tenant (the broker's

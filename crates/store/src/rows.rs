@@ -174,6 +174,8 @@ pub(crate) fn job(f: &impl Columns) -> Result<JobRecord, StoreError> {
                     .map_err(|_| f.corrupt("concurrency_limit", format!("{n} is out of range")))
             })
             .transpose()?,
+        started_at: f.integer_opt("started_at")?,
+        attempts_log: f.json_opt("attempts_log")?,
         created_at: f.integer("created_at")?,
         updated_at: f.integer("updated_at")?,
     })

@@ -97,7 +97,7 @@ mod sql {
         UPDATE jobs SET state = '{running}', attempts = attempts + 1,
             run_at = CASE WHEN state IN {taken} THEN COALESCE(lease_until, run_at)
                           ELSE run_at END,
-            lease_owner = ?2, lease_until = ?4, updated_at = ?3
+            lease_owner = ?2, lease_until = ?4, updated_at = ?3, started_at = ?3
         WHERE id = ?1
           AND ((state IN {claimed} AND run_at <= ?3)
                OR (state IN {taken} AND lease_until < ?3))
@@ -120,7 +120,7 @@ mod sql {
         UPDATE jobs SET state = '{running}', attempts = attempts + 1,
             run_at = CASE WHEN state IN {taken} THEN COALESCE(lease_until, run_at)
                           ELSE run_at END,
-            lease_owner = ?2, lease_until = ?4, updated_at = ?3
+            lease_owner = ?2, lease_until = ?4, updated_at = ?3, started_at = ?3
         WHERE id = (SELECT id FROM jobs INDEXED BY jobs_ordered
             WHERE pool = ?1 AND priority IS NOT NULL
               AND state IN ('queued', 'scheduled', 'retrying', 'running')
@@ -240,6 +240,9 @@ mod sql {
         UPDATE jobs SET
             state = CASE WHEN ?5 IS NOT NULL THEN '{retrying}' ELSE '{failed}' END,
             run_at = COALESCE(?5, run_at),
+            attempts_log = json_insert(COALESCE(attempts_log, '[]'), '$[#]', json_object(
+                'attempt', attempts, 'started_at', started_at, 'ended_at', ?6,
+                'error', json(?4))),
             error = ?4, lease_owner = NULL, lease_until = NULL, updated_at = ?6
         WHERE {held}
         RETURNING *",
@@ -1767,6 +1770,9 @@ impl Store for SqliteStore {
                     count: u64::try_from(row.get::<_, i64>(2)?).unwrap_or(0),
                     earliest: row.get(3)?,
                     minute: row.get(4)?,
+                    waited: u64::try_from(row.get::<_, i64>(5)?).unwrap_or(0),
+                    wait_total_ms: row.get(6)?,
+                    wait_max_ms: row.get(7)?,
                 })
             })
         })

@@ -120,7 +120,10 @@ async function withJavaScript(browser) {
   assert.equal(await page.getByText(t.mallorysJob).count(), 0, "another tenant's job is not listed");
   await shot(page, "jobs-laptop");
   await page.getByRole("link", { name: t.failed }).click();
-  await page.getByText("the ledger is locked").waitFor();
+  await page.getByText("the ledger is locked").first().waitFor();
+  const logged = page.locator("table.attempts tbody tr");
+  assert.equal(await logged.count(), 1, "its one failed attempt, with its times and error");
+  assert.match(await logged.first().textContent(), /tool_failed/);
   await page.getByRole("button", { name: "Retry" }).click();
   await page.getByRole("status").getByText("Put back").waitFor();
   await until(page, "the retried job succeeds", async () =>
@@ -202,6 +205,7 @@ async function asOperator(browser) {
   assert.ok(Number(cells[3]) >= 0, `running: ${cells}`);
   assert.ok(Number(cells[6]) >= 1, `something succeeded in the hour: ${cells}`);
   assert.ok(Number(cells[7]) >= 1, `something failed in the hour: ${cells}`);
+  assert.match(cells[8], /\d+(\.\d)? (ms|s|min) \/ \d+(\.\d)? (ms|s|min)/, `the wait: ${cells}`);
   await row.locator("svg rect").first().waitFor();
   await shot(page, "queues-laptop");
   // An operator sees every user's failed jobs of the tenant, never another tenant's.

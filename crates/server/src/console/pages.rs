@@ -463,6 +463,7 @@ pub(crate) fn job(session: &Session, id: &str, answer: &Value, flash: &Flash) ->
                 }
                 h2 { "Arguments" }
                 (json_block("Arguments", &record["args"]))
+                (attempts(record))
                 @if !envelope["progress"].is_null() { h2 { "Progress" } (json_block("Progress", &envelope["progress"])) }
                 @if envelope["status"] == "ok" { h2 { "Result" } (json_block("Result", &envelope["result"])) }
                 @if envelope["status"] == "error" {
@@ -489,6 +490,43 @@ pub(crate) fn job(session: &Session, id: &str, answer: &Value, flash: &Flash) ->
             p { a href="/console/jobs" { "All jobs" } }
         },
     )
+}
+
+/// A job's attempts: those that failed, each with its times and error,
+/// then the running one.
+fn attempts(record: &Value) -> Markup {
+    let empty = Vec::new();
+    let failed = record["attempts_log"].as_array().unwrap_or(&empty);
+    let running = record["state"] == "running";
+    html! {
+        @if !failed.is_empty() || running {
+            h2 { "Attempts" }
+            table.attempts {
+                thead { tr { th { "Attempt" } th { "Started" } th { "Ended" } th { "Error" } } }
+                tbody {
+                    @for attempt in failed {
+                        tr {
+                            td { (text(&attempt["attempt"])) }
+                            td { (time(&attempt["started_at"])) }
+                            td { (time(&attempt["ended_at"])) }
+                            td {
+                                code { (text(&attempt["error"]["code"])) } " "
+                                (text(&attempt["error"]["message"]))
+                            }
+                        }
+                    }
+                    @if running {
+                        tr {
+                            td { (text(&record["attempts"])) }
+                            td { (time(&record["started_at"])) }
+                            td { "running" }
+                            td {}
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// The caller's runs.
@@ -648,7 +686,8 @@ pub(crate) fn queues(session: &Session, stats: &Value) -> Response {
                 table {
                     thead { tr {
                         th { "Pool" } th { "Queued" } th { "Scheduled" } th { "Running" } th { "Retrying" }
-                        th { "Waiting since" } th { "Succeeded (1 h)" } th { "Failed (1 h)" } th { "Per minute" }
+                        th { "Waiting since" } th { "Succeeded (1 h)" } th { "Failed (1 h)" }
+                        th { "Wait (1 h), average / longest" } th { "Per minute" }
                     } }
                     tbody {
                         @for pool in pools {
@@ -663,6 +702,7 @@ pub(crate) fn queues(session: &Session, stats: &Value) -> Response {
                                 td {
                                     a href=(format!("/console/jobs?state=failed")) { (text(&pool["settled"]["failed"])) }
                                 }
+                                td { (millis(&pool["wait_avg_ms"])) " / " (millis(&pool["wait_max_ms"])) }
                                 td { (chart(&pool["per_minute"], since)) }
                             }
                         }
@@ -671,6 +711,16 @@ pub(crate) fn queues(session: &Session, stats: &Value) -> Response {
             }
         },
     )
+}
+
+/// A duration in milliseconds as people read it.
+fn millis(ms: &Value) -> String {
+    match ms.as_i64() {
+        None => "—".to_owned(),
+        Some(ms) if ms < 1_000 => format!("{ms} ms"),
+        Some(ms) if ms < 120_000 => format!("{:.1} s", ms as f64 / 1000.0),
+        Some(ms) => format!("{} min", ms / 60_000),
+    }
 }
 
 /// Jobs settled per minute over the hour from `since`: a bar a minute,

@@ -32,7 +32,7 @@ macro_rules! job_columns {
             timeout_ms, run_at, lease_owner, lease_until, progress, result, error,
             idempotency_key, run_id, call_id, callback_url, lineage, scopes,
             traceparent, tracestate, requeues, priority, concurrency_key, concurrency_limit,
-            fair_rank, created_at, updated_at"#
+            fair_rank, started_at, attempts_log, created_at, updated_at"#
     };
 }
 
@@ -152,7 +152,7 @@ pub(super) static CLAIM_MANY: Built = LazyLock::new(|| {
         UPDATE jobs SET state = '{running}', attempts = attempts + 1,
             run_at = CASE WHEN state IN {taken} THEN COALESCE(lease_until, run_at)
                           ELSE run_at END,
-            lease_owner = c_worker, lease_until = c_until, updated_at = c_now
+            lease_owner = c_worker, lease_until = c_until, updated_at = c_now, started_at = c_now
         FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::bigint[])
             WITH ORDINALITY AS c(c_id, c_worker, c_now, c_until, c_ord)
         WHERE id = c_id
@@ -281,6 +281,9 @@ pub(super) static FAIL: Built = LazyLock::new(|| {
         UPDATE jobs SET
             state = CASE WHEN $5::bigint IS NOT NULL THEN '{retrying}' ELSE '{failed}' END,
             run_at = COALESCE($5::bigint, run_at),
+            attempts_log = (COALESCE(attempts_log, '[]')::jsonb || jsonb_build_array(
+                jsonb_build_object('attempt', attempts, 'started_at', started_at,
+                    'ended_at', $6::bigint, 'error', $4::text::jsonb)))::text,
             error = $4, lease_owner = NULL, lease_until = NULL, updated_at = $6
         WHERE {held}
         RETURNING ",
@@ -842,7 +845,7 @@ pub(super) static CLAIM_NEXT: Built = LazyLock::new(|| {
             "UPDATE jobs SET state = '{running}', attempts = attempts + 1,
                 run_at = CASE WHEN state IN {taken} THEN COALESCE(lease_until, run_at)
                               ELSE run_at END,
-                lease_owner = $2, lease_until = $4, updated_at = $3
+                lease_owner = $2, lease_until = $4, updated_at = $3, started_at = $3
             WHERE id = (SELECT id FROM jobs
                 WHERE pool = $1 AND priority IS NOT NULL
                   AND state IN ('queued', 'scheduled', 'retrying', 'running')

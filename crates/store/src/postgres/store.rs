@@ -779,6 +779,9 @@ impl Store for PgStore {
                 count: u64::try_from(row.try_get::<_, i64>(2)?).unwrap_or(0),
                 earliest: row.try_get(3)?,
                 minute: row.try_get(4)?,
+                waited: u64::try_from(row.try_get::<_, i64>(5)?).unwrap_or(0),
+                wait_total_ms: row.try_get(6)?,
+                wait_max_ms: row.try_get(7)?,
             })
         })
         .await
