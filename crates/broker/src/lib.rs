@@ -71,6 +71,9 @@ pub struct Delivery {
     /// process it; RabbitMQ's `delivery_limit`, `expired` and `maxlen`:
     /// the broker gave up delivering it). `None` for a pool's delivery.
     pub dead_reason: Option<String>,
+    /// Of a dead letter: when the broker dead-lettered it, in Unix
+    /// milliseconds, when the broker says (RabbitMQ's `x-death` time).
+    pub died_at: Option<i64>,
     acker: Box<dyn Acker>,
 }
 
@@ -83,8 +86,15 @@ impl Delivery {
             redelivered,
             trace: None,
             dead_reason: None,
+            died_at: None,
             acker,
         }
+    }
+
+    /// This delivery, dead-lettered at `at`.
+    pub fn with_died_at(mut self, at: Option<i64>) -> Self {
+        self.died_at = at;
+        self
     }
 
     /// This delivery, a dead letter for `reason`.

@@ -40,9 +40,17 @@ use crate::runs::{is_run_id, wake_runs};
 /// The reason a broker gives a letter its worker rejected.
 pub const REJECTED: &str = "rejected";
 
-/// How long a letter the store could not take waits before it is given
-/// back for another try.
-const STORE_PAUSE: Duration = Duration::from_millis(500);
+/// The pauses between tries of a letter the store could not take, before
+/// it is given back: about a minute in all.
+const STORE_PAUSES: [Duration; 7] = [
+    Duration::from_millis(500),
+    Duration::from_secs(1),
+    Duration::from_secs(2),
+    Duration::from_secs(4),
+    Duration::from_secs(8),
+    Duration::from_secs(15),
+    Duration::from_secs(30),
+];
 
 /// The `poll_after_s` of the announced job's envelope.
 const POLL_AFTER_S: u32 = 5;
@@ -131,12 +139,8 @@ impl Reconciler {
             ),
         )
         .with_details(json!({"reason": reason}));
-        let dead = DeadLetter {
-            id: &id,
-            error: &error,
-            now: now_ms(),
-        };
-        match self.store.dead_letter(dead).await {
+        let answered = self.failed(&id, &error, delivery.died_at).await;
+        match answered {
             Ok(Some(job)) => {
                 tracing::warn!(pool, job_id = %id, reason, "a dead-lettered job failed");
                 let tool = self.runtime.tool_label(&job.tool);
@@ -159,9 +163,36 @@ impl Reconciler {
             }
             Err(error) => {
                 tracing::warn!(pool, job_id = %id, %error, "the store could not take a dead letter; it comes again");
-                tokio::time::sleep(STORE_PAUSE).await;
                 settle(delivery.requeue().await, &id);
                 Reconciled::Kept
+            }
+        }
+    }
+
+    /// The `dead_letter` transition of job `id`, tried again while the
+    /// store is down (for about a minute), so that an outage does not
+    /// hand the letter back again and again: a dead-letter queue may
+    /// count those returns against a delivery limit of its own.
+    async fn failed(
+        &self,
+        id: &str,
+        error: &ToolError,
+        died_at: Option<i64>,
+    ) -> Result<Option<toolfleet_store::JobRecord>, toolfleet_store::StoreError> {
+        let mut pauses = STORE_PAUSES.iter();
+        loop {
+            let dead = DeadLetter {
+                id,
+                error,
+                now: now_ms(),
+                died_at,
+            };
+            match self.store.dead_letter(dead).await {
+                Err(error) => match pauses.next() {
+                    Some(pause) => tokio::time::sleep(*pause).await,
+                    None => return Err(error),
+                },
+                answered => return answered,
             }
         }
     }

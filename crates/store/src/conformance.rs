@@ -874,12 +874,23 @@ pub async fn cancel_stops_queued_retrying_and_running_jobs(store: &dyn Store) {
 /// [`Store::dead_letter`] of `id` at `now`, with the error the reconciler
 /// gives.
 async fn dead_letter(store: &dyn Store, id: &str, now: i64) -> Option<JobRecord> {
+    dead_letter_of(store, id, now, None).await
+}
+
+/// [`dead_letter`] of a letter the broker says died at `died_at`.
+async fn dead_letter_of(
+    store: &dyn Store,
+    id: &str,
+    now: i64,
+    died_at: Option<i64>,
+) -> Option<JobRecord> {
     let error = ToolError::new(ErrorCode::DeadLettered, "the broker gave up on its message");
     store
         .dead_letter(crate::DeadLetter {
             id,
             error: &error,
             now,
+            died_at,
         })
         .await
         .expect("dead_letter")
@@ -887,8 +898,9 @@ async fn dead_letter(store: &dyn Store, id: &str, now: i64) -> Option<JobRecord>
 
 /// A dead letter fails a waiting job (of whichever tenant) and a running
 /// one whose lease ran out, keeping the error; a job a live lease holds, a
-/// settled one and a missing id are left as they are, and the holder of
-/// a lease that ran out can no longer settle it.
+/// settled one, a missing id and a job written since the letter died are
+/// left as they are, and the holder of a lease that ran out can no longer
+/// settle it.
 pub async fn a_dead_letter_fails_only_a_job_no_attempt_holds(store: &dyn Store) {
     let t = tenant();
     let waiting = queued(store, &t).await;
@@ -929,6 +941,17 @@ pub async fn a_dead_letter_fails_only_a_job_no_attempt_holds(store: &dyn Store) 
         dead_letter(store, &format!("j_{}", new_id()), BASE).await,
         None
     );
+
+    // A letter that died before the job was last written (put back by a
+    // retry since) is of an earlier life: the job is left as it is.
+    let again = queued(store, &t).await;
+    let before = again.updated_at - 1;
+    let stale = dead_letter_of(store, &again.id, BASE + 1, Some(before)).await;
+    assert_eq!(stale, None);
+    assert_eq!(reread(store, &again).await.state, JobState::Queued);
+    let after = again.updated_at;
+    let failed = dead_letter_of(store, &again.id, BASE + 1, Some(after)).await;
+    assert_eq!(failed.map(|j| j.state), Some(JobState::Failed));
 }
 
 /// A claim records when its attempt started; each failed attempt, retried

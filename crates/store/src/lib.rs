@@ -724,6 +724,10 @@ pub struct DeadLetter<'a> {
     /// When, in Unix milliseconds; a running job's lease must have ended
     /// before it.
     pub now: i64,
+    /// When the broker dead-lettered the message, if it says: a job
+    /// written since (put back by a retry, claimed again) is left as it is,
+    /// the letter being of an earlier life.
+    pub died_at: Option<i64>,
 }
 
 /// What [`Store::take_token`] takes: a token of the bucket `key`, which

@@ -273,6 +273,7 @@ mod sql {
         UPDATE jobs SET state = '{to}', error = ?2,
             lease_owner = NULL, lease_until = NULL, updated_at = ?3
         WHERE id = ?1 AND (state IN {waiting} OR (state = '{running}' AND lease_until < ?3))
+          AND (?4 IS NULL OR updated_at <= ?4)
         RETURNING *",
             to = Transition::DeadLetter.to(),
             waiting = sql_list(crate::unheld_states()),
@@ -1711,9 +1712,21 @@ impl Store for SqliteStore {
     }
 
     async fn dead_letter(&self, dead: DeadLetter<'_>) -> Result<Option<JobRecord>, StoreError> {
-        let (id, error, now) = (dead.id.to_owned(), encode(dead.error)?, dead.now);
-        self.call(move |c| query_one(c, &sql::DEAD_LETTER, params![id, error, now], job_from_row))
-            .await
+        let (id, error, now, died) = (
+            dead.id.to_owned(),
+            encode(dead.error)?,
+            dead.now,
+            dead.died_at,
+        );
+        self.call(move |c| {
+            query_one(
+                c,
+                &sql::DEAD_LETTER,
+                params![id, error, now, died],
+                job_from_row,
+            )
+        })
+        .await
     }
 
     async fn requeue(&self, requeue: Requeue<'_>) -> Result<Option<JobRecord>, StoreError> {

@@ -77,8 +77,37 @@ impl RabbitBroker {
 /// How many dead letters a consumer of them holds unacknowledged.
 const DEAD_PREFETCH: u16 = 16;
 
-/// The header RabbitMQ gives a message it dead-letters: why, the first time.
+/// The header RabbitMQ gives a message it dead-letters: why, the first time
+/// (read when the message carries no `x-death`).
 const DEATH_REASON: &str = "x-first-death-reason";
+
+/// Why and when RabbitMQ last dead-lettered a message: the newest entry of
+/// its `x-death` header (a message delayed on its way here died once
+/// already, `expired`, in its delay queue), its time in Unix milliseconds
+/// at the end of the second RabbitMQ gives; else `x-first-death-reason`.
+fn death_of(headers: &FieldTable) -> (Option<String>, Option<i64>) {
+    let newest = match headers.inner().get("x-death") {
+        Some(AMQPValue::FieldArray(deaths)) => deaths.as_slice().first().and_then(|d| match d {
+            AMQPValue::FieldTable(death) => Some(death.clone()),
+            _ => None,
+        }),
+        _ => None,
+    };
+    let Some(death) = newest else {
+        return (text_header(headers, DEATH_REASON).map(str::to_owned), None);
+    };
+    let reason = text_header(&death, "reason").map(str::to_owned);
+    let at = match death.inner().get("time") {
+        Some(AMQPValue::Timestamp(seconds)) => i64::try_from(*seconds)
+            .ok()
+            .map(|s| s.saturating_mul(1000).saturating_add(999)),
+        _ => None,
+    };
+    (
+        reason.or_else(|| text_header(headers, DEATH_REASON).map(str::to_owned)),
+        at,
+    )
+}
 
 /// A worker's feed: one pool queue (or its dead-letter queue), manual
 /// acks, a bounded prefetch.
@@ -194,15 +223,13 @@ impl RabbitConsumer {
         let body = String::from_utf8_lossy(&delivery.data);
         let ids: Vec<&str> = body.split('\n').filter(|id| !id.is_empty()).collect();
         let headers = delivery.properties.headers().as_ref();
-        let reason = headers
-            .filter(|_| self.dead)
-            .and_then(|headers| text_header(headers, DEATH_REASON))
-            .map(str::to_owned);
+        let (reason, died_at) = headers.filter(|_| self.dead).map_or((None, None), death_of);
         if ids.len() <= 1 {
             let trace = headers.and_then(trace_of);
             let one = Delivery::new(body.into_owned(), delivery.redelivered, Box::new(acker))
                 .with_trace(trace)
-                .with_dead_reason(reason);
+                .with_dead_reason(reason)
+                .with_died_at(died_at);
             return (VecDeque::from([one]), None);
         }
         let message = Arc::new(Mutex::new(SharedMessage {
@@ -220,6 +247,7 @@ impl RabbitConsumer {
                 };
                 Delivery::new(id.to_owned(), delivery.redelivered, Box::new(part))
                     .with_dead_reason(reason.clone())
+                    .with_died_at(died_at)
             })
             .collect();
         (parts, Some(message))

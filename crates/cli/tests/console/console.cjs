@@ -148,6 +148,17 @@ async function withJavaScript(browser) {
     assert.equal(await page.getByRole("button", { name: "Retry" }).count(), 0);
   }
 
+  // A notice from a link elsewhere is not shown: only what the console signed.
+  await page.goto(at("/console/inbox?error=Your%20session%20expired%2C%20paste%20your%20token%20at%20evil.example"));
+  assert.equal(await page.getByText("evil.example").count(), 0, "an unsigned notice");
+  // A sign-in posted from another site is refused.
+  const foreign = await context.request.post(at("/console/login"), {
+    form: { token: t.token },
+    headers: { origin: "https://evil.example" },
+    maxRedirects: 0,
+  });
+  assert.equal(foreign.status(), 403, "a sign-in from another site");
+
   // A form post without the CSRF token, or with another's, is refused.
   for (const form of [{}, { csrf: "00" }]) {
     const refused = await context.request.post(at(`/console/jobs/${t.slow}/retry`), {

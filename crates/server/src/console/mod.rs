@@ -194,6 +194,23 @@ fn see_other(to: &str) -> Response {
     response
 }
 
+/// False for a form posted from another site (its browser says so, in
+/// `Sec-Fetch-Site` or `Origin`): the sign-in form takes no CSRF token,
+/// since there is no session yet, so it refuses those instead.
+fn same_origin(headers: &HeaderMap) -> bool {
+    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    if let Some(site) = text("sec-fetch-site") {
+        return matches!(site, "same-origin" | "none");
+    }
+    match (text("origin"), text("host")) {
+        (Some(origin), Some(host)) => origin
+            .split_once("://")
+            .is_some_and(|(_, authority)| authority.eq_ignore_ascii_case(host)),
+        (Some(_), None) => false,
+        (None, _) => true,
+    }
+}
+
 /// True when the request came over TLS (its proxy says so).
 fn over_tls(headers: &HeaderMap) -> bool {
     headers
@@ -206,9 +223,7 @@ fn over_tls(headers: &HeaderMap) -> bool {
 fn segment(id: &str) -> String {
     id.bytes()
         .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'~' => (b as char).to_string(),
             _ => format!("%{b:02X}"),
         })
         .collect()
@@ -253,6 +268,12 @@ async fn login_page(State(c): State<Console>, headers: HeaderMap) -> Response {
 }
 
 async fn login(State(c): State<Console>, headers: HeaderMap, form: Form<LoginForm>) -> Response {
+    if !same_origin(&headers) {
+        return pages::refused(
+            StatusCode::FORBIDDEN,
+            "Sign in from the console's own page.",
+        );
+    }
     let token = form.token.trim();
     let bearer = format!("Bearer {token}");
     match c.state.auth.principal(Some(&bearer)) {
@@ -301,6 +322,7 @@ async fn logout(
 struct Notice {
     done: Option<String>,
     error: Option<String>,
+    sig: Option<String>,
 }
 
 async fn inbox(
@@ -324,36 +346,44 @@ async fn inbox(
             None,
         )
         .await;
-    pages::inbox(&session, &open, &answered, &notice_of(&notice))
+    pages::inbox(&session, &open, &answered, &c.notice_of(&notice))
 }
 
-/// What a page says about the action that led to it.
-fn notice_of(notice: &Notice) -> pages::Flash {
-    let text = |v: &Option<String>| {
-        v.as_deref()
-            .map(|s| s.chars().take(300).collect::<String>())
-    };
-    pages::Flash {
-        done: text(&notice.done),
-        error: text(&notice.error),
+impl Console {
+    /// What a page says about the action that led to it: only what this
+    /// console signed (a link from elsewhere shows nothing).
+    fn notice_of(&self, notice: &Notice) -> pages::Flash {
+        let sig = notice.sig.as_deref().unwrap_or_default();
+        let holds = |kind: &str, text: &Option<String>| {
+            text.clone()
+                .filter(|t| t.len() <= 1200 && self.key.flash_holds(kind, t, sig))
+        };
+        pages::Flash {
+            done: holds("done", &notice.done),
+            error: holds("error", &notice.error),
+        }
     }
-}
 
-/// Where an action goes back to, saying how it went.
-fn back(to: &str, status: StatusCode, answer: &Value, done: &str) -> Response {
-    let failed = !status.is_success() || answer["status"] == "error";
-    let (key, text) = if failed {
-        let message = answer["error"]["message"]
-            .as_str()
-            .unwrap_or("the action failed")
-            .chars()
-            .take(300)
-            .collect::<String>();
-        ("error", message)
-    } else {
-        ("done", done.to_owned())
-    };
-    see_other(&format!("{to}{}", query(&[(key, Some(&text))])))
+    /// Where an action goes back to, saying (signed) how it went.
+    fn back(&self, to: &str, status: StatusCode, answer: &Value, done: &str) -> Response {
+        let failed = !status.is_success() || answer["status"] == "error";
+        let (key, text) = if failed {
+            let message = answer["error"]["message"]
+                .as_str()
+                .unwrap_or("the action failed")
+                .chars()
+                .take(300)
+                .collect::<String>();
+            ("error", message)
+        } else {
+            ("done", done.to_owned())
+        };
+        let sig = self.key.flash_sig(key, &text);
+        see_other(&format!(
+            "{to}{}",
+            query(&[(key, Some(&text)), ("sig", Some(&sig))])
+        ))
+    }
 }
 
 #[derive(Deserialize)]
@@ -392,7 +422,7 @@ async fn decide(
     let (status, answer) = c
         .api(&session.principal, Method::POST, &uri, Some(body))
         .await;
-    back("/console/inbox", status, &answer, done)
+    c.back("/console/inbox", status, &answer, done)
 }
 
 #[derive(Deserialize)]
@@ -401,8 +431,6 @@ struct JobsQuery {
     tool: Option<String>,
     id: Option<String>,
     cursor: Option<String>,
-    done: Option<String>,
-    error: Option<String>,
 }
 
 async fn jobs(State(c): State<Console>, session: Session, Query(q): Query<JobsQuery>) -> Response {
@@ -423,11 +451,7 @@ async fn jobs(State(c): State<Console>, session: Session, Query(q): Query<JobsQu
         state: q.state.clone().unwrap_or_default(),
         tool: q.tool.clone().unwrap_or_default(),
     };
-    let flash = notice_of(&Notice {
-        done: q.done,
-        error: q.error,
-    });
-    pages::jobs(&session, &list, &filter, &flash)
+    pages::jobs(&session, &list, &filter, &pages::Flash::default())
 }
 
 async fn job(
@@ -438,7 +462,7 @@ async fn job(
 ) -> Response {
     let uri = format!("/v1/jobs/{}/record", segment(&id));
     let (_, record) = c.api(&session.principal, Method::GET, &uri, None).await;
-    pages::job(&session, &id, &record, &notice_of(&notice))
+    pages::job(&session, &id, &record, &c.notice_of(&notice))
 }
 
 async fn job_action(
@@ -463,7 +487,7 @@ async fn job_action(
     } else {
         answer
     };
-    back(
+    c.back(
         &format!("/console/jobs/{}", segment(&id)),
         status,
         &answer,
@@ -497,7 +521,7 @@ async fn run(
 ) -> Response {
     let uri = format!("/v1/runs/{}", segment(&id));
     let (_, envelope) = c.api(&session.principal, Method::GET, &uri, None).await;
-    pages::run(&session, &id, &envelope, &notice_of(&notice))
+    pages::run(&session, &id, &envelope, &c.notice_of(&notice))
 }
 
 async fn run_cancel(
@@ -513,7 +537,7 @@ async fn run_cancel(
     let (status, answer) = c
         .api(&session.principal, Method::POST, &uri, Some(json!({})))
         .await;
-    back(
+    c.back(
         &format!("/console/runs/{}", segment(&id)),
         status,
         &answer,

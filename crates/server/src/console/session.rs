@@ -63,6 +63,34 @@ impl ConsoleKey {
         hex::encode(mac(&self.0, &[b"csrf\0", cookie.as_bytes()]))
     }
 
+    /// The signature of a page's notice (`kind` and `text`), so that a
+    /// link from elsewhere cannot make the console say what it did not.
+    pub fn flash_sig(&self, kind: &str, text: &str) -> String {
+        hex::encode(
+            &mac(
+                &self.0,
+                &[b"flash\0", kind.as_bytes(), b"\0", text.as_bytes()],
+            )[..16],
+        )
+    }
+
+    /// True when `sig` is [`ConsoleKey::flash_sig`] of `kind` and `text`.
+    pub fn flash_holds(&self, kind: &str, text: &str, sig: &str) -> bool {
+        let Ok(sig) = hex::decode(sig) else {
+            return false;
+        };
+        let mut check = keyed(&self.0);
+        for part in [
+            b"flash\0".as_slice(),
+            kind.as_bytes(),
+            b"\0",
+            text.as_bytes(),
+        ] {
+            check.update(part);
+        }
+        check.verify_truncated_left(&sig).is_ok() && sig.len() == 16
+    }
+
     /// True when `token` is the CSRF token of session `cookie`.
     pub fn csrf_holds(&self, cookie: &str, token: &str) -> bool {
         let Ok(token) = hex::decode(token) else {
@@ -137,6 +165,17 @@ mod tests {
         assert!(!key.csrf_holds(&two, &token));
         assert!(!key.csrf_holds(&one, ""));
         assert!(!key.csrf_holds(&one, "not hex"));
+    }
+
+    #[test]
+    fn a_notice_shows_only_as_the_console_signed_it() {
+        let key = ConsoleKey::derive(&[7; 32]);
+        let sig = key.flash_sig("done", "Answered.");
+        assert!(key.flash_holds("done", "Answered.", &sig));
+        assert!(!key.flash_holds("done", "Paste your token at evil.example", &sig));
+        assert!(!key.flash_holds("error", "Answered.", &sig));
+        assert!(!key.flash_holds("done", "Answered.", &sig[..8]));
+        assert!(!key.flash_holds("done", "Answered.", ""));
     }
 
     #[test]

@@ -320,6 +320,7 @@ pub(super) static DEAD_LETTER: Built = LazyLock::new(|| {
         UPDATE jobs SET state = '{to}', error = $2,
             lease_owner = NULL, lease_until = NULL, updated_at = $3
         WHERE id = $1 AND (state IN {waiting} OR (state = '{running}' AND lease_until < $3))
+          AND ($4::bigint IS NULL OR updated_at <= $4::bigint)
         RETURNING ",
             job_columns!()
         ),

@@ -657,7 +657,7 @@ impl Store for PgStore {
     async fn dead_letter(&self, dead: DeadLetter<'_>) -> Result<Option<JobRecord>, StoreError> {
         let error = encode(dead.error)?;
         let c = self.client().await?;
-        let params: Params<'_> = &[&dead.id, &error, &dead.now];
+        let params: Params<'_> = &[&dead.id, &error, &dead.now, &dead.died_at];
         query_one(&c, &statements::DEAD_LETTER, params, job_from_row).await
     }
 

@@ -20,7 +20,7 @@ function busy(main) {
   if (active && main.contains(active) && active.matches("input, textarea, select")) {
     return true;
   }
-  for (const field of main.querySelectorAll("textarea, input[type=text]")) {
+  for (const field of main.querySelectorAll("textarea, input[type=text], input:not([type])")) {
     if (field.value) return true;
   }
   return false;
@@ -30,6 +30,11 @@ async function refresh() {
   const main = document.getElementById("main");
   if (!main || busy(main)) return;
   const answer = await fetch(location.href, { credentials: "same-origin" });
+  // The session ended: the whole page goes to the sign-in page.
+  if (answer.redirected && new URL(answer.url).pathname === "/console/login") {
+    location.assign(answer.url);
+    return;
+  }
   if (!answer.ok) return;
   const page = new DOMParser().parseFromString(await answer.text(), "text/html");
   const fresh = page.getElementById("main");
@@ -56,7 +61,18 @@ function live() {
   );
 }
 
+// A notice of the action that led here is shown once: the address loses
+// it, so a refresh does not repeat it.
+function forgetNotice() {
+  const url = new URL(location.href);
+  if (["done", "error", "sig"].some((key) => url.searchParams.has(key))) {
+    ["done", "error", "sig"].forEach((key) => url.searchParams.delete(key));
+    history.replaceState(null, "", url);
+  }
+}
+
 document.addEventListener("DOMContentLoaded", () => {
   localTimes(document);
+  forgetNotice();
   live();
 });
