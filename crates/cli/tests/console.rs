@@ -294,6 +294,35 @@ async fn a_person_works_the_console_in_a_real_browser() {
         let missing = alice.get(&format!("/v1/jobs/{other}/record")).await;
         assert_eq!(missing["error"]["code"], "not_found", "{missing}");
     }
+    // The list's time window, and its bad input naming the field.
+    let windowed = alice
+        .get(&format!("/v1/jobs?since={}", record["created_at"]))
+        .await;
+    let listed: Vec<&str> = windowed["jobs"]
+        .as_array()
+        .expect("jobs")
+        .iter()
+        .filter_map(|j| j["job_id"].as_str())
+        .collect();
+    assert!(listed.contains(&failed.as_str()), "{windowed}");
+    assert!(
+        alice.get("/v1/jobs?until=1000").await["jobs"]
+            .as_array()
+            .is_some_and(Vec::is_empty)
+    );
+    for (bad, field) in [
+        ("since=soon", "since"),
+        ("until=-1", "until"),
+        ("since=9&until=9", "since must be before until"),
+    ] {
+        let (status, refused) = alice
+            .raw(reqwest::Method::GET, &format!("/v1/jobs?{bad}"), None)
+            .await;
+        assert_eq!(status, 400, "{refused}");
+        assert_eq!(refused["error"]["code"], "bad_request", "{refused}");
+        let message = refused["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(field), "{refused}");
+    }
     // Bob's job was never touched by alice.
     let bobs = bob.get(&format!("/v1/jobs/{bobs_job}")).await;
     assert_eq!(bobs["state"], "failed", "{bobs}");

@@ -763,6 +763,8 @@ struct ListQuery {
     tool: Option<String>,
     limit: Option<String>,
     cursor: Option<String>,
+    since: Option<String>,
+    until: Option<String>,
 }
 
 async fn list_jobs(
@@ -796,10 +798,31 @@ async fn list_jobs(
     {
         return bad_request("cursor or tool is too long");
     }
+    let time = |name: &str, value: Option<&str>| match value.map(str::parse::<i64>) {
+        None => Ok(None),
+        Some(Ok(ms)) if ms >= 0 => Ok(Some(ms)),
+        Some(_) => Err(format!(
+            "{name} must be a time in Unix milliseconds, 0 or more"
+        )),
+    };
+    let (since, until) = match (
+        time("since", q.since.as_deref()),
+        time("until", q.until.as_deref()),
+    ) {
+        (Ok(since), Ok(until)) => (since, until),
+        (Err(message), _) | (_, Err(message)) => return bad_request(message),
+    };
+    if let (Some(since), Some(until)) = (since, until)
+        && since >= until
+    {
+        return bad_request("since must be before until");
+    }
     let filter = JobFilter {
         state: job_state,
         tool: q.tool,
         user: access::listed_user(&principal),
+        made_since: since,
+        made_before: until,
     };
     match state
         .store

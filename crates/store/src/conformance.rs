@@ -73,6 +73,7 @@ macro_rules! store_conformance {
             a_dead_letter_fails_only_a_job_no_attempt_holds,
             each_failed_attempt_is_logged_with_its_times_and_error,
             queue_stats_count_a_tenants_jobs_by_pool_state_and_minute,
+            the_job_list_takes_the_jobs_made_within_a_time_window,
             due_jobs_lists_what_should_run_oldest_first,
             a_scheduled_job_waits_for_its_time,
             a_failed_or_cancelled_job_is_put_back_as_new,
@@ -1024,6 +1025,63 @@ pub async fn each_failed_attempt_is_logged_with_its_times_and_error(store: &dyn 
     assert_eq!(done.attempts_log, None, "a success logs nothing");
 }
 
+/// The job list within a time window: a job's id begins with the
+/// millisecond it was made, so `made_since` and `made_before` bound the
+/// ids, with a state or without, and with the cursor.
+pub async fn the_job_list_takes_the_jobs_made_within_a_time_window(store: &dyn Store) {
+    let t = tenant();
+    let made_at = |ms: u64| {
+        let tail = new_id();
+        let hex = format!("{ms:012x}");
+        format!("{}-{}-{}", &hex[..8], &hex[8..], &tail[14..])
+    };
+    let mut ids = Vec::new();
+    for ms in [1_000_000u64, 2_000_000, 3_000_000] {
+        let job = NewJob {
+            id: made_at(ms),
+            ..ocr_job(&t)
+        };
+        ids.push(insert(store, job).await.id);
+    }
+    let listed = |since: Option<i64>, before: Option<i64>, state: Option<JobState>| {
+        let filter = JobFilter {
+            state,
+            made_since: since,
+            made_before: before,
+            ..JobFilter::default()
+        };
+        let t = t.clone();
+        async move {
+            let page = store
+                .list_jobs(crate::ListJobs {
+                    tenant: &t,
+                    filter: &filter,
+                    limit: 10,
+                    cursor: None,
+                })
+                .await
+                .expect("list");
+            page.jobs.into_iter().map(|j| j.id).collect::<Vec<_>>()
+        }
+    };
+    let (a, b, c) = (ids[0].clone(), ids[1].clone(), ids[2].clone());
+    assert_eq!(
+        listed(Some(2_000_000), None, None).await,
+        [c.clone(), b.clone()]
+    );
+    assert_eq!(
+        listed(None, Some(3_000_000), None).await,
+        [b.clone(), a.clone()]
+    );
+    assert_eq!(
+        listed(Some(2_000_000), Some(3_000_000), None).await,
+        std::slice::from_ref(&b)
+    );
+    let queued = Some(JobState::Queued);
+    assert_eq!(listed(Some(1_500_000), Some(2_500_000), queued).await, [b]);
+    assert!(listed(Some(4_000_000), None, None).await.is_empty());
+}
+
 /// A tenant's queues: its jobs not settled by pool and state with the
 /// earliest due, its jobs settled since a time by pool, state and minute;
 /// never another tenant's, nor what settled before.
@@ -1674,7 +1732,7 @@ pub async fn list_jobs_filters_by_state_and_tool(store: &dyn Store) {
         let filter = JobFilter {
             state,
             tool: tool.map(str::to_owned),
-            user: None,
+            ..JobFilter::default()
         };
         async move {
             store

@@ -157,8 +157,8 @@ const LISTED_APART: [JobState; 2] = [JobState::Failed, JobState::Cancelled];
 /// `jobs_tenant_state` (the statement names its condition, so that
 /// SQLite sees it holds), the others off the tenant's jobs newest first,
 /// where they are found near the newest end. The parameters: 1 tenant,
-/// 2 tool (or null), 3 the cursor, 4 the rows to fetch, 5 the user (when
-/// `user` names its column). `param(n)` writes placeholder `n` as the
+/// 2 tool (or null), 3 the ceiling of ids, 4 the rows to fetch, 5 the
+/// floor of ids, 6 the user (when `user` names its column). `param(n)` writes placeholder `n` as the
 /// store's SQL does; `hints` follow `FROM jobs`: (the partial index's,
 /// the others').
 pub(crate) fn list_in_states(
@@ -168,8 +168,8 @@ pub(crate) fn list_in_states(
     user: Option<&str>,
     columns: &str,
 ) -> String {
-    let (tenant, tool, cursor, rows) = (param(1), param(2), param(3), param(4));
-    let owned = user.map_or_else(String::new, |column| format!("AND {column} = {}", param(5)));
+    let (tenant, tool, cursor, rows, floor) = (param(1), param(2), param(3), param(4), param(5));
+    let owned = user.map_or_else(String::new, |column| format!("AND {column} = {}", param(6)));
     let apart = toolfleet_core::lifecycle::sql_list(&LISTED_APART);
     let one = |state: &JobState| {
         let (hint, term) = if LISTED_APART.contains(state) {
@@ -179,7 +179,7 @@ pub(crate) fn list_in_states(
         };
         format!(
             "SELECT {columns} FROM jobs {hint} WHERE tenant = {tenant} AND state = '{state}' {term} \
-             AND id < {cursor} AND ({tool} IS NULL OR tool = {tool}) {owned} \
+             AND id < {cursor} AND id >= {floor} AND ({tool} IS NULL OR tool = {tool}) {owned} \
              ORDER BY id DESC LIMIT {rows}"
         )
     };
@@ -363,6 +363,34 @@ pub struct JobFilter {
     pub tool: Option<String>,
     /// Only the jobs this user of the tenant made (a caller's own list).
     pub user: Option<String>,
+    /// Only the jobs made at or after this time (Unix milliseconds).
+    pub made_since: Option<i64>,
+    /// Only the jobs made before this time (Unix milliseconds).
+    pub made_before: Option<i64>,
+}
+
+impl JobFilter {
+    /// The ids of the jobs made within the filter's times, as bounds of
+    /// ids: `(floor, ceiling)`, the list taking `floor <= id < ceiling`
+    /// (a job's id, a UUIDv7, begins with the millisecond it was made, so
+    /// the tenant's jobs newest first are also its jobs by time). `cursor`
+    /// lowers the ceiling.
+    pub(crate) fn id_bounds(&self, cursor: &str) -> (String, String) {
+        let floor = self.made_since.map(id_at).unwrap_or_default();
+        let ceiling = match self.made_before.map(id_at) {
+            Some(before) if before.as_str() < cursor => before,
+            _ => cursor.to_owned(),
+        };
+        (floor, ceiling)
+    }
+}
+
+/// The smallest id of a job made at `ms`: its UUIDv7 text with every bit
+/// after the time zero.
+fn id_at(ms: i64) -> String {
+    let ms = u64::try_from(ms).unwrap_or(0).min((1 << 48) - 1);
+    let hex = format!("{ms:012x}");
+    format!("{}-{}-0000-0000-000000000000", &hex[..8], &hex[8..])
 }
 
 /// One page of the job list, newest first.

@@ -369,13 +369,13 @@ mod sql {
     /// `?2`: a JSON array of the stored states of the state filter.
     pub(super) const LIST: &str = "
         SELECT * FROM jobs
-        WHERE tenant = ?1 AND id < ?3 AND (?2 IS NULL OR tool = ?2)
+        WHERE tenant = ?1 AND id < ?3 AND id >= ?5 AND (?2 IS NULL OR tool = ?2)
         ORDER BY id DESC LIMIT ?4";
 
     /// [`LIST`] of one user's jobs, off `jobs_owner`.
     pub(super) const LIST_OWNED: &str = "
         SELECT * FROM jobs INDEXED BY jobs_owner
-        WHERE tenant = ?1 AND user = ?5 AND id < ?3 AND (?2 IS NULL OR tool = ?2)
+        WHERE tenant = ?1 AND user = ?6 AND id < ?3 AND id >= ?5 AND (?2 IS NULL OR tool = ?2)
         ORDER BY id DESC LIMIT ?4";
 
     pub(super) const INSERT_TICKET: &str = "
@@ -1148,7 +1148,8 @@ fn list_jobs(
     cursor: Option<&str>,
 ) -> Result<JobPage, StoreError> {
     let page = Paging::new(limit, cursor);
-    let (tool, cursor, rows) = (&filter.tool, page.cursor, page.fetch());
+    let (floor, cursor) = filter.id_bounds(page.cursor);
+    let (tool, rows) = (&filter.tool, page.fetch());
     let mut jobs = match (filter.state, &filter.user) {
         // The stored states the filter means (retrying finds parked jobs
         // too), each off jobs_tenant_state in its order.
@@ -1161,13 +1162,13 @@ fn list_jobs(
                 None => query_all(
                     c,
                     &statement,
-                    params![tenant, tool, cursor, rows],
+                    params![tenant, tool, cursor, rows, floor],
                     job_from_row,
                 )?,
                 Some(user) => query_all(
                     c,
                     &statement,
-                    params![tenant, tool, cursor, rows, user],
+                    params![tenant, tool, cursor, rows, floor, user],
                     job_from_row,
                 )?,
             }
@@ -1175,13 +1176,13 @@ fn list_jobs(
         (None, None) => query_all(
             c,
             sql::LIST,
-            params![tenant, tool, cursor, rows],
+            params![tenant, tool, cursor, rows, floor],
             job_from_row,
         )?,
         (None, Some(user)) => query_all(
             c,
             sql::LIST_OWNED,
-            params![tenant, tool, cursor, rows, user],
+            params![tenant, tool, cursor, rows, floor, user],
             job_from_row,
         )?,
     };

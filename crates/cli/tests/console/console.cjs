@@ -119,6 +119,13 @@ async function withJavaScript(browser) {
   assert.equal(await page.getByText(t.bobsJob).count(), 0, "bob's job is not listed");
   assert.equal(await page.getByText(t.mallorysJob).count(), 0, "another tenant's job is not listed");
   await shot(page, "jobs-laptop");
+  // A time window: the jobs made in a window that holds none list none.
+  await page.getByLabel("Made from (UTC)").fill("2001-01-01T00:00");
+  await page.getByLabel("Made before (UTC)").fill("2001-01-02T00:00");
+  await page.getByRole("button", { name: "Show" }).click();
+  await page.getByText("No job matches").waitFor();
+  await page.goto(at("/console/jobs?state=failed&from=2001-01-01T00:00"));
+  await page.getByRole("link", { name: t.failed }).waitFor();
   await page.getByRole("link", { name: t.failed }).click();
   await page.getByText("the ledger is locked").first().waitFor();
   const logged = page.locator("table.attempts tbody tr");

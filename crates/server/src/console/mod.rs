@@ -431,6 +431,18 @@ struct JobsQuery {
     tool: Option<String>,
     id: Option<String>,
     cursor: Option<String>,
+    /// `YYYY-MM-DDTHH:MM`, in UTC, as a `datetime-local` field sends it.
+    from: Option<String>,
+    to: Option<String>,
+}
+
+/// A `datetime-local` value read as UTC: Unix milliseconds.
+fn utc_ms(value: Option<&str>) -> Option<String> {
+    let value = value.map(str::trim).filter(|v| !v.is_empty())?;
+    let at = chrono::NaiveDateTime::parse_from_str(value, "%Y-%m-%dT%H:%M")
+        .or_else(|_| chrono::NaiveDateTime::parse_from_str(value, "%Y-%m-%dT%H:%M:%S"))
+        .ok()?;
+    Some(at.and_utc().timestamp_millis().to_string())
 }
 
 async fn jobs(State(c): State<Console>, session: Session, Query(q): Query<JobsQuery>) -> Response {
@@ -443,6 +455,8 @@ async fn jobs(State(c): State<Console>, session: Session, Query(q): Query<JobsQu
             ("state", q.state.as_deref()),
             ("tool", q.tool.as_deref()),
             ("cursor", q.cursor.as_deref()),
+            ("since", utc_ms(q.from.as_deref()).as_deref()),
+            ("until", utc_ms(q.to.as_deref()).as_deref()),
             ("limit", Some("50")),
         ])
     );
@@ -450,6 +464,8 @@ async fn jobs(State(c): State<Console>, session: Session, Query(q): Query<JobsQu
     let filter = pages::JobFilter {
         state: q.state.clone().unwrap_or_default(),
         tool: q.tool.clone().unwrap_or_default(),
+        from: q.from.clone().unwrap_or_default(),
+        to: q.to.clone().unwrap_or_default(),
     };
     pages::jobs(&session, &list, &filter, &pages::Flash::default())
 }

@@ -28,6 +28,10 @@ pub(crate) struct JobFilter {
     pub state: String,
     /// A tool, or empty.
     pub tool: String,
+    /// Made from this time (UTC, `YYYY-MM-DDTHH:MM`), or empty.
+    pub from: String,
+    /// Made before this time, or empty.
+    pub to: String,
 }
 
 fn html_response(status: StatusCode, markup: Markup) -> Response {
@@ -368,6 +372,8 @@ pub(crate) fn jobs(session: &Session, list: &Value, filter: &JobFilter, flash: &
         super::query(&[
             ("state", Some(filter.state.as_str())),
             ("tool", Some(filter.tool.as_str())),
+            ("from", Some(filter.from.as_str())),
+            ("to", Some(filter.to.as_str())),
             ("cursor", Some(cursor)),
         ])
     });
@@ -390,6 +396,14 @@ pub(crate) fn jobs(session: &Session, list: &Value, filter: &JobFilter, flash: &
                 div {
                     label for="tool" { "Tool" }
                     input id="tool" name="tool" value=(filter.tool) maxlength="128";
+                }
+                div {
+                    label for="from" { "Made from (UTC)" }
+                    input id="from" name="from" type="datetime-local" value=(filter.from);
+                }
+                div {
+                    label for="to" { "Made before (UTC)" }
+                    input id="to" name="to" type="datetime-local" value=(filter.to);
                 }
                 div {
                     label for="id" { "Job id" }
@@ -778,7 +792,7 @@ pub(crate) fn tools(session: &Session, specs: &BTreeMap<&str, Value>) -> Respons
                     p { (text(&tool["description"])) }
                     dl.facts {
                         @if tool["shape"].is_string() { dt { "Shape" } dd { (text(&tool["shape"])) } }
-                        @if let Some(scopes) = tool["required_scopes"].as_array().filter(|s| !s.is_empty()) {
+                        @if let Some(scopes) = tool["scopes"].as_array().filter(|s| !s.is_empty()) {
                             dt { "Scopes" } dd { @for s in scopes { code { (text(s)) } " " } }
                         }
                     }

@@ -408,7 +408,7 @@ pub(super) const LIST: &str = concat!(
     "SELECT ",
     job_columns!(),
     " FROM jobs
-        WHERE tenant = $1 AND id < $3 AND ($2::text IS NULL OR tool = $2)
+        WHERE tenant = $1 AND id < $3 AND id >= $5 AND ($2::text IS NULL OR tool = $2)
         ORDER BY id DESC LIMIT $4"
 );
 
@@ -417,7 +417,7 @@ pub(super) const LIST_OWNED: &str = concat!(
     "SELECT ",
     job_columns!(),
     r#" FROM jobs
-        WHERE tenant = $1 AND "user" = $5 AND id < $3 AND ($2::text IS NULL OR tool = $2)
+        WHERE tenant = $1 AND "user" = $6 AND id < $3 AND id >= $5 AND ($2::text IS NULL OR tool = $2)
         ORDER BY id DESC LIMIT $4"#
 );
 

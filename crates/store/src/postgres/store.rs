@@ -177,14 +177,15 @@ async fn list_jobs(
     cursor: Option<&str>,
 ) -> Result<JobPage, StoreError> {
     let page = Paging::new(limit, cursor);
-    let (cursor, fetch) = (page.cursor, page.fetch());
+    let (floor, cursor) = filter.id_bounds(page.cursor);
+    let fetch = page.fetch();
     let tool = &filter.tool;
     let mut jobs = match (filter.state, &filter.user) {
         // The stored states the filter means (retrying finds parked jobs
         // too), each off jobs_tenant_state in its order.
         (Some(state), user) => {
             let placeholder = |n: u8| match n {
-                2 | 3 => format!("${n}::text"),
+                2 | 3 | 5 => format!("${n}::text"),
                 4 => "$4::bigint".to_owned(),
                 n => format!("${n}"),
             };
@@ -194,21 +195,21 @@ async fn list_jobs(
                 crate::list_in_states(state.stored_as(), placeholder, ("", ""), owned, columns);
             match user {
                 None => {
-                    let params: Params<'_> = &[&tenant, tool, &cursor, &fetch];
+                    let params: Params<'_> = &[&tenant, tool, &cursor, &fetch, &floor];
                     query_all(c, &statement, params, job_from_row).await?
                 }
                 Some(user) => {
-                    let params: Params<'_> = &[&tenant, tool, &cursor, &fetch, user];
+                    let params: Params<'_> = &[&tenant, tool, &cursor, &fetch, &floor, user];
                     query_all(c, &statement, params, job_from_row).await?
                 }
             }
         }
         (None, None) => {
-            let params: Params<'_> = &[&tenant, tool, &cursor, &fetch];
+            let params: Params<'_> = &[&tenant, tool, &cursor, &fetch, &floor];
             query_all(c, statements::LIST, params, job_from_row).await?
         }
         (None, Some(user)) => {
-            let params: Params<'_> = &[&tenant, tool, &cursor, &fetch, user];
+            let params: Params<'_> = &[&tenant, tool, &cursor, &fetch, &floor, user];
             query_all(c, statements::LIST_OWNED, params, job_from_row).await?
         }
     };
