@@ -1,7 +1,9 @@
 //! The console in a real browser: Playwright (`playwright-core` from npm)
 //! drives Debian's Chromium against a real `toolfleet serve` on the
 //! expense pack. This test makes the fleet's data through the API (a run
-//! of the expense assistant waiting on a person, two plans to approve, a
+//! of the expense assistant waiting on a person, a run the caller drives
+//! parked on a question (its page live while it resumes, then cancelled
+//! from it), two plans to approve, a
 //! question that is an HTML payload, another user's and another tenant's
 //! tickets and jobs, a failed job and a running one), then runs
 //! `tests/console/console.cjs`, which signs in and works the console as a
@@ -197,6 +199,29 @@ async fn a_person_works_the_console_in_a_real_browser() {
         .expect("the run's ticket")
         .to_owned();
 
+    // A run alice's own loop drives, parked on a question of hers.
+    let driven = alice
+        .post("/v1/runs", json!({"checkpoint": {"step": 1}}))
+        .await;
+    let driven = driven["result"]["run_id"]
+        .as_str()
+        .expect("a run")
+        .to_owned();
+    let asked = alice
+        .post(
+            "/v1/calls",
+            json!({"tool": "ask_user", "args": {"question": "Keep the run going?"}, "run_id": driven}),
+        )
+        .await;
+    let driven_ticket = asked["ticket"].as_str().expect("a ticket").to_owned();
+    let parked = alice
+        .post(
+            &format!("/v1/runs/{driven}/wait"),
+            json!({"tickets": [driven_ticket]}),
+        )
+        .await;
+    assert_eq!(parked["result"]["state"], "waiting", "{parked}");
+
     let xss = "<img src=x onerror=alert(1)>";
     let xss_ticket = ask(&alice, xss, &["fine"]).await;
     let typed_question = "Which project is the Berlin trip for?";
@@ -226,6 +251,8 @@ async fn a_person_works_the_console_in_a_real_browser() {
         "operatorToken": OPERATOR_TOKEN,
         "run": run,
         "runTicket": run_ticket,
+        "driven": driven,
+        "drivenTicket": driven_ticket,
         "question": question,
         "xss": xss,
         "xssTicket": xss_ticket,
@@ -323,6 +350,8 @@ async fn a_person_works_the_console_in_a_real_browser() {
         let message = refused["error"]["message"].as_str().unwrap_or_default();
         assert!(message.contains(field), "{refused}");
     }
+    let stopped = alice.get(&format!("/v1/runs/{driven}")).await;
+    assert_eq!(stopped["result"]["state"], "cancelled", "{stopped}");
     // Bob's job was never touched by alice.
     let bobs = bob.get(&format!("/v1/jobs/{bobs_job}")).await;
     assert_eq!(bobs["state"], "failed", "{bobs}");

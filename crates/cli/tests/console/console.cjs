@@ -112,6 +112,25 @@ async function withJavaScript(browser) {
   await page.goto(at("/console/runs"));
   await shot(page, "runs-laptop");
 
+  // A run's page is live: its ticket answered elsewhere, it resumes on
+  // the page without a reload; then it is cancelled from the page.
+  await page.goto(at(`/console/runs/${t.driven}`));
+  await page.locator(".state.waiting").waitFor();
+  await page.evaluate(() => {
+    window.stillThisDocument = true;
+  });
+  const answered = await fetch(at(`/v1/tickets/${t.drivenTicket}/answer`), {
+    method: "POST",
+    headers: { authorization: `Bearer ${t.token}`, "content-type": "application/json" },
+    body: JSON.stringify({ answer: "yes" }),
+  }).then((r) => r.json());
+  assert.equal(answered.status, "ok", JSON.stringify(answered));
+  await page.locator(".state.running").waitFor({ timeout: 10000 });
+  assert.equal(await page.evaluate(() => window.stillThisDocument), true, "the run page was not reloaded");
+  await page.getByRole("button", { name: "Cancel the run" }).click();
+  await page.getByRole("status").getByText("Cancelled.").waitFor();
+  await page.locator(".state.cancelled").waitFor();
+
   // The failed job, one click from the front page: retried, it succeeds.
   await page.goto(at("/console"));
   await page.getByRole("link", { name: /failed jobs/ }).click();
