@@ -321,6 +321,29 @@ async fn a_person_works_the_console_in_a_real_browser() {
         let missing = alice.get(&format!("/v1/jobs/{other}/record")).await;
         assert_eq!(missing["error"]["code"], "not_found", "{missing}");
     }
+    // The session cookie is Secure behind a TLS proxy, and only there.
+    let http = toolfleet_executors::http_client().expect("a client");
+    for (proto, secure) in [("https", true), ("http", false)] {
+        let signed = http
+            .post(format!("{}/console/login", server.base))
+            .header("x-forwarded-proto", proto)
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(format!("token={TOKEN}"))
+            .send()
+            .await
+            .expect("a sign-in");
+        assert_eq!(signed.status(), 303);
+        let cookie = signed
+            .headers()
+            .get("set-cookie")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        assert!(cookie.contains("HttpOnly; SameSite=Strict"), "{cookie}");
+        assert!(cookie.contains("Max-Age=28800"), "{cookie}");
+        assert_eq!(cookie.ends_with("; Secure"), secure, "{proto}: {cookie}");
+    }
+
     // The list's time window, and its bad input naming the field.
     let windowed = alice
         .get(&format!("/v1/jobs?since={}", record["created_at"]))
