@@ -89,8 +89,19 @@ async function withJavaScript(browser) {
   await page.getByText("A question that arrives live").waitFor({ timeout: 10000 });
   assert.equal(await page.evaluate(() => window.stillThisDocument), true, "the page was not reloaded");
 
-  // Answer the run's question: the run resumes and answers.
-  await ticket(page, t.runTicket).getByRole("button", { name: "travel" }).click();
+  // Answer the run's question with the keyboard alone: the run resumes
+  // and answers. The first stop of Tab is the skip link.
+  await page.goto(at("/console/inbox"));
+  await page.keyboard.press("Tab");
+  assert.equal(await page.evaluate(() => document.activeElement.textContent), "Skip to the content");
+  const travel = ticket(page, t.runTicket).getByRole("button", { name: "travel" });
+  let reached = false;
+  for (let presses = 0; presses < 60 && !reached; presses++) {
+    await page.keyboard.press("Tab");
+    reached = await travel.evaluate((button) => button === document.activeElement);
+  }
+  assert.ok(reached, "the answer's button is reached with Tab");
+  await page.keyboard.press("Enter");
   await page.getByRole("status").getByText("Answered.").waitFor();
   assert.equal(await ticket(page, t.runTicket).count(), 0, "answered, it leaves the open tickets");
 
