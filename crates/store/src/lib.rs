@@ -152,19 +152,20 @@ pub(crate) fn queue_stats_sql(tenant: &str, since: &str) -> String {
 const LISTED_APART: [JobState; 2] = [JobState::Failed, JobState::Cancelled];
 
 /// The job list of a tenant in `states` (one shown state: one or two
-/// stored ones), newest first, each state read off an index in its order
-/// (a page at most) and merged: failed and cancelled jobs off the partial
-/// `jobs_tenant_state` (the statement names its condition, so that
-/// SQLite sees it holds), the others off the tenant's jobs newest first,
-/// where they are found near the newest end. The parameters: 1 tenant,
-/// 2 tool (or null), 3 the ceiling of ids, 4 the rows to fetch, 5 the
-/// floor of ids, 6 the user (when `user` names its column). `param(n)` writes placeholder `n` as the
-/// store's SQL does; `hints` follow `FROM jobs`: (the partial index's,
-/// the others').
+/// stored ones), newest first, each state read off its own index (a page
+/// at most) and merged. Failed and cancelled jobs are read off the partial
+/// `jobs_tenant_state` (the statement names its condition, so that SQLite
+/// sees it holds); the states a job passes through (queued, scheduled,
+/// running, retrying, parked) are few at any time and read by state; a
+/// succeeded job is most jobs, read off the tenant's jobs newest first.
+/// `hint(state)` follows `FROM jobs` for each state. The parameters:
+/// 1 tenant, 2 tool (or null), 3 the ceiling of ids, 4 the rows to fetch,
+/// 5 the floor of ids, 6 the user (when `user` names its column).
+/// `param(n)` writes placeholder `n` as the store's SQL does.
 pub(crate) fn list_in_states(
     states: &[JobState],
     param: impl Fn(u8) -> String,
-    hints: (&str, &str),
+    hint: impl Fn(JobState) -> &'static str,
     user: Option<&str>,
     columns: &str,
 ) -> String {
@@ -172,10 +173,11 @@ pub(crate) fn list_in_states(
     let owned = user.map_or_else(String::new, |column| format!("AND {column} = {}", param(6)));
     let apart = toolfleet_core::lifecycle::sql_list(&LISTED_APART);
     let one = |state: &JobState| {
-        let (hint, term) = if LISTED_APART.contains(state) {
-            (hints.0, format!("AND state IN {apart}"))
+        let hint = hint(*state);
+        let term = if LISTED_APART.contains(state) {
+            format!("AND state IN {apart}")
         } else {
-            (hints.1, String::new())
+            String::new()
         };
         format!(
             "SELECT {columns} FROM jobs {hint} WHERE tenant = {tenant} AND state = '{state}' {term} \

@@ -192,7 +192,7 @@ async fn list_jobs(
             let owned = user.as_ref().map(|_| "\"user\"");
             let columns = statements::JOB_COLUMNS;
             let statement =
-                crate::list_in_states(state.stored_as(), placeholder, ("", ""), owned, columns);
+                crate::list_in_states(state.stored_as(), placeholder, |_| "", owned, columns);
             match user {
                 None => {
                     let params: Params<'_> = &[&tenant, tool, &cursor, &fetch, &floor];
