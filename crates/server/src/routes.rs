@@ -705,6 +705,10 @@ async fn queues(
                 let slot = &mut pool["per_minute"][minute.to_string()];
                 let n = slot[shown].as_u64().unwrap_or(0) + row.count;
                 slot[shown] = json!(n);
+                let waited = slot["waited"].as_i64().unwrap_or(0);
+                slot["waited"] = json!(waited + i64::try_from(row.waited).unwrap_or(0));
+                let total = slot["wait_total_ms"].as_i64().unwrap_or(0);
+                slot["wait_total_ms"] = json!(total.saturating_add(row.wait_total_ms));
             }
         }
     }
@@ -722,6 +726,17 @@ async fn queues(
                     at.into_iter()
                         .map(|(k, mut v)| {
                             v["at"] = json!(k);
+                            let waited = v["waited"].as_i64().unwrap_or(0);
+                            let total = v["wait_total_ms"].as_i64().unwrap_or(0);
+                            v["wait_avg_ms"] = if waited > 0 {
+                                json!(total / waited)
+                            } else {
+                                Value::Null
+                            };
+                            if let Some(fields) = v.as_object_mut() {
+                                fields.remove("waited");
+                                fields.remove("wait_total_ms");
+                            }
                             v
                         })
                         .collect()

@@ -255,6 +255,7 @@ async function asOperator(browser) {
   assert.ok(Number(cells[7]) >= 1, `something failed in the hour: ${cells}`);
   assert.match(cells[8], /\d+(\.\d)? (ms|s|min) \/ \d+(\.\d)? (ms|s|min)/, `the wait: ${cells}`);
   await row.locator("svg rect").first().waitFor();
+  await row.locator("svg.wait rect").first().waitFor();
   await shot(page, "queues-laptop");
   // An operator sees every user's failed jobs of the tenant, never another tenant's.
   await page.goto(at("/console/jobs?state=failed"));

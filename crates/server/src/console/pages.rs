@@ -716,7 +716,11 @@ pub(crate) fn queues(session: &Session, stats: &Value) -> Response {
                                 td {
                                     a href=(format!("/console/jobs?state=failed")) { (text(&pool["settled"]["failed"])) }
                                 }
-                                td { (millis(&pool["wait_avg_ms"])) " / " (millis(&pool["wait_max_ms"])) }
+                                td {
+                                    (millis(&pool["wait_avg_ms"])) " / " (millis(&pool["wait_max_ms"]))
+                                    br;
+                                    (wait_chart(&pool["per_minute"], since))
+                                }
                                 td { (chart(&pool["per_minute"], since)) }
                             }
                         }
@@ -725,6 +729,28 @@ pub(crate) fn queues(session: &Session, stats: &Value) -> Response {
             }
         },
     )
+}
+
+/// The settled jobs' average wait per minute over the hour from `since`.
+fn wait_chart(minutes: &Value, since: i64) -> Markup {
+    let empty = Vec::new();
+    let minutes = minutes.as_array().unwrap_or(&empty);
+    let wait = |m: &Value| m["wait_avg_ms"].as_i64().unwrap_or(0).max(0);
+    let most = minutes.iter().map(wait).max().unwrap_or(0).max(1);
+    let label = format!(
+        "the average wait per minute, at most {}",
+        millis(&most.into())
+    );
+    html! {
+        svg.chart.wait width="120" height="20" viewBox="0 0 120 20" role="img" aria-label=(label) {
+            title { (label) }
+            @for m in minutes {
+                @let slot = ((m["at"].as_i64().unwrap_or(since) - since) / 60_000).clamp(0, 59);
+                @let height = (wait(m) * 20 / most).max(1);
+                rect x=(slot * 2) y=(20 - height) width="2" height=(height) fill="#8a5a00" {}
+            }
+        }
+    }
 }
 
 /// A duration in milliseconds as people read it.
