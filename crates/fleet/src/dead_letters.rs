@@ -231,9 +231,8 @@ mod tests {
     use super::*;
     use toolfleet_broker::memory::{MemoryBroker, MemoryNotices};
     use toolfleet_broker::{Consumer, EventState};
-    use toolfleet_core::new_id;
+    use toolfleet_store::ClaimJob;
     use toolfleet_store::sqlite::SqliteStore;
-    use toolfleet_store::{ClaimJob, NewJob};
 
     const POOL: &str = "default";
 
@@ -262,31 +261,8 @@ mod tests {
     }
 
     async fn queued(store: &dyn Store) -> String {
-        let id = new_id();
-        let job = NewJob {
-            id: id.clone(),
-            tenant: "acme".into(),
-            user: "alice".into(),
-            tool: "ocr".into(),
-            pool: POOL.into(),
-            args: json!({}),
-            idempotency_key: None,
-            run_id: new_id(),
-            call_id: new_id(),
-            callback_url: None,
-            lineage: None,
-            scopes: Vec::new(),
-            trace: None,
-            max_attempts: 3,
-            timeout_ms: 1_000,
-            now: now_ms(),
-            run_at: None,
-            priority: None,
-            concurrency_key: None,
-            concurrency_limit: None,
-            fair_rank: 0,
-            origin: None,
-        };
+        let job = crate::testing::new_job(now_ms());
+        let id = job.id.clone();
         store.insert_job(job).await.expect("insert");
         id
     }

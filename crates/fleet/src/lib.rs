@@ -25,6 +25,8 @@ pub mod retention;
 pub mod runs;
 pub mod schedules;
 pub mod sweeper;
+#[cfg(test)]
+mod testing;
 pub mod tickets;
 
 pub use announcer::Announcer;

@@ -128,39 +128,17 @@ pub async fn run_retention(
 mod tests {
     use super::*;
     use serde_json::json;
-    use toolfleet_core::new_id;
     use toolfleet_store::sqlite::SqliteStore;
     use toolfleet_store::{ClaimJob, LeaseRef, NewJob, Succeed};
 
     const DAY_MS: i64 = 86_400_000;
 
     async fn settled(store: &dyn Store, at: i64) -> String {
-        let id = new_id();
         let job = NewJob {
-            id: id.clone(),
-            tenant: "acme".into(),
-            user: "alice".into(),
-            tool: "ocr".into(),
-            pool: "default".into(),
-            args: json!({}),
-            idempotency_key: None,
-            run_id: new_id(),
-            call_id: new_id(),
-            callback_url: None,
-            lineage: None,
-            scopes: Vec::new(),
-            trace: None,
             max_attempts: 1,
-            timeout_ms: 1_000,
-            now: at,
-            run_at: None,
-            priority: None,
-            concurrency_key: None,
-            concurrency_limit: None,
-
-            fair_rank: 0,
-            origin: None,
+            ..crate::testing::new_job(at)
         };
+        let id = job.id.clone();
         store.insert_job(job).await.expect("insert");
         let claim = ClaimJob {
             id: &id,

@@ -2,6 +2,7 @@
 //! bounds, and answers an envelope; transport failures use the HTTP codes of
 //! the contract (400, 401, 413, 503) with the same envelope as body.
 
+use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
@@ -640,6 +641,73 @@ async fn job_record(
     reply(&Envelope::ok(Json::from(record), job.call_id.clone()))
 }
 
+/// One pool's figures in `GET /v1/queues`, summed from the store's rows.
+#[derive(Default)]
+struct PoolFigures {
+    /// Jobs not settled, by shown state, and the earliest due of them.
+    waiting: BTreeMap<&'static str, u64>,
+    earliest_due: Option<i64>,
+    /// Jobs settled in the window, by shown state, in all and by minute.
+    settled: BTreeMap<&'static str, u64>,
+    minutes: BTreeMap<i64, (BTreeMap<&'static str, u64>, Wait)>,
+    wait: Wait,
+}
+
+/// The waits from due to start of settled jobs.
+#[derive(Default)]
+struct Wait {
+    waited: u64,
+    total_ms: i64,
+    max_ms: Option<i64>,
+}
+
+impl Wait {
+    fn add(&mut self, row: &toolfleet_store::PoolRow) {
+        self.waited += row.waited;
+        self.total_ms = self.total_ms.saturating_add(row.wait_total_ms);
+        self.max_ms = self.max_ms.max(row.wait_max_ms);
+    }
+
+    fn average_ms(&self) -> Option<i64> {
+        let waited = i64::try_from(self.waited).ok().filter(|n| *n > 0)?;
+        Some(self.total_ms / waited)
+    }
+}
+
+impl PoolFigures {
+    fn view(&self, pool: &str) -> Value {
+        let count =
+            |counts: &BTreeMap<&str, u64>, state: &str| counts.get(state).copied().unwrap_or(0);
+        let minutes: Vec<Value> = self
+            .minutes
+            .iter()
+            .map(|(at, (counts, wait))| {
+                let mut minute = json!({"at": at, "wait_avg_ms": wait.average_ms()});
+                for (state, n) in counts {
+                    minute[*state] = json!(n);
+                }
+                minute
+            })
+            .collect();
+        json!({
+            "pool": pool,
+            "queued": count(&self.waiting, "queued"),
+            "scheduled": count(&self.waiting, "scheduled"),
+            "running": count(&self.waiting, "running"),
+            "retrying": count(&self.waiting, "retrying"),
+            "earliest_due": self.earliest_due,
+            "settled": {
+                "succeeded": count(&self.settled, "succeeded"),
+                "failed": count(&self.settled, "failed"),
+                "cancelled": count(&self.settled, "cancelled"),
+            },
+            "per_minute": minutes,
+            "wait_avg_ms": self.wait.average_ms(),
+            "wait_max_ms": self.wait.max_ms,
+        })
+    }
+}
+
 #[derive(Deserialize)]
 struct QueuesQuery {
     since_s: Option<String>,
@@ -670,93 +738,30 @@ async fn queues(
         Ok(rows) => rows,
         Err(error) => return reply(&Envelope::error(store_error(error))),
     };
-    let mut pools: std::collections::BTreeMap<String, Value> = std::collections::BTreeMap::new();
-    for row in rows {
-        let pool = pools.entry(row.pool.clone()).or_insert_with(|| {
-            json!({"pool": row.pool, "queued": 0, "scheduled": 0, "running": 0, "retrying": 0,
-                   "earliest_due": null, "settled": {"succeeded": 0, "failed": 0, "cancelled": 0},
-                   "per_minute": {}, "waited": 0, "wait_total_ms": 0, "wait_max_ms": null})
-        });
-        if row.waited > 0 {
-            pool["waited"] = json!(pool["waited"].as_u64().unwrap_or(0) + row.waited);
-            let total = pool["wait_total_ms"].as_i64().unwrap_or(0);
-            pool["wait_total_ms"] = json!(total.saturating_add(row.wait_total_ms));
-            let most = pool["wait_max_ms"].as_i64();
-            if let Some(max) = row
-                .wait_max_ms
-                .filter(|m| most.is_none_or(|most| *m > most))
-            {
-                pool["wait_max_ms"] = json!(max);
-            }
-        }
+    let mut pools: BTreeMap<String, PoolFigures> = BTreeMap::new();
+    for row in &rows {
+        let pool = pools.entry(row.pool.clone()).or_default();
         let shown = row.state.shown().as_str();
         match row.minute {
             None => {
-                let n = pool[shown].as_u64().unwrap_or(0) + row.count;
-                pool[shown] = json!(n);
-                let earliest = pool["earliest_due"].as_i64();
-                if let Some(at) = row.earliest.filter(|at| earliest.is_none_or(|e| *at < e)) {
-                    pool["earliest_due"] = json!(at);
-                }
+                *pool.waiting.entry(shown).or_default() += row.count;
+                pool.earliest_due = match (pool.earliest_due, row.earliest) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
             }
             Some(minute) => {
-                let n = pool["settled"][shown].as_u64().unwrap_or(0) + row.count;
-                pool["settled"][shown] = json!(n);
-                let slot = &mut pool["per_minute"][minute.to_string()];
-                let n = slot[shown].as_u64().unwrap_or(0) + row.count;
-                slot[shown] = json!(n);
-                let waited = slot["waited"].as_i64().unwrap_or(0);
-                slot["waited"] = json!(waited + i64::try_from(row.waited).unwrap_or(0));
-                let total = slot["wait_total_ms"].as_i64().unwrap_or(0);
-                slot["wait_total_ms"] = json!(total.saturating_add(row.wait_total_ms));
+                *pool.settled.entry(shown).or_default() += row.count;
+                let (counts, wait) = pool.minutes.entry(minute).or_default();
+                *counts.entry(shown).or_default() += row.count;
+                wait.add(row);
+                pool.wait.add(row);
             }
         }
     }
     let pools: Vec<Value> = pools
-        .into_values()
-        .map(|mut pool| {
-            let minutes: Vec<Value> = pool["per_minute"]
-                .as_object()
-                .map(|m| {
-                    let mut at: Vec<(i64, Value)> = m
-                        .iter()
-                        .filter_map(|(k, v)| Some((k.parse().ok()?, v.clone())))
-                        .collect();
-                    at.sort_by_key(|(k, _)| *k);
-                    at.into_iter()
-                        .map(|(k, mut v)| {
-                            v["at"] = json!(k);
-                            let waited = v["waited"].as_i64().unwrap_or(0);
-                            let total = v["wait_total_ms"].as_i64().unwrap_or(0);
-                            v["wait_avg_ms"] = if waited > 0 {
-                                json!(total / waited)
-                            } else {
-                                Value::Null
-                            };
-                            if let Some(fields) = v.as_object_mut() {
-                                fields.remove("waited");
-                                fields.remove("wait_total_ms");
-                            }
-                            v
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
-            pool["per_minute"] = Value::Array(minutes);
-            // The settled jobs' wait from due to start, on average.
-            let waited = pool["waited"].as_i64().unwrap_or(0);
-            let total = pool["wait_total_ms"].as_i64().unwrap_or(0);
-            pool["wait_avg_ms"] = if waited > 0 {
-                json!(total / waited)
-            } else {
-                Value::Null
-            };
-            if let Some(fields) = pool.as_object_mut() {
-                fields.remove("waited");
-                fields.remove("wait_total_ms");
-            }
-            pool
-        })
+        .into_iter()
+        .map(|(name, pool)| pool.view(&name))
         .collect();
     reply(&Envelope::ok(
         Json::from(json!({"pools": pools, "since": since})),

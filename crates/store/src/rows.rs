@@ -181,6 +181,20 @@ pub(crate) fn job(f: &impl Columns) -> Result<JobRecord, StoreError> {
     })
 }
 
+/// One row of [`crate::queue_stats_sql`], by its columns' names.
+pub(crate) fn pool_row(f: &impl Columns) -> Result<crate::PoolRow, StoreError> {
+    Ok(crate::PoolRow {
+        pool: f.string("pool")?,
+        state: f.state()?,
+        count: f.int("n")?,
+        earliest: f.integer_opt("earliest")?,
+        minute: f.integer_opt("minute")?,
+        waited: f.int("waited")?,
+        wait_total_ms: f.integer("wait_total")?,
+        wait_max_ms: f.integer_opt("wait_max")?,
+    })
+}
+
 /// The trace context of a stored job's `traceparent` and `tracestate`
 /// columns: `None` for a job without one, or one no longer valid (it starts
 /// a trace of its own rather than failing the read).

@@ -1790,17 +1790,7 @@ impl Store for SqliteStore {
         let tenant = tenant.to_owned();
         self.call(move |c| {
             query_all(c, &sql::QUEUE_STATS, params![tenant, since], |row| {
-                let state: String = row.get(1)?;
-                Ok(PoolRow {
-                    pool: row.get(0)?,
-                    state: JobState::parse(&state).unwrap_or(JobState::Queued),
-                    count: u64::try_from(row.get::<_, i64>(2)?).unwrap_or(0),
-                    earliest: row.get(3)?,
-                    minute: row.get(4)?,
-                    waited: u64::try_from(row.get::<_, i64>(5)?).unwrap_or(0),
-                    wait_total_ms: row.get(6)?,
-                    wait_max_ms: row.get(7)?,
-                })
+                rows::pool_row(&Fields::new(row, "pool", "pool")?)
             })
         })
         .await

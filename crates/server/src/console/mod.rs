@@ -137,6 +137,27 @@ impl Console {
         })
     }
 
+    /// Calls the API as `principal`: its answer as it comes (a stream for
+    /// `/v1/events`), or `None` when `uri` makes no request.
+    async fn call(
+        &self,
+        principal: &Arc<Principal>,
+        method: Method,
+        uri: &str,
+        body: Option<Value>,
+    ) -> Option<Response> {
+        let body = body.map_or_else(Body::empty, |b| Body::from(b.to_string()));
+        let request = Request::builder()
+            .method(method)
+            .uri(uri)
+            .header(header::CONTENT_TYPE, "application/json")
+            .extension(Signed(principal.clone()))
+            .body(body)
+            .ok()?;
+        let Ok(response) = self.api.clone().oneshot(request).await;
+        Some(response)
+    }
+
     /// Calls the API as `principal`: its status and JSON answer.
     async fn api(
         &self,
@@ -145,17 +166,9 @@ impl Console {
         uri: &str,
         body: Option<Value>,
     ) -> (StatusCode, Value) {
-        let body = body.map_or_else(Body::empty, |b| Body::from(b.to_string()));
-        let request = Request::builder()
-            .method(method)
-            .uri(uri)
-            .header(header::CONTENT_TYPE, "application/json")
-            .extension(Signed(principal.clone()))
-            .body(body);
-        let Ok(request) = request else {
+        let Some(response) = self.call(principal, method, uri, body).await else {
             return (StatusCode::BAD_REQUEST, unreadable("the request"));
         };
-        let Ok(response) = self.api.clone().oneshot(request).await;
         let status = response.status();
         match axum::body::to_bytes(response.into_body(), MAX_ANSWER).await {
             Ok(bytes) => (
@@ -594,18 +607,9 @@ async fn events(
         return StatusCode::UNAUTHORIZED.into_response();
     };
     let uri = format!("/v1/events{}", query(&[("kinds", q.kinds.as_deref())]));
-    let request = Request::builder()
-        .method(Method::GET)
-        .uri(uri)
-        .extension(Signed(session.principal.clone()))
-        .body(Body::empty());
-    match request {
-        Ok(request) => {
-            let Ok(response) = c.api.clone().oneshot(request).await;
-            response
-        }
-        Err(_) => StatusCode::BAD_REQUEST.into_response(),
-    }
+    c.call(&session.principal, Method::GET, &uri, None)
+        .await
+        .unwrap_or_else(|| StatusCode::BAD_REQUEST.into_response())
 }
 
 /// The console's stylesheet and script, compiled in.

@@ -773,17 +773,7 @@ impl Store for PgStore {
         let c = self.client().await?;
         let statement = &*statements::QUEUE_STATS;
         query_all(&c, statement, &[&tenant, &since], |row| {
-            let state: String = row.try_get(1)?;
-            Ok(PoolRow {
-                pool: row.try_get(0)?,
-                state: JobState::parse(&state).unwrap_or(JobState::Queued),
-                count: u64::try_from(row.try_get::<_, i64>(2)?).unwrap_or(0),
-                earliest: row.try_get(3)?,
-                minute: row.try_get(4)?,
-                waited: u64::try_from(row.try_get::<_, i64>(5)?).unwrap_or(0),
-                wait_total_ms: row.try_get(6)?,
-                wait_max_ms: row.try_get(7)?,
-            })
+            crate::rows::pool_row(&super::rows::Fields::new(row, "pool", "pool"))
         })
         .await
     }
