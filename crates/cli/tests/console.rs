@@ -375,6 +375,29 @@ async fn a_person_works_the_console_in_a_real_browser() {
     }
     let stopped = alice.get(&format!("/v1/runs/{driven}")).await;
     assert_eq!(stopped["result"]["state"], "cancelled", "{stopped}");
+    // The queues and a record: bad input and who may read them.
+    let operator = server.client(OPERATOR_TOKEN);
+    let queues = operator.get("/v1/queues?since_s=600").await;
+    assert!(
+        queues["result"]["pools"]
+            .as_array()
+            .is_some_and(|p| !p.is_empty()),
+        "{queues}"
+    );
+    for bad in ["since_s=5", "since_s=86401", "since_s=soon"] {
+        let (status, refused) = operator
+            .raw(reqwest::Method::GET, &format!("/v1/queues?{bad}"), None)
+            .await;
+        assert_eq!(status, 400, "{bad}: {refused}");
+        let message = refused["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("since_s"), "{refused}");
+    }
+    let not_operator = alice.get("/v1/queues").await;
+    assert_eq!(not_operator["error"]["code"], "forbidden", "{not_operator}");
+    for bad in ["not-a-job", "%27%3B--"] {
+        let missing = alice.get(&format!("/v1/jobs/{bad}/record")).await;
+        assert_eq!(missing["error"]["code"], "not_found", "{bad}: {missing}");
+    }
     // Bob's job was never touched by alice.
     let bobs = bob.get(&format!("/v1/jobs/{bobs_job}")).await;
     assert_eq!(bobs["state"], "failed", "{bobs}");
