@@ -153,6 +153,9 @@ enum Command {
     /// Run no-op jobs through the HTTP path and print throughput and latency;
     /// `bench runs`: park runs on jobs and tickets, then resume them.
     Bench(bench::BenchArgs),
+    /// Print the OpenAPI 3.1 document of the HTTP API this configuration
+    /// serves (what `GET /v1/openapi.json` answers), for generating clients.
+    Openapi,
     /// Serve MCP over stdin and stdout, as the principal of TOOLFLEET_TOKEN,
     /// with this process's own runtime and workers on the configured backends.
     Mcp,
@@ -351,6 +354,14 @@ fn main() -> ExitCode {
                 .await
             }
             Command::Migrate => serve::migrate(&config).await,
+            Command::Openapi => {
+                let limits = config.limits.api(config.max_body_bytes)?;
+                let metrics_on_api = config.metrics_listen.is_none();
+                let document = toolfleet_server::openapi::document(&limits, metrics_on_api);
+                let text = serde_json::to_string_pretty(&document).map_err(|e| e.to_string())?;
+                println!("{text}");
+                Ok(())
+            }
             Command::Tools { format, server } => client::tools(&config, &server, &format).await,
             Command::Call {
                 tool,

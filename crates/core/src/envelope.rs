@@ -148,6 +148,30 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
+    /// Every code, in the order of the contract's table (the OpenAPI
+    /// document's enum of codes).
+    pub const ALL: [ErrorCode; 19] = [
+        ErrorCode::UnknownTool,
+        ErrorCode::InvalidArguments,
+        ErrorCode::Forbidden,
+        ErrorCode::Unauthenticated,
+        ErrorCode::RateLimited,
+        ErrorCode::Timeout,
+        ErrorCode::ToolFailed,
+        ErrorCode::NotFound,
+        ErrorCode::Conflict,
+        ErrorCode::ConfirmRequired,
+        ErrorCode::InvalidConfirmToken,
+        ErrorCode::BudgetExceeded,
+        ErrorCode::Cancelled,
+        ErrorCode::Unavailable,
+        ErrorCode::PayloadTooLarge,
+        ErrorCode::BadRequest,
+        ErrorCode::Rejected,
+        ErrorCode::Expired,
+        ErrorCode::DeadLettered,
+    ];
+
     /// The code as it appears on the wire.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -452,6 +476,38 @@ mod tests {
             serde_json::to_value(&suspended).unwrap(),
             json!({"status": "suspended", "ticket": "t1", "question": "which?", "options": ["a", "b"]})
         );
+    }
+
+    #[test]
+    fn every_code_is_listed_once() {
+        // Each arm names the code's place in `ALL`: a code added to the
+        // enum stops this match from compiling until it has one.
+        let place = |code: ErrorCode| match code {
+            ErrorCode::UnknownTool => 0,
+            ErrorCode::InvalidArguments => 1,
+            ErrorCode::Forbidden => 2,
+            ErrorCode::Unauthenticated => 3,
+            ErrorCode::RateLimited => 4,
+            ErrorCode::Timeout => 5,
+            ErrorCode::ToolFailed => 6,
+            ErrorCode::NotFound => 7,
+            ErrorCode::Conflict => 8,
+            ErrorCode::ConfirmRequired => 9,
+            ErrorCode::InvalidConfirmToken => 10,
+            ErrorCode::BudgetExceeded => 11,
+            ErrorCode::Cancelled => 12,
+            ErrorCode::Unavailable => 13,
+            ErrorCode::PayloadTooLarge => 14,
+            ErrorCode::BadRequest => 15,
+            ErrorCode::Rejected => 16,
+            ErrorCode::Expired => 17,
+            ErrorCode::DeadLettered => 18,
+        };
+        for (i, code) in ErrorCode::ALL.into_iter().enumerate() {
+            assert_eq!(place(code), i, "{code}");
+            let wire = serde_json::to_value(code).unwrap();
+            assert_eq!(wire, json!(code.as_str()));
+        }
     }
 
     #[test]

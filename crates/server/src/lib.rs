@@ -15,6 +15,7 @@ pub mod console;
 pub mod http;
 mod mcp;
 mod metrics;
+pub mod openapi;
 mod retry;
 mod routes;
 mod runs;

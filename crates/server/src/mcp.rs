@@ -5,12 +5,11 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use axum::Router;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{any, get};
+
 use serde_json::json;
 use std::time::Duration;
 
@@ -163,10 +162,11 @@ impl Jobs for McpJobs {
 /// path, and RFC 9728's form with the resource's path appended.
 pub(crate) const METADATA_PATH: &str = "/.well-known/oauth-protected-resource";
 
-/// The `/mcp` route and the metadata routes.
-pub(crate) fn routes(state: &AppState) -> Router<AppState> {
+/// The endpoint `/mcp` answers through (mounted by `routes.rs`, from
+/// [`crate::openapi::ROUTES`], as are the metadata routes).
+pub(crate) fn endpoint(state: &AppState) -> Arc<HttpEndpoint> {
     let metrics = state.runtime.metrics().clone();
-    let endpoint = Arc::new(HttpEndpoint::new(
+    Arc::new(HttpEndpoint::new(
         state.runtime.clone(),
         Options {
             page_size: state.mcp.page_size,
@@ -179,20 +179,14 @@ pub(crate) fn routes(state: &AppState) -> Router<AppState> {
             stop: Some(state.stopping.clone()),
             ..Options::default()
         },
-    ));
-    Router::new()
-        .route(
-            "/mcp",
-            any(move |State(state): State<AppState>, request: Request| {
-                let endpoint = endpoint.clone();
-                async move { mcp(&endpoint, &state, request).await }
-            }),
-        )
-        .route(METADATA_PATH, get(metadata))
-        .route(&format!("{METADATA_PATH}/mcp"), get(metadata))
+    ))
 }
 
-async fn mcp(endpoint: &HttpEndpoint, state: &AppState, request: Request<Body>) -> Response {
+pub(crate) async fn mcp(
+    endpoint: &HttpEndpoint,
+    state: &AppState,
+    request: Request<Body>,
+) -> Response {
     let metrics = state.runtime.metrics();
     if let Err(message) = check_origin(request.headers(), &state.mcp.allowed_origins) {
         metrics.denied(UNKNOWN_TOOL, Denial::Forbidden);
@@ -239,7 +233,7 @@ fn refuse(status: StatusCode, error: ToolError, challenge: Option<String>) -> Re
 
 /// RFC 9728 protected-resource metadata of `/mcp`. Tokens are issued by
 /// configuration, not by an authorization server, so none is named.
-async fn metadata(State(state): State<AppState>, headers: HeaderMap) -> Response {
+pub(crate) async fn metadata(State(state): State<AppState>, headers: HeaderMap) -> Response {
     let scopes: BTreeSet<&str> = state
         .runtime
         .registry()

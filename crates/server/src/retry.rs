@@ -7,7 +7,7 @@
 //! audited with who asked.
 
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
@@ -20,7 +20,7 @@ use toolfleet_store::{JobRecord, Requeue, RequeueMany};
 
 use crate::AppState;
 use crate::access;
-use crate::routes::{Caller, bad_request, field_error, read_json, reply, reply_error};
+use crate::routes::{Caller, Id, bad_request, field_error, read_json, reply, reply_error};
 use crate::status::POLL_AFTER_S;
 
 /// The most jobs one `POST /v1/jobs/retry` puts back.
@@ -33,7 +33,7 @@ const RETRIED: [JobState; 2] = [JobState::Failed, JobState::Cancelled];
 pub(crate) async fn retry_one(
     State(state): State<AppState>,
     Caller(principal): Caller,
-    Path(id): Path<String>,
+    Id(id): Id,
 ) -> Response {
     let outcome = retry_job(&state, &principal, &id).await;
     let envelope = match &outcome {

@@ -10,11 +10,12 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{FromRequestParts, Path, Query, State};
+use axum::handler::Handler;
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{MethodRouter, any, get, post};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use toolfleet_broker::{Broker, EventKind, EventState, Notices};
@@ -28,6 +29,7 @@ use toolfleet_store::{Answered, JobFilter, Store, TicketRecord};
 use crate::AppState;
 use crate::access::{self, Access};
 use crate::metrics::{health_response, metrics_response, ready_response};
+use crate::openapi::{self, Op, Route, Verb};
 use toolfleet_fleet::{store_error, ticket_view};
 
 /// The router of every route: the API's and the console's.
@@ -36,51 +38,22 @@ pub fn router(state: AppState) -> Router {
     api.clone().merge(crate::console::routes(state, api))
 }
 
-/// The routes of the API alone: what the console calls in process.
+/// The routes of the API alone: what the console calls in process. They
+/// are exactly those of [`openapi::ROUTES`], each operation mounted on its
+/// handler, so the document served at `/v1/openapi.json` names every route
+/// and no other.
 fn api_router(state: AppState) -> Router {
     let body_timeout = state.limits.body_read_timeout;
+    let document: Arc<str> =
+        Arc::from(openapi::document(&state.limits, state.metrics_on_api).to_string());
     let mut router = Router::new();
-    if state.metrics_on_api {
-        router = router.route(
-            "/metrics",
-            get(|State(state): State<AppState>| async move { metrics_response(&state.ops).await }),
-        );
+    for route in openapi::ROUTES {
+        if route.op == Op::Metrics && !state.metrics_on_api {
+            continue;
+        }
+        router = router.route(route.path, handler(route, &state, &document));
     }
     router
-        .merge(crate::mcp::routes(&state))
-        .route("/v1/tools", get(tools))
-        .route("/v1/calls", post(call))
-        .route("/v1/jobs", get(list_jobs))
-        .route("/v1/jobs/{id}", get(read_job))
-        .route("/v1/jobs/{id}/record", get(job_record))
-        .route("/v1/jobs/{id}/cancel", post(cancel))
-        .route("/v1/jobs/{id}/retry", post(crate::retry::retry_one))
-        .route("/v1/jobs/retry", post(crate::retry::retry_many))
-        .route("/v1/queues", get(queues))
-        .route("/v1/schedules", get(crate::schedules::list))
-        .route("/v1/schedules/{name}/pause", post(crate::schedules::pause))
-        .route(
-            "/v1/schedules/{name}/resume",
-            post(crate::schedules::resume),
-        )
-        .route("/v1/tickets", get(crate::runs::inbox))
-        .route("/v1/tickets/{id}", get(read_ticket))
-        .route("/v1/tickets/{id}/answer", post(answer_ticket))
-        .route("/v1/tickets/{id}/approve", post(crate::runs::approve))
-        .route("/v1/tickets/{id}/reject", post(crate::runs::reject))
-        .route("/v1/runs", post(crate::runs::start).get(crate::runs::list))
-        .route("/v1/runs/{id}", get(crate::runs::read))
-        .route("/v1/runs/{id}/messages", post(crate::runs::message))
-        .route("/v1/runs/{id}/wait", post(crate::runs::wait))
-        .route("/v1/runs/{id}/answer", post(crate::runs::answer))
-        .route("/v1/runs/{id}/cancel", post(crate::runs::cancel))
-        .route("/v1/runs/{id}/events", get(crate::runs::events))
-        .route("/v1/events", get(events))
-        .route("/healthz", get(|| async { health_response() }))
-        .route(
-            "/readyz",
-            get(|State(state): State<AppState>| async move { ready_response(&state.ops).await }),
-        )
         .fallback(|| async {
             reply_error(
                 StatusCode::NOT_FOUND,
@@ -91,6 +64,82 @@ fn api_router(state: AppState) -> Router {
             crate::http::body_deadline(body_timeout, request, next)
         }))
         .with_state(state)
+}
+
+/// `handler` on the method of `verb`.
+fn on<H, T>(verb: Verb, handler: H) -> MethodRouter<AppState>
+where
+    H: Handler<T, AppState>,
+    T: 'static,
+{
+    match verb {
+        Verb::Get => get(handler),
+        Verb::Post => post(handler),
+        Verb::Any => any(handler),
+    }
+}
+
+/// The handler of `route`'s operation.
+fn handler(route: Route, state: &AppState, document: &Arc<str>) -> MethodRouter<AppState> {
+    let verb = route.verb;
+    match route.op {
+        Op::ListTools => on(verb, tools),
+        Op::Call => on(verb, call),
+        Op::ListJobs => on(verb, list_jobs),
+        Op::GetJob => on(verb, read_job),
+        Op::GetJobRecord => on(verb, job_record),
+        Op::CancelJob => on(verb, cancel),
+        Op::RetryJob => on(verb, crate::retry::retry_one),
+        Op::RetryJobs => on(verb, crate::retry::retry_many),
+        Op::GetQueues => on(verb, queues),
+        Op::ListSchedules => on(verb, crate::schedules::list),
+        Op::PauseSchedule => on(verb, crate::schedules::pause),
+        Op::ResumeSchedule => on(verb, crate::schedules::resume),
+        Op::ListTickets => on(verb, crate::runs::inbox),
+        Op::GetTicket => on(verb, read_ticket),
+        Op::AnswerTicket => on(verb, answer_ticket),
+        Op::ApproveTicket => on(verb, crate::runs::approve),
+        Op::RejectTicket => on(verb, crate::runs::reject),
+        Op::StartRun => on(verb, crate::runs::start),
+        Op::ListRuns => on(verb, crate::runs::list),
+        Op::GetRun => on(verb, crate::runs::read),
+        Op::MessageRun => on(verb, crate::runs::message),
+        Op::WaitRun => on(verb, crate::runs::wait),
+        Op::AnswerRun => on(verb, crate::runs::answer),
+        Op::CancelRun => on(verb, crate::runs::cancel),
+        Op::RunEvents => on(verb, crate::runs::events),
+        Op::Events => on(verb, events),
+        Op::Mcp => {
+            let endpoint = crate::mcp::endpoint(state);
+            on(
+                verb,
+                move |State(state): State<AppState>, request: axum::extract::Request| {
+                    let endpoint = endpoint.clone();
+                    async move { crate::mcp::mcp(&endpoint, &state, request).await }
+                },
+            )
+        }
+        Op::McpMetadata | Op::McpMetadataOfMcp => on(verb, crate::mcp::metadata),
+        Op::OpenApi => {
+            let document = document.clone();
+            on(verb, move || {
+                let document = document.clone();
+                async move {
+                    (
+                        [(header::CONTENT_TYPE, "application/json")],
+                        document.to_string(),
+                    )
+                }
+            })
+        }
+        Op::Health => on(verb, || async { health_response() }),
+        Op::Ready => on(verb, |State(state): State<AppState>| async move {
+            ready_response(&state.ops).await
+        }),
+        Op::Metrics => on(verb, |State(state): State<AppState>| async move {
+            metrics_response(&state.ops).await
+        }),
+    }
 }
 
 /// An envelope as an HTTP answer. `unavailable` is a 503 with `Retry-After`.
@@ -243,6 +292,42 @@ impl FromRequestParts<AppState> for Caller {
     }
 }
 
+/// A query string of `T`, or the contract's 400 envelope when it does not
+/// read as one (a parameter twice, a number that is not one).
+pub(crate) struct Params<T>(pub(crate) T);
+
+impl<T: serde::de::DeserializeOwned, S: Send + Sync> FromRequestParts<S> for Params<T> {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Response> {
+        match Query::<T>::from_request_parts(parts, state).await {
+            Ok(Query(params)) => Ok(Params(params)),
+            Err(rejection) => Err(bad_request(format!(
+                "the query is not what this route takes: {}",
+                toolfleet_core::registry::truncate(&rejection.body_text(), 256)
+            ))),
+        }
+    }
+}
+
+/// The one id of a route's path, or the contract's 400 envelope when it
+/// does not decode (percent-encoding that is not UTF-8).
+pub(crate) struct Id(pub(crate) String);
+
+impl<S: Send + Sync> FromRequestParts<S> for Id {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Response> {
+        match Path::<String>::from_request_parts(parts, state).await {
+            Ok(Path(id)) => Ok(Id(id)),
+            Err(rejection) => Err(bad_request(format!(
+                "the path is not what this route takes: {}",
+                toolfleet_core::registry::truncate(&rejection.body_text(), 256)
+            ))),
+        }
+    }
+}
+
 /// Reads a JSON body of at most `limits.max_body` bytes. A larger body is
 /// read on (and dropped) up to a further bound, so the client reads the 413
 /// instead of a reset connection.
@@ -307,7 +392,7 @@ struct ToolsQuery {
 async fn tools(
     State(state): State<AppState>,
     Caller(principal): Caller,
-    Query(q): Query<ToolsQuery>,
+    Params(q): Params<ToolsQuery>,
 ) -> Response {
     let name = q.format.as_deref().unwrap_or("neutral");
     let Some(format) = Format::parse(name) else {
@@ -577,8 +662,8 @@ struct WaitQuery {
 async fn read_job(
     State(state): State<AppState>,
     Caller(principal): Caller,
-    Path(id): Path<String>,
-    Query(q): Query<WaitQuery>,
+    Id(id): Id,
+    Params(q): Params<WaitQuery>,
 ) -> Response {
     let max = state.limits.max_wait_s;
     let wait_s = match q.wait_s.as_deref().map(str::parse::<u64>) {
@@ -610,7 +695,7 @@ async fn read_job(
 async fn job_record(
     State(state): State<AppState>,
     Caller(principal): Caller,
-    Path(id): Path<String>,
+    Id(id): Id,
 ) -> Response {
     let status = state.status();
     let outcome = status.get_job(&principal, &id, Duration::ZERO).await;
@@ -720,19 +805,19 @@ struct QueuesQuery {
 async fn queues(
     State(state): State<AppState>,
     Caller(principal): Caller,
-    Query(q): Query<QueuesQuery>,
+    Params(q): Params<QueuesQuery>,
 ) -> Response {
+    let since_s = match q.since_s.as_deref().map(str::parse::<i64>) {
+        None => 3_600,
+        Some(Ok(n)) if (60..=86_400).contains(&n) => n,
+        Some(_) => return bad_request("since_s must be a whole number of seconds, 60 to 86400"),
+    };
     if !principal.reads_fleet() {
         return reply(&Envelope::error(ToolError::new(
             ErrorCode::Forbidden,
             "the queues are for the tenant's operators: they need scope `fleet:read` or `fleet:operate`",
         )));
     }
-    let since_s = match q.since_s.as_deref().map(str::parse::<i64>) {
-        None => 3_600,
-        Some(Ok(n)) if (60..=86_400).contains(&n) => n,
-        Some(_) => return bad_request("since_s must be a whole number of seconds, 60 to 86400"),
-    };
     let since = toolfleet_core::now_ms() - since_s * 1000;
     let rows = match state.store.queue_stats(&principal.tenant, since).await {
         Ok(rows) => rows,
@@ -769,11 +854,7 @@ async fn queues(
     ))
 }
 
-async fn cancel(
-    State(state): State<AppState>,
-    Caller(principal): Caller,
-    Path(id): Path<String>,
-) -> Response {
+async fn cancel(State(state): State<AppState>, Caller(principal): Caller, Id(id): Id) -> Response {
     reply(&state.status().cancel_job(&principal, &id).await)
 }
 
@@ -790,7 +871,7 @@ struct ListQuery {
 async fn list_jobs(
     State(state): State<AppState>,
     Caller(principal): Caller,
-    Query(q): Query<ListQuery>,
+    Params(q): Params<ListQuery>,
 ) -> Response {
     let job_state = match q
         .state
@@ -883,7 +964,7 @@ pub(crate) fn ticket_missing(id: &str) -> Envelope {
 async fn read_ticket(
     State(state): State<AppState>,
     Caller(principal): Caller,
-    Path(id): Path<String>,
+    Id(id): Id,
 ) -> Response {
     match state.store.ticket(&principal.tenant, &id).await {
         Ok(Some(ticket)) if access::sees_ticket(&principal, &ticket) => reply(&Envelope::ok(
@@ -904,7 +985,7 @@ struct AnswerRequest {
 async fn answer_ticket(
     State(state): State<AppState>,
     Caller(principal): Caller,
-    Path(id): Path<String>,
+    Id(id): Id,
     body: Body,
 ) -> Response {
     let request: AnswerRequest = match read_json(&state, body).await {
@@ -1032,7 +1113,7 @@ fn event_states(query: Option<&str>) -> Result<Option<Vec<EventState>>, String> 
 async fn events(
     State(state): State<AppState>,
     Caller(principal): Caller,
-    Query(q): Query<EventsQuery>,
+    Params(q): Params<EventsQuery>,
 ) -> Response {
     let states = match event_states(q.state.as_deref()) {
         Ok(states) => states,

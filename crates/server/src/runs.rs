@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::convert::Infallible;
 
 use axum::body::Body;
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
@@ -27,7 +27,7 @@ use toolfleet_store::{
 use crate::AppState;
 use crate::access;
 use crate::routes::{
-    Caller, bad_request, checked_fields, read_json, reply, take_stream, ticket_missing,
+    Caller, Id, Params, bad_request, checked_fields, read_json, reply, take_stream, ticket_missing,
 };
 
 /// What `/v1/runs` knows of the declared assistants and its bounds.
@@ -195,7 +195,7 @@ pub(crate) struct ListQuery {
 pub(crate) async fn list(
     State(state): State<AppState>,
     Caller(principal): Caller,
-    Query(q): Query<ListQuery>,
+    Params(q): Params<ListQuery>,
 ) -> Response {
     let run_state = match q.state.as_deref().map(|s| (s, RunState::parse(s))) {
         None => None,
@@ -237,7 +237,7 @@ pub(crate) async fn list(
 pub(crate) async fn read(
     State(state): State<AppState>,
     Caller(principal): Caller,
-    Path(id): Path<String>,
+    Id(id): Id,
 ) -> Response {
     match owned(&state, &principal, &id).await {
         Ok(run) => reply(&ok(run_view(&run, true))),
@@ -254,7 +254,7 @@ pub(crate) struct MessageRequest {
 pub(crate) async fn message(
     State(state): State<AppState>,
     Caller(principal): Caller,
-    Path(id): Path<String>,
+    Id(id): Id,
     body: Body,
 ) -> Response {
     let request: MessageRequest = match read_json(&state, body).await {
@@ -321,7 +321,7 @@ pub(crate) struct WaitRequest {
 pub(crate) async fn wait(
     State(state): State<AppState>,
     Caller(principal): Caller,
-    Path(id): Path<String>,
+    Id(id): Id,
     body: Body,
 ) -> Response {
     let request: WaitRequest = match read_json(&state, body).await {
@@ -442,7 +442,7 @@ pub(crate) struct AnswerRunRequest {
 pub(crate) async fn answer(
     State(state): State<AppState>,
     Caller(principal): Caller,
-    Path(id): Path<String>,
+    Id(id): Id,
     body: Body,
 ) -> Response {
     let request: AnswerRunRequest = match read_json(&state, body).await {
@@ -509,7 +509,7 @@ async fn announced(
 pub(crate) async fn cancel(
     State(state): State<AppState>,
     Caller(principal): Caller,
-    Path(id): Path<String>,
+    Id(id): Id,
 ) -> Response {
     let run = match owned(&state, &principal, &id).await {
         Ok(run) => run,
@@ -555,7 +555,7 @@ pub(crate) async fn cancel(
 pub(crate) async fn events(
     State(state): State<AppState>,
     Caller(principal): Caller,
-    Path(id): Path<String>,
+    Id(id): Id,
 ) -> Response {
     let run = match owned(&state, &principal, &id).await {
         Ok(run) => run,
@@ -641,7 +641,7 @@ pub(crate) struct InboxQuery {
 pub(crate) async fn inbox(
     State(state): State<AppState>,
     Caller(principal): Caller,
-    Query(q): Query<InboxQuery>,
+    Params(q): Params<InboxQuery>,
 ) -> Response {
     let shown = match q.state.as_deref() {
         None => None,
@@ -699,7 +699,7 @@ pub(crate) struct RejectRequest {
 pub(crate) async fn approve(
     State(state): State<AppState>,
     Caller(principal): Caller,
-    Path(id): Path<String>,
+    Id(id): Id,
     body: Body,
 ) -> Response {
     let _: ApproveRequest = match read_json(&state, body).await {
@@ -712,7 +712,7 @@ pub(crate) async fn approve(
 pub(crate) async fn reject(
     State(state): State<AppState>,
     Caller(principal): Caller,
-    Path(id): Path<String>,
+    Id(id): Id,
     body: Body,
 ) -> Response {
     let request: RejectRequest = match read_json(&state, body).await {

@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 use toolfleet_core::{Envelope, Json, Principal, ToolError, iso8601, now_ms};
@@ -17,7 +17,7 @@ use toolfleet_fleet::store_error;
 use toolfleet_store::ScheduleRecord;
 
 use crate::AppState;
-use crate::routes::{Caller, reply};
+use crate::routes::{Caller, Id, reply};
 
 /// How many next ticks a schedule's listing shows.
 const NEXT_TICKS: usize = 3;
@@ -49,7 +49,7 @@ pub(crate) async fn list(State(state): State<AppState>, Caller(principal): Calle
 pub(crate) async fn pause(
     State(state): State<AppState>,
     Caller(principal): Caller,
-    Path(name): Path<String>,
+    Id(name): Id,
 ) -> Response {
     set_paused(&state, &principal, &name, true).await
 }
@@ -58,7 +58,7 @@ pub(crate) async fn pause(
 pub(crate) async fn resume(
     State(state): State<AppState>,
     Caller(principal): Caller,
-    Path(name): Path<String>,
+    Id(name): Id,
 ) -> Response {
     set_paused(&state, &principal, &name, false).await
 }

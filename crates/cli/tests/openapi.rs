@@ -1,0 +1,222 @@
+//! The OpenAPI document of the HTTP API (`GET /v1/openapi.json`) against a
+//! real `toolfleet serve`: served without a token, every operation it names
+//! answered with a status and content type it documents (and none refused
+//! as an unknown route), and schemathesis's property-based run over every
+//! operation with no 5xx and every answer as documented.
+
+mod common;
+
+use std::process::Command;
+use std::time::Instant;
+
+use common::{Server, TOKEN, TempDir, config, missing};
+use serde_json::{Value, json};
+
+/// The schemathesis of this test (`.ci/run` installs it).
+const SCHEMATHESIS: &str = "4.32.5";
+
+/// A value for each path parameter of the API.
+fn filled(path: &str) -> String {
+    path.replace("{job_id}", "0190f5c2-7d3e-7b2a-9c1e-2f4a5b6c7d8e")
+        .replace("{ticket}", "t_0190f5c27d3e7b2a9c1e2f4a5b6c7d8e")
+        .replace("{run}", "run_0190f5c27d3e7b2a9c1e2f4a5b6c7d8e")
+        .replace("{name}", "nightly")
+}
+
+/// The media types the document gives an answer of `status`.
+fn documented_types(doc: &Value, operation: &Value, status: u16) -> Option<Vec<String>> {
+    let mut answer = &operation["responses"][status.to_string()];
+    if let Some(reference) = answer["$ref"].as_str() {
+        answer = doc
+            .pointer(reference.trim_start_matches('#'))
+            .unwrap_or(&Value::Null);
+    }
+    if answer.is_null() {
+        return None;
+    }
+    Some(
+        answer["content"]
+            .as_object()
+            .map(|content| content.keys().cloned().collect())
+            .unwrap_or_default(),
+    )
+}
+
+/// The first example of the operation's request body, else `{}`.
+fn example_body(operation: &Value) -> Option<Value> {
+    let media = operation["requestBody"]["content"].get("application/json")?;
+    let first = media["examples"]
+        .as_object()
+        .and_then(|examples| examples.values().next())
+        .map(|example| example["value"].clone());
+    Some(first.unwrap_or_else(|| json!({})))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_documented_operation_answers_as_documented() {
+    let dir = TempDir::new("openapi");
+    let server = Server::start(&dir.0, &config(&dir.0, ""));
+    let http = toolfleet_executors::http_client().expect("a client");
+
+    let response = http
+        .get(format!("{}/v1/openapi.json", server.base))
+        .send()
+        .await
+        .expect("the server answers");
+    assert_eq!(response.status(), 200);
+    assert_eq!(
+        response.headers()["content-type"].to_str().unwrap(),
+        "application/json"
+    );
+    let text = response.text().await.expect("a body");
+    let doc: Value = serde_json::from_str(&text).expect("the document is JSON");
+    assert_eq!(doc["openapi"], "3.1.0");
+    assert_eq!(
+        doc["components"]["securitySchemes"]["bearer"]["scheme"],
+        "bearer"
+    );
+
+    let paths = doc["paths"].as_object().expect("paths");
+    let mut operations = 0;
+    for (path, item) in paths {
+        for (method, operation) in item.as_object().expect("a path item") {
+            operations += 1;
+            let id = operation["operationId"].as_str().expect("an operationId");
+            let url = format!("{}{}", server.base, filled(path));
+            let method = reqwest::Method::from_bytes(method.to_uppercase().as_bytes())
+                .expect("an HTTP method");
+            let public = operation["security"] == json!([]);
+            let send = |token: Option<&str>| {
+                let mut request = http
+                    .request(method.clone(), &url)
+                    .header("accept", "application/json, text/event-stream");
+                if let Some(token) = token {
+                    request = request.bearer_auth(token);
+                }
+                if let Some(body) = example_body(operation) {
+                    request = request
+                        .header("content-type", "application/json")
+                        .body(body.to_string());
+                }
+                request.send()
+            };
+
+            // With the token: a status the document names, in a content
+            // type it names; a stream is left unread.
+            let response = send(Some(TOKEN)).await.expect("the server answers");
+            let status = response.status().as_u16();
+            let types = documented_types(&doc, operation, status)
+                .unwrap_or_else(|| panic!("{id}: {status} is not documented"));
+            let content_type = response
+                .headers()
+                .get("content-type")
+                .and_then(|v| v.to_str().ok())
+                .map(|v| v.split(';').next().unwrap_or_default().trim().to_owned());
+            if !types.is_empty() {
+                let content_type = content_type.clone().unwrap_or_default();
+                assert!(
+                    types.contains(&content_type),
+                    "{id}: {status} in {content_type}, documented {types:?}"
+                );
+            }
+            if content_type.as_deref() != Some("text/event-stream") {
+                let body = response.text().await.expect("a body");
+                assert!(
+                    !body.contains("no such route"),
+                    "{id}: {path} is not routed: {body}"
+                );
+            }
+
+            // Without one: 401 with the challenge, but for public routes.
+            let response = send(None).await.expect("the server answers");
+            let status = response.status().as_u16();
+            if public {
+                assert_ne!(status, 401, "{id} is public");
+            } else {
+                assert_eq!(status, 401, "{id} needs a token");
+                assert!(response.headers().contains_key("www-authenticate"), "{id}");
+                assert!(documented_types(&doc, operation, 401).is_some(), "{id}");
+            }
+        }
+    }
+    assert!(operations >= 30, "{operations} operations");
+}
+
+/// Whether schemathesis of [`SCHEMATHESIS`] runs here; under CI it must.
+fn schemathesis_ready() -> bool {
+    let version = Command::new("python3")
+        .args([
+            "-c",
+            "import importlib.metadata as m; print(m.version('schemathesis'))",
+        ])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned());
+    if version.as_deref() == Some(SCHEMATHESIS) {
+        return true;
+    }
+    missing(&format!(
+        "python3 with schemathesis {SCHEMATHESIS} is not installed (found {version:?})"
+    ));
+    false
+}
+
+#[test]
+fn schemathesis_finds_every_answer_as_documented() {
+    if !schemathesis_ready() {
+        return;
+    }
+    let dir = TempDir::new("schemathesis");
+    let server = Server::start(&dir.0, &config(&dir.0, ""));
+    let started = Instant::now();
+    let output = Command::new("python3")
+        .args([
+            "-c",
+            "import sys; from schemathesis.cli import schemathesis; sys.exit(schemathesis())",
+            "run",
+            &format!("{}/v1/openapi.json", server.base),
+            "--header",
+            &format!("Authorization: Bearer {TOKEN}"),
+            // `/mcp` answers only a client that takes JSON and streams.
+            "--header",
+            "Accept: application/json, text/event-stream",
+            // Every check but positive_data_acceptance: a body the schema
+            // allows may still be refused by a rule across its fields
+            // (`run_at` with `delay_s`, `since` after `until`), as the
+            // document says.
+            "--checks",
+            "all",
+            "--exclude-checks",
+            "positive_data_acceptance",
+            // `GET /v1/events` streams until the server stops: the test
+            // above reads its answer's status and type.
+            "--exclude-operation-id",
+            "streamEvents",
+            "--max-examples",
+            "40",
+            "--seed",
+            "20261203",
+            "--workers",
+            "1",
+            "--request-timeout",
+            "10",
+            "--generation-database",
+            "none",
+            "--no-color",
+        ])
+        .current_dir(&dir.0)
+        .output()
+        .expect("python3 runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    eprintln!(
+        "schemathesis ran {:.0?}:\n{stdout}\n{stderr}",
+        started.elapsed()
+    );
+    assert!(
+        output.status.success(),
+        "schemathesis found answers the document does not describe (above)"
+    );
+    assert!(stdout.contains("No issues found"), "{stdout}");
+}
