@@ -1,8 +1,11 @@
 //! The Python client (`clients/python`) against this build of toolfleet:
 //! its pytest suite, which starts a real `toolfleet serve` of its own from
-//! the binary named by `TOOLFLEET_BIN`, and the OpenAI Agents SDK example
-//! (`examples/python/openai_agents_example.py`) driving its agent loop on
-//! the scripted model against a real `serve`.
+//! the binary named by `TOOLFLEET_BIN`, and each example of
+//! `examples/python` (the OpenAI Agents SDK agent, the LangChain tools, the
+//! plain loop on the Chat Completions and on the Anthropic Messages wire)
+//! driving its model loop on the scripted model against a real `serve`: the
+//! example prints the scripted answer, the model read toolfleet's
+//! envelopes (a job's outcome, waited for), and toolfleet ran the job.
 //!
 //! The package is used from its source (`PYTHONPATH`), so no install state
 //! matters. Without python3 or the packages the tests use (httpx, pytest,
@@ -86,33 +89,40 @@ fn the_python_clients_tests_pass_against_a_real_serve() {
     );
 }
 
-/// The envelopes the model saw in `request`'s tool messages, in order.
+/// The envelopes the model saw in `request`'s tool results, in order:
+/// Chat Completions' `tool` messages, or Anthropic's `tool_result` blocks.
 fn tool_results(request: &Value) -> Vec<Value> {
-    request["messages"]
-        .as_array()
-        .expect("messages")
-        .iter()
-        .filter(|m| m["role"] == "tool")
-        .map(|m| {
-            let content = m["content"].as_str().expect("a tool message's content");
-            serde_json::from_str(content)
-                .unwrap_or_else(|e| panic!("a tool message is not JSON ({e}): {content}"))
-        })
-        .collect()
+    let parse = |content: &Value| -> Value {
+        let content = content.as_str().expect("a tool result's content");
+        serde_json::from_str(content)
+            .unwrap_or_else(|e| panic!("a tool result is not JSON ({e}): {content}"))
+    };
+    let mut results = Vec::new();
+    for message in request["messages"].as_array().expect("messages") {
+        if message["role"] == "tool" {
+            results.push(parse(&message["content"]));
+        }
+        for block in message["content"].as_array().into_iter().flatten() {
+            if block["type"] == "tool_result" {
+                results.push(parse(&block["content"]));
+            }
+        }
+    }
+    results
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_openai_agents_example_calls_toolfleet_from_its_agent_loop() {
-    if !python_ready("httpx, agents, openai") {
-        return;
-    }
-    let name = "python-agents-example";
+/// Runs the example `script` (with `args` after the common ones) as the
+/// model `name` of a scripted model, against a real `serve`: the model
+/// lists September's first page, starts the OCR job, then answers. The
+/// example must print the answer, the model must have read toolfleet's
+/// envelopes (the job's outcome, waited for), and toolfleet must have run
+/// the job as the token's user.
+async fn example_reaches_toolfleet(name: &str, script: &str, args: &[&str]) {
     let model = ScriptedModel::start().await;
     let dir = TempDir::new(name);
     let server = Server::start(&dir.0, &config_with(&dir.0, "", ""));
     let alice = server.client(TOKEN);
     let month = Month::read(&alice).await;
-    // A query, then a job, then the answer.
     model.script(
         name,
         vec![
@@ -128,26 +138,24 @@ async fn the_openai_agents_example_calls_toolfleet_from_its_agent_loop() {
         ],
     );
 
-    let script = common::repo().join("examples/python/openai_agents_example.py");
-    let script = script.to_str().expect("a UTF-8 path").to_owned();
-    let base_url = model.base_url();
-    let output = tokio::task::spawn_blocking({
-        let server = server.base.clone();
-        move || {
-            python(&[
-                &script,
-                "--server",
-                &server,
-                "--token",
-                TOKEN,
-                "--model-url",
-                &base_url,
-                "--model",
-                name,
-                "--input",
-                "Read September's receipts.",
-            ])
-        }
+    let script = common::repo().join("examples/python").join(script);
+    let mut command: Vec<String> = vec![
+        script.to_str().expect("a UTF-8 path").to_owned(),
+        "--server".into(),
+        server.base.clone(),
+        "--token".into(),
+        TOKEN.into(),
+        "--model-url".into(),
+        model.base_url(),
+        "--model".into(),
+        name.into(),
+        "--input".into(),
+        "Read September's receipts.".into(),
+    ];
+    command.extend(args.iter().map(|a| (*a).to_owned()));
+    let output = tokio::task::spawn_blocking(move || {
+        let command: Vec<&str> = command.iter().map(String::as_str).collect();
+        python(&command)
     })
     .await
     .expect("the example ran");
@@ -206,4 +214,42 @@ async fn the_openai_agents_example_calls_toolfleet_from_its_agent_loop() {
         ))
         .await;
     assert_eq!(outcome["result"], job["result"], "{outcome}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_openai_agents_example_calls_toolfleet_from_its_agent_loop() {
+    if python_ready("httpx, agents, openai") {
+        example_reaches_toolfleet("python-agents", "openai_agents_example.py", &[]).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_langchain_example_calls_toolfleet_through_its_tools() {
+    if python_ready("httpx, langchain_core") {
+        example_reaches_toolfleet("python-langchain", "langchain_example.py", &[]).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_plain_loop_example_speaks_chat_completions() {
+    if python_ready("httpx") {
+        example_reaches_toolfleet(
+            "python-loop-openai",
+            "chat_loop_example.py",
+            &["--wire", "openai"],
+        )
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_plain_loop_example_speaks_anthropic_messages() {
+    if python_ready("httpx") {
+        example_reaches_toolfleet(
+            "python-loop-anthropic",
+            "chat_loop_example.py",
+            &["--wire", "anthropic"],
+        )
+        .await;
+    }
 }
