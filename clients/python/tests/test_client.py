@@ -6,12 +6,13 @@ import json
 import threading
 import time
 import uuid
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
 from conftest import WEBHOOK_SECRET, HookReceiver, Server
 
-from toolfleet import Call, Client, SseEvent, ToolfleetError, sign_webhook, verify_webhook
+from toolfleet import Call, Client, SseEvent, ToolfleetConnectionError, ToolfleetError, sign_webhook, verify_webhook
 
 OCR = "start_receipt_ocr"
 
@@ -110,6 +111,13 @@ def test_a_scheduled_job_is_cancelled_as_its_state_says(client: Client) -> None:
     assert cancelled.error is not None and cancelled.error.code == "cancelled"
     # A settled job's error is its outcome: a value, not an exception.
     assert client.wait_job(started.job_id or "", timeout_s=5).state == "cancelled"
+
+    at = datetime.now(timezone.utc).replace(microsecond=0) + timedelta(hours=1)
+    later = client.call(OCR, {"receipt_ids": ["rcpt-035"]}, run_at=at)
+    scheduled = client.get_job(later.job_id or "")
+    assert scheduled.state == "scheduled"
+    assert datetime.fromisoformat((scheduled.run_at or "").replace("Z", "+00:00")) == at
+    assert client.cancel_job(later.job_id or "").state == "cancelled"
 
 
 def test_many_calls_in_one_request(client: Client) -> None:
@@ -223,6 +231,18 @@ def test_events_announce_a_job_as_it_settles(client: Client) -> None:
     assert data["body"]["status"] == "ok"
     assert data["body"]["result"]["receipts"][0]["receipt_id"] == "rcpt-005"
     assert {e.json()["state"] for e in seen} <= {"queued", "succeeded"}
+
+
+def test_a_silent_stream_times_out_and_a_bad_filter_raises(client: Client) -> None:
+    with pytest.raises(ToolfleetConnectionError) as silent:
+        next(iter(client.events("cancelled", read_timeout_s=0.5)))
+    assert silent.value.code == "timeout" and silent.value.retryable
+    with pytest.raises(ToolfleetError) as bad:
+        next(iter(client.events("finished")))
+    assert bad.value.status == 400 and bad.value.code == "bad_request"
+    with pytest.raises(ToolfleetError) as missing:
+        next(iter(client.follow_run("run_00000000000000000000000000000000")))
+    assert missing.value.code == "not_found"
 
 
 def test_a_webhook_verifies_and_a_tampered_one_does_not(client: Client, hooks: HookReceiver) -> None:

@@ -14,7 +14,7 @@ refuses raises `ToolfleetError`. Framework adapters live in
 `toolfleet.adapters` and import their framework only when used.
 """
 
-from ._client import DEFAULT_URL, MAX_WAIT_S, AsyncClient, Call, Client, envelope_json
+from ._client import DEFAULT_URL, MAX_WAIT_S, AsyncClient, Call, Client, ToolFormat, envelope_json
 from ._envelope import Envelope, ErrorInfo, ToolfleetConnectionError, ToolfleetError
 from ._sse import SseEvent, SseParser
 from .webhooks import DELIVERY_HEADER, SIGNATURE_HEADER, sign_webhook, verify_webhook
@@ -34,6 +34,7 @@ __all__ = [
     "SseEvent",
     "SseParser",
     "ToolfleetConnectionError",
+    "ToolFormat",
     "ToolfleetError",
     "envelope_json",
     "sign_webhook",

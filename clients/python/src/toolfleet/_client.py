@@ -22,14 +22,14 @@ import json
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from typing import Any, AsyncIterator, Iterable, Iterator, Literal, Mapping, Sequence, Union
 
 import httpx
 
 from ._envelope import Envelope, ToolfleetConnectionError, ToolfleetError
 from ._sse import SseEvent, SseParser
 
-__all__ = ["Client", "AsyncClient", "Call", "DEFAULT_URL", "MAX_WAIT_S"]
+__all__ = ["Client", "AsyncClient", "Call", "DEFAULT_URL", "MAX_WAIT_S", "ToolFormat"]
 
 #: Where `toolfleet serve` listens by default.
 DEFAULT_URL = "http://127.0.0.1:8080"
@@ -38,7 +38,8 @@ MAX_WAIT_S = 30
 #: The run states after which a run's events stream ends.
 RUN_SETTLED = ("answered", "failed", "budget_exceeded", "cancelled")
 
-JSON = Any
+#: The formats of `GET /v1/tools` (any other string is sent as it is).
+ToolFormat = Union[Literal["neutral", "openai", "openai-responses", "anthropic", "gemini", "mcp"], str]
 
 
 @dataclass
@@ -190,6 +191,25 @@ def _calls(response: httpx.Response) -> list[Envelope]:
     return [Envelope.from_json(e) for e in body["results"]]
 
 
+def _not_a_stream(response: httpx.Response) -> bool:
+    return not response.is_success or not response.headers.get("content-type", "").startswith("text/event-stream")
+
+
+def _refused(response: httpx.Response) -> None:
+    """Raises for the answer of a stream's route that is not a stream: an
+    error status, or an `error` envelope (`not_found` of a run)."""
+    _result(response)
+    raise ToolfleetError("bad_answer", f"not an event stream: {response.text[:500]}", status=response.status_code)
+
+
+def _transport_error(what: str, error: httpx.TransportError) -> ToolfleetConnectionError:
+    """A transport failure as the client raises it: `timeout` when the
+    answer (or a stream's next line) did not come in time, else
+    `unavailable`."""
+    code = "timeout" if isinstance(error, httpx.TimeoutException) else "unavailable"
+    return ToolfleetConnectionError(code, f"{what}: {error or type(error).__name__}")
+
+
 def _wait_s(wait_s: float | None) -> int | None:
     if wait_s is None:
         return None
@@ -315,11 +335,11 @@ class Client:
         try:
             return self._http.request(request.method, request.path, **request.kwargs())
         except httpx.TransportError as e:
-            raise ToolfleetConnectionError("unavailable", f"{request.method} {request.path}: {e}") from e
+            raise _transport_error(f"{request.method} {request.path}", e) from e
 
     # Tools and calls.
 
-    def tools(self, format: str = "neutral") -> Any:
+    def tools(self, format: ToolFormat = "neutral") -> Any:
         """`GET /v1/tools?format=F`: the specs the caller may call, in the form
         of `neutral`, `openai`, `openai-responses`, `anthropic`, `gemini` or
         `mcp`."""
@@ -441,8 +461,9 @@ class Client:
             for event in events:
                 if event.json().get("state") in RUN_SETTLED or time.monotonic() > deadline:
                     break
-        except httpx.ReadTimeout:
-            pass
+        except ToolfleetConnectionError as e:
+            if e.code != "timeout":
+                raise
         finally:
             close = getattr(events, "close", None)
             if close:
@@ -519,18 +540,16 @@ class Client:
         kwargs["headers"] = {"Accept": "text/event-stream"}
         try:
             with self._http.stream("GET", path, **kwargs) as response:
-                if not response.is_success:
+                if _not_a_stream(response):
                     response.read()
-                    _check(response)
+                    _refused(response)
                 parser = SseParser()
                 for line in response.iter_lines():
                     event = parser.feed(line)
                     if event is not None:
                         yield event
         except httpx.TransportError as e:
-            if isinstance(e, httpx.ReadTimeout):
-                raise
-            raise ToolfleetConnectionError("unavailable", f"GET {path}: {e}") from e
+            raise _transport_error(f"GET {path}", e) from e
 
 
 class AsyncClient:
@@ -567,9 +586,9 @@ class AsyncClient:
         try:
             return await self._http.request(request.method, request.path, **request.kwargs())
         except httpx.TransportError as e:
-            raise ToolfleetConnectionError("unavailable", f"{request.method} {request.path}: {e}") from e
+            raise _transport_error(f"{request.method} {request.path}", e) from e
 
-    async def tools(self, format: str = "neutral") -> Any:
+    async def tools(self, format: ToolFormat = "neutral") -> Any:
         return _check(await self._send(_Requests.tools(format)))
 
     async def call(
@@ -665,8 +684,11 @@ class AsyncClient:
 
         try:
             await asyncio.wait_for(settle(), timeout_s)
-        except (asyncio.TimeoutError, httpx.ReadTimeout):
+        except asyncio.TimeoutError:
             pass
+        except ToolfleetConnectionError as e:
+            if e.code != "timeout":
+                raise
         finally:
             close = getattr(events, "aclose", None)
             if close:
@@ -722,18 +744,16 @@ class AsyncClient:
         kwargs["headers"] = {"Accept": "text/event-stream"}
         try:
             async with self._http.stream("GET", path, **kwargs) as response:
-                if not response.is_success:
+                if _not_a_stream(response):
                     await response.aread()
-                    _check(response)
+                    _refused(response)
                 parser = SseParser()
                 async for line in response.aiter_lines():
                     event = parser.feed(line)
                     if event is not None:
                         yield event
         except httpx.TransportError as e:
-            if isinstance(e, httpx.ReadTimeout):
-                raise
-            raise ToolfleetConnectionError("unavailable", f"GET {path}: {e}") from e
+            raise _transport_error(f"GET {path}", e) from e
 
 
 def envelope_json(envelope: Envelope | Mapping[str, Any]) -> str:

@@ -161,5 +161,7 @@ class ToolfleetError(Exception):
 
 
 class ToolfleetConnectionError(ToolfleetError):
-    """The server could not be reached, or the connection broke: code
-    `unavailable`, no status. The original httpx error is `__cause__`."""
+    """No answer came: the server could not be reached or the connection
+    broke (code `unavailable`), or the answer or a stream's next line did
+    not come within the timeout (code `timeout`). `status` is None; the
+    original httpx error is `__cause__`."""
