@@ -140,6 +140,40 @@ async fn every_documented_operation_answers_as_documented() {
         }
     }
     assert!(operations >= 30, "{operations} operations");
+
+    // The stream's refusal of a state it does not know is the envelope
+    // the document names (schemathesis leaves the endless stream out).
+    let response = http
+        .get(format!("{}/v1/events?state=queued,nonsense", server.base))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("the server answers");
+    assert_eq!(response.status(), 400);
+    let refused: Value =
+        serde_json::from_str(&response.text().await.expect("a body")).expect("an envelope");
+    assert_eq!(refused["error"]["code"], "bad_request", "{refused}");
+
+    // `toolfleet openapi` prints the document of a configuration: the
+    // same operations.
+    let printed = common::toolfleet(&["--config", &server.config.display().to_string(), "openapi"]);
+    assert!(printed.status.success(), "{printed:?}");
+    let printed: Value = serde_json::from_slice(&printed.stdout).expect("the document is JSON");
+    assert_eq!(operation_ids(&printed), operation_ids(&doc));
+}
+
+/// The operationIds of a document, sorted.
+fn operation_ids(doc: &Value) -> Vec<String> {
+    let mut ids: Vec<String> = doc["paths"]
+        .as_object()
+        .into_iter()
+        .flat_map(|paths| paths.values())
+        .filter_map(Value::as_object)
+        .flat_map(|item| item.values())
+        .filter_map(|operation| operation["operationId"].as_str().map(str::to_owned))
+        .collect();
+    ids.sort();
+    ids
 }
 
 /// Whether schemathesis of [`SCHEMATHESIS`] runs here; under CI it must.
@@ -194,7 +228,7 @@ fn schemathesis_finds_every_answer_as_documented() {
             "--exclude-operation-id",
             "streamEvents",
             "--max-examples",
-            "40",
+            "60",
             "--seed",
             "20261203",
             "--workers",

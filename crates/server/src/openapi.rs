@@ -430,7 +430,7 @@ fn operation(op: Op, limits: &Limits) -> Value {
                 json_answer(
                     "The specs.",
                     json!({"type": "array", "items": {"type": "object"}}),
-                    &[("neutral", json!([{
+                    &[("gemini", json!([{"functionDeclarations": [{"name": "find_expenses", "description": "Finds the expenses of a month.", "parameters": {"type": "object"}}]}])), ("neutral", json!([{
                         "name": "find_expenses", "description": "Finds the expenses of a month.",
                         "shape": "query", "input_schema": {"type": "object"},
                         "hints": {"read_only": true, "destructive": false, "idempotent": true, "open_world": false},
@@ -505,11 +505,17 @@ fn operation(op: Op, limits: &Limits) -> Value {
         Op::CancelJob => Spec::new("cancelJob", "jobs", "Cancel a job")
             .describe("Cancels a job that has not settled and answers its envelope as it now stands; a settled job is answered as it is. The owner and `fleet:operate` may; `fleet:read` gets `forbidden`, anyone else `not_found`. No body is read.")
             .param(job_id_param())
-            .answers(authed(vec![("200", json_answer("The job's envelope.", schema("Envelope"), &[])) ])),
+            .answers(authed(vec![("200", json_answer("The job's envelope.", schema("Envelope"), &[
+                ("cancelled", json!({"status": "error", "error": {"code": "cancelled", "message": "the job was cancelled", "retryable": false}, "state": "cancelled"})),
+                ("forbidden", json!({"status": "error", "error": {"code": "forbidden", "message": "job `0190f5c2-7d3e-7b2a-9c1e-2f4a5b6c7d8e` is another user's; cancelling it needs scope `fleet:operate`", "retryable": false}})),
+            ]))])),
         Op::RetryJob => Spec::new("retryJob", "jobs", "Put a failed or cancelled job back")
             .describe("The same job, `queued` and due now, its attempts counted anew. A job that has not settled, or that succeeded, is `conflict`. No body is read.")
             .param(job_id_param())
-            .answers(authed(vec![("200", json_answer("The job's envelope (`running` with `state` `queued`), or why not.", schema("Envelope"), &[])) ])),
+            .answers(authed(vec![("200", json_answer("The job's envelope (`running` with `state` `queued`), or why not.", schema("Envelope"), &[
+                ("queued", json!({"status": "running", "job_id": "0190f5c2-7d3e-7b2a-9c1e-2f4a5b6c7d8e", "poll_after_s": 5, "state": "queued", "attempts": 0})),
+                ("conflict", json!({"status": "error", "error": {"code": "conflict", "message": "job `0190f5c2-7d3e-7b2a-9c1e-2f4a5b6c7d8e` was not retried: a job that succeeded is not run again: call the tool again for new work", "retryable": false}})),
+            ]))])),
         Op::RetryJobs => Spec::new("retryJobs", "jobs", "Put back the failed and cancelled jobs a filter names")
             .describe(format!("Oldest settled first: the caller's own, or every user's of the tenant for `fleet:operate`; at most `limit` ({} at most) a request; call again for the next ones.", crate::retry::MAX_RETRY))
             .body(request(schema("RetryFilter"), &[("failed", json!({"tool": "start_receipt_ocr", "state": "failed", "error_code": "timeout", "since": 1790000000000_i64, "until": 1790003600000_i64, "limit": 100}))]))
@@ -541,7 +547,7 @@ fn operation(op: Op, limits: &Limits) -> Value {
                 .answers(authed(vec![("200", json_answer(
                     "The schedule, or `not_found`.",
                     json!({"oneOf": [schema("Schedule"), schema("ErrorEnvelope")]}),
-                    &[],
+                    &[("paused", json!({"name": "nightly", "cron": "0 3 * * *", "timezone": "Europe/Berlin", "tool": "reconcile_month", "overlap": "skip", "catch_up": "last", "paused": true, "next_ticks": [], "last_tick": "2026-12-02T02:00:00.000Z", "last_job": null}))],
                 ))]))
         }
         Op::ListTickets => Spec::new("listTickets", "tickets", "The caller's inbox")
@@ -624,10 +630,32 @@ fn operation(op: Op, limits: &Limits) -> Value {
             ])),
         Op::Mcp => Spec::new("mcp", "mcp", "MCP over Streamable HTTP")
             .describe("JSON-RPC 2.0 messages of the Model Context Protocol (revisions 2025-06-18, 2025-11-25, 2026-07-28): `tools/list` and `tools/call` through the same path as `POST /v1/calls`. Stateless, JSON answers. Without a token it answers 401 with `WWW-Authenticate: Bearer resource_metadata=...`; a request with an `Origin` not allowed answers 403.")
-            .body(request(json!({"type": ["object", "array"]}), &[("list", json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}))]))
+            .body(request(
+                json!({"type": "object", "required": ["jsonrpc"], "description": "One JSON-RPC 2.0 message (a request, notification or answer); a batch (an array) is refused with 415.", "properties": {
+                    "jsonrpc": {"const": "2.0"},
+                    "id": {"description": "A request's id: a string or an integer."},
+                    "method": {"description": "`initialize`, `tools/list`, `tools/call`, ...; one MCP does not know is answered a JSON-RPC error (200)."},
+                    "params": {"description": "The method's parameters; ones it cannot read are answered a JSON-RPC error (200)."},
+                    }}),
+                &[
+                    ("list", json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})),
+                    ("call", json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "find_expenses", "arguments": {"month": "2026-09"}}})),
+                ],
+            ))
             .answers({
                 let mut answers = authed(vec![
-                    ("200", json!({"description": "A JSON-RPC answer.", "content": {"application/json": {"schema": {}}}})),
+                    ("200", json_answer(
+                        "The JSON-RPC answer: its `result`, or its `error`.",
+                        json!({"type": "object", "required": ["jsonrpc"], "properties": {
+                            "jsonrpc": {"const": "2.0"},
+                            "id": {"type": ["string", "integer", "null"]},
+                            "result": {"type": "object"},
+                            "error": {"type": "object", "required": ["code", "message"], "properties": {
+                                "code": {"type": "integer"}, "message": {"type": "string"}, "data": {},
+                            }},
+                        }}),
+                        &[("tools", json!({"jsonrpc": "2.0", "id": 1, "result": {"tools": [{"name": "find_expenses", "description": "Finds the expenses of a month.", "inputSchema": {"type": "object"}}]}}))],
+                    )),
                     ("202", json!({"description": "A notification or answer accepted."})),
                     ("400", json!({"description": "Not a JSON-RPC message MCP takes (the MCP transport's text)."})),
                     ("403", answer("Forbidden")),
