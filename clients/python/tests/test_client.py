@@ -305,3 +305,15 @@ def test_a_server_that_is_not_there_raises_unavailable() -> None:
         with pytest.raises(ToolfleetError) as raised:
             nobody.tools()
     assert raised.value.code == "unavailable" and raised.value.status is None
+
+
+def test_a_client_of_ones_own_gets_the_root_and_the_token(server: Server) -> None:
+    import httpx
+
+    seen: list[httpx.Request] = []
+    http = httpx.Client(event_hooks={"request": [seen.append]})
+    with Client(server.base_url, server.token, http=http) as tf:
+        assert tf.call("find_expenses", {"month": "2026-09"}).ok
+    assert str(seen[0].url) == f"{server.base_url}/v1/calls"
+    assert seen[0].headers["authorization"] == f"Bearer {server.token}"
+    assert http.is_closed

@@ -303,7 +303,9 @@ def _headers(token: str | None, headers: Mapping[str, str] | None) -> dict[str, 
 class Client:
     """A blocking client of one toolfleet server, as one principal (its
     bearer token). Close it (or use it as a context manager) to free its
-    connections."""
+    connections. `http` is an `httpx.Client` of your own (a transport,
+    proxies, TLS settings): it gets the server's root and the token, and
+    closing this client closes it."""
 
     def __init__(
         self,
@@ -316,11 +318,13 @@ class Client:
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.token = token
-        self._http = http or httpx.Client(
-            base_url=self.base_url,
-            headers=_headers(token, headers),
-            timeout=timeout,
-        )
+        if http is None:
+            http = httpx.Client(timeout=timeout)
+        # A client of the caller's (its transport, proxies, TLS) takes this
+        # server's root and the token.
+        http.base_url = httpx.URL(self.base_url)
+        http.headers.update(_headers(token, headers))
+        self._http = http
 
     def __enter__(self) -> Client:
         return self
@@ -567,11 +571,13 @@ class AsyncClient:
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.token = token
-        self._http = http or httpx.AsyncClient(
-            base_url=self.base_url,
-            headers=_headers(token, headers),
-            timeout=timeout,
-        )
+        if http is None:
+            http = httpx.AsyncClient(timeout=timeout)
+        # A client of the caller's (its transport, proxies, TLS) takes this
+        # server's root and the token.
+        http.base_url = httpx.URL(self.base_url)
+        http.headers.update(_headers(token, headers))
+        self._http = http
 
     async def __aenter__(self) -> AsyncClient:
         return self
