@@ -611,8 +611,8 @@ fn operation(op: Op, limits: &Limits) -> Value {
             .param(run_param())
             .answers(authed(vec![
                 ("200", json!({"description": "The stream, or a `not_found` envelope.", "content": {
-                    "text/event-stream": {"schema": {"type": "string"}},
-                    "application/json": {"schema": schema("ErrorEnvelope")},
+                    "text/event-stream": {"schema": {"type": "string"}, "example": "event: run.waiting\ndata: {\"run_id\": \"run_0190f5c27d3e7b2a9c1e2f4a5b6c7d8e\", \"state\": \"waiting\", \"from\": 0, \"entries\": []}\n\n"},
+                    "application/json": {"schema": schema("ErrorEnvelope"), "example": {"status": "error", "error": {"code": "not_found", "message": "no run `run_0190f5c27d3e7b2a9c1e2f4a5b6c7d8e` for this caller", "retryable": false}}},
                 }})),
                 ("429", answer("RateLimited")),
             ])),
@@ -625,7 +625,7 @@ fn operation(op: Op, limits: &Limits) -> Value {
                 json!({"type": "string", "pattern": event_states_pattern()}),
             ))
             .answers(with_query(vec![
-                ("200", json!({"description": "The stream.", "content": {"text/event-stream": {"schema": {"type": "string"}}}})),
+                ("200", json!({"description": "The stream.", "content": {"text/event-stream": {"schema": {"type": "string"}, "example": "event: job\nid: 0190f5c2-7d3e-7b2a-9c1e-2f4a5b6c7d8e\ndata: {\"kind\": \"job\", \"id\": \"0190f5c2-7d3e-7b2a-9c1e-2f4a5b6c7d8e\", \"tool\": \"start_receipt_ocr\", \"state\": \"succeeded\", \"run_id\": \"0190f5c2-7d3e-7b2a-9c1e-2f4a5b6c7d8f\", \"body\": {\"status\": \"ok\", \"result\": {}, \"call_id\": \"0190f5c2-7d3e-7b2a-9c1e-2f4a5b6c7d8f\"}}\n\n"}}})),
                 ("429", answer("RateLimited")),
             ])),
         Op::Mcp => Spec::new("mcp", "mcp", "MCP over Streamable HTTP")
@@ -685,7 +685,7 @@ fn operation(op: Op, limits: &Limits) -> Value {
         Op::OpenApi => Spec::new("getOpenApi", "operations", "This document")
             .describe("The OpenAPI 3.1 document of this API, made from the same table the router mounts. Needs no token.")
             .public()
-            .answers(Map::from_iter([("200".to_owned(), json_answer("The document.", json!({"type": "object", "required": ["openapi", "info", "paths"]}), &[]))])),
+            .answers(Map::from_iter([("200".to_owned(), json_answer("The document.", json!({"type": "object", "required": ["openapi", "info", "paths"]}), &[("head", json!({"openapi": OPENAPI_VERSION, "info": {"title": "toolfleet", "version": env!("CARGO_PKG_VERSION")}, "paths": {}}))]))])),
         Op::Health => Spec::new("healthz", "operations", "Liveness")
             .public()
             .answers(Map::from_iter([("200".to_owned(), json_answer("The process answers.", json!({"type": "object", "required": ["status"], "properties": {"status": {"const": "ok"}}}), &[("ok", json!({"status": "ok"}))]))])),
@@ -709,7 +709,7 @@ fn operation(op: Op, limits: &Limits) -> Value {
         Op::Metrics => Spec::new("metrics", "operations", "Prometheus metrics")
             .describe("OpenMetrics text; the README's Metrics section lists the series. Served here unless `metrics_listen` names a port of its own.")
             .public()
-            .answers(Map::from_iter([("200".to_owned(), json!({"description": "The series.", "content": {"application/openmetrics-text": {"schema": {"type": "string"}}}}))])),
+            .answers(Map::from_iter([("200".to_owned(), json!({"description": "The series.", "content": {"application/openmetrics-text": {"schema": {"type": "string"}, "example": "# TYPE toolfleet_calls counter\ntoolfleet_calls_total{tool=\"find_expenses\",status=\"ok\"} 3\n# EOF\n"}}}))])),
     };
     spec.into_value()
 }
@@ -1216,6 +1216,27 @@ mod tests {
                 "docs/API.md does not name {}",
                 route.path
             );
+        }
+    }
+
+    #[test]
+    fn every_operation_answers_with_an_example() {
+        let doc = document(&Limits::default(), true);
+        for route in ROUTES {
+            let op = &doc["paths"][route.path][route.verb.key()];
+            let ok = op["responses"]
+                .as_object()
+                .and_then(|r| r.get("200").or_else(|| r.get("202")))
+                .expect("a success");
+            let content = ok["content"].as_object().expect("a body");
+            for (media, body) in content {
+                let named = body["examples"].as_object().is_some_and(|e| !e.is_empty());
+                assert!(
+                    named || !body["example"].is_null(),
+                    "{}: no example of {media}",
+                    route.path
+                );
+            }
         }
     }
 
