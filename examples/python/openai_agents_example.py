@@ -22,7 +22,7 @@ import asyncio
 import os
 import sys
 
-from agents import Agent, OpenAIChatCompletionsModel, RunHooks, Runner, set_tracing_disabled
+from agents import Agent, OpenAIChatCompletionsModel, RunHooks, Runner, Tool, set_tracing_disabled
 from openai import AsyncOpenAI
 
 from toolfleet import AsyncClient
@@ -34,7 +34,7 @@ INSTRUCTIONS = (
 )
 
 
-class Printed(RunHooks):  # type: ignore[type-arg]
+class Printed(RunHooks):
     """Says each tool call and its result on stderr."""
 
     async def on_tool_start(self, context, agent, tool):  # type: ignore[no-untyped-def]
@@ -66,12 +66,8 @@ async def main() -> None:
     )
     names = [n for n in args.tools.split(",") if n] or None
     async with AsyncClient(args.server, args.token) as toolfleet:
-        agent = Agent(
-            name="expenses",
-            instructions=INSTRUCTIONS,
-            model=model,
-            tools=await function_tools(toolfleet, names),
-        )
+        tools: list[Tool] = list(await function_tools(toolfleet, names))
+        agent = Agent(name="expenses", instructions=INSTRUCTIONS, model=model, tools=tools)
         result = await Runner.run(agent, args.input, max_turns=args.max_turns, hooks=Printed())
     print(f"ANSWER: {result.final_output}", flush=True)
 

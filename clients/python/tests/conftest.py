@@ -2,7 +2,8 @@
 expense assistant.
 
 The binary is the one `TOOLFLEET_BIN` names (the Rust test passes the one
-cargo built). It runs in a temporary directory on the repository's expense
+cargo built), else the repository's `target/release` or `target/debug`
+build, else `toolfleet` on the PATH. It runs in a temporary directory on the repository's expense
 pack, listening on a port the kernel picks, with no `[[auth.tokens]]`, so
 it makes a development token; webhooks may reach any port of 127.0.0.1 and
 are signed with `WEBHOOK_SECRET`. The assistant's model is a small
@@ -15,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -180,6 +182,22 @@ class Server:
     model: ScriptedChat
 
 
+def toolfleet_binary() -> str:
+    """`TOOLFLEET_BIN`, else the repository's release or debug build, else
+    `toolfleet` on the PATH."""
+    named = os.environ.get("TOOLFLEET_BIN")
+    if named:
+        return named
+    for build in ("release", "debug"):
+        candidate = REPO / "target" / build / "toolfleet"
+        if candidate.is_file():
+            return str(candidate)
+    found = shutil.which("toolfleet")
+    if found:
+        return found
+    pytest.fail("no toolfleet binary: set TOOLFLEET_BIN (cargo test -p toolfleet --test python_client does)")
+
+
 @pytest.fixture(scope="session")
 def model() -> Iterator[ScriptedChat]:
     chat = ScriptedChat()
@@ -189,9 +207,7 @@ def model() -> Iterator[ScriptedChat]:
 
 @pytest.fixture(scope="session")
 def server(model: ScriptedChat, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    binary = os.environ.get("TOOLFLEET_BIN")
-    if not binary:
-        pytest.fail("TOOLFLEET_BIN names no toolfleet binary (cargo test -p toolfleet --test python_client sets it)")
+    binary = toolfleet_binary()
     directory = tmp_path_factory.mktemp("toolfleet")
     config = directory / "toolfleet.toml"
     config.write_text(

@@ -73,7 +73,7 @@ def test_langchain_tools_invoke_toolfleet(client: Client, make_async: Callable[[
     # A model's tool call becomes a ToolMessage.
     message = find.invoke({"name": "find_expenses", "args": {"month": "2026-10"}, "id": "call_1", "type": "tool_call"})
     assert isinstance(message, ToolMessage) and message.tool_call_id == "call_1"
-    assert json.loads(message.content)["status"] == "ok"
+    assert json.loads(str(message.content))["status"] == "ok"
 
     async def main() -> Any:
         async with make_async() as atf:
