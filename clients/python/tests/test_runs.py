@@ -129,3 +129,29 @@ def test_an_unknown_assistant_raises(client: Client) -> None:
         client.start_run("nobody", "hi")
     assert raised.value.code == "invalid_arguments"
     assert "expense_assistant" in raised.value.message
+
+
+def test_waiting_for_a_run_that_does_not_settle_ends_at_its_timeout(client: Client, make_async: Any) -> None:
+    import asyncio
+
+    run = client.start_run(checkpoint={})
+    later = client.call(OCR, {"receipt_ids": ["rcpt-005"]}, run_id=run["run_id"], delay_s=600)
+    parked = client.wait_run(run["run_id"], jobs=[later.job_id or ""])
+    assert parked["state"] == "waiting"
+
+    started = time.monotonic()
+    still = client.wait_run_settled(run["run_id"], timeout_s=1.5)
+    assert still["state"] == "waiting"
+    assert time.monotonic() - started < 10
+
+    async def main() -> Any:
+        async with make_async() as tf:
+            return await tf.wait_run_settled(run["run_id"], timeout_s=1.5)
+
+    started = time.monotonic()
+    assert asyncio.run(main())["state"] == "waiting"
+    assert time.monotonic() - started < 10
+
+    # Cancelling the run cancels the job it waits on.
+    assert client.cancel_run(run["run_id"])["state"] == "cancelled"
+    assert client.get_job(later.job_id or "").state == "cancelled"

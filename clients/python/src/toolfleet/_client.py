@@ -460,10 +460,11 @@ class Client:
         budget or cancelled (or `timeout_s` passes): the run as it then
         reads, transcript included."""
         deadline = time.monotonic() + timeout_s
-        events = self.follow_run(run_id, read_timeout_s=timeout_s)
+        # The deadline is checked on every line, keep-alives included.
+        events = self._stream(f"/v1/runs/{run_id}/events", None, timeout_s, deadline=deadline)
         try:
             for event in events:
-                if event.json().get("state") in RUN_SETTLED or time.monotonic() > deadline:
+                if event.json().get("state") in RUN_SETTLED:
                     break
         except ToolfleetConnectionError as e:
             if e.code != "timeout":
@@ -537,7 +538,14 @@ class Client:
         next line (keep-alives count)."""
         return self._stream("/v1/events", {"state": _states(states)}, read_timeout_s)
 
-    def _stream(self, path: str, params: dict[str, Any] | None, read_timeout_s: float | None) -> Iterator[SseEvent]:
+    def _stream(
+        self,
+        path: str,
+        params: dict[str, Any] | None,
+        read_timeout_s: float | None,
+        *,
+        deadline: float | None = None,
+    ) -> Iterator[SseEvent]:
         request = _Request("GET", path, params=params)
         kwargs = request.kwargs()
         kwargs["timeout"] = httpx.Timeout(10.0, read=read_timeout_s)
@@ -549,6 +557,8 @@ class Client:
                     _refused(response)
                 parser = SseParser()
                 for line in response.iter_lines():
+                    if deadline is not None and time.monotonic() > deadline:
+                        return
                     event = parser.feed(line)
                     if event is not None:
                         yield event
