@@ -132,6 +132,50 @@ impl RetentionConfig {
     }
 }
 
+/// `[handles]`: how long the large results of handle tools are kept, and
+/// how much of them each tenant keeps (its oldest go first).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct HandlesConfig {
+    /// Seconds a handle is readable after it was made (1 to 30 days' worth).
+    pub ttl_s: u64,
+    /// The most handles a tenant keeps.
+    pub max_per_tenant: u32,
+    /// The most bytes of handles a tenant keeps.
+    pub max_bytes_per_tenant: u64,
+}
+
+impl Default for HandlesConfig {
+    fn default() -> Self {
+        let bounds = toolfleet_fleet::HandleBounds::default();
+        HandlesConfig {
+            ttl_s: bounds.ttl.as_secs(),
+            max_per_tenant: bounds.max_per_tenant,
+            max_bytes_per_tenant: bounds.max_bytes_per_tenant,
+        }
+    }
+}
+
+impl HandlesConfig {
+    /// The bounds it names, or what is wrong with it.
+    pub(crate) fn bounds(&self) -> Result<toolfleet_fleet::HandleBounds, String> {
+        if !(1..=30 * 86_400).contains(&self.ttl_s) {
+            return Err(format!(
+                "[handles] ttl_s is {}; it must be from 1 to 2592000 (30 days)",
+                self.ttl_s
+            ));
+        }
+        if self.max_per_tenant == 0 || self.max_bytes_per_tenant == 0 {
+            return Err("[handles] max_per_tenant and max_bytes_per_tenant must be above 0".into());
+        }
+        Ok(toolfleet_fleet::HandleBounds {
+            ttl: std::time::Duration::from_secs(self.ttl_s),
+            max_per_tenant: self.max_per_tenant,
+            max_bytes_per_tenant: self.max_bytes_per_tenant,
+        })
+    }
+}
+
 /// `[limits]`: how many connections, streams and long polls a process
 /// holds, and how long a request may take to arrive.
 #[derive(Debug, Clone, Deserialize)]
@@ -306,6 +350,9 @@ pub(crate) struct Config {
     /// `[retention]`: how long settled records are kept.
     #[serde(default)]
     pub retention: RetentionConfig,
+    /// `[handles]`: how long handles are kept and how much of them.
+    #[serde(default)]
+    pub handles: HandlesConfig,
     /// `[[schedules]]`: jobs started at the ticks of cron expressions.
     #[serde(default)]
     pub schedules: Vec<toolfleet_fleet::schedules::ScheduleSpec>,

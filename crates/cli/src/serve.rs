@@ -328,6 +328,10 @@ async fn open_shared(
         .metrics(metrics.clone())
         .fleet(Arc::new(dispatcher))
         .commit_log(Arc::new(StoreCommitLog::new(store.clone())))
+        .handles(Arc::new(toolfleet_fleet::StoreHandles::new(
+            store.clone(),
+            config.handles.bounds()?,
+        )))
         .audit_sink(audit);
     if config.database_url.is_some() {
         // Dispatchers that share PostgreSQL share their rate limits too;

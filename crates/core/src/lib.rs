@@ -68,7 +68,9 @@ pub use shapes::fleet::{
     Approval, ApprovalRequest, Fleet, JobRequest, MemoryFleet, TicketRequest, approval_question,
     approval_ticket_id,
 };
-pub use shapes::handle::{HandleStore, MemoryHandleStore};
+pub use shapes::handle::{
+    HandleMeta, HandleStore, Kept, MemoryHandleStore, is_handle_id, new_handle_id, read_page,
+};
 pub use tool::{
     AnsweredBy, Budget, CallCtx, CallEvent, CallEvents, Concurrency, CountedBy, DEFAULT_POOL,
     Executor, FLEET_OPERATE, FLEET_READ, Hints, Lineage, LogLevel, MAX_CONCURRENCY, MiddlewareSpec,

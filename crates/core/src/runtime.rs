@@ -428,7 +428,7 @@ impl Runtime {
         let result = redact_json(result, &call.tool.middleware().redact);
         match self
             .handles
-            .put(ctx.tenant(), ctx.user(), result.clone())
+            .put(ctx.tenant(), ctx.user(), call.tool.name(), result.clone())
             .await
         {
             Ok(handle) => Envelope::ok(

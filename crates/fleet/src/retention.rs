@@ -97,7 +97,28 @@ pub async fn prune_all(
     Ok(deleted)
 }
 
-/// Prunes every `period` until `shutdown`, as [`prune_all`] says.
+/// Deletes, batch after batch with `pause` between them, the handles
+/// expired by `now` ([`Store::prune_handles`]), until none is left or
+/// `shutdown` turns; how many.
+pub async fn prune_handles(
+    store: &dyn Store,
+    now: i64,
+    pause: Duration,
+    shutdown: &watch::Receiver<bool>,
+) -> Result<u64, StoreError> {
+    let mut total = 0;
+    loop {
+        let gone = store.prune_handles(now, BATCH).await?;
+        total += gone;
+        if gone < u64::from(BATCH) || *shutdown.borrow() {
+            return Ok(total);
+        }
+        tokio::time::sleep(pause).await;
+    }
+}
+
+/// Prunes every `period` until `shutdown`, as [`prune_all`] says, and the
+/// expired handles ([`prune_handles`]).
 pub async fn run_retention(
     store: Arc<dyn Store>,
     retention: Retention,
@@ -120,6 +141,11 @@ pub async fn run_retention(
                 }
             }
             Err(error) => tracing::warn!(%error, "retention failed; trying again next period"),
+        }
+        match prune_handles(store.as_ref(), now_ms(), PAUSE, &shutdown).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(deleted = n, "retention deleted expired handles"),
+            Err(error) => tracing::warn!(%error, "handle expiry failed; trying again next period"),
         }
     }
 }

@@ -461,6 +461,27 @@ mod tests {
         async fn prune(&self, _: toolfleet_store::Prune) -> Result<u64, StoreError> {
             unreachable!()
         }
+        async fn put_handle(&self, _: toolfleet_store::NewHandle<'_>) -> Result<u64, StoreError> {
+            unreachable!()
+        }
+        async fn handle(
+            &self,
+            _: toolfleet_store::HandleOwner<'_>,
+            _: &str,
+        ) -> Result<Option<toolfleet_store::HandleRecord>, StoreError> {
+            unreachable!()
+        }
+        async fn list_handles(
+            &self,
+            _: toolfleet_store::HandleOwner<'_>,
+            _: Option<&str>,
+            _: u32,
+        ) -> Result<Vec<toolfleet_store::HandleInfo>, StoreError> {
+            unreachable!()
+        }
+        async fn prune_handles(&self, _: i64, _: u32) -> Result<u64, StoreError> {
+            unreachable!()
+        }
         async fn take_token(
             &self,
             _: toolfleet_store::TakeToken<'_>,

@@ -20,9 +20,9 @@ use toolfleet_core::{
 };
 
 use crate::{
-    Answered, ClaimCommit, CommitClaim, Fail, Heartbeat, Inserted, JobFilter, JobRecord, Lease,
-    LeaseRef, NewJob, NewTicket, Park, SaveCheckpoint, SetProgress, Store, StoreError, Succeed,
-    TicketRecord,
+    Answered, ClaimCommit, CommitClaim, Fail, HandleOwner, Heartbeat, Inserted, JobFilter,
+    JobRecord, Lease, LeaseRef, NewHandle, NewJob, NewTicket, Park, SaveCheckpoint, SetProgress,
+    Store, StoreError, Succeed, TicketRecord,
 };
 
 mod runs;
@@ -131,6 +131,10 @@ macro_rules! store_conformance {
             fair_turns_let_a_newcomer_in_within_a_turn,
             a_deferred_job_gives_its_attempt_back_and_waits,
             a_schedule_moves_one_tick_at_a_time_by_compare_and_set,
+            a_handle_is_read_by_its_owner_alone_until_it_expires,
+            a_tenants_handles_are_bounded_oldest_first,
+            handles_are_listed_newest_first_in_pages,
+            expired_handles_are_pruned,
         );
     };
     (@tests $make:expr; $($name:ident),* $(,)?) => {
@@ -3738,5 +3742,220 @@ pub async fn a_deferred_job_gives_its_attempt_back_and_waits(store: &dyn Store) 
     assert!(
         stale.is_none(),
         "an attempt that lost the job defers nothing"
+    );
+}
+
+// Handles.
+
+/// A handle of `tenant` and alice, made at `now`, expiring an hour later,
+/// in a tenant bound of `max` handles and `max_bytes`.
+fn new_handle<'a>(
+    id: &'a str,
+    tenant: &'a str,
+    value: &'a str,
+    now: i64,
+    max: u32,
+    max_bytes: i64,
+) -> NewHandle<'a> {
+    NewHandle {
+        id,
+        tenant,
+        user: "alice",
+        tool: "export_ledger",
+        value,
+        now,
+        expires_at: now + 3_600_000,
+        max_per_tenant: max,
+        max_bytes_per_tenant: max_bytes,
+    }
+}
+
+fn handle_id() -> String {
+    toolfleet_core::new_handle_id()
+}
+
+fn owner<'a>(tenant: &'a str, user: &'a str, now: i64) -> HandleOwner<'a> {
+    HandleOwner { tenant, user, now }
+}
+
+/// A handle reads back whole for its tenant and user, and as missing for
+/// another user, another tenant, an unknown id, and once it expired.
+pub async fn a_handle_is_read_by_its_owner_alone_until_it_expires(store: &dyn Store) {
+    let (t, other) = (tenant(), tenant());
+    let id = handle_id();
+    let value = json!({"rows": (0..50).collect::<Vec<_>>()}).to_string();
+    let gone = store
+        .put_handle(new_handle(&id, &t, &value, BASE, 100, 1 << 20))
+        .await
+        .unwrap();
+    assert_eq!(gone, 0);
+    let read = store
+        .handle(owner(&t, "alice", BASE + 1), &id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(read.value, value);
+    assert_eq!(read.info.id, id);
+    assert_eq!(read.info.tool, "export_ledger");
+    assert_eq!(read.info.size_bytes, value.len() as i64);
+    assert_eq!(read.info.created_at, BASE);
+    assert_eq!(read.info.expires_at, BASE + 3_600_000);
+    for (tenant, user) in [(t.as_str(), "bob"), (other.as_str(), "alice")] {
+        let read = store
+            .handle(owner(tenant, user, BASE + 1), &id)
+            .await
+            .unwrap();
+        assert_eq!(read, None, "{tenant}/{user} must not read alice's handle");
+    }
+    let unknown = store
+        .handle(owner(&t, "alice", BASE + 1), &handle_id())
+        .await
+        .unwrap();
+    assert_eq!(unknown, None);
+    let expired = store
+        .handle(owner(&t, "alice", BASE + 3_600_000), &id)
+        .await
+        .unwrap();
+    assert_eq!(expired, None, "an expired handle is not read");
+}
+
+/// Past its bound in number or in bytes, a tenant loses its oldest
+/// handles, and no other tenant's.
+pub async fn a_tenants_handles_are_bounded_oldest_first(store: &dyn Store) {
+    let (t, other) = (tenant(), tenant());
+    let value = "x".repeat(100);
+    let theirs = handle_id();
+    store
+        .put_handle(new_handle(&theirs, &other, &value, BASE, 3, 10_000))
+        .await
+        .unwrap();
+    let ids: Vec<String> = (0..5).map(|_| handle_id()).collect();
+    let mut evicted = 0;
+    for id in &ids {
+        evicted += store
+            .put_handle(new_handle(id, &t, &value, BASE, 3, 10_000))
+            .await
+            .unwrap();
+    }
+    assert_eq!(evicted, 2, "five handles in a bound of three");
+    let kept = |ids: &[String]| {
+        let ids = ids.to_vec();
+        let t = t.clone();
+        async move {
+            let mut kept = Vec::new();
+            for id in &ids {
+                if store
+                    .handle(owner(&t, "alice", BASE), id)
+                    .await
+                    .unwrap()
+                    .is_some()
+                {
+                    kept.push(id.clone());
+                }
+            }
+            kept
+        }
+    };
+    assert_eq!(kept(&ids).await, ids[2..].to_vec(), "the oldest two went");
+    // Bytes: 250 bytes in a bound of 300 keeps the newest only.
+    let big = "y".repeat(250);
+    let newest = handle_id();
+    let gone = store
+        .put_handle(new_handle(&newest, &t, &big, BASE, 3, 300))
+        .await
+        .unwrap();
+    assert_eq!(gone, 3);
+    assert_eq!(kept(&ids).await, Vec::<String>::new());
+    assert!(
+        store
+            .handle(owner(&t, "alice", BASE), &newest)
+            .await
+            .unwrap()
+            .is_some()
+    );
+    let read = store
+        .handle(owner(&other, "alice", BASE), &theirs)
+        .await
+        .unwrap();
+    assert!(read.is_some(), "another tenant's handle stays");
+}
+
+/// A user's unexpired handles, newest first, paged by the last id.
+pub async fn handles_are_listed_newest_first_in_pages(store: &dyn Store) {
+    let t = tenant();
+    let ids: Vec<String> = (0..5).map(|_| handle_id()).collect();
+    for (n, id) in ids.iter().enumerate() {
+        let mut handle = new_handle(id, &t, "[1,2,3]", BASE + n as i64, 100, 1 << 20);
+        if n == 0 {
+            handle.expires_at = BASE + 10;
+        }
+        store.put_handle(handle).await.unwrap();
+    }
+    let bob = handle_id();
+    let mut of_bob = new_handle(&bob, &t, "[]", BASE, 100, 1 << 20);
+    of_bob.user = "bob";
+    store.put_handle(of_bob).await.unwrap();
+    let first = store
+        .list_handles(owner(&t, "alice", BASE + 10), None, 2)
+        .await
+        .unwrap();
+    let first_ids: Vec<&str> = first.iter().map(|h| h.id.as_str()).collect();
+    assert_eq!(first_ids, [ids[4].as_str(), ids[3].as_str()]);
+    assert_eq!(first[0].size_bytes, 7);
+    assert_eq!(first[0].tool, "export_ledger");
+    let rest = store
+        .list_handles(owner(&t, "alice", BASE + 10), Some(&ids[3]), 10)
+        .await
+        .unwrap();
+    let rest_ids: Vec<&str> = rest.iter().map(|h| h.id.as_str()).collect();
+    assert_eq!(
+        rest_ids,
+        [ids[2].as_str(), ids[1].as_str()],
+        "the expired one is not listed"
+    );
+    let bobs = store
+        .list_handles(owner(&t, "bob", BASE), None, 10)
+        .await
+        .unwrap();
+    assert_eq!(bobs.len(), 1);
+    assert_eq!(bobs[0].id, bob);
+}
+
+/// Pruning deletes expired handles, and none that is still readable.
+pub async fn expired_handles_are_pruned(store: &dyn Store) {
+    let t = tenant();
+    // Far past every other test's times, so other tests' handles are not
+    // what this one counts.
+    let at = LATER + 5_000_000;
+    let (old, fresh) = (handle_id(), handle_id());
+    let mut handle = new_handle(&old, &t, "1", at, 100, 1 << 20);
+    handle.expires_at = at + 10;
+    store.put_handle(handle).await.unwrap();
+    store
+        .put_handle(new_handle(&fresh, &t, "2", at, 100, 1 << 20))
+        .await
+        .unwrap();
+    let mut pruned = 0;
+    loop {
+        let gone = store.prune_handles(at + 10, 10_000).await.unwrap();
+        pruned += gone;
+        if gone == 0 {
+            break;
+        }
+    }
+    assert!(pruned >= 1);
+    assert!(
+        store
+            .handle(owner(&t, "alice", at), &old)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        store
+            .handle(owner(&t, "alice", at), &fresh)
+            .await
+            .unwrap()
+            .is_some()
     );
 }

@@ -891,6 +891,67 @@ impl Retained {
     }
 }
 
+/// A large result kept for the caller that made it ([`Store::put_handle`]).
+#[derive(Debug, Clone, Copy)]
+pub struct NewHandle<'a> {
+    /// Its id (`h_` and a UUIDv7, so ids sort by creation).
+    pub id: &'a str,
+    /// The tenant and user it was made for, who alone read it.
+    pub tenant: &'a str,
+    /// The user it was made for.
+    pub user: &'a str,
+    /// The tool whose result it is.
+    pub tool: &'a str,
+    /// The result's JSON text, already redacted as its tool declares.
+    pub value: &'a str,
+    /// When it was made, Unix milliseconds.
+    pub now: i64,
+    /// When it stops being readable, Unix milliseconds.
+    pub expires_at: i64,
+    /// The tenant keeps at most this many handles: its oldest go first.
+    pub max_per_tenant: u32,
+    /// The tenant keeps at most this many bytes of handles: its oldest go first.
+    pub max_bytes_per_tenant: i64,
+}
+
+/// What is known of a kept handle, without its value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HandleInfo {
+    /// Its id.
+    pub id: String,
+    /// The tool whose result it is.
+    pub tool: String,
+    /// The size of its JSON text in bytes.
+    pub size_bytes: i64,
+    /// When it was made, Unix milliseconds.
+    pub created_at: i64,
+    /// When it stops being readable, Unix milliseconds.
+    pub expires_at: i64,
+}
+
+/// A kept handle and its value ([`Store::handle`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HandleRecord {
+    /// What is known of it.
+    pub info: HandleInfo,
+    /// The result's JSON text.
+    pub value: String,
+}
+
+/// Whose handles [`Store::handle`] and [`Store::list_handles`] read.
+#[derive(Debug, Clone, Copy)]
+pub struct HandleOwner<'a> {
+    /// The tenant.
+    pub tenant: &'a str,
+    /// The user.
+    pub user: &'a str,
+    /// Now, Unix milliseconds: what expired by then is not read.
+    pub now: i64,
+}
+
+/// The most handles one [`Store::list_handles`] answers.
+pub const MAX_HANDLE_LIST: u32 = 100;
+
 /// The most records one [`Store::prune`] deletes, in either store: one
 /// statement stays short.
 pub(crate) const MAX_PRUNE: u32 = 10_000;
@@ -1239,6 +1300,32 @@ pub trait Store: Send + Sync + 'static {
     /// free, in the take's unit. Every process sharing the store shares the
     /// bucket; concurrent takes are serialised, none taken twice.
     async fn take_token(&self, take: TakeToken<'_>) -> Result<Option<i64>, StoreError>;
+
+    // Handles.
+
+    /// Keeps a handle, then deletes the tenant's oldest handles beyond its
+    /// bounds (`max_per_tenant`, `max_bytes_per_tenant`); answers how many
+    /// went. A value larger than the byte bound alone is the caller's to
+    /// refuse before it comes here.
+    async fn put_handle(&self, handle: NewHandle<'_>) -> Result<u64, StoreError>;
+    /// The handle `id` if it belongs to `owner`'s tenant and user and has
+    /// not expired; another's, or an expired one, answers `None`.
+    async fn handle(
+        &self,
+        owner: HandleOwner<'_>,
+        id: &str,
+    ) -> Result<Option<HandleRecord>, StoreError>;
+    /// `owner`'s unexpired handles, newest first, at most `limit` (bounded
+    /// by [`MAX_HANDLE_LIST`]), those older than `before` (an id) when given.
+    async fn list_handles(
+        &self,
+        owner: HandleOwner<'_>,
+        before: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<HandleInfo>, StoreError>;
+    /// Deletes at most `limit` (bounded like [`Store::prune`]) handles
+    /// expired by `now`, and says how many.
+    async fn prune_handles(&self, now: i64, limit: u32) -> Result<u64, StoreError>;
 
     // Schedules.
 

@@ -17,12 +17,12 @@ use toolfleet_core::{AuditRecord, JobState, Metrics};
 
 use crate::{
     AdvanceSchedule, AnswerTicket, Answered, CancelJob, ClaimCommit, ClaimJob, ClaimNext,
-    ClaimNotice, CommitClaim, DeadLetter, Defer, Fail, Heartbeat, Inserted, JobPage, JobRecord,
-    Lease, ListJobs, ListRuns, ListTickets, NewJob, NewRun, NewTicket, Park, PoolRow, Prune,
-    QueuedFrom, Requeue, RequeueMany, RunInserted, RunPage, RunRecord, SaveCheckpoint,
-    ScheduleRecord, SetProgress, SettleCommit, SettleNotice, SettleTicket, SilentDispatcher,
-    StaleRuns, Store, StoreError, Succeed, TakeToken, TicketPage, TicketRecord, Unnotified,
-    UpdateRun,
+    ClaimNotice, CommitClaim, DeadLetter, Defer, Fail, HandleInfo, HandleOwner, HandleRecord,
+    Heartbeat, Inserted, JobPage, JobRecord, Lease, ListJobs, ListRuns, ListTickets, NewHandle,
+    NewJob, NewRun, NewTicket, Park, PoolRow, Prune, QueuedFrom, Requeue, RequeueMany, RunInserted,
+    RunPage, RunRecord, SaveCheckpoint, ScheduleRecord, SetProgress, SettleCommit, SettleNotice,
+    SettleTicket, SilentDispatcher, StaleRuns, Store, StoreError, Succeed, TakeToken, TicketPage,
+    TicketRecord, Unnotified, UpdateRun,
 };
 
 /// The store `inner`, its failures counted in `metrics`.
@@ -72,6 +72,10 @@ impl Store, for MeteredStore, error StoreError {
     fn beat_dispatcher(&self, origin: &str, now: i64) -> ();
     fn silent_dispatchers(&self, seen_before: i64, limit: u32) -> Vec<SilentDispatcher>;
     fn queued_from(&self, from: QueuedFrom<'_>) -> Vec<JobRecord>;
+    fn put_handle(&self, handle: NewHandle<'_>) -> u64;
+    fn handle(&self, owner: HandleOwner<'_>, id: &str) -> Option<HandleRecord>;
+    fn list_handles(&self, owner: HandleOwner<'_>, before: Option<&str>, limit: u32) -> Vec<HandleInfo>;
+    fn prune_handles(&self, now: i64, limit: u32) -> u64;
     fn forget_dispatcher(&self, origin: &str, seen_before: i64) -> bool;
     fn unnotified_jobs(&self, search: Unnotified<'_>) -> Vec<JobRecord>;
     fn unnotified_tickets(&self, search: Unnotified<'_>) -> Vec<TicketRecord>;

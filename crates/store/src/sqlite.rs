@@ -33,6 +33,7 @@ use crate::{
     SettleCommit, SettleNotice, SettleTicket, SilentDispatcher, StaleRuns, Store, StoreError,
     Succeed, TicketKind, TicketPage, TicketRecord, TicketShown, Unnotified, UpdateRun,
 };
+use crate::{HandleInfo, HandleOwner, HandleRecord, NewHandle};
 
 mod embedded {
     refinery::embed_migrations!("../../migrations/sqlite");
@@ -604,6 +605,37 @@ mod sql {
         )
     });
 
+    /// Keeps a handle (?1 id, ?2 tenant, ?3 user, ?4 tool, ?5 value, ?6
+    /// size, ?7 now, ?8 expiry).
+    pub(super) const PUT_HANDLE: &str = "INSERT INTO handles
+        (id, tenant, user, tool, value, size_bytes, created_at, expires_at)
+        VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)";
+
+    /// Tenant ?1's handles past its newest ?2 or past ?3 bytes, newest
+    /// counted first, off `handles_tenant`.
+    pub(super) const EVICT_HANDLES: &str = "DELETE FROM handles WHERE id IN (
+        SELECT id FROM (SELECT id,
+            ROW_NUMBER() OVER newest AS n,
+            SUM(size_bytes) OVER newest AS bytes
+            FROM handles INDEXED BY handles_tenant WHERE tenant = ?1
+            WINDOW newest AS (ORDER BY id DESC ROWS UNBOUNDED PRECEDING))
+        WHERE n > ?2 OR bytes > ?3)";
+
+    /// A user's unexpired handle (?1 id, ?2 tenant, ?3 user, ?4 now).
+    pub(super) const HANDLE: &str = "SELECT id, tool, size_bytes, created_at, expires_at, value
+        FROM handles WHERE id = ?1 AND tenant = ?2 AND user = ?3 AND expires_at > ?4";
+
+    /// A user's unexpired handles older than ?4 (an id; NULL: from the
+    /// newest), newest first, at most ?5, off `handles_owner`.
+    pub(super) const LIST_HANDLES: &str = "SELECT id, tool, size_bytes, created_at, expires_at
+        FROM handles INDEXED BY handles_owner
+        WHERE tenant = ?1 AND user = ?2 AND expires_at > ?3 AND (?4 IS NULL OR id < ?4)
+        ORDER BY id DESC LIMIT ?5";
+
+    /// Expired handles, oldest first, at most ?2, off `handles_expiry`.
+    pub(super) const PRUNE_HANDLES: &str = "DELETE FROM handles WHERE id IN (SELECT id FROM handles
+        INDEXED BY handles_expiry WHERE expires_at <= ?1 ORDER BY expires_at LIMIT ?2)";
+
     /// Audit records, off `audit_at`.
     pub(super) const PRUNE_AUDIT: &str = "DELETE FROM audit WHERE seq IN (SELECT seq FROM audit
         INDEXED BY audit_at WHERE at_ms < ?1 ORDER BY at_ms LIMIT ?2)";
@@ -690,6 +722,17 @@ fn schedule_record(row: &Row<'_>) -> rusqlite::Result<ScheduleRecord> {
         last_job: row.get(2)?,
         paused: row.get(3)?,
         updated_at: row.get(4)?,
+    })
+}
+
+/// A handle's row, as [`sql::HANDLE`] and [`sql::LIST_HANDLES`] read it.
+fn handle_info(row: &Row<'_>) -> rusqlite::Result<HandleInfo> {
+    Ok(HandleInfo {
+        id: row.get(0)?,
+        tool: row.get(1)?,
+        size_bytes: row.get(2)?,
+        created_at: row.get(3)?,
+        expires_at: row.get(4)?,
     })
 }
 
@@ -2124,6 +2167,82 @@ impl Store for SqliteStore {
                     gone
                 }
             };
+            Ok(u64::try_from(gone).unwrap_or(u64::MAX))
+        })
+        .await
+    }
+
+    async fn put_handle(&self, handle: NewHandle<'_>) -> Result<u64, StoreError> {
+        let (id, tenant, user) = (
+            handle.id.to_owned(),
+            handle.tenant.to_owned(),
+            handle.user.to_owned(),
+        );
+        let (tool, value) = (handle.tool.to_owned(), handle.value.to_owned());
+        let size = i64::try_from(value.len()).unwrap_or(i64::MAX);
+        let (now, expires_at) = (handle.now, handle.expires_at);
+        let (max, max_bytes) = (handle.max_per_tenant, handle.max_bytes_per_tenant);
+        self.call(move |c| {
+            let tx = c.transaction()?;
+            tx.prepare_cached(sql::PUT_HANDLE)?.execute(params![
+                id, tenant, user, tool, value, size, now, expires_at
+            ])?;
+            let gone = tx
+                .prepare_cached(sql::EVICT_HANDLES)?
+                .execute(params![tenant, max, max_bytes])?;
+            tx.commit()?;
+            Ok(u64::try_from(gone).unwrap_or(u64::MAX))
+        })
+        .await
+    }
+
+    async fn handle(
+        &self,
+        owner: HandleOwner<'_>,
+        id: &str,
+    ) -> Result<Option<HandleRecord>, StoreError> {
+        let (id, tenant, user, now) = (
+            id.to_owned(),
+            owner.tenant.to_owned(),
+            owner.user.to_owned(),
+            owner.now,
+        );
+        self.call(move |c| {
+            let mut stmt = c.prepare_cached(sql::HANDLE)?;
+            let record = stmt
+                .query_row(params![id, tenant, user, now], |row| {
+                    Ok(HandleRecord {
+                        info: handle_info(row)?,
+                        value: row.get(5)?,
+                    })
+                })
+                .optional()?;
+            Ok(record)
+        })
+        .await
+    }
+
+    async fn list_handles(
+        &self,
+        owner: HandleOwner<'_>,
+        before: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<HandleInfo>, StoreError> {
+        let (tenant, user, now) = (owner.tenant.to_owned(), owner.user.to_owned(), owner.now);
+        let before = before.map(str::to_owned);
+        let limit = limit.min(crate::MAX_HANDLE_LIST);
+        self.call(move |c| {
+            let mut stmt = c.prepare_cached(sql::LIST_HANDLES)?;
+            let rows = stmt.query_map(params![tenant, user, now, before, limit], handle_info)?;
+            Ok(rows.collect::<Result<Vec<_>, _>>()?)
+        })
+        .await
+    }
+
+    async fn prune_handles(&self, now: i64, limit: u32) -> Result<u64, StoreError> {
+        let limit = limit.min(crate::MAX_PRUNE);
+        self.call(move |c| {
+            let gone = c.execute(sql::PRUNE_HANDLES, params![now, limit])?;
             Ok(u64::try_from(gone).unwrap_or(u64::MAX))
         })
         .await

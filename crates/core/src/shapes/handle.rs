@@ -21,35 +21,78 @@ pub const READ_HANDLE: &str = "read_handle";
 /// Characters of a result shown in its preview.
 const PREVIEW_CHARS: usize = 300;
 
-/// Where large results are kept.
+/// A new handle's id: `h_` and a UUIDv7, so ids sort by when they were made.
+pub fn new_handle_id() -> String {
+    format!("h_{}", uuid::Uuid::now_v7().simple())
+}
+
+/// True for an id of the form [`new_handle_id`] makes: what a handle id
+/// must be before anyone looks it up.
+pub fn is_handle_id(id: &str) -> bool {
+    id.strip_prefix("h_")
+        .is_some_and(|hex| hex.len() == 32 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+/// What is known of a kept handle, without its value.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct HandleMeta {
+    /// The handle.
+    pub handle: String,
+    /// The tool whose result it is.
+    pub tool: String,
+    /// The size of the result's JSON text in bytes.
+    pub size_bytes: u64,
+    /// When it was made, Unix milliseconds.
+    pub created_at_ms: i64,
+    /// When it stops being readable, Unix milliseconds.
+    pub expires_at_ms: i64,
+}
+
+/// A kept handle: what is known of it and its value.
+#[derive(Debug, Clone)]
+pub struct Kept {
+    /// What is known of it.
+    pub meta: HandleMeta,
+    /// The (redacted) result.
+    pub value: Json,
+}
+
+/// Where large results are kept. Each handle is its maker's: a tenant and
+/// user read only their own, and another's reads as missing.
 pub trait HandleStore: Send + Sync + 'static {
-    /// Keeps `value` for `tenant` and `user`; answers the handle.
+    /// Keeps `value`, the result of `tool`, for `tenant` and `user`;
+    /// answers the handle.
     fn put<'a>(
         &'a self,
         tenant: &'a str,
         user: &'a str,
+        tool: &'a str,
         value: Json,
     ) -> BoxFuture<'a, Result<String, ToolError>>;
-    /// The value behind `handle`, if it exists and belongs to `tenant` and `user`.
+    /// The handle `handle`, if it exists, has not expired and belongs to
+    /// `tenant` and `user`.
     fn get<'a>(
         &'a self,
         tenant: &'a str,
         user: &'a str,
         handle: &'a str,
-    ) -> BoxFuture<'a, Result<Option<Json>, ToolError>>;
+    ) -> BoxFuture<'a, Result<Option<Kept>, ToolError>>;
+    /// `tenant` and `user`'s unexpired handles, newest first, at most
+    /// `limit`, those older than `before` (a handle) when given.
+    fn list<'a>(
+        &'a self,
+        tenant: &'a str,
+        user: &'a str,
+        before: Option<&'a str>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<HandleMeta>, ToolError>>;
 }
 
-struct Kept {
-    tenant: String,
-    user: String,
-    expires: Instant,
-    value: Json,
-}
-
-/// Handles in memory, bounded in number and kept for a time.
+/// Handles in memory, bounded in number and kept for a time: for a runtime
+/// without a store (tests, and code that embeds the core alone).
 pub struct MemoryHandleStore {
     ttl: Duration,
-    entries: Mutex<LruCache<String, Kept>>,
+    entries: Mutex<LruCache<String, (String, String, Instant, Kept)>>,
 }
 
 impl MemoryHandleStore {
@@ -75,20 +118,30 @@ impl HandleStore for MemoryHandleStore {
         &'a self,
         tenant: &'a str,
         user: &'a str,
+        tool: &'a str,
         value: Json,
     ) -> BoxFuture<'a, Result<String, ToolError>> {
         Box::pin(async move {
-            let handle = format!("h_{}", uuid::Uuid::now_v7().simple());
-            let kept = Kept {
-                tenant: tenant.to_owned(),
-                user: user.to_owned(),
-                expires: Instant::now() + self.ttl,
-                value,
+            let handle = new_handle_id();
+            let now = crate::now_ms();
+            let ttl_ms = i64::try_from(self.ttl.as_millis()).unwrap_or(i64::MAX);
+            let meta = HandleMeta {
+                handle: handle.clone(),
+                tool: tool.to_owned(),
+                size_bytes: value.len() as u64,
+                created_at_ms: now,
+                expires_at_ms: now.saturating_add(ttl_ms),
             };
+            let entry = (
+                tenant.to_owned(),
+                user.to_owned(),
+                Instant::now() + self.ttl,
+                Kept { meta, value },
+            );
             self.entries
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .put(handle.clone(), kept);
+                .put(handle.clone(), entry);
             Ok(handle)
         })
     }
@@ -98,13 +151,39 @@ impl HandleStore for MemoryHandleStore {
         tenant: &'a str,
         user: &'a str,
         handle: &'a str,
-    ) -> BoxFuture<'a, Result<Option<Json>, ToolError>> {
+    ) -> BoxFuture<'a, Result<Option<Kept>, ToolError>> {
         Box::pin(async move {
             let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
             Ok(entries
                 .get(handle)
-                .filter(|k| k.tenant == tenant && k.user == user && k.expires > Instant::now())
-                .map(|k| k.value.clone()))
+                .filter(|(t, u, expires, _)| t == tenant && u == user && *expires > Instant::now())
+                .map(|(.., kept)| kept.clone()))
+        })
+    }
+
+    fn list<'a>(
+        &'a self,
+        tenant: &'a str,
+        user: &'a str,
+        before: Option<&'a str>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<HandleMeta>, ToolError>> {
+        Box::pin(async move {
+            let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+            let now = Instant::now();
+            let mut metas: Vec<HandleMeta> = entries
+                .iter()
+                .filter(|(id, (t, u, expires, _))| {
+                    t == tenant
+                        && u == user
+                        && *expires > now
+                        && before.is_none_or(|before| id.as_str() < before)
+                })
+                .map(|(_, (.., kept))| kept.meta.clone())
+                .collect();
+            metas.sort_by(|a, b| b.handle.cmp(&a.handle));
+            metas.truncate(limit);
+            Ok(metas)
         })
     }
 }
@@ -167,7 +246,7 @@ pub fn read_handle_tool(store: Arc<dyn HandleStore>) -> ToolDecl {
         .run(move |ctx: CallCtx, args: ReadArgs| {
             let store = store.clone();
             async move {
-                let value = store
+                let kept = store
                     .get(ctx.tenant(), ctx.user(), &args.handle)
                     .await?
                     .ok_or_else(|| {
@@ -176,12 +255,15 @@ pub fn read_handle_tool(store: Arc<dyn HandleStore>) -> ToolDecl {
                             truncate(&args.handle, 64)
                         ))
                     })?;
-                Ok(read_page(&args.handle, &value, args.offset, args.limit))
+                Ok(read_page(&args.handle, &kept.value, args.offset, args.limit))
             }
         })
 }
 
-fn read_page(handle: &str, value: &Json, offset: usize, limit: Option<usize>) -> Value {
+/// One page of a kept result: items of a list, else characters of its
+/// JSON text, from `offset`, at most `limit` (bounded), with
+/// `next_offset` while more remain.
+pub fn read_page(handle: &str, value: &Json, offset: usize, limit: Option<usize>) -> Value {
     let page = |total: usize, limit: usize, body: (&str, Value)| {
         let end = offset.saturating_add(limit).min(total);
         let mut out = json!({"handle": handle, "offset": offset, "total": total});

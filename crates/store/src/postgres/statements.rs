@@ -809,6 +809,38 @@ pub(super) const TOKEN_TAT: &str = "SELECT tat FROM rate_limits WHERE key = $1";
 // Schedules (migration 17).
 
 /// Every schedule's record.
+/// Keeps a handle ($1 id, $2 tenant, $3 user, $4 tool, $5 value, $6
+/// size, $7 now, $8 expiry).
+pub(super) const PUT_HANDLE: &str = r#"INSERT INTO handles
+    (id, tenant, "user", tool, value, size_bytes, created_at, expires_at)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"#;
+
+/// Tenant $1's handles past its newest $2 or past $3 bytes, newest
+/// counted first (off `handles_tenant`).
+pub(super) const EVICT_HANDLES: &str = "DELETE FROM handles WHERE id IN (
+    SELECT id FROM (SELECT id,
+        ROW_NUMBER() OVER newest AS n,
+        (SUM(size_bytes) OVER newest)::bigint AS bytes
+        FROM handles WHERE tenant = $1
+        WINDOW newest AS (ORDER BY id DESC ROWS UNBOUNDED PRECEDING)) counted
+    WHERE n > $2 OR bytes > $3)";
+
+/// A user's unexpired handle ($1 id, $2 tenant, $3 user, $4 now).
+pub(super) const HANDLE: &str = r#"SELECT id, tool, size_bytes, created_at, expires_at, value
+    FROM handles WHERE id = $1 AND tenant = $2 AND "user" = $3 AND expires_at > $4"#;
+
+/// A user's unexpired handles older than $4 (an id; NULL: from the newest),
+/// newest first, at most $5 (off `handles_owner`).
+pub(super) const LIST_HANDLES: &str = r#"SELECT id, tool, size_bytes, created_at, expires_at
+    FROM handles
+    WHERE tenant = $1 AND "user" = $2 AND expires_at > $3 AND ($4::text IS NULL OR id < $4)
+    ORDER BY id DESC LIMIT $5"#;
+
+/// Expired handles, oldest first, at most $2; `SKIP LOCKED`, so several
+/// dispatchers share the work.
+pub(super) const PRUNE_HANDLES: &str = "DELETE FROM handles WHERE id IN (SELECT id FROM handles
+    WHERE expires_at <= $1 ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED)";
+
 pub(super) const SCHEDULES: &str =
     "SELECT name, last_tick, last_job, paused, updated_at FROM schedules ORDER BY name";
 

@@ -28,6 +28,7 @@ use crate::{
     SettleCommit, SettleNotice, SettleTicket, SilentDispatcher, StaleRuns, Store, StoreError,
     Succeed, TicketKind, TicketPage, TicketRecord, TicketShown, Unnotified, UpdateRun,
 };
+use crate::{HandleInfo, HandleOwner, HandleRecord, NewHandle};
 
 /// Bound of one answer of [`Store::due_jobs`] and [`Store::audit`].
 const MAX_BATCH: u32 = 1000;
@@ -963,6 +964,70 @@ impl Store for PgStore {
         }
     }
 
+    async fn put_handle(&self, handle: NewHandle<'_>) -> Result<u64, StoreError> {
+        let size = i64::try_from(handle.value.len()).unwrap_or(i64::MAX);
+        let max = i64::from(handle.max_per_tenant);
+        let mut c = self.client().await?;
+        let tx = c.transaction().await?;
+        let put = tx.prepare_cached(statements::PUT_HANDLE).await?;
+        let params: Params<'_> = &[
+            &handle.id,
+            &handle.tenant,
+            &handle.user,
+            &handle.tool,
+            &handle.value,
+            &size,
+            &handle.now,
+            &handle.expires_at,
+        ];
+        tx.execute(&put, params).await?;
+        let evict = tx.prepare_cached(statements::EVICT_HANDLES).await?;
+        let gone = tx
+            .execute(
+                &evict,
+                &[&handle.tenant, &max, &handle.max_bytes_per_tenant],
+            )
+            .await?;
+        tx.commit().await?;
+        Ok(gone)
+    }
+
+    async fn handle(
+        &self,
+        owner: HandleOwner<'_>,
+        id: &str,
+    ) -> Result<Option<HandleRecord>, StoreError> {
+        let c = self.client().await?;
+        let stmt = c.prepare_cached(statements::HANDLE).await?;
+        let params: Params<'_> = &[&id, &owner.tenant, &owner.user, &owner.now];
+        let Some(row) = c.query_opt(&stmt, params).await? else {
+            return Ok(None);
+        };
+        let info = handle_info(&row)?;
+        let value = Fields::named(&row, "handles", &info.id).get("value")?;
+        Ok(Some(HandleRecord { info, value }))
+    }
+
+    async fn list_handles(
+        &self,
+        owner: HandleOwner<'_>,
+        before: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<HandleInfo>, StoreError> {
+        let limit = i64::from(limit.min(crate::MAX_HANDLE_LIST));
+        let c = self.client().await?;
+        let stmt = c.prepare_cached(statements::LIST_HANDLES).await?;
+        let params: Params<'_> = &[&owner.tenant, &owner.user, &owner.now, &before, &limit];
+        let rows = c.query(&stmt, params).await?;
+        rows.iter().map(handle_info).collect()
+    }
+
+    async fn prune_handles(&self, now: i64, limit: u32) -> Result<u64, StoreError> {
+        let limit = i64::from(limit.min(crate::MAX_PRUNE));
+        let c = self.client().await?;
+        execute(&c, statements::PRUNE_HANDLES, &[&now, &limit]).await
+    }
+
     async fn schedules(&self) -> Result<Vec<ScheduleRecord>, StoreError> {
         let c = self.client().await?;
         let stmt = c.prepare_cached(statements::SCHEDULES).await?;
@@ -1005,6 +1070,18 @@ impl Store for PgStore {
 }
 
 /// A schedule's record off a row of `schedules`.
+fn handle_info(row: &Row) -> Result<HandleInfo, StoreError> {
+    let id: String = Fields::named(row, "handles", "").get("id")?;
+    let fields = Fields::named(row, "handles", &id);
+    Ok(HandleInfo {
+        tool: fields.get("tool")?,
+        size_bytes: fields.get("size_bytes")?,
+        created_at: fields.get("created_at")?,
+        expires_at: fields.get("expires_at")?,
+        id,
+    })
+}
+
 fn schedule_record(row: &Row) -> Result<ScheduleRecord, StoreError> {
     let name: String = Fields::named(row, "schedules", "").get("name")?;
     let fields = Fields::named(row, "schedules", &name);
