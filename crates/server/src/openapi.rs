@@ -1092,7 +1092,11 @@ fn people_schemas() -> Value {
                     "run_id": {"type": "string"},
                     "agent": nullable(json!({"type": "string"})),
                     "state": {"type": "string", "enum": run_states},
-                    "wait": {"description": "While `waiting`: `{\"for\", \"jobs\", \"tickets\"}`."},
+                    "wait": nullable(json!({"type": "object", "required": ["for", "jobs", "tickets"], "description": "While `waiting`: what the run waits on.", "properties": {
+                        "for": {"type": "string", "enum": ["all", "any"]},
+                        "jobs": {"type": "array", "items": {"type": "string"}},
+                        "tickets": {"type": "array", "items": {"type": "string"}},
+                    }})),
                     "answer": nullable(json!({"type": "string"})),
                     "error": {"description": "When `failed` or `budget_exceeded`."},
                     "usage": {"description": "An assistant's steps, tokens and wall time."},
