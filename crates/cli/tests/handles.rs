@@ -3,7 +3,11 @@
 //! both were killed and started anew (PostgreSQL); on the embedded default,
 //! after `serve` restarts (SQLite). The kept result is redacted as its tool
 //! declares, and another tenant's or user's read of it answers as a
-//! missing handle does.
+//! missing handle does. Over MCP, a handle tool's answer links to the
+//! handle's resource, `resources/read` pages through it (through another
+//! dispatcher too), `resources/list` and `resources/templates/list` name
+//! the caller's handles and the two URI templates, and a settled job's
+//! envelope is a resource.
 
 mod common;
 
@@ -105,12 +109,159 @@ async fn a_handle_made_through_one_dispatcher_is_read_through_another_and_after_
     let handle = make_handle(&a.client(TOKEN)).await;
     read_whole(&b.client(TOKEN), &handle).await;
     missing_for_others(&b.client(OTHER_TOKEN), &handle).await;
+    let link = mcp_handle_link(&a.client(TOKEN)).await;
+    let page = read_resource(&b.client(TOKEN), &format!("{link}?offset=25")).await;
+    assert_eq!(page["items"].as_array().map(Vec::len), Some(5), "{page}");
     a.kill();
     b.kill();
     let (a, b) = (start(), start());
+    let page = read_resource(&b.client(TOKEN), &link).await;
+    assert_eq!(page["total"], 30, "{page}");
     read_whole(&a.client(TOKEN), &handle).await;
     read_whole(&b.client(TOKEN), &handle).await;
     missing_for_others(&a.client(OTHER_TOKEN), &handle).await;
+}
+
+/// A JSON-RPC request to `/mcp` as `client` (2025-11-25): its answer.
+async fn mcp(client: &Client, method: &str, params: Value) -> Value {
+    let response = client
+        .http
+        .post(format!("{}/mcp", client.base))
+        .bearer_auth(&client.token)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2025-11-25")
+        .body(json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).to_string())
+        .send()
+        .await
+        .expect("/mcp answers");
+    let text = response.text().await.expect("a body");
+    let json = text
+        .lines()
+        .find_map(|line| line.strip_prefix("data: "))
+        .unwrap_or(&text);
+    serde_json::from_str(json).unwrap_or_else(|_| panic!("{method}: not JSON: {text}"))
+}
+
+/// Calls `export_ledger` over MCP: the URI of the resource its answer links to.
+async fn mcp_handle_link(client: &Client) -> String {
+    let called = mcp(
+        client,
+        "tools/call",
+        json!({"name": "export_ledger", "arguments": {}}),
+    )
+    .await;
+    let content = called["result"]["content"]
+        .as_array()
+        .expect("content")
+        .clone();
+    let link = content
+        .iter()
+        .find(|block| block["type"] == "resource_link")
+        .unwrap_or_else(|| panic!("no resource_link: {called}"));
+    assert_eq!(link["mimeType"], "application/json", "{link}");
+    let uri = link["uri"].as_str().expect("a uri").to_owned();
+    assert!(uri.starts_with("toolfleet://handles/h_"), "{uri}");
+    assert_eq!(
+        link["name"].as_str(),
+        uri.strip_prefix("toolfleet://handles/")
+    );
+    uri
+}
+
+/// `resources/read` of `uri` as `client`: the JSON its one text holds.
+async fn read_resource(client: &Client, uri: &str) -> Value {
+    let read = mcp(client, "resources/read", json!({"uri": uri})).await;
+    let contents = read["result"]["contents"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{read}"));
+    assert_eq!(contents.len(), 1, "{read}");
+    assert_eq!(contents[0]["uri"], uri, "{read}");
+    assert_eq!(contents[0]["mimeType"], "application/json", "{read}");
+    serde_json::from_str(contents[0]["text"].as_str().expect("text")).expect("JSON text")
+}
+
+#[tokio::test]
+async fn over_mcp_handles_and_settled_jobs_are_resources_of_their_caller() {
+    let dir = TempDir::new("handles-mcp");
+    let server = Server::start(&dir.0, &config_with(&dir.0, "", &ledger_tool(&dir.0)));
+    let (alice, mallory) = (server.client(TOKEN), server.client(OTHER_TOKEN));
+    let uri = mcp_handle_link(&alice).await;
+    // Pages, as read_handle reads them: 20 items, then the last 10.
+    let first = read_resource(&alice, &uri).await;
+    assert_eq!(first["items"].as_array().map(Vec::len), Some(20), "{first}");
+    assert_eq!(first["next_offset"], 20, "{first}");
+    assert_eq!(first["items"][0]["card_number"], "[redacted]", "{first}");
+    let rest = read_resource(&alice, &format!("{uri}?offset=20&limit=50")).await;
+    assert_eq!(rest["items"].as_array().map(Vec::len), Some(10), "{rest}");
+    assert_eq!(rest["items"][9]["n"], 29, "{rest}");
+    assert!(rest.get("next_offset").is_none(), "{rest}");
+    // Another tenant's read answers as an unknown handle's does.
+    let theirs = mcp(&mallory, "resources/read", json!({"uri": uri})).await;
+    let unknown_uri = format!("toolfleet://handles/{}", toolfleet_core::new_handle_id());
+    let unknown = mcp(&mallory, "resources/read", json!({"uri": unknown_uri})).await;
+    assert_eq!(theirs["error"]["code"], -32002, "{theirs}");
+    assert_eq!(theirs["error"]["code"], unknown["error"]["code"]);
+    let said = |v: &Value, uri: &str| {
+        v["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .replace(uri, "U")
+    };
+    assert_eq!(said(&theirs, &uri), said(&unknown, &unknown_uri));
+    // Bad paging is invalid params, not a crash.
+    let bad = mcp(
+        &alice,
+        "resources/read",
+        json!({"uri": format!("{uri}?offset=x")}),
+    )
+    .await;
+    assert_eq!(bad["error"]["code"], -32602, "{bad}");
+    // The list names alice's handle, and none of hers to mallory.
+    let listed = mcp(&alice, "resources/list", json!({})).await;
+    let uris: Vec<&str> = listed["result"]["resources"]
+        .as_array()
+        .expect("resources")
+        .iter()
+        .filter_map(|r| r["uri"].as_str())
+        .collect();
+    assert!(uris.contains(&uri.as_str()), "{listed}");
+    let theirs = mcp(&mallory, "resources/list", json!({})).await;
+    assert!(!theirs.to_string().contains(&uri), "{theirs}");
+    let templates = mcp(&alice, "resources/templates/list", json!({})).await;
+    let names: Vec<&str> = templates["result"]["resourceTemplates"]
+        .as_array()
+        .expect("templates")
+        .iter()
+        .filter_map(|t| t["uriTemplate"].as_str())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "toolfleet://handles/{handle}{?offset,limit}",
+            "toolfleet://jobs/{job_id}"
+        ]
+    );
+    // Subscribing to a handle (which never changes) is accepted; to another's, refused.
+    let subscribed = mcp(&alice, "resources/subscribe", json!({"uri": uri})).await;
+    assert!(subscribed["result"].is_object(), "{subscribed}");
+    let refused = mcp(&mallory, "resources/subscribe", json!({"uri": uri})).await;
+    assert_eq!(refused["error"]["code"], -32002, "{refused}");
+    // A settled job's envelope is a resource, listed and read; not another's.
+    let started = alice
+        .call("start_receipt_ocr", json!({"receipt_ids": ["rcpt-005"]}))
+        .await;
+    let job = started["job_id"].as_str().expect("a job").to_owned();
+    let settled = common::settle(&alice, &job).await;
+    assert_eq!(settled["status"], "ok", "{settled}");
+    let job_uri = format!("toolfleet://jobs/{job}");
+    let read = read_resource(&alice, &job_uri).await;
+    assert_eq!(read["status"], "ok", "{read}");
+    assert_eq!(read["result"], settled["result"], "{read}");
+    let listed = mcp(&alice, "resources/list", json!({})).await;
+    assert!(listed.to_string().contains(&job_uri), "{listed}");
+    let theirs = mcp(&mallory, "resources/read", json!({"uri": job_uri})).await;
+    assert_eq!(theirs["error"]["code"], -32002, "{theirs}");
 }
 
 #[tokio::test]

@@ -69,7 +69,8 @@ pub use shapes::fleet::{
     approval_ticket_id,
 };
 pub use shapes::handle::{
-    HandleMeta, HandleStore, Kept, MemoryHandleStore, is_handle_id, new_handle_id, read_page,
+    HANDLE_URI_PREFIX, HandleMeta, HandleStore, Kept, MemoryHandleStore, handle_uri, is_handle_id,
+    new_handle_id, read_page,
 };
 pub use tool::{
     AnsweredBy, Budget, CallCtx, CallEvent, CallEvents, Concurrency, CountedBy, DEFAULT_POOL,

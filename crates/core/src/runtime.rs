@@ -296,6 +296,12 @@ impl Runtime {
         &self.registry
     }
 
+    /// Where the results of handle tools are kept (what MCP reads as
+    /// resources).
+    pub fn handles(&self) -> &Arc<dyn HandleStore> {
+        &self.handles
+    }
+
     /// The runtime's defaults and bounds.
     pub fn config(&self) -> &RuntimeConfig {
         &self.config

@@ -42,9 +42,10 @@ use rmcp::model::{
     CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams,
     CreateTaskResult, ElicitRequestParams, ElicitResult, ElicitationAction, ErrorCode,
     GetTaskParams, GetTaskResult, Implementation, InputRequest, InputRequests, InputRequiredResult,
-    ListToolsResult, PaginatedRequestParams, ProgressNotificationParam, ProgressToken,
-    ProtocolVersion, ResultType, ServerCapabilities, ServerConfig, Tool as McpTool,
-    UpdateTaskParams,
+    ListResourceTemplatesResult, ListResourcesResult, ListToolsResult, PaginatedRequestParams,
+    ProgressNotificationParam, ProgressToken, ProtocolVersion, ReadResourceRequestParams,
+    ReadResourceResponse, ReadResourceResult, ResultType, ServerCapabilities, ServerConfig,
+    SubscribeRequestParams, Tool as McpTool, UnsubscribeRequestParams, UpdateTaskParams,
 };
 use rmcp::service::RequestContext;
 use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
@@ -59,6 +60,7 @@ use toolfleet_core::{
 
 pub mod core_tasks;
 pub mod jobs;
+pub mod resources;
 pub use jobs::{BoxFuture, JobList, JobView, Jobs};
 
 /// The protocol revisions this server speaks, oldest first.
@@ -582,12 +584,16 @@ impl ServerHandler for ToolServer {
             ServerCapabilities::builder()
                 .enable_tools()
                 .enable_logging()
+                .enable_resources()
+                .enable_resources_subscribe()
                 .enable_tasks()
                 .build()
         } else {
             ServerCapabilities::builder()
                 .enable_tools()
                 .enable_logging()
+                .enable_resources()
+                .enable_resources_subscribe()
                 .build()
         };
         ServerConfig::new(capabilities)
@@ -625,6 +631,78 @@ impl ServerHandler for ToolServer {
             .and_then(Value::as_str)
             .map(str::to_owned);
         Ok(result)
+    }
+
+    async fn list_resources(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, ErrorData> {
+        let principal = self.principal(&context)?;
+        let cursor = request.as_ref().and_then(|r| r.cursor.as_deref());
+        let jobs = self.options.jobs.as_deref();
+        let listed = resources::list(
+            &self.runtime,
+            jobs,
+            &principal,
+            cursor,
+            self.options.page_size,
+        )
+        .await?;
+        let mut result = ListResourcesResult::with_all_items(listed.resources)
+            .with_ttl_ms(0)
+            .with_cache_scope(CacheScope::Private);
+        result.next_cursor = listed.next_cursor;
+        Ok(result)
+    }
+
+    async fn list_resource_templates(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListResourceTemplatesResult, ErrorData> {
+        self.principal(&context)?;
+        Ok(ListResourceTemplatesResult::with_all_items(
+            resources::templates(),
+        ))
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, ErrorData> {
+        let principal = self.principal(&context)?;
+        let jobs = self.options.jobs.as_deref();
+        let contents = resources::read(&self.runtime, jobs, &principal, &request.uri).await?;
+        // A handle's page and a settled job never change; each is the caller's.
+        let result = ReadResourceResult::new(vec![contents])
+            .with_ttl_ms(60_000)
+            .with_cache_scope(CacheScope::Private);
+        Ok(result.into())
+    }
+
+    /// A handle or a settled job never changes: a subscription to one that
+    /// exists is accepted, and has no update to send.
+    async fn subscribe(
+        &self,
+        request: SubscribeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        let principal = self.principal(&context)?;
+        let jobs = self.options.jobs.as_deref();
+        resources::read(&self.runtime, jobs, &principal, &request.uri).await?;
+        Ok(())
+    }
+
+    async fn unsubscribe(
+        &self,
+        request: UnsubscribeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        self.principal(&context)?;
+        resources::parse(&request.uri)?;
+        Ok(())
     }
 
     async fn call_tool(

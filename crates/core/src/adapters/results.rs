@@ -83,7 +83,9 @@ fn mcp(call: &ProviderCall, envelope: &Envelope) -> Value {
             out.insert("content".into(), blocks);
         }
         None => {
-            out.insert("content".into(), json!([{ "type": "text", "text": text }]));
+            let mut content = vec![json!({ "type": "text", "text": text })];
+            content.extend(handle_link(call, envelope));
+            out.insert("content".into(), Value::Array(content));
             if let Some(structured) = structured {
                 out.insert("structuredContent".into(), structured);
             }
@@ -96,6 +98,35 @@ fn mcp(call: &ProviderCall, envelope: &Envelope) -> Value {
         json!({ "toolfleet/status": envelope.status() }),
     );
     Value::Object(out)
+}
+
+/// A handle tool's answer that is a handle links to the handle's resource
+/// (`resources/read` pages through it), beside the text a model reads.
+fn handle_link(call: &ProviderCall, envelope: &Envelope) -> Option<Value> {
+    let Envelope::Ok { result, .. } = envelope else {
+        return None;
+    };
+    let tool = call.tool.as_ref()?;
+    if tool.shape() != crate::tool::Shape::Handle {
+        return None;
+    }
+    let value = result.to_value();
+    if value.get("read_with").and_then(Value::as_str) != Some(crate::shapes::handle::READ_HANDLE) {
+        return None;
+    }
+    let handle = value.get("handle").and_then(Value::as_str)?;
+    let mut link = json!({
+        "type": "resource_link",
+        "uri": crate::shapes::handle::handle_uri(handle),
+        "name": handle,
+        "title": format!("The result of {}", tool.name()),
+        "description": "The whole result, kept for a time; read it in pages with resources/read (?offset=N&limit=M) or read_handle.",
+        "mimeType": "application/json",
+    });
+    if let Some(size) = value.get("size_bytes").and_then(Value::as_u64) {
+        link["size"] = json!(size);
+    }
+    Some(link)
 }
 
 /// The content blocks of an `ok` result of a tool that declares

@@ -33,6 +33,15 @@ pub fn is_handle_id(id: &str) -> bool {
         .is_some_and(|hex| hex.len() == 32 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
+/// The URI of a handle as an MCP resource: `toolfleet://handles/<handle>`
+/// (`?offset=N&limit=M` reads a page of it).
+pub fn handle_uri(handle: &str) -> String {
+    format!("{HANDLE_URI_PREFIX}{handle}")
+}
+
+/// What every handle's resource URI starts with.
+pub const HANDLE_URI_PREFIX: &str = "toolfleet://handles/";
+
 /// What is known of a kept handle, without its value.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct HandleMeta {
