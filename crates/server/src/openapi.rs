@@ -611,7 +611,7 @@ fn operation(op: Op, limits: &Limits) -> Value {
             .param(run_param())
             .answers(authed(vec![
                 ("200", json!({"description": "The stream, or a `not_found` envelope.", "content": {
-                    "text/event-stream": {"schema": {"type": "string"}, "example": "event: run.waiting\ndata: {\"run_id\": \"run_0190f5c27d3e7b2a9c1e2f4a5b6c7d8e\", \"state\": \"waiting\", \"from\": 0, \"entries\": []}\n\n"},
+                    "text/event-stream": {"schema": run_event_schema(), "example": {"event": "run.waiting", "data": "{\"run_id\": \"run_0190f5c27d3e7b2a9c1e2f4a5b6c7d8e\", \"state\": \"waiting\", \"from\": 0, \"entries\": []}"}},
                     "application/json": {"schema": schema("ErrorEnvelope"), "example": {"status": "error", "error": {"code": "not_found", "message": "no run `run_0190f5c27d3e7b2a9c1e2f4a5b6c7d8e` for this caller", "retryable": false}}},
                 }})),
                 ("429", answer("RateLimited")),
@@ -625,7 +625,7 @@ fn operation(op: Op, limits: &Limits) -> Value {
                 json!({"type": "string", "pattern": event_states_pattern()}),
             ))
             .answers(with_query(vec![
-                ("200", json!({"description": "The stream.", "content": {"text/event-stream": {"schema": {"type": "string"}, "example": "event: job\nid: 0190f5c2-7d3e-7b2a-9c1e-2f4a5b6c7d8e\ndata: {\"kind\": \"job\", \"id\": \"0190f5c2-7d3e-7b2a-9c1e-2f4a5b6c7d8e\", \"tool\": \"start_receipt_ocr\", \"state\": \"succeeded\", \"run_id\": \"0190f5c2-7d3e-7b2a-9c1e-2f4a5b6c7d8f\", \"body\": {\"status\": \"ok\", \"result\": {}, \"call_id\": \"0190f5c2-7d3e-7b2a-9c1e-2f4a5b6c7d8f\"}}\n\n"}}})),
+                ("200", json!({"description": "The stream: each event as its schema says (keep-alive comments between).", "content": {"text/event-stream": {"schema": event_schema(), "example": {"event": "job", "id": "0190f5c2-7d3e-7b2a-9c1e-2f4a5b6c7d8e", "data": "{\"kind\": \"job\", \"id\": \"0190f5c2-7d3e-7b2a-9c1e-2f4a5b6c7d8e\", \"tool\": \"start_receipt_ocr\", \"state\": \"succeeded\", \"run_id\": \"0190f5c2-7d3e-7b2a-9c1e-2f4a5b6c7d8f\", \"body\": {\"status\": \"ok\", \"result\": {}, \"call_id\": \"0190f5c2-7d3e-7b2a-9c1e-2f4a5b6c7d8f\"}}"}}}})),
                 ("429", answer("RateLimited")),
             ])),
         Op::Mcp => Spec::new("mcp", "mcp", "MCP over Streamable HTTP")
@@ -712,6 +712,56 @@ fn operation(op: Op, limits: &Limits) -> Value {
             .answers(Map::from_iter([("200".to_owned(), json!({"description": "The series.", "content": {"application/openmetrics-text": {"schema": {"type": "string"}, "example": "# TYPE toolfleet_calls counter\ntoolfleet_calls_total{tool=\"find_expenses\",status=\"ok\"} 3\n# EOF\n"}}}))])),
     };
     spec.into_value()
+}
+
+/// One event of `GET /v1/events`, as a client of Server-Sent Events reads
+/// it: its `event`, `id` and `data` (JSON text).
+fn event_schema() -> Value {
+    let states = names(&EventState::ALL, EventState::as_str);
+    json!({
+        "type": "object",
+        "required": ["event", "id", "data"],
+        "properties": {
+            "event": {"type": "string", "enum": ["job", "ticket"]},
+            "id": {"type": "string", "description": "The job's or ticket's id."},
+            "data": {
+                "type": "string",
+                "contentMediaType": "application/json",
+                "contentSchema": {
+                    "type": "object",
+                    "required": ["kind", "id", "tool", "state", "run_id", "body"],
+                    "properties": {
+                        "kind": {"type": "string", "enum": ["job", "ticket"]},
+                        "id": {"type": "string"},
+                        "tool": {"type": "string"},
+                        "state": {"type": "string", "enum": states},
+                        "run_id": {"type": "string"},
+                        "body": {"description": "The `get_job` envelope (a `forbidden` one for a caller without the tool's scopes), or the ticket."},
+                    },
+                },
+            },
+        },
+    })
+}
+
+/// One event of `GET /v1/runs/{run}/events`: `run.<state>` and the run.
+fn run_event_schema() -> Value {
+    json!({
+        "type": "object",
+        "required": ["event", "data"],
+        "properties": {
+            "event": {"type": "string", "pattern": "^run\\.[a-z_]+$"},
+            "data": {
+                "type": "string",
+                "contentMediaType": "application/json",
+                "contentSchema": {
+                    "description": "The run as `getRun` shows it without its transcript, with `entries` (the transcript entries it gained) and, first, `from` (their position).",
+                    "type": "object",
+                    "required": ["run_id", "state", "entries"],
+                },
+            },
+        },
+    })
 }
 
 /// The pattern of `/v1/events?state=`: event states, comma-separated.
