@@ -124,23 +124,7 @@ async fn a_handle_made_through_one_dispatcher_is_read_through_another_and_after_
 
 /// A JSON-RPC request to `/mcp` as `client` (2025-11-25): its answer.
 async fn mcp(client: &Client, method: &str, params: Value) -> Value {
-    let response = client
-        .http
-        .post(format!("{}/mcp", client.base))
-        .bearer_auth(&client.token)
-        .header("content-type", "application/json")
-        .header("accept", "application/json, text/event-stream")
-        .header("mcp-protocol-version", "2025-11-25")
-        .body(json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).to_string())
-        .send()
-        .await
-        .expect("/mcp answers");
-    let text = response.text().await.expect("a body");
-    let json = text
-        .lines()
-        .find_map(|line| line.strip_prefix("data: "))
-        .unwrap_or(&text);
-    serde_json::from_str(json).unwrap_or_else(|_| panic!("{method}: not JSON: {text}"))
+    common::mcp(client, "2025-11-25", method, params).await
 }
 
 /// Calls `export_ledger` over MCP: the URI of the resource its answer links to.

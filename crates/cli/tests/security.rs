@@ -110,28 +110,6 @@ impl AuditAt {
     }
 }
 
-/// A JSON-RPC request to `/mcp` as `client`, at protocol `version`.
-async fn mcp(client: &Client, version: &str, method: &str, params: Value) -> Value {
-    let response = client
-        .http
-        .post(format!("{}/mcp", client.base))
-        .bearer_auth(&client.token)
-        .header("content-type", "application/json")
-        .header("accept", "application/json, text/event-stream")
-        .header("mcp-protocol-version", version)
-        .body(json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).to_string())
-        .send()
-        .await
-        .expect("/mcp answers");
-    let text = response.text().await.expect("a body");
-    // A JSON answer, or one SSE event carrying it.
-    let json = text
-        .lines()
-        .find_map(|line| line.strip_prefix("data: "))
-        .unwrap_or(&text);
-    serde_json::from_str(json).unwrap_or_else(|_| panic!("{method}: not JSON: {text}"))
-}
-
 /// The error code of an envelope.
 fn code(envelope: &Value) -> &str {
     envelope["error"]["code"].as_str().unwrap_or_default()
@@ -266,30 +244,30 @@ async fn ownership_probes(base: &str, audit: AuditAt) {
     // Another user's task answers exactly as a missing one, its id aside.
     let missing = toolfleet_core::new_id();
     for method in ["tasks/get", "tasks/result", "tasks/cancel"] {
-        let answer = mcp(&bob, "2025-11-25", method, json!({"taskId": job})).await;
+        let answer = common::mcp(&bob, "2025-11-25", method, json!({"taskId": job})).await;
         assert!(answer["error"].is_object(), "{method}: {answer}");
         assert!(
             !answer.to_string().contains("slow_ocr"),
             "{method}: {answer}"
         );
-        let absent = mcp(&bob, "2025-11-25", method, json!({"taskId": missing})).await;
+        let absent = common::mcp(&bob, "2025-11-25", method, json!({"taskId": missing})).await;
         assert_eq!(
             answer["error"].to_string().replace(&job, "ID"),
             absent["error"].to_string().replace(&missing, "ID"),
             "{method}: another user's task and a missing one differ"
         );
     }
-    let tasks = mcp(&bob, "2025-11-25", "tasks/list", json!({})).await;
+    let tasks = common::mcp(&bob, "2025-11-25", "tasks/list", json!({})).await;
     assert!(tasks["result"].is_object(), "{tasks}");
     assert!(!tasks.to_string().contains(&job), "{tasks}");
     assert!(
         tasks.to_string().contains(&bobs),
         "bob lists his own task: {tasks}"
     );
-    let alices = mcp(&alice, "2025-11-25", "tasks/get", json!({"taskId": job})).await;
+    let alices = common::mcp(&alice, "2025-11-25", "tasks/get", json!({"taskId": job})).await;
     assert!(alices["result"].is_object(), "{alices}");
     // A retried MCP call carrying an answer to alice's ticket, as bob.
-    let retry = mcp(
+    let retry = common::mcp(
         &bob,
         "2026-07-28",
         "tools/call",
@@ -858,7 +836,7 @@ async fn redacted_fields_stay_masked_wherever_a_result_leaves() {
     no_card("get_job", &settled.to_string());
     let tool = alice.call("get_job", json!({"job_id": job})).await;
     no_card("the get_job tool", &tool.to_string());
-    let task = mcp(&alice, "2025-11-25", "tasks/result", json!({"taskId": job})).await;
+    let task = common::mcp(&alice, "2025-11-25", "tasks/result", json!({"taskId": job})).await;
     assert!(task["result"].is_object(), "{task}");
     no_card("MCP tasks/result", &task.to_string());
     let event = eventually(Duration::from_secs(10), || async {

@@ -723,3 +723,25 @@ pub(crate) fn refused_at_start(extra: &str, why: &str) {
     assert!(!out.status.success(), "started with {extra}");
     assert!(said.contains(why), "expected {why:?} in: {said}");
 }
+
+/// A JSON-RPC request to `/mcp` as `client`, at protocol `version`.
+pub(crate) async fn mcp(client: &Client, version: &str, method: &str, params: Value) -> Value {
+    let response = client
+        .http
+        .post(format!("{}/mcp", client.base))
+        .bearer_auth(&client.token)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", version)
+        .body(json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).to_string())
+        .send()
+        .await
+        .expect("/mcp answers");
+    let text = response.text().await.expect("a body");
+    // A JSON answer, or one SSE event carrying it.
+    let json = text
+        .lines()
+        .find_map(|line| line.strip_prefix("data: "))
+        .unwrap_or(&text);
+    serde_json::from_str(json).unwrap_or_else(|_| panic!("{method}: not JSON: {text}"))
+}
