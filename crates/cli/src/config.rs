@@ -353,6 +353,9 @@ pub(crate) struct Config {
     /// `[handles]`: how long handles are kept and how much of them.
     #[serde(default)]
     pub handles: HandlesConfig,
+    /// `[[resources]]`: MCP resources, each read through a query tool.
+    #[serde(default)]
+    pub resources: Vec<toolfleet_mcp::declared::Declared>,
     /// `[[schedules]]`: jobs started at the ticks of cron expressions.
     #[serde(default)]
     pub schedules: Vec<toolfleet_fleet::schedules::ScheduleSpec>,
@@ -606,20 +609,23 @@ impl Config {
                 .extend(tools.into_iter().map(|t| (t, dir.clone())));
             let agents = parse_agents(&text).map_err(|e| format!("{}: {e}", path.display()))?;
             self.agents.extend(agents);
-            let schedules = toml::from_str::<ScheduleTables>(&text)
+            let tables = toml::from_str::<IncludedTables>(&text)
                 .map_err(|e| format!("{}: {e}", path.display()))?;
-            self.schedules.extend(schedules.schedules);
+            self.schedules.extend(tables.schedules);
+            self.resources.extend(tables.resources);
         }
         Ok(())
     }
 }
 
-/// The `[[schedules]]` tables of an included file; other keys are read
-/// elsewhere.
+/// The `[[schedules]]` and `[[resources]]` tables of an included file;
+/// other keys are read elsewhere.
 #[derive(Deserialize)]
-struct ScheduleTables {
+struct IncludedTables {
     #[serde(default)]
     schedules: Vec<toolfleet_fleet::schedules::ScheduleSpec>,
+    #[serde(default)]
+    resources: Vec<toolfleet_mcp::declared::Declared>,
 }
 
 #[cfg(test)]

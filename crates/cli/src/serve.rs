@@ -346,6 +346,7 @@ async fn open_shared(
     runtime.register_all(extra).map_err(|e| e.to_string())?;
     check_agents(&runtime, config)?;
     let schedules = crate::tools::schedules(&runtime, config)?;
+    toolfleet_mcp::declared::check(&config.resources, runtime.registry())?;
     access.learn(runtime.registry());
     let runtime = Arc::new(runtime);
     agents.set_runtime(&runtime);
@@ -537,6 +538,7 @@ async fn dispatch(
         mcp: McpSettings {
             allowed_origins: Arc::new(config.mcp.allowed_origins.clone()),
             page_size: config.mcp.page_size,
+            resources: Arc::from(config.resources.clone()),
         },
         stopping: stopped.clone(),
         access,
@@ -618,6 +620,7 @@ pub(crate) async fn mcp_stdio(config: Config) -> Result<(), String> {
     let mut options = toolfleet_mcp::Options {
         page_size: config.mcp.page_size,
         max_body: config.max_body_bytes,
+        declared: Arc::from(config.resources.clone()),
         ..toolfleet_mcp::Options::default()
     };
     let roles = Roles {

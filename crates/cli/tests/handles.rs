@@ -248,6 +248,81 @@ async fn over_mcp_handles_and_settled_jobs_are_resources_of_their_caller() {
     assert_eq!(theirs["error"]["code"], -32002, "{theirs}");
 }
 
+/// `[[resources]]` over the expense pack: a month's lines, read through
+/// `find_expenses` (a query tool) with the template's `month`.
+const MONTHS: &str = r#"
+[[resources]]
+uri_template = "expenses://months/{month}"
+name = "month"
+description = "A month's expense lines, first page."
+tool = "find_expenses"
+"#;
+
+#[tokio::test]
+async fn a_declared_resource_is_read_through_its_tool_as_the_reader() {
+    let dir = TempDir::new("handles-declared");
+    let server = Server::start(&dir.0, &config_with(&dir.0, "", MONTHS));
+    let alice = server.client(TOKEN);
+    let templates = mcp(&alice, "resources/templates/list", json!({})).await;
+    assert!(
+        templates.to_string().contains("expenses://months/{month}"),
+        "{templates}"
+    );
+    let page = read_resource(&alice, "expenses://months/2026-09").await;
+    let direct = alice
+        .call("find_expenses", json!({"month": "2026-09"}))
+        .await;
+    assert_eq!(page, direct["result"], "the resource is the tool's answer");
+    // The tool's refusal is the read's, and a URI no template matches is unknown.
+    let bad = mcp(
+        &alice,
+        "resources/read",
+        json!({"uri": "expenses://months/Sept"}),
+    )
+    .await;
+    assert_eq!(bad["error"]["data"]["code"], "invalid_arguments", "{bad}");
+    let other = mcp(
+        &alice,
+        "resources/read",
+        json!({"uri": "expenses://months/a/b"}),
+    )
+    .await;
+    assert_eq!(other["error"]["code"], -32002, "{other}");
+    // It may change, and a stateless /mcp cannot send updates: no subscription.
+    let refused = mcp(
+        &alice,
+        "resources/subscribe",
+        json!({"uri": "expenses://months/2026-09"}),
+    )
+    .await;
+    assert_eq!(refused["error"]["code"], -32002, "{refused}");
+}
+
+#[test]
+fn bad_resource_declarations_are_refused_at_start() {
+    let declared = |table: &str| format!("[[resources]]\nname = \"r\"\n{table}\n");
+    common::refused_at_start(
+        &declared("uri = \"x://a\"\ntool = \"nothing_here\""),
+        "no tool",
+    );
+    common::refused_at_start(
+        &declared("uri = \"x://a\"\ntool = \"start_receipt_ocr\""),
+        "is a job tool",
+    );
+    common::refused_at_start(
+        &declared("uri = \"x://a\"\nuri_template = \"x://{a}\"\ntool = \"find_expenses\""),
+        "one of `uri` and `uri_template`",
+    );
+    common::refused_at_start(
+        &declared("uri = \"toolfleet://handles/x\"\ntool = \"find_expenses\""),
+        "outside toolfleet://",
+    );
+    common::refused_at_start(
+        &declared("uri_template = \"x://{a}{b}\"\ntool = \"find_expenses\""),
+        "text between them",
+    );
+}
+
 #[tokio::test]
 async fn an_embedded_handle_outlives_a_restart_of_serve() {
     let dir = TempDir::new("handles-embedded");

@@ -59,6 +59,7 @@ use toolfleet_core::{
 };
 
 pub mod core_tasks;
+pub mod declared;
 pub mod jobs;
 pub mod resources;
 pub use jobs::{BoxFuture, JobList, JobView, Jobs};
@@ -104,6 +105,8 @@ pub struct Options {
     /// Becomes `true` when the process stops: a 2025-11-25 `tasks/result`
     /// still waiting then answers an error the client retries elsewhere.
     pub stop: Option<tokio::sync::watch::Receiver<bool>>,
+    /// The resources `[[resources]]` declares, each read through its tool.
+    pub declared: Arc<[declared::Declared]>,
 }
 
 impl Default for Options {
@@ -115,6 +118,7 @@ impl Default for Options {
             jobs: None,
             max_wait: Duration::from_secs(30),
             stop: None,
+            declared: Arc::from(Vec::new()),
         }
     }
 }
@@ -649,7 +653,12 @@ impl ServerHandler for ToolServer {
             self.options.page_size,
         )
         .await?;
-        let mut result = ListResourcesResult::with_all_items(listed.resources)
+        let mut all = Vec::new();
+        if cursor.is_none() {
+            all.extend(declared::listed(&self.options.declared));
+        }
+        all.extend(listed.resources);
+        let mut result = ListResourcesResult::with_all_items(all)
             .with_ttl_ms(0)
             .with_cache_scope(CacheScope::Private);
         result.next_cursor = listed.next_cursor;
@@ -662,9 +671,9 @@ impl ServerHandler for ToolServer {
         context: RequestContext<RoleServer>,
     ) -> Result<ListResourceTemplatesResult, ErrorData> {
         self.principal(&context)?;
-        Ok(ListResourceTemplatesResult::with_all_items(
-            resources::templates(),
-        ))
+        let mut templates = resources::templates();
+        templates.extend(declared::templates(&self.options.declared));
+        Ok(ListResourceTemplatesResult::with_all_items(templates))
     }
 
     async fn read_resource(
@@ -673,6 +682,15 @@ impl ServerHandler for ToolServer {
         context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, ErrorData> {
         let principal = self.principal(&context)?;
+        if let Some((declared, args)) = declared::find(&self.options.declared, &request.uri) {
+            let contents =
+                declared::read(&self.runtime, principal, declared, args, &request.uri).await?;
+            // Read through its tool each time: nothing says it holds still.
+            let result = ReadResourceResult::new(vec![contents])
+                .with_ttl_ms(0)
+                .with_cache_scope(CacheScope::Private);
+            return Ok(result.into());
+        }
         let jobs = self.options.jobs.as_deref();
         let contents = resources::read(&self.runtime, jobs, &principal, &request.uri).await?;
         // A handle's page and a settled job never change; each is the caller's.

@@ -79,6 +79,8 @@ pub struct McpSettings {
     pub allowed_origins: Arc<Vec<String>>,
     /// Tools per `tools/list` page.
     pub page_size: usize,
+    /// The resources `[[resources]]` declares.
+    pub resources: Arc<[toolfleet_mcp::declared::Declared]>,
 }
 
 impl Default for McpSettings {
@@ -86,6 +88,7 @@ impl Default for McpSettings {
         McpSettings {
             allowed_origins: Arc::new(Vec::new()),
             page_size: toolfleet_mcp::DEFAULT_PAGE_SIZE,
+            resources: Arc::from(Vec::new()),
         }
     }
 }

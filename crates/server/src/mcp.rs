@@ -177,6 +177,7 @@ pub(crate) fn endpoint(state: &AppState) -> Arc<HttpEndpoint> {
             on_call: Some(Arc::new(move |tool, envelope| metrics.call(tool, envelope))),
             jobs: Some(Arc::new(McpJobs::of(state))),
             stop: Some(state.stopping.clone()),
+            declared: state.mcp.resources.clone(),
             ..Options::default()
         },
     ))
