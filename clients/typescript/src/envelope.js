@@ -12,7 +12,10 @@ import { ToolfleetError } from "./errors.js";
 export class Envelope {
   /** @param {Record<string, any>} raw */
   constructor(raw) {
-    Object.assign(this, raw);
+    // Defined, not assigned: a field named like a getter below shadows it.
+    for (const [key, value] of Object.entries(raw)) {
+      Object.defineProperty(this, key, { value, enumerable: true, writable: true, configurable: true });
+    }
     Object.defineProperty(this, "raw", { value: raw, enumerable: false });
   }
 

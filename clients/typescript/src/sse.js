@@ -84,6 +84,7 @@ export async function* lines(chunks) {
     }
     buffer = buffer.slice(start);
   }
-  if (buffer.endsWith("\r")) buffer = buffer.slice(0, -1);
-  if (buffer) yield buffer;
+  // A CR held back at the end was a line's end after all.
+  if (buffer.endsWith("\r")) yield buffer.slice(0, -1);
+  else if (buffer) yield buffer;
 }
