@@ -245,6 +245,9 @@ export class Toolfleet {
       signal: options.signal,
     });
     const body = check(response, text);
+    if (!isObject(body) || !Array.isArray(body.results)) {
+      throw new ToolfleetError("bad_answer", `not a batch's results: ${text.slice(0, 500)}`, { status: response.status });
+    }
     return body.results.map((e) => new Envelope(e));
   }
 
