@@ -2,11 +2,15 @@
 //! pinned below) against `toolfleet serve`'s `/mcp`, with the expense pack
 //! and tests/mcp/conformance.toml, the tools its scenarios call by name.
 //!
-//! Every server scenario of the suite runs, its active ones and its pending
-//! ones. The test fails when a scenario fails that
-//! tests/mcp/EXPECTED_FAILURES.md does not list, when one it lists passes (so
-//! the list stays true) or is not in the suite, and when the suite leaves no
-//! result for a scenario it ran.
+//! Two releases of the suite run: 0.1.16, every server scenario (its active
+//! ones and its pending ones), and 0.2.0-alpha.12, the scenarios the
+//! 2026-07-28 revision requires, frozen at its release (with the tasks
+//! extension's and the pending ones it runs beside them). Each has its list
+//! of expected failures, tests/mcp/EXPECTED_FAILURES.md and
+//! tests/mcp/EXPECTED_FAILURES_2026.md. A test fails when a scenario fails
+//! that its list does not name, when one it names passes (so the list stays
+//! true) or is not in the suite, and when the suite leaves no result for a
+//! scenario it ran.
 //!
 //! The suite cannot send an `Authorization` header, so it talks to a small
 //! proxy here that adds the bearer token to each request it forwards and
@@ -14,9 +18,10 @@
 //! them): the server keeps requiring its token, as in production.
 //!
 //! The suite needs Node.js 22: `.ci/run` installs the npm packages
-//! `node@NODE_VERSION` and the suite into /var/tmp/toolfleet-node (or
-//! `TOOLFLEET_NODE_DIR`). Without them the test is skipped, except under CI
-//! (`CI` set), where it fails.
+//! `node@NODE_VERSION` and each release of the suite into a directory of its
+//! own, /var/tmp/toolfleet-node (or `TOOLFLEET_NODE_DIR`) and
+//! /var/tmp/toolfleet-node-2026 (or `TOOLFLEET_NODE_2026_DIR`). Without them
+//! a test is skipped, except under CI (`CI` set), where it fails.
 
 mod common;
 
@@ -29,23 +34,57 @@ use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-/// The suite's version, as `.ci/run` installs it.
-const SUITE_VERSION: &str = "0.1.16";
-/// The Node.js the suite runs on (the npm package `node`).
+/// The Node.js the suites run on (the npm package `node`).
 const NODE_VERSION: &str = "22.23.3";
-/// The whole suite takes about 2 s; this is far beyond it.
+/// A whole suite takes a few seconds; this is far beyond it.
 const SUITE_TIMEOUT: Duration = Duration::from_secs(300);
 
-/// Where `.ci/run` installs Node.js and the suite.
-fn node_dir() -> PathBuf {
-    std::env::var_os("TOOLFLEET_NODE_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/var/tmp/toolfleet-node"))
+/// One release of the suite, how it is run and what it is expected to fail.
+struct Suite {
+    /// The suite's version, as `.ci/run` installs it.
+    version: &'static str,
+    /// The variable naming where `.ci/run` installs it, and its default.
+    dir_var: &'static str,
+    default_dir: &'static str,
+    /// The arguments choosing its scenarios.
+    select: &'static [&'static str],
+    /// Its expected failures, in tests/mcp.
+    expected: &'static str,
+}
+
+/// Every server scenario of 0.1.16: the active ones and the pending ones
+/// (json-schema-2020-12, server-sse-polling), which pass here too.
+const SUITE_2025: Suite = Suite {
+    version: "0.1.16",
+    dir_var: "TOOLFLEET_NODE_DIR",
+    default_dir: "/var/tmp/toolfleet-node",
+    select: &["--suite", "all"],
+    expected: "EXPECTED_FAILURES.md",
+};
+
+/// What the 2026-07-28 revision requires, frozen at its release, at its
+/// wire; the suite runs the tasks extension's scenarios and the pending ones
+/// beside them, unscored by it, and they count here as the others do.
+const SUITE_2026: Suite = Suite {
+    version: "0.2.0-alpha.12",
+    dir_var: "TOOLFLEET_NODE_2026_DIR",
+    default_dir: "/var/tmp/toolfleet-node-2026",
+    select: &["--requirements", "2026-07-28"],
+    expected: "EXPECTED_FAILURES_2026.md",
+};
+
+impl Suite {
+    /// Where `.ci/run` installs Node.js and the suite.
+    fn node_dir(&self) -> PathBuf {
+        std::env::var_os(self.dir_var)
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(self.default_dir))
+    }
 }
 
 /// The node binary and the suite's entry point, when both are the pinned versions.
-fn installed() -> Option<(PathBuf, PathBuf)> {
-    let dir = node_dir().join("node_modules");
+fn installed(suite: &Suite) -> Option<(PathBuf, PathBuf)> {
+    let dir = suite.node_dir().join("node_modules");
     let node = dir.join(".bin/node");
     let package = dir.join("@modelcontextprotocol/conformance");
     let output = std::process::Command::new(&node)
@@ -55,15 +94,17 @@ fn installed() -> Option<(PathBuf, PathBuf)> {
     let version = String::from_utf8_lossy(&output.stdout);
     let manifest: Value =
         serde_json::from_str(&std::fs::read_to_string(package.join("package.json")).ok()?).ok()?;
-    (version.trim() == format!("v{NODE_VERSION}") && manifest["version"] == SUITE_VERSION)
+    (version.trim() == format!("v{NODE_VERSION}") && manifest["version"] == suite.version)
         .then(|| (node, package.join("dist/index.js")))
 }
 
 /// The scenarios expected to fail, each with its reason: the lines of
-/// EXPECTED_FAILURES.md of the form ``- `scenario`: reason``.
-fn expected_failures() -> BTreeMap<String, String> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp/EXPECTED_FAILURES.md");
-    let text = std::fs::read_to_string(&path).expect("EXPECTED_FAILURES.md is readable");
+/// `file` (in tests/mcp) of the form ``- `scenario`: reason``.
+fn expected_failures(file: &str) -> BTreeMap<String, String> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/mcp")
+        .join(file);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{file}: {e}"));
     text.lines()
         .filter_map(|line| {
             let rest = line.strip_prefix("- `")?;
@@ -183,12 +224,20 @@ fn outcomes(dir: &Path, scenarios: &BTreeSet<String>) -> BTreeMap<String, Outcom
 }
 
 /// The scenarios the suite ran, from its report: a line
-/// `Running <suite> suite (<n> scenarios) ...`, then one
+/// `Running <what> (<n> scenarios) ...`, then one
 /// `=== Running scenario: <name> ===` each.
 fn scenarios_run(report: &str) -> BTreeSet<String> {
     let announced: usize = report
         .lines()
-        .find_map(|l| l.split_once(" suite (")?.1.split_once(' ')?.0.parse().ok())
+        .find_map(|l| {
+            l.strip_prefix("Running ")?
+                .split_once(" (")?
+                .1
+                .split_once(" scenarios)")?
+                .0
+                .parse()
+                .ok()
+        })
         .unwrap_or_else(|| panic!("the suite did not say how many scenarios it runs:\n{report}"));
     let run: BTreeSet<String> = report
         .lines()
@@ -204,16 +253,26 @@ fn scenarios_run(report: &str) -> BTreeSet<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_official_conformance_suite() {
-    let Some((node, suite)) = installed() else {
+    run(&SUITE_2025).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_2026_07_28_requirements() {
+    run(&SUITE_2026).await;
+}
+
+async fn run(pinned: &Suite) {
+    let version = pinned.version;
+    let Some((node, suite)) = installed(pinned) else {
         assert!(
             std::env::var_os("CI").is_none(),
-            "node {NODE_VERSION} and @modelcontextprotocol/conformance {SUITE_VERSION} are required \
+            "node {NODE_VERSION} and @modelcontextprotocol/conformance {version} are required \
              under CI in {} (.ci/run installs them)",
-            node_dir().display()
+            pinned.node_dir().display()
         );
         eprintln!(
-            "skipped: node {NODE_VERSION} and the conformance suite {SUITE_VERSION} are not in {}",
-            node_dir().display()
+            "skipped: node {NODE_VERSION} and the conformance suite {version} are not in {}",
+            pinned.node_dir().display()
         );
         return;
     };
@@ -242,15 +301,14 @@ scopes = ["expenses:read", "expenses:submit"]
     let upstream = server.base.trim_start_matches("http://").to_owned();
     let proxy = bearer_proxy(upstream, TOKEN).await;
 
-    let expected = expected_failures();
+    let expected = expected_failures(pinned.expected);
     let results = dir.0.join("results");
     let started = Instant::now();
     let run = tokio::process::Command::new(&node)
         .arg(&suite)
         .args(["server", "--url", &format!("http://{proxy}/mcp")])
-        // The active scenarios and the pending ones (json-schema-2020-12,
-        // server-sse-polling), which pass here too.
-        .args(["--suite", "all", "-o"])
+        .args(pinned.select)
+        .arg("-o")
         .arg(&results)
         .current_dir(&dir.0)
         .kill_on_drop(true)
@@ -284,19 +342,21 @@ scopes = ["expenses:read", "expenses:submit"]
                 outcome.failures.join("\n    ")
             )),
             (Some(outcome), Some(_)) if outcome.failures.is_empty() => problems.push(format!(
-                "{scenario} passes now: remove it from tests/mcp/EXPECTED_FAILURES.md"
+                "{scenario} passes now: remove it from tests/mcp/{}",
+                pinned.expected
             )),
             _ => {}
         }
     }
     for name in expected.keys().filter(|n| !scenarios.contains(*n)) {
         problems.push(format!(
-            "{name} is listed in EXPECTED_FAILURES.md but the suite has no such scenario"
+            "{name} is listed in {} but the suite has no such scenario",
+            pinned.expected
         ));
     }
     let passed = outcomes.values().filter(|o| o.failures.is_empty()).count();
     eprintln!(
-        "conformance {SUITE_VERSION}: {passed} of {} scenarios passed, {} expected failures, in {:.1} s",
+        "conformance {version}: {passed} of {} scenarios passed, {} expected failures, in {:.1} s",
         scenarios.len(),
         expected.len(),
         took.as_secs_f64()
