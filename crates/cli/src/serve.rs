@@ -539,6 +539,7 @@ async fn dispatch(
             allowed_origins: Arc::new(config.mcp.allowed_origins.clone()),
             page_size: config.mcp.page_size,
             resources: Arc::from(config.resources.clone()),
+            state_key: Some(toolfleet_mcp::asking::derive_key(&signing_key(config)?)),
         },
         stopping: stopped.clone(),
         access,
@@ -621,6 +622,7 @@ pub(crate) async fn mcp_stdio(config: Config) -> Result<(), String> {
         page_size: config.mcp.page_size,
         max_body: config.max_body_bytes,
         declared: Arc::from(config.resources.clone()),
+        state_key: Some(toolfleet_mcp::asking::derive_key(&signing_key(&config)?)),
         ..toolfleet_mcp::Options::default()
     };
     let roles = Roles {

@@ -389,6 +389,9 @@ pub struct ToolConfig {
     /// The result is MCP content blocks (see [`ToolDecl::content_blocks`]).
     #[serde(default)]
     pub content_blocks: bool,
+    /// The tool may ask the MCP client for input (see [`ToolDecl::asks_client`]).
+    #[serde(default)]
+    pub asks_client: bool,
     /// Human tools: who may answer their tickets (see [`AnsweredBy`]).
     pub answered_by: Option<AnsweredBy>,
     /// Command tools: whose approval each commit waits for (`"caller"` or
@@ -551,6 +554,7 @@ impl ToolConfig {
             concurrency,
             start_rate,
             content_blocks: self.content_blocks,
+            asks_client: self.asks_client,
             long_poll: None,
             answered_by: self.answered_by.unwrap_or_default(),
             approval: self.approval,

@@ -742,6 +742,14 @@ pub struct ToolDecl {
     /// audio and resource blocks, which MCP clients get as such (other
     /// providers get the JSON). For tools that answer pictures or files.
     pub content_blocks: bool,
+    /// The tool may ask an MCP client for input before it answers: a result
+    /// `{"input_requests": {key: {"method", "params"}}, "request_state"?}`
+    /// reaches a 2026-07-28 client as an `input_required` result, and its
+    /// retry calls the tool again with the arguments plus `input_responses`
+    /// (the client's answers by key), `request_state` (as the tool gave
+    /// it, checked unaltered) and `client_capabilities`. Its input schema
+    /// must admit those three arguments.
+    pub asks_client: bool,
     /// The argument, in seconds, a call of this tool may wait (`get_job`'s
     /// `wait_s`): a call where it is above 0 is a long poll, counted in
     /// `toolfleet_calls_total` but not timed in
@@ -788,6 +796,7 @@ impl ToolDecl {
             concurrency: None,
             start_rate: None,
             content_blocks: false,
+            asks_client: false,
             long_poll: None,
             answered_by: AnsweredBy::Caller,
             approval: None,

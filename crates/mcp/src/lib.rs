@@ -58,6 +58,7 @@ use toolfleet_core::{
     TraceContext,
 };
 
+pub mod asking;
 pub mod core_tasks;
 pub mod declared;
 pub mod jobs;
@@ -107,6 +108,10 @@ pub struct Options {
     pub stop: Option<tokio::sync::watch::Receiver<bool>>,
     /// The resources `[[resources]]` declares, each read through its tool.
     pub declared: Arc<[declared::Declared]>,
+    /// The key that signs the state a tool asking the client hands on
+    /// (`asks_client`), the same on every dispatcher. Without it such a
+    /// tool's questions are not put to the client.
+    pub state_key: Option<[u8; 32]>,
 }
 
 impl Default for Options {
@@ -119,6 +124,7 @@ impl Default for Options {
             max_wait: Duration::from_secs(30),
             stop: None,
             declared: Arc::from(Vec::new()),
+            state_key: None,
         }
     }
 }
@@ -759,14 +765,73 @@ impl ServerHandler for ToolServer {
             };
             return complete(render_result(Format::Mcp, &call, &envelope));
         }
+        let name = request.name.to_string();
+        let asks = tool.as_ref().is_some_and(|t| t.declaration().asks_client);
+        let mut arguments = request.arguments.map(Value::Object);
+        if asks {
+            // The retry of a question: the client's answers and the tool's
+            // own state, checked unaltered, join the arguments.
+            let state = match (request.request_state.as_deref(), &self.options.state_key) {
+                (Some(token), Some(key)) => Some(asking::verify(key, &name, &principal, token)?),
+                (Some(_), None) => {
+                    return Err(ErrorData::invalid_params(
+                        "requestState is not one this server gave",
+                        None,
+                    ));
+                }
+                (None, _) => None,
+            };
+            let mut args = match arguments {
+                Some(Value::Object(args)) => args,
+                _ => Map::new(),
+            };
+            let responses: Map<String, Value> = request
+                .input_responses
+                .clone()
+                .unwrap_or_default()
+                .into_iter()
+                .collect();
+            args.insert("input_responses".into(), Value::Object(responses));
+            if let Some(state) = state {
+                args.insert("request_state".into(), state);
+            }
+            let declared = capabilities
+                .as_ref()
+                .and_then(|c| serde_json::to_value(c).ok())
+                .unwrap_or_else(|| json!({}));
+            args.insert("client_capabilities".into(), declared);
+            arguments = Some(Value::Object(args));
+        }
         let params = json!({
             "name": request.name,
-            "arguments": request.arguments.map(Value::Object),
+            "arguments": arguments,
         });
         let token = context.meta.get_progress_token();
         let (call, envelope) = self
             .invoke_reporting(principal.clone(), &params, &context, token.clone())
             .await;
+        let result = match &envelope {
+            Envelope::Ok { result, .. } if asks => Some(result.to_value()),
+            _ => None,
+        };
+        if let Some((asked, state)) = result.as_ref().and_then(asking::asked) {
+            let modern = context
+                .protocol_version()
+                .is_some_and(|v| v.as_str() >= ProtocolVersion::V_2026_07_28.as_str());
+            let Some(key) = self.options.state_key.as_ref().filter(|_| modern) else {
+                let error = ToolError::new(
+                    toolfleet_core::ErrorCode::Unavailable,
+                    "this tool asks the client for input, which needs MCP 2026-07-28 (an `input_required` result)",
+                );
+                return complete(render_result(Format::Mcp, &call, &Envelope::error(error)));
+            };
+            let requests = asking::requests(asked, capabilities.as_ref())?;
+            let state = state.map(|state| asking::sign(key, &name, &principal, state));
+            return Ok(CallToolResponse::InputRequired(InputRequiredResult::new(
+                Some(requests),
+                state,
+            )));
+        }
         match (&jobs, &envelope) {
             (Some(jobs), Envelope::Running { job_id, .. })
                 if shape.is_some_and(Shape::is_enqueued)

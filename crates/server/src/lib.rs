@@ -81,6 +81,8 @@ pub struct McpSettings {
     pub page_size: usize,
     /// The resources `[[resources]]` declares.
     pub resources: Arc<[toolfleet_mcp::declared::Declared]>,
+    /// The key of the state tools that ask the client hand on.
+    pub state_key: Option<[u8; 32]>,
 }
 
 impl Default for McpSettings {
@@ -89,6 +91,7 @@ impl Default for McpSettings {
             allowed_origins: Arc::new(Vec::new()),
             page_size: toolfleet_mcp::DEFAULT_PAGE_SIZE,
             resources: Arc::from(Vec::new()),
+            state_key: None,
         }
     }
 }

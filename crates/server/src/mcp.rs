@@ -178,6 +178,7 @@ pub(crate) fn endpoint(state: &AppState) -> Arc<HttpEndpoint> {
             jobs: Some(Arc::new(McpJobs::of(state))),
             stop: Some(state.stopping.clone()),
             declared: state.mcp.resources.clone(),
+            state_key: state.mcp.state_key,
             ..Options::default()
         },
     ))
