@@ -392,6 +392,9 @@ pub struct ToolConfig {
     /// The tool may ask the MCP client for input (see [`ToolDecl::asks_client`]).
     #[serde(default)]
     pub asks_client: bool,
+    /// Job and agent tools: MCP calls must run as tasks (see [`ToolDecl::requires_task`]).
+    #[serde(default)]
+    pub requires_task: bool,
     /// Human tools: who may answer their tickets (see [`AnsweredBy`]).
     pub answered_by: Option<AnsweredBy>,
     /// Command tools: whose approval each commit waits for (`"caller"` or
@@ -555,6 +558,7 @@ impl ToolConfig {
             start_rate,
             content_blocks: self.content_blocks,
             asks_client: self.asks_client,
+            requires_task: self.requires_task,
             long_poll: None,
             answered_by: self.answered_by.unwrap_or_default(),
             approval: self.approval,

@@ -750,6 +750,11 @@ pub struct ToolDecl {
     /// it, checked unaltered) and `client_capabilities`. Its input schema
     /// must admit those three arguments.
     pub asks_client: bool,
+    /// Job and agent tools: over MCP they run only as tasks. Their
+    /// `execution.taskSupport` is `required`, and a call from a client that
+    /// speaks no tasks is refused (-32021, naming the tasks extension)
+    /// before any job is made, rather than answered `running`.
+    pub requires_task: bool,
     /// The argument, in seconds, a call of this tool may wait (`get_job`'s
     /// `wait_s`): a call where it is above 0 is a long poll, counted in
     /// `toolfleet_calls_total` but not timed in
@@ -797,6 +802,7 @@ impl ToolDecl {
             start_rate: None,
             content_blocks: false,
             asks_client: false,
+            requires_task: false,
             long_poll: None,
             answered_by: AnsweredBy::Caller,
             approval: None,

@@ -153,13 +153,18 @@ impl ToolServer {
             return;
         };
         for tool in tools.iter_mut().filter_map(Value::as_object_mut) {
-            let enqueued = tool
+            let registered = tool
                 .get("name")
                 .and_then(Value::as_str)
                 .and_then(|name| self.runtime.registry().get(name))
-                .is_some_and(|t| t.shape().is_enqueued());
-            if enqueued {
-                tool.insert("execution".into(), json!({"taskSupport": "optional"}));
+                .filter(|t| t.shape().is_enqueued());
+            if let Some(registered) = registered {
+                let support = if registered.declaration().requires_task {
+                    "required"
+                } else {
+                    "optional"
+                };
+                tool.insert("execution".into(), json!({"taskSupport": support}));
             }
         }
     }

@@ -766,6 +766,19 @@ impl ServerHandler for ToolServer {
             return complete(render_result(Format::Mcp, &call, &envelope));
         }
         let name = request.name.to_string();
+        // A tool that runs only as a task, called by a client that speaks
+        // none: refused before any job is made.
+        let task_only = tool
+            .as_ref()
+            .is_some_and(|t| t.shape().is_enqueued() && t.declaration().requires_task);
+        if task_only && jobs.is_some() && !capabilities.as_ref().is_some_and(|c| c.supports_tasks())
+        {
+            let required: rmcp::model::ClientCapabilities = serde_json::from_value(
+                json!({"extensions": {rmcp::model::TASKS_EXTENSION_ID: {}}}),
+            )
+            .map_err(|e| internal("naming the tasks extension", e))?;
+            return Err(ErrorData::missing_required_client_capability(required));
+        }
         let asks = tool.as_ref().is_some_and(|t| t.declaration().asks_client);
         let mut arguments = request.arguments.map(Value::Object);
         if asks {
