@@ -120,9 +120,17 @@ pub fn task_of(
     poll_after_s: u32,
     result: Option<Map<String, Value>>,
 ) -> DetailedTask {
+    // A failed job given a result is one whose tool answered an error:
+    // completed, its result an error result.
+    let tool_error = job.state == JobState::Failed && result.is_some();
+    let status = if tool_error {
+        TaskStatus::Completed
+    } else {
+        task_status(job.state)
+    };
     let mut task = Task::new(
         job.id.clone(),
-        task_status(job.state),
+        status,
         iso8601(job.created_at),
         iso8601(job.updated_at),
     )
@@ -139,6 +147,9 @@ pub fn task_of(
             result: result.unwrap_or_default(),
         },
         JobState::Cancelled => TaskPayload::Cancelled,
+        JobState::Failed if tool_error => TaskPayload::Completed {
+            result: result.unwrap_or_default(),
+        },
         JobState::Failed => {
             let (message, data) = match &job.envelope {
                 Envelope::Error { error, .. } => (

@@ -396,16 +396,25 @@ impl ToolServer {
     }
 
     /// A job's task; a completed one carries the tool result `tools/call`
-    /// would have answered.
+    /// would have answered. A job whose tool answered an error
+    /// (`tool_failed`) is completed too, its result an error result
+    /// (`isError`), as a call answered at once would be; a job that failed
+    /// otherwise (its time ran out, its delivery gave up) is a failed task.
     fn task(&self, job: &JobView) -> rmcp::model::DetailedTask {
-        let result = match job.state {
-            toolfleet_core::JobState::Succeeded => {
-                match self.render_for(&job.tool, &job.envelope) {
-                    Value::Object(map) => Some(map),
-                    _ => None,
-                }
+        let answered = match (job.state, &job.envelope) {
+            (toolfleet_core::JobState::Succeeded, _) => true,
+            (toolfleet_core::JobState::Failed, Envelope::Error { error, .. }) => {
+                error.code == toolfleet_core::ErrorCode::ToolFailed
             }
-            _ => None,
+            _ => false,
+        };
+        let result = if answered {
+            match self.render_for(&job.tool, &job.envelope) {
+                Value::Object(map) => Some(map),
+                _ => None,
+            }
+        } else {
+            None
         };
         jobs::task_of(job, self.poll_after(&job.tool), result)
     }

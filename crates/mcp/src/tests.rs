@@ -286,6 +286,21 @@ mod tasks {
         let wire = serde_json::to_value(&failed).unwrap();
         assert_eq!(wire["status"], "failed");
         assert_eq!(wire["error"]["message"], "gone");
+
+        // The tool answered an error: completed, with its error result.
+        let result = json!({"content": [{"type": "text", "text": "no"}], "isError": true});
+        let answered = task_of(
+            &job(
+                JobState::Failed,
+                Envelope::error(ToolError::failed("no", false)),
+            ),
+            20,
+            result.as_object().cloned(),
+        );
+        let wire = serde_json::to_value(&answered).unwrap();
+        assert_eq!(wire["status"], "completed");
+        assert_eq!(wire["result"], result);
+        assert!(wire.get("error").is_none());
         assert_eq!(iso8601(0), "1970-01-01T00:00:00.000Z");
         assert_eq!(iso8601(951_782_400_000), "2000-02-29T00:00:00.000Z");
         assert!(plausible(ID) && !plausible("nope") && !plausible(&"a".repeat(37)));
