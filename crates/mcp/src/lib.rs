@@ -628,6 +628,17 @@ impl ServerHandler for ToolServer {
         Cow::Borrowed(&SUPPORTED)
     }
 
+    /// A registered tool as `tools/list` shows it: rmcp checks a
+    /// `tools/call`'s `Mcp-Param-*` headers against its input schema's
+    /// `x-mcp-header` properties with it (SEP-2243), before the call. It
+    /// says nothing of who may call the tool; the call itself checks that.
+    fn get_tool(&self, name: &str) -> Option<McpTool> {
+        let tool = self.runtime.registry().get(name)?;
+        let spec = tool_specs(Format::Mcp, std::iter::once(tool));
+        let first = spec.as_array()?.first()?.clone();
+        serde_json::from_value(first).ok()
+    }
+
     async fn list_tools(
         &self,
         request: Option<PaginatedRequestParams>,
