@@ -40,12 +40,13 @@ use std::time::Duration;
 
 use rmcp::model::{
     CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams,
-    CreateTaskResult, ElicitRequestParams, ElicitResult, ElicitationAction, ErrorCode,
-    GetTaskParams, GetTaskResult, Implementation, InputRequest, InputRequests, InputRequiredResult,
-    ListResourceTemplatesResult, ListResourcesResult, ListToolsResult, PaginatedRequestParams,
-    ProgressNotificationParam, ProgressToken, ProtocolVersion, ReadResourceRequestParams,
-    ReadResourceResponse, ReadResourceResult, ResultType, ServerCapabilities, ServerConfig,
-    SubscribeRequestParams, Tool as McpTool, UnsubscribeRequestParams, UpdateTaskParams,
+    CreateTaskResult, DiscoverResult, ElicitRequestParams, ElicitResult, ElicitationAction,
+    ErrorCode, GetTaskParams, GetTaskResult, Implementation, InputRequest, InputRequests,
+    InputRequiredResult, ListResourceTemplatesResult, ListResourcesResult, ListToolsResult,
+    PaginatedRequestParams, ProgressNotificationParam, ProgressToken, ProtocolVersion,
+    ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, ResultType,
+    ServerCapabilities, ServerConfig, SubscribeRequestParams, Tool as McpTool,
+    UnsubscribeRequestParams, UpdateTaskParams,
 };
 use rmcp::service::RequestContext;
 use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
@@ -626,6 +627,22 @@ impl ServerHandler for ToolServer {
 
     fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
         Cow::Borrowed(&SUPPORTED)
+    }
+
+    /// What `server/discover` (2026-07-28) answers: the capabilities of
+    /// `initialize` but for `resources.subscribe`. That revision's
+    /// subscriptions are `subscriptions/listen` streams, which a stateless
+    /// server does not keep, and nothing here would send on one: the tool
+    /// list is fixed at start, a handle or a settled job never changes.
+    async fn discover(
+        &self,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<DiscoverResult, ErrorData> {
+        let mut result = DiscoverResult::from_server_info(SUPPORTED.to_vec(), self.get_info());
+        if let Some(resources) = result.capabilities.resources.as_mut() {
+            resources.subscribe = None;
+        }
+        Ok(result)
     }
 
     /// A registered tool as `tools/list` shows it: rmcp checks a
