@@ -748,7 +748,8 @@ pub struct ToolDecl {
     /// retry calls the tool again with the arguments plus `input_responses`
     /// (the client's answers by key), `request_state` (as the tool gave
     /// it, checked unaltered) and `client_capabilities`. Its input schema
-    /// must admit those three arguments.
+    /// must admit those three arguments. A result `{"call": {"name",
+    /// "arguments"}}` hands the call on to that tool, for the same caller.
     pub asks_client: bool,
     /// Job and agent tools: over MCP they run only as tasks. Their
     /// `execution.taskSupport` is `required`, and a call from a client that

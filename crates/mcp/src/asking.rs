@@ -101,6 +101,23 @@ pub fn asked(result: &Value) -> Option<(&Map<String, Value>, Option<&Value>)> {
     Some((requests, state))
 }
 
+/// The call a tool that asked hands on: its result
+/// `{"call": {"name", "arguments"?}}`.
+pub struct HandedOn {
+    /// The tool to call.
+    pub name: String,
+    /// Its arguments (`{}` when absent).
+    pub arguments: Value,
+}
+
+/// The call `result` hands on, when it names one.
+pub fn handed_on(result: &Value) -> Option<HandedOn> {
+    let call = result.get("call")?.as_object()?;
+    let name = call.get("name")?.as_str()?.to_owned();
+    let arguments = call.get("arguments").cloned().unwrap_or_else(|| json!({}));
+    Some(HandedOn { name, arguments })
+}
+
 /// The requests as rmcp's, refused -32021 when one needs a capability the
 /// client did not declare (naming them all), and as an internal error when
 /// one is not a request a client answers.
@@ -161,6 +178,20 @@ mod tests {
         assert!(verify(&key, "t", &bob, &token).is_err());
         assert!(verify(&[8u8; 32], "t", &alice(), &token).is_err());
         assert!(verify(&key, "t", &alice(), "zz.zz").is_err());
+    }
+
+    #[test]
+    fn a_result_may_hand_the_call_on() {
+        let next = handed_on(&json!({"call": {"name": "later", "arguments": {"a": 1}}}))
+            .expect("handed on");
+        assert_eq!(
+            (next.name.as_str(), next.arguments),
+            ("later", json!({"a": 1}))
+        );
+        let bare = handed_on(&json!({"call": {"name": "later"}})).expect("handed on");
+        assert_eq!(bare.arguments, json!({}));
+        assert!(handed_on(&json!({"call": {"arguments": {}}})).is_none());
+        assert!(handed_on(&json!({"text": "done"})).is_none());
     }
 
     #[test]

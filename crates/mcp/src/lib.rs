@@ -773,7 +773,7 @@ impl ServerHandler for ToolServer {
     ) -> Result<CallToolResponse, ErrorData> {
         let principal = self.principal(&context)?;
         let tool = self.runtime.registry().get(&request.name).cloned();
-        let shape = tool.as_ref().map(|t| t.shape());
+        let mut shape = tool.as_ref().map(|t| t.shape());
         let capabilities = context.client_capabilities();
         let jobs = self.options.jobs.clone();
         // A retry carrying a person's answer to the question this call asked.
@@ -857,11 +857,25 @@ impl ServerHandler for ToolServer {
             "arguments": arguments,
         });
         let token = context.meta.get_progress_token();
-        let (call, envelope) = self
+        let (mut call, mut envelope) = self
             .invoke_reporting(principal.clone(), &params, &context, token.clone())
             .await;
+        // Having asked what it needed, the tool hands the call on: the tool
+        // it names is called as the client would have called it (a job
+        // tool then answers a task to a client of the tasks extension).
+        let handed_on = match &envelope {
+            Envelope::Ok { result, .. } if asks => asking::handed_on(&result.to_value()),
+            _ => None,
+        };
+        if let Some(next) = handed_on {
+            shape = self.runtime.registry().get(&next.name).map(|t| t.shape());
+            let params = json!({"name": next.name, "arguments": next.arguments});
+            (call, envelope) = self
+                .invoke_reporting(principal.clone(), &params, &context, token.clone())
+                .await;
+        }
         let result = match &envelope {
-            Envelope::Ok { result, .. } if asks => Some(result.to_value()),
+            Envelope::Ok { result, .. } if asks && call.name == name => Some(result.to_value()),
             _ => None,
         };
         if let Some((asked, state)) = result.as_ref().and_then(asking::asked) {
