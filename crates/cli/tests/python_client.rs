@@ -58,15 +58,6 @@ fn python(args: &[&str]) -> Output {
         .expect("python3 runs")
 }
 
-fn said(output: &Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        output.status.code(),
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    )
-}
-
 #[test]
 fn the_python_clients_tests_pass_against_a_real_serve() {
     if !python_ready("httpx, pytest, agents, langchain_core") {
@@ -80,12 +71,16 @@ fn the_python_clients_tests_pass_against_a_real_serve() {
         "-p",
         "no:cacheprovider",
     ]);
-    assert!(output.status.success(), "pytest failed: {}", said(&output));
+    assert!(
+        output.status.success(),
+        "pytest failed: {}",
+        common::said(&output)
+    );
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
         stdout.contains(" passed") && !stdout.contains(" skipped"),
         "pytest ran every test: {}",
-        said(&output)
+        common::said(&output)
     );
 }
 
@@ -162,14 +157,14 @@ async fn example_reaches_toolfleet(name: &str, script: &str, args: &[&str]) {
     assert!(
         output.status.success(),
         "the example failed: {}",
-        said(&output)
+        common::said(&output)
     );
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert_eq!(
         stdout.lines().last(),
         Some(format!("ANSWER: {ANSWER}").as_str()),
         "{}",
-        said(&output)
+        common::said(&output)
     );
 
     // The model was asked three times, and read toolfleet's answers.

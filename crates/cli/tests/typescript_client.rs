@@ -13,7 +13,7 @@
 
 mod common;
 
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 
 /// Whether `node` (20 or later, for its test runner and `AbortSignal.any`)
 /// runs; under CI it must.
@@ -39,15 +39,6 @@ fn node_ready() -> bool {
     ready
 }
 
-fn said(output: &Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        output.status.code(),
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    )
-}
-
 #[test]
 fn the_typescript_clients_tests_pass_against_a_real_serve() {
     if !node_ready() {
@@ -71,19 +62,19 @@ fn the_typescript_clients_tests_pass_against_a_real_serve() {
     assert!(
         output.status.success(),
         "node --test failed: {}",
-        said(&output)
+        common::said(&output)
     );
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
         stdout.contains("\n# pass ") && stdout.contains("\n# fail 0"),
         "node --test ran the suite: {}",
-        said(&output)
+        common::said(&output)
     );
     if common::under_ci() {
         assert!(
             stdout.contains("\n# skipped 0"),
             "under CI no test is skipped: {}",
-            said(&output)
+            common::said(&output)
         );
     }
 }

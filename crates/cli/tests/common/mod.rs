@@ -745,3 +745,13 @@ pub(crate) async fn mcp(client: &Client, version: &str, method: &str, params: Va
         .unwrap_or(&text);
     serde_json::from_str(json).unwrap_or_else(|_| panic!("{method}: not JSON: {text}"))
 }
+
+/// What a finished child process said: its status, stdout and stderr.
+pub(crate) fn said(output: &std::process::Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
