@@ -15,6 +15,7 @@ import {
   verifyWebhook,
 } from "../src/index.js";
 import { aiSdkTools } from "../src/ai-sdk.js";
+import { refused } from "./support/refused.js";
 import { WEBHOOK_SECRET, hookReceiver, startServer } from "./support/server.js";
 
 const OCR = "start_receipt_ocr";
@@ -30,17 +31,6 @@ before(async () => {
 after(async () => {
   await server?.stop();
 });
-
-/** Asserts that `promise` rejects with a `ToolfleetError`, answering it. */
-async function refused(promise) {
-  try {
-    await promise;
-  } catch (error) {
-    assert.ok(error instanceof ToolfleetError, `not a ToolfleetError: ${error?.stack ?? error}`);
-    return error;
-  }
-  assert.fail("it did not throw");
-}
 
 test("tools in every format", async () => {
   const neutral = await client.tools();

@@ -4,7 +4,8 @@
 import assert from "node:assert/strict";
 import { after, before, test } from "node:test";
 
-import { Toolfleet, ToolfleetError } from "../src/index.js";
+import { Toolfleet } from "../src/index.js";
+import { refused } from "./support/refused.js";
 import { startServer } from "./support/server.js";
 
 const OCR = "start_receipt_ocr";
@@ -29,16 +30,6 @@ async function until(what, check, timeoutS = 20) {
     if (Date.now() > end) throw new Error(`${what} within ${timeoutS} s`);
     await new Promise((ok) => setTimeout(ok, 100));
   }
-}
-
-async function refused(promise) {
-  try {
-    await promise;
-  } catch (error) {
-    assert.ok(error instanceof ToolfleetError, `not a ToolfleetError: ${error?.stack ?? error}`);
-    return error;
-  }
-  assert.fail("it did not throw");
 }
 
 test("an assistant's run answers, followed over SSE, and takes another message", async () => {

@@ -83,9 +83,12 @@ def anthropic_tool_uses(content: Iterable[Any]) -> list[ToolCall]:
     return calls
 
 
-def run_calls(client: Client, calls: Iterable[ToolCall], *, wait_timeout_s: float = DEFAULT_WAIT_TIMEOUT_S, run_id: str | None = None) -> list[Envelope]:
-    """Makes `calls` in one request and waits for the jobs they started (up
-    to `wait_timeout_s` in all): an envelope per call, in order."""
+def _split(
+    calls: Iterable[ToolCall], run_id: str | None
+) -> tuple[list[Envelope | None], list[tuple[int, dict[str, Any]]]]:
+    """A place per call, filled with the error envelope of a call whose
+    arguments do not parse, and the batch of the others (their places and
+    call bodies)."""
     calls = list(calls)
     envelopes: list[Envelope | None] = [None] * len(calls)
     batch: list[tuple[int, dict[str, Any]]] = []
@@ -98,6 +101,13 @@ def run_calls(client: Client, calls: Iterable[ToolCall], *, wait_timeout_s: floa
             if run_id is not None:
                 body["run_id"] = run_id
             batch.append((i, body))
+    return envelopes, batch
+
+
+def run_calls(client: Client, calls: Iterable[ToolCall], *, wait_timeout_s: float = DEFAULT_WAIT_TIMEOUT_S, run_id: str | None = None) -> list[Envelope]:
+    """Makes `calls` in one request and waits for the jobs they started (up
+    to `wait_timeout_s` in all): an envelope per call, in order."""
+    envelopes, batch = _split(calls, run_id)
     if batch:
         for (i, _), envelope in zip(batch, client.call_many([b for _, b in batch])):
             if envelope.running and envelope.job_id:
@@ -110,18 +120,7 @@ async def arun_calls(
     client: AsyncClient, calls: Iterable[ToolCall], *, wait_timeout_s: float = DEFAULT_WAIT_TIMEOUT_S, run_id: str | None = None
 ) -> list[Envelope]:
     """The asyncio twin of [`run_calls`]; the jobs are waited for together."""
-    calls = list(calls)
-    envelopes: list[Envelope | None] = [None] * len(calls)
-    batch: list[tuple[int, dict[str, Any]]] = []
-    for i, call in enumerate(calls):
-        args = parse_arguments(call.name, call.arguments)
-        if isinstance(args, Envelope):
-            envelopes[i] = args
-        else:
-            body: dict[str, Any] = {"tool": call.name, "args": args}
-            if run_id is not None:
-                body["run_id"] = run_id
-            batch.append((i, body))
+    envelopes, batch = _split(calls, run_id)
     if batch:
         answered = await client.call_many([b for _, b in batch])
 
