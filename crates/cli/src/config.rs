@@ -73,10 +73,42 @@ pub(crate) struct McpConfig {
     /// Tools per `tools/list` page.
     #[serde(default = "default_mcp_page_size")]
     pub page_size: usize,
+    /// Whether an `initialize` over HTTP opens a session of this process
+    /// (2025 revisions): the server may then ask the client during a call
+    /// and send resource updates. Behind a load balancer, route by
+    /// `Mcp-Session-Id`, or turn sessions off.
+    #[serde(default = "default_true")]
+    pub sessions: bool,
+    /// Sessions open at once in one process, at most (1 to 1,000,000).
+    #[serde(default = "default_mcp_max_sessions")]
+    pub max_sessions: usize,
+    /// How often a subscribed declared resource is read again, in
+    /// milliseconds (100 to 3,600,000).
+    #[serde(default = "default_mcp_watch_ms")]
+    pub watch_ms: u64,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+fn default_mcp_max_sessions() -> usize {
+    toolfleet_mcp::DEFAULT_MAX_SESSIONS
+}
+
+fn default_mcp_watch_ms() -> u64 {
+    toolfleet_mcp::DEFAULT_WATCH_EVERY.as_millis() as u64
 }
 
 fn default_mcp_page_size() -> usize {
     toolfleet_mcp::DEFAULT_PAGE_SIZE
+}
+
+impl McpConfig {
+    /// How often a subscribed declared resource is read again, within bounds.
+    pub(crate) fn watch_every(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.watch_ms.clamp(100, 3_600_000))
+    }
 }
 
 impl Default for McpConfig {
@@ -84,6 +116,9 @@ impl Default for McpConfig {
         McpConfig {
             allowed_origins: Vec::new(),
             page_size: default_mcp_page_size(),
+            sessions: true,
+            max_sessions: default_mcp_max_sessions(),
+            watch_ms: default_mcp_watch_ms(),
         }
     }
 }

@@ -540,6 +540,9 @@ async fn dispatch(
             page_size: config.mcp.page_size,
             resources: Arc::from(config.resources.clone()),
             state_key: Some(toolfleet_mcp::asking::derive_key(&signing_key(config)?)),
+            sessions: config.mcp.sessions,
+            max_sessions: config.mcp.max_sessions.clamp(1, 1_000_000),
+            watch_every: config.mcp.watch_every(),
         },
         stopping: stopped.clone(),
         access,
@@ -623,6 +626,7 @@ pub(crate) async fn mcp_stdio(config: Config) -> Result<(), String> {
         max_body: config.max_body_bytes,
         declared: Arc::from(config.resources.clone()),
         state_key: Some(toolfleet_mcp::asking::derive_key(&signing_key(&config)?)),
+        watch_every: config.mcp.watch_every(),
         ..toolfleet_mcp::Options::default()
     };
     let roles = Roles {

@@ -288,14 +288,17 @@ async fn a_declared_resource_is_read_through_its_tool_as_the_reader() {
     )
     .await;
     assert_eq!(other["error"]["code"], -32002, "{other}");
-    // It may change, and a stateless /mcp cannot send updates: no subscription.
+    // It may change, and a request without a session has nothing to send
+    // updates on: no subscription (tests/mcp_sessions.rs subscribes in one).
     let refused = mcp(
         &alice,
         "resources/subscribe",
         json!({"uri": "expenses://months/2026-09"}),
     )
     .await;
-    assert_eq!(refused["error"]["code"], -32002, "{refused}");
+    assert_eq!(refused["error"]["code"], -32600, "{refused}");
+    let why = refused["error"]["message"].as_str().unwrap_or_default();
+    assert!(why.contains("Mcp-Session-Id"), "{refused}");
 }
 
 #[test]

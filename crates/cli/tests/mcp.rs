@@ -133,8 +133,12 @@ fn a_real_client_over_streamable_http() {
     let legacy = run_client(&["http", &url, TOKEN, "legacy"]);
     check_seen(&legacy, "2025-11-25");
     check_core_tasks_and_progress(&legacy);
-    // Stateless HTTP before 2026-07-28 has no way to ask: the fallback.
-    assert!(legacy["rich"]["elicited"].is_null(), "{legacy}");
+    // The handshake opened a session, in which the server asks with
+    // elicitation/create (tests/mcp_sessions.rs: without one, it cannot).
+    assert!(
+        legacy["rich"]["elicited"].to_string().contains("travel"),
+        "{legacy}"
+    );
 }
 
 #[test]

@@ -8,16 +8,51 @@
 //! for another tool or caller, is refused (-32602) before the tool runs.
 //! Any dispatcher with the same key checks it: nothing is kept between the
 //! rounds.
+//!
+//! A client of the 2025 revisions has no `input_required` result: in a
+//! session (or over stdio) it is asked by requests of the server's during
+//! the call ([`ask`]), and the tool is called again with the answers, its
+//! state never leaving the server.
 
 use hmac::{Hmac, KeyInit, Mac};
-use rmcp::ErrorData;
-use rmcp::model::{ClientCapabilities, InputRequests};
+use rmcp::model::{ClientCapabilities, InputRequest, InputRequests, ServerRequest};
+use rmcp::service::PeerRequestOptions;
+use rmcp::{ErrorData, Peer, RoleServer};
 use serde_json::{Map, Value, json};
 use sha2::Sha256;
 use toolfleet_core::Principal;
 
 /// The longest `requestState` accepted back, in bytes.
 const MAX_STATE: usize = 64 * 1024;
+
+/// Rounds of questions one call may ask a 2025 client, at most.
+pub const MAX_ROUNDS: usize = 16;
+
+/// The longest the server waits for a client's answer to one request (a
+/// person may be filling in a form).
+const ASK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// Puts `request` to the client of `peer` and answers its result as JSON,
+/// or why it did not answer (it refused, failed, or took past
+/// [`ASK_TIMEOUT`]).
+pub async fn ask(peer: &Peer<RoleServer>, request: InputRequest) -> Result<Value, String> {
+    let request = match request {
+        InputRequest::CreateMessage(request) => ServerRequest::CreateMessageRequest(request),
+        InputRequest::Elicitation(request) => ServerRequest::ElicitRequest(request),
+        InputRequest::ListRoots(request) => ServerRequest::ListRootsRequest(request),
+        _ => return Err("it is not a request a client answers".to_owned()),
+    };
+    let mut options = PeerRequestOptions::no_options();
+    options.timeout = Some(ASK_TIMEOUT);
+    let answer = peer
+        .send_request_with_option(request, options)
+        .await
+        .map_err(|e| e.to_string())?
+        .await_response()
+        .await
+        .map_err(|e| e.to_string())?;
+    serde_json::to_value(answer).map_err(|e| e.to_string())
+}
 
 fn mac(key: &[u8; 32], tool: &str, principal: &Principal, payload: &[u8]) -> Hmac<Sha256> {
     let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(key).expect("any key length");

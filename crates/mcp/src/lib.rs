@@ -33,9 +33,6 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use axum::body::Body;
-use axum::http::Request;
-use axum::response::{IntoResponse, Response};
 use std::time::Duration;
 
 use rmcp::model::{
@@ -49,8 +46,6 @@ use rmcp::model::{
     UnsubscribeRequestParams, UpdateTaskParams,
 };
 use rmcp::service::RequestContext;
-use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
-use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt};
 use serde_json::{Map, Value, json};
 use toolfleet_core::adapters::{Format, ProviderCall, parse_call, render_result, tool_specs};
@@ -62,8 +57,11 @@ use toolfleet_core::{
 pub mod asking;
 pub mod core_tasks;
 pub mod declared;
+pub mod http;
 pub mod jobs;
 pub mod resources;
+mod subscriptions;
+pub use http::HttpEndpoint;
 pub use jobs::{BoxFuture, JobList, JobView, Jobs};
 
 /// The protocol revisions this server speaks, oldest first.
@@ -79,6 +77,10 @@ const SUPPORTED: [ProtocolVersion; 3] = [
 pub const DEFAULT_PAGE_SIZE: usize = 50;
 /// The largest page a configuration may ask for.
 pub const MAX_PAGE_SIZE: usize = 500;
+/// Sessions open at once in one process unless configured.
+pub const DEFAULT_MAX_SESSIONS: usize = 10_000;
+/// How often a subscribed declared resource is read again unless configured.
+pub const DEFAULT_WATCH_EVERY: Duration = Duration::from_secs(5);
 /// A cursor is a decimal offset: anything longer was not made here.
 const MAX_CURSOR_LEN: usize = 20;
 
@@ -113,6 +115,15 @@ pub struct Options {
     /// (`asks_client`), the same on every dispatcher. Without it such a
     /// tool's questions are not put to the client.
     pub state_key: Option<[u8; 32]>,
+    /// Whether an `initialize` over HTTP (2025 revisions) opens a session
+    /// of this process, in which the server asks the client and sends it
+    /// resource updates (see [`http`]).
+    pub sessions: bool,
+    /// Sessions open at once in this process, at most.
+    pub max_sessions: usize,
+    /// How often a subscribed resource that may change (a declared one) is
+    /// read again to learn whether it did.
+    pub watch_every: Duration,
 }
 
 impl Default for Options {
@@ -126,6 +137,9 @@ impl Default for Options {
             stop: None,
             declared: Arc::from(Vec::new()),
             state_key: None,
+            sessions: true,
+            max_sessions: DEFAULT_MAX_SESSIONS,
+            watch_every: DEFAULT_WATCH_EVERY,
         }
     }
 }
@@ -151,6 +165,8 @@ pub struct ToolServer {
     /// `logging/setLevel`: kept for the stdio session; over stateless HTTP
     /// each request gets its own, so it holds for that request only.
     log_level: Arc<std::sync::Mutex<Option<LogLevel>>>,
+    /// The resource subscriptions of the session (stdio, or one over HTTP).
+    watches: Arc<subscriptions::Watches>,
 }
 
 impl ToolServer {
@@ -165,14 +181,16 @@ impl ToolServer {
                 ..options
             },
             log_level: Arc::default(),
+            watches: Arc::default(),
         }
     }
 
-    /// This server for one stateless HTTP request: nothing a request sets
-    /// (its log level) reaches another.
+    /// This server for one stateless HTTP request or one session: nothing
+    /// one sets (its log level, its subscriptions) reaches another.
     fn for_request(&self) -> Self {
         ToolServer {
             log_level: Arc::default(),
+            watches: Arc::default(),
             ..self.clone()
         }
     }
@@ -379,12 +397,17 @@ impl ToolServer {
         }
     }
 
-    /// Whether the server may ask the client (elicitation) during a call, or
-    /// tell it of a task after answering: over stdio, yes; stateless HTTP
-    /// has no session to carry the client's answer or a later notification.
-    /// (Progress and log messages during a call go out over both.)
-    fn streams(&self) -> bool {
+    /// Whether the server may ask the client (elicitation, sampling, roots)
+    /// during a call, or tell it of something after answering: over stdio,
+    /// yes; over HTTP, in a session ([`http`]); a stateless request has
+    /// nothing to carry the client's answer or a later notification.
+    /// (Progress and log messages during a call go out over all three.)
+    fn streams(&self, context: &RequestContext<RoleServer>) -> bool {
         self.principal.is_some()
+            || context
+                .extensions
+                .get::<axum::http::request::Parts>()
+                .is_some_and(|parts| parts.extensions.get::<http::InSession>().is_some())
     }
 
     /// The poll hint of a job's tool.
@@ -743,17 +766,13 @@ impl ServerHandler for ToolServer {
         Ok(result.into())
     }
 
-    /// A handle or a settled job never changes: a subscription to one that
-    /// exists is accepted, and has no update to send.
+    /// See [`subscriptions`].
     async fn subscribe(
         &self,
         request: SubscribeRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
-        let principal = self.principal(&context)?;
-        let jobs = self.options.jobs.as_deref();
-        resources::read(&self.runtime, jobs, &principal, &request.uri).await?;
-        Ok(())
+        self.subscribe_to(&request.uri, &context).await
     }
 
     async fn unsubscribe(
@@ -761,9 +780,7 @@ impl ServerHandler for ToolServer {
         request: UnsubscribeRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
-        self.principal(&context)?;
-        resources::parse(&request.uri)?;
-        Ok(())
+        self.unsubscribe_from(&request.uri, &context).await
     }
 
     async fn call_tool(
@@ -860,6 +877,19 @@ impl ServerHandler for ToolServer {
         let (mut call, mut envelope) = self
             .invoke_reporting(principal.clone(), &params, &context, token.clone())
             .await;
+        let modern = context
+            .protocol_version()
+            .is_some_and(|v| v.as_str() >= ProtocolVersion::V_2026_07_28.as_str());
+        if asks && !modern && self.streams(&context) {
+            let asking = Asking {
+                principal: &principal,
+                name: &name,
+                arguments: &params["arguments"],
+                context: &context,
+                token: token.clone(),
+            };
+            (call, envelope) = self.ask_in_session(asking, call, envelope).await?;
+        }
         // Having asked what it needed, the tool hands the call on: the tool
         // it names is called as the client would have called it (a job
         // tool then answers a task to a client of the tasks extension).
@@ -879,13 +909,10 @@ impl ServerHandler for ToolServer {
             _ => None,
         };
         if let Some((asked, state)) = result.as_ref().and_then(asking::asked) {
-            let modern = context
-                .protocol_version()
-                .is_some_and(|v| v.as_str() >= ProtocolVersion::V_2026_07_28.as_str());
             let Some(key) = self.options.state_key.as_ref().filter(|_| modern) else {
                 let error = ToolError::new(
                     toolfleet_core::ErrorCode::Unavailable,
-                    "this tool asks the client for input, which needs MCP 2026-07-28 (an `input_required` result)",
+                    "this tool asks the client for input, which needs MCP 2026-07-28 (an `input_required` result) or a 2025 session (initialize, then send its Mcp-Session-Id)",
                 );
                 return complete(render_result(Format::Mcp, &call, &Envelope::error(error)));
             };
@@ -907,7 +934,7 @@ impl ServerHandler for ToolServer {
                     Err(error) => return Err(internal("reading a new job", error.message)),
                 };
                 if let Some(token) = token
-                    && self.streams()
+                    && self.streams(&context)
                 {
                     // Progress while the client polls the task.
                     let (server, jobs, peer) = (self.clone(), jobs.clone(), context.peer.clone());
@@ -946,9 +973,6 @@ impl ServerHandler for ToolServer {
                 .as_ref()
                 .is_some_and(|c| c.elicitation.is_some()) =>
             {
-                let modern = context
-                    .protocol_version()
-                    .is_some_and(|v| v.as_str() >= ProtocolVersion::V_2026_07_28.as_str());
                 if modern {
                     // 2026-07-28: ask in the result; the client retries the
                     // call with the answer, to any dispatcher.
@@ -974,7 +998,7 @@ impl ServerHandler for ToolServer {
                         Some(format!("{TICKET_STATE}{ticket}")),
                     )));
                 }
-                if !self.streams() {
+                if !self.streams(&context) {
                     // Stateless HTTP cannot carry a request to the client.
                     return complete(render_result(Format::Mcp, &call, &envelope));
                 }
@@ -1053,6 +1077,91 @@ impl ServerHandler for ToolServer {
     }
 }
 
+/// A call whose tool asks a 2025 client in a session (see
+/// [`ToolServer::ask_in_session`]).
+struct Asking<'a> {
+    principal: &'a Arc<Principal>,
+    name: &'a str,
+    /// The call's arguments as first given to the tool.
+    arguments: &'a Value,
+    context: &'a RequestContext<RoleServer>,
+    token: Option<ProgressToken>,
+}
+
+impl ToolServer {
+    /// What the tool asks a 2025 client in a session (or over stdio) is put
+    /// to it as requests of the server's, and the tool called again with
+    /// the answers, its state and the client's capabilities, round after
+    /// round while it asks, up to [`asking::MAX_ROUNDS`]. A question the
+    /// client does not answer ends the call with a tool error naming it.
+    async fn ask_in_session(
+        &self,
+        asking: Asking<'_>,
+        mut call: ProviderCall,
+        mut envelope: Envelope,
+    ) -> Result<(ProviderCall, Envelope), ErrorData> {
+        let capabilities = asking.context.client_capabilities();
+        let declared = capabilities
+            .as_ref()
+            .and_then(|c| serde_json::to_value(c).ok())
+            .unwrap_or_else(|| json!({}));
+        let mut rounds = 0;
+        loop {
+            let result = match &envelope {
+                Envelope::Ok { result, .. } if call.name == asking.name => result.to_value(),
+                _ => return Ok((call, envelope)),
+            };
+            let Some((asked, state)) = asking::asked(&result) else {
+                return Ok((call, envelope));
+            };
+            if rounds == asking::MAX_ROUNDS {
+                let error = ToolError::new(
+                    toolfleet_core::ErrorCode::ToolFailed,
+                    format!(
+                        "`{}` kept asking the client past {} rounds",
+                        asking.name,
+                        asking::MAX_ROUNDS
+                    ),
+                );
+                return Ok((call, Envelope::error(error)));
+            }
+            rounds += 1;
+            let requests = asking::requests(asked, capabilities.as_ref())?;
+            let mut responses = Map::new();
+            for (key, request) in requests {
+                match asking::ask(&asking.context.peer, request).await {
+                    Ok(answer) => {
+                        responses.insert(key, answer);
+                    }
+                    Err(why) => {
+                        let error = ToolError::new(
+                            toolfleet_core::ErrorCode::Unavailable,
+                            format!("the client did not answer `{key}`: {why}"),
+                        );
+                        return Ok((call, Envelope::error(error)));
+                    }
+                }
+            }
+            let mut args = asking.arguments.as_object().cloned().unwrap_or_default();
+            args.insert("input_responses".into(), Value::Object(responses));
+            match state {
+                Some(state) => args.insert("request_state".into(), state.clone()),
+                None => args.remove("request_state"),
+            };
+            args.insert("client_capabilities".into(), declared.clone());
+            let params = json!({"name": asking.name, "arguments": args});
+            (call, envelope) = self
+                .invoke_reporting(
+                    asking.principal.clone(),
+                    &params,
+                    asking.context,
+                    asking.token.clone(),
+                )
+                .await;
+        }
+    }
+}
+
 impl ToolServer {
     fn jobs(&self) -> Result<&Arc<dyn Jobs>, ErrorData> {
         self.options.jobs.as_ref().ok_or_else(|| {
@@ -1085,159 +1194,6 @@ fn complete(result: Value) -> Result<CallToolResponse, ErrorData> {
     // 2026-07-28 requires it; rmcp drops it for older peers.
     result.result_type = Some(ResultType::COMPLETE);
     Ok(CallToolResponse::Complete(result))
-}
-
-/// `/mcp`: MCP over Streamable HTTP for requests whose caller is already
-/// authenticated. Stateless: no session outlives a request, so any number of
-/// dispatchers serve the same clients. Answers are JSON, except for a call
-/// whose tool reports progress or log messages: an SSE stream carries them,
-/// then the result. GET is 405.
-#[derive(Clone)]
-pub struct HttpEndpoint {
-    service: StreamableHttpService<ToolServer, NeverSessionManager>,
-    /// For the 2025-11-25 task requests rmcp does not carry.
-    server: ToolServer,
-    max_body: usize,
-}
-
-/// The largest answer of rmcp's that [`HttpEndpoint`] completes (an
-/// `initialize` or a `tools/list` page).
-const MAX_PATCHED: usize = 16 * 1024 * 1024;
-
-impl HttpEndpoint {
-    /// The Streamable HTTP endpoint of `runtime`.
-    pub fn new(runtime: Arc<Runtime>, options: Options) -> Self {
-        let max_body = options.max_body;
-        let server = ToolServer::new(runtime, None, options);
-        // Host and Origin are checked by the server before a request gets
-        // here, against its own address and configured origins.
-        let config = StreamableHttpServerConfig::default()
-            .with_legacy_session_mode(false)
-            .with_json_response(true)
-            .with_sse_keep_alive(None)
-            .with_max_request_body_bytes(max_body)
-            .disable_allowed_hosts()
-            .disable_allowed_origins();
-        let per_request = server.clone();
-        let service = StreamableHttpService::new(
-            move || Ok(per_request.for_request()),
-            Arc::new(NeverSessionManager::default()),
-            config,
-        );
-        HttpEndpoint {
-            service,
-            server,
-            max_body,
-        }
-    }
-
-    /// Answers one HTTP request to `/mcp` as `principal`: rmcp does, but
-    /// for what [`core_tasks`] speaks to 2025-11-25 clients.
-    pub async fn handle(&self, request: Request<Body>, principal: Arc<Principal>) -> Response {
-        if request.method() != axum::http::Method::POST {
-            return self.rmcp(request, principal).await;
-        }
-        let legacy = request
-            .headers()
-            .get("mcp-protocol-version")
-            .and_then(|v| v.to_str().ok())
-            == Some(core_tasks::VERSION);
-        let (parts, body) = request.into_parts();
-        let bytes = match axum::body::to_bytes(body, self.max_body).await {
-            Ok(bytes) => bytes,
-            Err(_) => {
-                let error = ErrorData::invalid_request(
-                    format!("the request is larger than {} bytes", self.max_body),
-                    None,
-                );
-                return json_response(
-                    axum::http::StatusCode::PAYLOAD_TOO_LARGE,
-                    &core_tasks::reply(&Value::Null, Err(error)),
-                );
-            }
-        };
-        let message: Option<Value> = serde_json::from_slice(&bytes).ok();
-        let route = message
-            .as_ref()
-            .map(|m| core_tasks::route(m, legacy))
-            .unwrap_or(core_tasks::Route::Pass);
-        let request = Request::from_parts(parts, Body::from(bytes));
-        match (route, message) {
-            (core_tasks::Route::Answer, Some(message)) => {
-                let trace = trace_of(request.headers());
-                let answer = self
-                    .server
-                    .answer_core_task(principal, &message, None, trace)
-                    .await;
-                json_response(axum::http::StatusCode::OK, &answer)
-            }
-            (core_tasks::Route::PatchInitialize | core_tasks::Route::PatchToolsList, _)
-                if self.server.serves_tasks() =>
-            {
-                let response = self.rmcp(request, principal).await;
-                self.complete(response, route).await
-            }
-            _ => self.rmcp(request, principal).await,
-        }
-    }
-
-    async fn rmcp(&self, mut request: Request<Body>, principal: Arc<Principal>) -> Response {
-        use tower_service::Service;
-        request.extensions_mut().insert(Authenticated(principal));
-        let mut service = self.service.clone();
-        match service.call(request).await {
-            Ok(response) => response.into_response(),
-            Err(never) => match never {},
-        }
-    }
-
-    /// rmcp's JSON answer with what 2025-11-25 adds for tasks; any other
-    /// answer as it is.
-    async fn complete(&self, response: Response, route: core_tasks::Route) -> Response {
-        let json = response
-            .headers()
-            .get(axum::http::header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.starts_with("application/json"));
-        if !json {
-            return response;
-        }
-        let (mut parts, body) = response.into_parts();
-        let Ok(bytes) = axum::body::to_bytes(body, MAX_PATCHED).await else {
-            return internal_response("an answer was too large to complete");
-        };
-        let mut message: Value = match serde_json::from_slice(&bytes) {
-            Ok(message) => message,
-            Err(_) => return Response::from_parts(parts, Body::from(bytes)),
-        };
-        if let Some(result) = message.get_mut("result") {
-            match route {
-                core_tasks::Route::PatchInitialize => core_tasks::patch_initialize(result),
-                core_tasks::Route::PatchToolsList => self.server.patch_tools_list(result),
-                _ => {}
-            }
-        }
-        let body = message.to_string();
-        parts.headers.remove(axum::http::header::CONTENT_LENGTH);
-        Response::from_parts(parts, Body::from(body))
-    }
-}
-
-fn json_response(status: axum::http::StatusCode, message: &Value) -> Response {
-    (
-        status,
-        [(axum::http::header::CONTENT_TYPE, "application/json")],
-        message.to_string(),
-    )
-        .into_response()
-}
-
-fn internal_response(what: &str) -> Response {
-    let error = ErrorData::internal_error(what.to_owned(), None);
-    json_response(
-        axum::http::StatusCode::INTERNAL_SERVER_ERROR,
-        &core_tasks::reply(&Value::Null, Err(error)),
-    )
 }
 
 /// MCP over stdin and stdout as `principal`, until the client closes stdin.

@@ -83,6 +83,12 @@ pub struct McpSettings {
     pub resources: Arc<[toolfleet_mcp::declared::Declared]>,
     /// The key of the state tools that ask the client hand on.
     pub state_key: Option<[u8; 32]>,
+    /// Whether an `initialize` opens a session of this process.
+    pub sessions: bool,
+    /// Sessions open at once, at most.
+    pub max_sessions: usize,
+    /// How often a subscribed declared resource is read again.
+    pub watch_every: std::time::Duration,
 }
 
 impl Default for McpSettings {
@@ -92,6 +98,9 @@ impl Default for McpSettings {
             page_size: toolfleet_mcp::DEFAULT_PAGE_SIZE,
             resources: Arc::from(Vec::new()),
             state_key: None,
+            sessions: true,
+            max_sessions: toolfleet_mcp::DEFAULT_MAX_SESSIONS,
+            watch_every: toolfleet_mcp::DEFAULT_WATCH_EVERY,
         }
     }
 }

@@ -179,6 +179,9 @@ pub(crate) fn endpoint(state: &AppState) -> Arc<HttpEndpoint> {
             stop: Some(state.stopping.clone()),
             declared: state.mcp.resources.clone(),
             state_key: state.mcp.state_key,
+            sessions: state.mcp.sessions,
+            max_sessions: state.mcp.max_sessions,
+            watch_every: state.mcp.watch_every,
             ..Options::default()
         },
     ))

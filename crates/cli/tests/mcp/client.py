@@ -312,7 +312,7 @@ async def exercise_rich(client, tasks, streams):
         check("travel" in json.dumps(asked.structured_content), f"the answer is not in the result: {asked}")
         seen["elicited"] = asked.structured_content
     else:
-        # Stateless HTTP before 2026-07-28 cannot ask: the suspended envelope.
+        # Without a session before 2026-07-28 nothing can ask: the suspended envelope.
         check(asked.structured_content.get("status") == "suspended", f"not suspended: {asked}")
         seen["elicited"] = None
     return seen
@@ -406,7 +406,8 @@ async def over_http(url, token, mode, other=None):
             seen = await exercise(client)
         tasks = Tasks()
         async with rich(streamable_http_client(url, http_client=http), mode, tasks) as client:
-            seen["rich"] = await exercise_rich(client, tasks, streams=False)
+            # The initialize handshake opens a session, in which the server asks.
+            seen["rich"] = await exercise_rich(client, tasks, streams=True)
     task_id = seen["rich"].get("task_id")
     if other and task_id:
         # Another tenant's task is not found, to read or to cancel.
