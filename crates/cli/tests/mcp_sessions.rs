@@ -59,6 +59,20 @@ description = "The note's text."
 input_schema = {{ type = "object", additionalProperties = false, properties = {{}} }}
 executor = {{ kind = "exec", program = "cat", args = ["{note}"] }}
 
+[[tools]]
+name = "read_numbered"
+shape = "query"
+description = "A numbered note."
+input_schema = {{ type = "object", additionalProperties = false, required = ["id"], properties = {{ id = {{ type = "string", pattern = "^[0-9]{{1,3}}$" }} }} }}
+executor = {{ kind = "exec", program = "sh", args = ["-c", "echo '{{\"text\": \"a numbered note\"}}'"] }}
+
+[[resources]]
+uri_template = "notes://numbered/{{id}}"
+name = "numbered"
+description = "A numbered note."
+mime_type = "text/plain"
+tool = "read_numbered"
+
 [[resources]]
 uri = "notes://current"
 name = "note"
@@ -420,5 +434,46 @@ fn a_subscription_tells_its_session_of_changes_until_unsubscribed() {
         std::fs::write(dir.0.join("note.json"), r#"{"text": "third"}"#).expect("rewritten");
         let quiet = notes.within(Duration::from_secs(2)).await;
         assert_eq!(quiet, None, "no update after unsubscribing");
+    });
+}
+
+#[test]
+fn a_session_holds_a_bounded_number_of_subscriptions() {
+    common::block_on(async {
+        let dir = TempDir::new("mcp-sessions-bound");
+        let server = start(&dir, "");
+        let mut alice = Peer::new(&server, TOKEN);
+        alice.initialize().await.expect("a session");
+        let subscribe = |n: u64| {
+            let alice = &alice;
+            async move {
+                let uri = format!("notes://numbered/{n}");
+                alice
+                    .ask(n, "resources/subscribe", json!({"uri": uri}))
+                    .await
+            }
+        };
+        // Each declared resource is read again and again: ten at most.
+        for n in 1..=10 {
+            let answer = subscribe(n).await;
+            assert_eq!(answer["result"], json!({}), "{answer}");
+        }
+        let refused = subscribe(11).await;
+        assert_eq!(refused["error"]["code"], -32600, "{refused}");
+        let why = refused["error"]["message"].as_str().unwrap_or_default();
+        assert!(why.contains("at most 10"), "{refused}");
+        // Subscribing again to one it holds is no new subscription.
+        let again = subscribe(10).await;
+        assert_eq!(again["result"], json!({}), "{again}");
+        let dropped = alice
+            .ask(
+                20,
+                "resources/unsubscribe",
+                json!({"uri": "notes://numbered/1"}),
+            )
+            .await;
+        assert_eq!(dropped["result"], json!({}), "{dropped}");
+        let room = subscribe(11).await;
+        assert_eq!(room["result"], json!({}), "{room}");
     });
 }

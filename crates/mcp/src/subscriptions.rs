@@ -33,6 +33,9 @@ use crate::{ToolServer, declared, internal};
 
 /// Subscriptions one session holds at once, at most.
 pub(crate) const MAX_WATCHES: usize = 100;
+/// Of them, those to declared resources (each a call of its tool every
+/// [`crate::Options::watch_every`]), at most.
+pub(crate) const MAX_DECLARED_WATCHES: usize = 10;
 /// The longest one wait for a job's outcome lasts before waiting again.
 const SETTLE_ROUND: Duration = Duration::from_secs(30);
 
@@ -41,12 +44,16 @@ const SETTLE_ROUND: Duration = Duration::from_secs(30);
 #[derive(Default)]
 pub(crate) struct Watches(Mutex<HashMap<String, Watch>>);
 
-/// A running watch, aborted when dropped.
-struct Watch(tokio::task::JoinHandle<()>);
+/// A running watch, aborted when dropped; `declared` when it reads a
+/// declared resource again and again.
+struct Watch {
+    task: tokio::task::JoinHandle<()>,
+    declared: bool,
+}
 
 impl Drop for Watch {
     fn drop(&mut self) {
-        self.0.abort();
+        self.task.abort();
     }
 }
 
@@ -101,11 +108,20 @@ impl ToolServer {
                 None,
             ));
         }
+        let declared = matches!(change, Change::Declared(_));
+        if declared && watches.values().filter(|w| w.declared).count() >= MAX_DECLARED_WATCHES {
+            return Err(ErrorData::invalid_request(
+                format!(
+                    "a session holds at most {MAX_DECLARED_WATCHES} subscriptions to declared resources: unsubscribe from one first"
+                ),
+                None,
+            ));
+        }
         let (server, peer, owned) = (self.clone(), context.peer.clone(), uri.to_owned());
         let task = tokio::spawn(async move {
             server.watch(principal, peer, owned, change).await;
         });
-        watches.insert(uri.to_owned(), Watch(task));
+        watches.insert(uri.to_owned(), Watch { task, declared });
         Ok(())
     }
 
