@@ -286,6 +286,7 @@ fn new_ticket(id: String, ticket: TicketRequest) -> NewTicket {
         expires_at: ticket
             .expires_in
             .map(|after| now.saturating_add(millis(after))),
+        input_requests: None,
         now,
     }
 }

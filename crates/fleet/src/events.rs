@@ -54,6 +54,20 @@ fn ticket_state(ticket: &TicketRecord) -> EventState {
 
 /// A ticket as clients read it.
 pub fn ticket_view(ticket: &TicketRecord) -> serde_json::Value {
+    let mut view = ticket_fields(ticket);
+    if ticket.kind == toolfleet_store::TicketKind::Input
+        && let Some(fields) = view.as_object_mut()
+    {
+        // What the tool asks its caller's MCP client, and which keys no
+        // answer reached yet.
+        let pending: Vec<String> = ticket.pending_inputs().keys().cloned().collect();
+        fields.insert("input_requests".into(), json!(ticket.input_requests));
+        fields.insert("pending".into(), json!(pending));
+    }
+    view
+}
+
+fn ticket_fields(ticket: &TicketRecord) -> serde_json::Value {
     json!({
         "ticket": ticket.id,
         "tool": ticket.tool,

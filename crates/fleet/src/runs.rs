@@ -53,7 +53,7 @@ pub fn ticket_outcome(ticket: &TicketRecord) -> Option<Envelope> {
         return Some(Envelope::error(expired(&ticket.id)));
     }
     match (ticket.kind, &ticket.answer) {
-        (TicketKind::Question, Some(answer)) => Some(Envelope::ok(
+        (TicketKind::Question | TicketKind::Input, Some(answer)) => Some(Envelope::ok(
             Json::from(json!({"answer": answer})),
             ticket.call_id.clone(),
         )),

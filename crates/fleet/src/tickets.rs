@@ -35,6 +35,12 @@ pub async fn answer(
             ticket.id, ticket.tool, ticket.id, ticket.id
         )));
     }
+    if ticket.kind == TicketKind::Input {
+        return Err(ToolError::invalid_arguments(format!(
+            "ticket {} is what `{}` asks its caller's MCP client: it is answered by that client, with tasks/update of the task",
+            ticket.id, ticket.tool
+        )));
+    }
     if !ticket.options.is_empty()
         && !answer
             .as_str()
@@ -245,6 +251,71 @@ pub async fn sweep_tickets(on: &Deciding<'_>, before: i64, limit: u32) -> Result
         settled += 1;
     }
     Ok(settled)
+}
+
+/// The member of a job's checkpoint naming the input ticket its tool
+/// asked last (a job tool declared `asks_client`; see the worker).
+const INPUT_CHECKPOINT: &str = "input";
+
+/// The checkpoint of a job whose tool asked input ticket `ticket` in
+/// `round`, handing on `state` (kept here, never shown to the client).
+pub fn input_checkpoint(ticket: &str, round: u64, state: Option<&Value>) -> Value {
+    json!({INPUT_CHECKPOINT: {"ticket": ticket, "round": round, "request_state": state}})
+}
+
+/// The input ticket a job's checkpoint names, if any.
+pub fn input_ticket_of(checkpoint: Option<&Value>) -> Option<&str> {
+    checkpoint?.get(INPUT_CHECKPOINT)?.get("ticket")?.as_str()
+}
+
+/// The round of the job's last question (0: it asked none).
+pub fn input_round_of(checkpoint: Option<&Value>) -> u64 {
+    checkpoint
+        .and_then(|c| c.get(INPUT_CHECKPOINT))
+        .and_then(|i| i.get("round"))
+        .and_then(Value::as_u64)
+        .unwrap_or(0)
+}
+
+/// The state the tool handed on with its last question, if any.
+pub fn input_request_state(checkpoint: Option<&Value>) -> Option<Value> {
+    checkpoint?
+        .get(INPUT_CHECKPOINT)?
+        .get("request_state")
+        .filter(|s| !s.is_null())
+        .cloned()
+}
+
+/// Records `responses` on the input ticket `ticket` (kind `input`, read
+/// and allowed by the caller): keys it does not ask, or answered before,
+/// are left out. The answer to its last pending request answers it,
+/// announces it and wakes the job parked on it. The ticket as it then
+/// stands, or `None` when it is gone.
+pub async fn respond(
+    store: &dyn Store,
+    broker: &dyn Broker,
+    notices: &dyn Notices,
+    ticket: &TicketRecord,
+    responses: &serde_json::Map<String, Value>,
+) -> Result<Option<TicketRecord>, ToolError> {
+    let responded = store
+        .respond_ticket(toolfleet_store::RespondTicket {
+            tenant: &ticket.tenant,
+            id: &ticket.id,
+            responses,
+            now: now_ms(),
+        })
+        .await
+        .map_err(store_error)?;
+    Ok(match responded {
+        Some(toolfleet_store::Responded::Answered(ticket)) => {
+            let _ = notices.publish(&ticket_event(&ticket)).await;
+            wake_parked(store, broker, &ticket.id).await;
+            Some(ticket)
+        }
+        Some(toolfleet_store::Responded::Recorded(ticket)) => Some(ticket),
+        None => None,
+    })
 }
 
 /// Jobs parked on an answered ticket (agents waiting for this answer) are

@@ -7,7 +7,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use rmcp::model::{DetailedTask, Task, TaskPayload, TaskStatus};
+use rmcp::model::{DetailedTask, InputRequests, Task, TaskPayload, TaskStatus};
 use serde_json::{Map, Value, json};
 pub use toolfleet_core::iso8601;
 use toolfleet_core::{Envelope, JobState, Principal, ToolError};
@@ -32,6 +32,10 @@ pub struct JobView {
     pub created_at: i64,
     /// Milliseconds since the epoch of the job's last change.
     pub updated_at: i64,
+    /// What the job's tool asks its caller's client and is not answered
+    /// yet, by key (`{"method", "params"}` each), while the job waits for
+    /// it; `None` otherwise.
+    pub input_requests: Option<Map<String, Value>>,
 }
 
 /// One page of a tenant's jobs, newest first.
@@ -89,6 +93,21 @@ pub trait Jobs: Send + Sync + 'static {
         cursor: Option<&'a str>,
         limit: u32,
     ) -> BoxFuture<'a, Result<JobList, ToolError>>;
+    /// Records the client's answers (by key) to what job `id`'s tool asks
+    /// (see [`JobView::input_requests`]) for the job's owner alone: keys it
+    /// does not ask, or answered before, are left out, and the answer to
+    /// the last one resumes the job. `Ok(None)` for a job that is missing,
+    /// another tenant's or another user's; `Ok(Some(()))` otherwise,
+    /// recorded or not. By default no job asks, so nothing is recorded.
+    fn respond<'a>(
+        &'a self,
+        principal: &'a Principal,
+        id: &'a str,
+        responses: &'a Map<String, Value>,
+    ) -> BoxFuture<'a, Result<Option<()>, ToolError>> {
+        let _ = responses;
+        Box::pin(async move { Ok(self.job(principal, id).await?.map(|_| ())) })
+    }
     /// Answers the tenant's ticket as `POST /v1/tickets/{id}/answer` does:
     /// the answered ticket, or the error that route would answer.
     fn answer<'a>(
@@ -128,6 +147,16 @@ pub fn task_of(
     } else {
         task_status(job.state)
     };
+    let asking = job
+        .input_requests
+        .as_ref()
+        .filter(|r| !r.is_empty() && !job.state.is_settled())
+        .and_then(|r| serde_json::from_value::<InputRequests>(Value::Object(r.clone())).ok());
+    let status = if asking.is_some() {
+        TaskStatus::InputRequired
+    } else {
+        status
+    };
     let mut task = Task::new(
         job.id.clone(),
         status,
@@ -138,6 +167,9 @@ pub fn task_of(
     .with_status_message(status_message(job));
     task.ttl_ms = None;
     let payload = match job.state {
+        _ if asking.is_some() => TaskPayload::InputRequired {
+            input_requests: asking.unwrap_or_default(),
+        },
         JobState::Queued
         | JobState::Scheduled
         | JobState::Running
@@ -175,6 +207,14 @@ pub fn task_of(
 
 /// The job's state, its attempts and progress, for people.
 pub fn status_message(job: &JobView) -> String {
+    if let Some(asked) = job.input_requests.as_ref().filter(|r| !r.is_empty()) {
+        let keys: Vec<&str> = asked.keys().map(String::as_str).collect();
+        return format!(
+            "input_required `{}`: waiting for tasks/update with {}",
+            job.tool,
+            keys.join(", ")
+        );
+    }
     let mut message = format!("{} `{}`", job.state, job.tool);
     if let Envelope::Running {
         attempts: Some(attempts),

@@ -1046,17 +1046,29 @@ impl ServerHandler for ToolServer {
         Ok(GetTaskResult::new(self.task(&job)))
     }
 
+    /// The client's answers to what a task's tool asks (its
+    /// `inputRequests`), for the task's owner alone: bounded
+    /// ([`check_responses`]), recorded on the job's input ticket, and the
+    /// last one resumes the job. Keys the task does not ask (now), or
+    /// answered before, are left out, so a retried update is harmless; the
+    /// ack is `{resultType: "complete"}` either way, and `tasks/get` shows
+    /// what is still pending.
     async fn update_task(
         &self,
         request: UpdateTaskParams,
         context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
         let principal = self.principal(&context)?;
-        self.job(&principal, &request.task_id).await?;
-        Err(ErrorData::invalid_params(
-            "this task asks for no input; its questions are tickets a person answers",
-            None,
-        ))
+        let jobs = self.jobs()?;
+        if !jobs::plausible(&request.task_id) {
+            return Err(jobs::no_task(&request.task_id));
+        }
+        let responses = check_responses(&request.input_responses)?;
+        match jobs.respond(&principal, &request.task_id, &responses).await {
+            Ok(Some(())) => Ok(()),
+            Ok(None) => Err(jobs::no_task(&request.task_id)),
+            Err(error) => Err(internal("recording a task's input", error.message)),
+        }
     }
 
     async fn cancel_task(
@@ -1075,6 +1087,50 @@ impl ServerHandler for ToolServer {
             Err(error) => Err(internal("cancelling a job", error.message)),
         }
     }
+}
+
+/// Answers one `tasks/update` may carry, at most.
+const MAX_INPUT_RESPONSES: usize = 16;
+/// The longest key of an answer, in bytes.
+const MAX_INPUT_KEY: usize = 128;
+/// The largest answer, as JSON, in bytes.
+const MAX_INPUT_RESPONSE: usize = 64 * 1024;
+
+/// `tasks/update`'s answers as the fleet records them, or -32602: at most
+/// [`MAX_INPUT_RESPONSES`], each an object (an elicitation's, a sampling's
+/// or a roots result) under a key of at most [`MAX_INPUT_KEY`] bytes, of
+/// at most [`MAX_INPUT_RESPONSE`] bytes.
+fn check_responses(given: &rmcp::model::InputResponses) -> Result<Map<String, Value>, ErrorData> {
+    let refuse = |why: String| Err(ErrorData::invalid_params(why, None));
+    if given.len() > MAX_INPUT_RESPONSES {
+        return refuse(format!(
+            "inputResponses has {} answers; at most {MAX_INPUT_RESPONSES}",
+            given.len()
+        ));
+    }
+    let mut responses = Map::new();
+    for (key, response) in given {
+        let shown = toolfleet_core::registry::truncate(key, 64);
+        if key.is_empty() || key.len() > MAX_INPUT_KEY {
+            return refuse(format!(
+                "inputResponses key `{shown}` has {} bytes; keys have 1 to {MAX_INPUT_KEY}",
+                key.len()
+            ));
+        }
+        if !response.is_object() {
+            return refuse(format!(
+                "inputResponses `{shown}` must be an object (the result of the request it answers)"
+            ));
+        }
+        let size = response.to_string().len();
+        if size > MAX_INPUT_RESPONSE {
+            return refuse(format!(
+                "inputResponses `{shown}` has {size} bytes; at most {MAX_INPUT_RESPONSE}"
+            ));
+        }
+        responses.insert(key.clone(), response.clone());
+    }
+    Ok(responses)
 }
 
 /// A call whose tool asks a 2025 client in a session (see

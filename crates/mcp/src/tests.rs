@@ -238,7 +238,38 @@ mod tasks {
             progress: Some(json!({"done": 1})),
             created_at: 1_764_066_600_000,
             updated_at: 1_764_066_601_234,
+            input_requests: None,
         }
+    }
+
+    #[test]
+    fn a_job_waiting_for_its_clients_input_is_an_input_required_task() {
+        let asked = json!({"confirm": {"method": "elicitation/create",
+            "params": {"message": "Delete?", "requestedSchema": {"type": "object", "properties": {}}}}});
+        let waiting = JobView {
+            input_requests: asked.as_object().cloned(),
+            ..job(JobState::Retrying, Envelope::running(ID, 1))
+        };
+        let task = serde_json::to_value(task_of(&waiting, 1, None)).expect("json");
+        assert_eq!(task["status"], "input_required");
+        assert_eq!(
+            task["inputRequests"]["confirm"]["method"],
+            "elicitation/create"
+        );
+        // Settled, or nothing pending: no input asked.
+        let done = JobView {
+            input_requests: asked.as_object().cloned(),
+            ..job(JobState::Cancelled, Envelope::running(ID, 1))
+        };
+        let task = serde_json::to_value(task_of(&done, 1, None)).expect("json");
+        assert_eq!(task["status"], "cancelled");
+        assert!(task.get("inputRequests").is_none());
+        let none = JobView {
+            input_requests: Some(serde_json::Map::new()),
+            ..job(JobState::Retrying, Envelope::running(ID, 1))
+        };
+        let task = serde_json::to_value(task_of(&none, 1, None)).expect("json");
+        assert_eq!(task["status"], "working");
     }
 
     #[test]

@@ -15,10 +15,11 @@ use std::time::Duration;
 
 use serde_json::Value;
 use toolfleet_broker::Broker;
+use toolfleet_core::JobState;
 use toolfleet_core::metrics::{Denial, UNKNOWN_TOOL};
 use toolfleet_core::{Envelope, ErrorCode, Principal, ToolError};
 use toolfleet_mcp::{BoxFuture, HttpEndpoint, JobList, JobView, Jobs, Options};
-use toolfleet_store::{JobFilter, JobRecord};
+use toolfleet_store::{JobFilter, JobRecord, TicketKind, TicketRecord};
 
 use crate::AppState;
 use crate::access;
@@ -44,8 +45,14 @@ impl McpJobs {
         McpJobs::new(state.status(), state.broker.clone())
     }
 
-    /// The view of `job` `principal` reads.
-    fn view(&self, principal: &Principal, job: JobRecord) -> JobView {
+    /// The view of `job` `principal` reads: with what its tool asks the
+    /// client and is not answered yet, while it waits for that.
+    async fn view(&self, principal: &Principal, job: JobRecord) -> JobView {
+        let input_requests = self
+            .input_ticket(&job)
+            .await
+            .map(|ticket| ticket.pending_inputs())
+            .filter(|pending| !pending.is_empty());
         JobView {
             envelope: self.status.answer(principal, &job),
             id: job.id,
@@ -54,7 +61,21 @@ impl McpJobs {
             progress: job.progress,
             created_at: job.created_at,
             updated_at: job.updated_at,
+            input_requests,
         }
+    }
+
+    /// The open input ticket a parked job waits on (its checkpoint names
+    /// it: see the worker's `input`), if it waits on one.
+    async fn input_ticket(&self, job: &JobRecord) -> Option<TicketRecord> {
+        if job.state != JobState::Parked {
+            return None;
+        }
+        let store = &self.status.store;
+        let saved = store.checkpoint(&job.id).await.ok()??;
+        let id = toolfleet_fleet::tickets::input_ticket_of(Some(&saved))?;
+        let ticket = store.ticket(&job.tenant, id).await.ok()??;
+        (ticket.kind == TicketKind::Input && ticket.is_open()).then_some(ticket)
     }
 }
 
@@ -77,7 +98,10 @@ impl Jobs for McpJobs {
     ) -> BoxFuture<'a, Result<Option<JobView>, ToolError>> {
         Box::pin(async move {
             let job = self.status.wait_change(principal, id, since, wait).await?;
-            Ok(job.map(|job| self.view(principal, job)))
+            Ok(match job {
+                Some(job) => Some(self.view(principal, job).await),
+                None => None,
+            })
         })
     }
 
@@ -92,7 +116,10 @@ impl Jobs for McpJobs {
     ) -> BoxFuture<'a, Result<Option<JobView>, ToolError>> {
         Box::pin(async move {
             let job = self.status.wait_settled(principal, id, wait).await?;
-            Ok(job.map(|job| self.view(principal, job)))
+            Ok(match job {
+                Some(job) => Some(self.view(principal, job).await),
+                None => None,
+            })
         })
     }
 
@@ -103,7 +130,10 @@ impl Jobs for McpJobs {
     ) -> BoxFuture<'a, Result<Option<JobView>, ToolError>> {
         Box::pin(async move {
             let job = self.status.cancel_record(principal, id).await?;
-            Ok(job.map(|job| self.view(principal, job)))
+            Ok(match job {
+                Some(job) => Some(self.view(principal, job).await),
+                None => None,
+            })
         })
     }
 
@@ -129,14 +159,45 @@ impl Jobs for McpJobs {
                 })
                 .await
                 .map_err(toolfleet_fleet::store_error)?;
+            let mut jobs = Vec::with_capacity(page.jobs.len());
+            for job in page.jobs {
+                jobs.push(self.view(principal, job).await);
+            }
             Ok(JobList {
-                jobs: page
-                    .jobs
-                    .into_iter()
-                    .map(|job| self.view(principal, job))
-                    .collect(),
+                jobs,
                 next_cursor: page.next_cursor,
             })
+        })
+    }
+
+    /// The job's owner alone (another user's or tenant's job reads as
+    /// missing, operators included): the answers are recorded on the input
+    /// ticket the parked job waits on, if it waits on one.
+    fn respond<'a>(
+        &'a self,
+        principal: &'a Principal,
+        id: &'a str,
+        responses: &'a serde_json::Map<String, Value>,
+    ) -> BoxFuture<'a, Result<Option<()>, ToolError>> {
+        Box::pin(async move {
+            let store = &self.status.store;
+            let job = match store.job(&principal.tenant, id).await {
+                Ok(Some(job)) if job.user == principal.user => job,
+                Ok(_) => return Ok(None),
+                Err(error) => return Err(toolfleet_fleet::store_error(error)),
+            };
+            if let Some(ticket) = self.input_ticket(&job).await {
+                let notices = self.status.notices.as_ref();
+                toolfleet_fleet::tickets::respond(
+                    store.as_ref(),
+                    self.broker.as_ref(),
+                    notices,
+                    &ticket,
+                    responses,
+                )
+                .await?;
+            }
+            Ok(Some(()))
         })
     }
 

@@ -440,6 +440,12 @@ mod tests {
         async fn answer_ticket(&self, _: AnswerTicket<'_>) -> Result<Option<Answered>, StoreError> {
             unreachable!()
         }
+        async fn respond_ticket(
+            &self,
+            _: toolfleet_store::RespondTicket<'_>,
+        ) -> Result<Option<toolfleet_store::Responded>, StoreError> {
+            unreachable!()
+        }
         async fn append_audit(&self, _: &[AuditRecord]) -> Result<(), StoreError> {
             unreachable!()
         }

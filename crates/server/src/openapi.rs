@@ -553,7 +553,7 @@ fn operation(op: Op, limits: &Limits) -> Value {
         Op::ListTickets => Spec::new("listTickets", "tickets", "The caller's inbox")
             .describe("The tickets the caller may answer, newest first, 50 a page.")
             .param(param("query", "state", "Only open or answered tickets.", json!({"type": "string", "enum": ["open", "answered"]})))
-            .param(param("query", "kind", "Only questions or approvals.", json!({"type": "string", "enum": ["question", "approval"]})))
+            .param(param("query", "kind", "Only questions, approvals or input tickets.", json!({"type": "string", "enum": ["question", "approval", "input"]})))
             .param(param("query", "cursor", "The `next_cursor` of the previous page.", json!({"type": "string", "maxLength": 256})))
             .answers(with_query(vec![("200", ok_or_error("A page of tickets.", schema("TicketPage"), json!({"status": "ok", "call_id": "0190f5c2-7d3e-7b2a-9c1e-2f4a5b6c7d8e", "result": {"tickets": [], "next_cursor": null}})))])),
         Op::GetTicket => Spec::new("getTicket", "tickets", "Read a ticket")
@@ -1095,8 +1095,10 @@ fn people_schemas() -> Value {
                     "question": {"type": "string"},
                     "options": {"type": "array", "items": {"type": "string"}},
                     "state": {"type": "string", "enum": ["open", "answered", "expired"]},
-                    "kind": {"type": "string", "enum": ["question", "approval"]},
+                    "kind": {"type": "string", "enum": ["question", "approval", "input"]},
                     "plan": {"description": "An approval's: what the command's dry run answered."},
+                    "input_requests": {"type": "object", "description": "An input ticket's: what a job tool asks its caller's MCP client, by key."},
+                    "pending": {"type": "array", "items": {"type": "string"}, "description": "An input ticket's keys not answered yet."},
                     "answer": {"description": "The answer, once given."},
                     "outcome": {"description": "The envelope it came to, once it did."},
                     "answered_by": {"oneOf": [{"const": "caller"}, {"type": "object", "required": ["scope"], "properties": {"scope": {"type": "string"}}}]},

@@ -66,6 +66,7 @@ pub(crate) fn new_ticket(callback_url: Option<&str>, now: i64) -> NewTicket {
         plan: None,
         scopes: Vec::new(),
         expires_at: None,
+        input_requests: None,
         now,
     }
 }
@@ -129,6 +130,8 @@ pub(crate) fn ticket_record(ticket: NewTicket) -> TicketRecord {
         expires_at: ticket.expires_at,
         expired_at: None,
         outcome: None,
+        input_requests: ticket.input_requests,
+        input_responses: None,
         created_at: ticket.now,
         answered_at: None,
     }

@@ -21,8 +21,8 @@ use toolfleet_core::{
 
 use crate::{
     Answered, ClaimCommit, CommitClaim, Fail, HandleOwner, Heartbeat, Inserted, JobFilter,
-    JobRecord, Lease, LeaseRef, NewHandle, NewJob, NewTicket, Park, SaveCheckpoint, SetProgress,
-    Store, StoreError, Succeed, TicketRecord,
+    JobRecord, Lease, LeaseRef, NewHandle, NewJob, NewTicket, Park, Responded, SaveCheckpoint,
+    SetProgress, Store, StoreError, Succeed, TicketRecord,
 };
 
 mod runs;
@@ -86,6 +86,8 @@ macro_rules! store_conformance {
             list_jobs_clamps_the_limit,
             list_jobs_filters_by_user,
             a_ticket_keeps_who_may_answer_it,
+            an_input_ticket_is_answered_key_by_key,
+            concurrent_answers_to_an_input_ticket_are_all_kept,
             job_counts_count_each_state_once,
             tickets_are_read_by_their_tenant_only,
             a_ticket_is_answered_once,
@@ -1871,6 +1873,7 @@ fn ticket_for(tenant: &str) -> NewTicket {
         plan: None,
         scopes: Vec::new(),
         expires_at: None,
+        input_requests: None,
         now: BASE,
     }
 }
@@ -1905,6 +1908,188 @@ pub async fn a_ticket_keeps_who_may_answer_it(store: &dyn Store) {
         };
         assert_eq!(answered.answered_by, who);
     }
+}
+
+/// An input ticket of two requests.
+fn input_ticket_for(tenant: &str, keys: &[&str]) -> NewTicket {
+    let requests: serde_json::Map<String, Value> = keys
+        .iter()
+        .map(|key| {
+            let request = json!({"method": "elicitation/create", "params": {"message": key}});
+            ((*key).to_owned(), request)
+        })
+        .collect();
+    NewTicket {
+        tool: "confirm_delete".to_owned(),
+        question: "asks its client".to_owned(),
+        options: Vec::new(),
+        kind: crate::TicketKind::Input,
+        input_requests: Some(Value::Object(requests)),
+        ..ticket_for(tenant)
+    }
+}
+
+fn responses(pairs: &[(&str, Value)]) -> serde_json::Map<String, Value> {
+    pairs
+        .iter()
+        .map(|(key, value)| ((*key).to_owned(), value.clone()))
+        .collect()
+}
+
+/// An input ticket keeps its requests; answers are recorded key by key
+/// (keys it does not ask, or answered before, left out: the first answer
+/// stands), the answer to its last pending key answers it with every
+/// answer, and nothing is recorded after that, nor for another tenant, nor
+/// on a ticket of another kind.
+pub async fn an_input_ticket_is_answered_key_by_key(store: &dyn Store) {
+    let t = tenant();
+    let new = input_ticket_for(&t, &["a", "b"]);
+    let written = store.insert_ticket(new.clone()).await.expect("insert");
+    assert_eq!(written.kind, crate::TicketKind::Input);
+    assert_eq!(written.input_requests, new.input_requests);
+    assert_eq!(written.input_responses, None);
+    assert_eq!(
+        written.pending_inputs().keys().collect::<Vec<_>>(),
+        ["a", "b"]
+    );
+    let respond = |tenant: &'static str, given: serde_json::Map<String, Value>, now: i64| {
+        let (t, id) = (t.clone(), new.id.clone());
+        async move {
+            let tenant = if tenant.is_empty() {
+                t
+            } else {
+                tenant.to_owned()
+            };
+            store
+                .respond_ticket(crate::RespondTicket {
+                    tenant: &tenant,
+                    id: &id,
+                    responses: &given,
+                    now,
+                })
+                .await
+                .expect("respond_ticket")
+        }
+    };
+    // Another tenant's reads as missing and records nothing.
+    let theirs = respond(
+        "another-tenant",
+        responses(&[("a", json!({"x": 0}))]),
+        BASE + 1,
+    );
+    assert_eq!(theirs.await, None);
+    // An unknown key alone records nothing.
+    let Some(Responded::Recorded(same)) =
+        respond("", responses(&[("zzz", json!({"x": 9}))]), BASE + 1).await
+    else {
+        panic!("an unknown key is recorded as nothing");
+    };
+    assert_eq!(same.input_responses, None);
+    // The first key: recorded, the ticket still open with `b` pending.
+    let given = responses(&[("a", json!({"x": 1})), ("zzz", json!({"x": 9}))]);
+    let Some(Responded::Recorded(partly)) = respond("", given, BASE + 2).await else {
+        panic!("a partial answer leaves the ticket open");
+    };
+    assert!(partly.is_open());
+    assert_eq!(partly.input_responses, Some(json!({"a": {"x": 1}})));
+    assert_eq!(partly.pending_inputs().keys().collect::<Vec<_>>(), ["b"]);
+    // `a` again: the first answer stands.
+    let Some(Responded::Recorded(again)) =
+        respond("", responses(&[("a", json!({"x": 2}))]), BASE + 3).await
+    else {
+        panic!("a key answered before records nothing");
+    };
+    assert_eq!(again.input_responses, Some(json!({"a": {"x": 1}})));
+    // The last key answers the ticket with every answer.
+    let Some(Responded::Answered(done)) =
+        respond("", responses(&[("b", json!({"y": 1}))]), BASE + 4).await
+    else {
+        panic!("the last key answers the ticket");
+    };
+    assert!(!done.is_open());
+    assert_eq!(done.answer, Some(json!({"a": {"x": 1}, "b": {"y": 1}})));
+    assert_eq!(done.answered_at, Some(BASE + 4));
+    assert!(done.pending_inputs().is_empty());
+    // Answered: nothing more is recorded.
+    let Some(Responded::Recorded(after)) =
+        respond("", responses(&[("b", json!({"y": 2}))]), BASE + 5).await
+    else {
+        panic!("an answered ticket records nothing");
+    };
+    assert_eq!(after.answer, done.answer);
+    let read = store
+        .ticket(&t, &new.id)
+        .await
+        .expect("ticket")
+        .expect("kept");
+    assert_eq!(read, done);
+    // A question is not answered this way.
+    let question = store.insert_ticket(ticket_for(&t)).await.expect("insert");
+    let given = responses(&[("a", json!({"x": 1}))]);
+    let untouched = store
+        .respond_ticket(crate::RespondTicket {
+            tenant: &t,
+            id: &question.id,
+            responses: &given,
+            now: BASE + 6,
+        })
+        .await
+        .expect("respond_ticket");
+    assert_eq!(untouched, Some(Responded::Recorded(question)));
+    // Listed with its kind.
+    let page = store
+        .list_tickets(crate::ListTickets {
+            tenant: &t,
+            answerer: &crate::Answerer::Operator,
+            shown: None,
+            kind: Some(crate::TicketKind::Input),
+            limit: 10,
+            cursor: None,
+        })
+        .await
+        .expect("list_tickets");
+    assert_eq!(page.tickets, vec![done]);
+}
+
+/// Answers to different keys of one input ticket given at once are all
+/// kept, and exactly one of them answers the ticket.
+pub async fn concurrent_answers_to_an_input_ticket_are_all_kept(store: &dyn Store) {
+    let t = tenant();
+    let keys: Vec<String> = (0..8).map(|n| format!("k{n}")).collect();
+    let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let new = input_ticket_for(&t, &key_refs);
+    store.insert_ticket(new.clone()).await.expect("insert");
+    let answers = keys.iter().map(|key| {
+        let given = responses(&[(key.as_str(), json!({"key": key}))]);
+        let (t, id) = (t.clone(), new.id.clone());
+        async move {
+            store
+                .respond_ticket(crate::RespondTicket {
+                    tenant: &t,
+                    id: &id,
+                    responses: &given,
+                    now: BASE + 1,
+                })
+                .await
+                .expect("respond_ticket")
+        }
+    });
+    let done = futures_util::future::join_all(answers).await;
+    let answered = done
+        .iter()
+        .filter(|r| matches!(r, Some(Responded::Answered(_))))
+        .count();
+    assert_eq!(answered, 1, "{done:?}");
+    let read = store
+        .ticket(&t, &new.id)
+        .await
+        .expect("ticket")
+        .expect("kept");
+    let expected: serde_json::Map<String, Value> = keys
+        .iter()
+        .map(|key| (key.clone(), json!({"key": key})))
+        .collect();
+    assert_eq!(read.answer, Some(Value::Object(expected)));
 }
 
 /// A user's own list holds that user's jobs alone, with the state and tool

@@ -561,6 +561,9 @@ pub struct NewTicket {
     pub scopes: Vec<String>,
     /// When it expires unanswered, in Unix milliseconds; `None`: never.
     pub expires_at: Option<i64>,
+    /// An input ticket's requests by key (a JSON object); `None` for the
+    /// other kinds.
+    pub input_requests: Option<Value>,
     /// When the ticket was opened, in Unix milliseconds.
     pub now: i64,
 }
@@ -612,6 +615,14 @@ pub struct TicketRecord {
     /// its rejection, an expiry; `None` until then.
     #[serde(default)]
     pub outcome: Option<Envelope>,
+    /// The [`NewTicket::input_requests`] it was made with.
+    #[serde(default)]
+    pub input_requests: Option<Value>,
+    /// An input ticket's answers recorded so far, by key
+    /// ([`Store::respond_ticket`]); `None` before the first. Once every
+    /// request is answered, [`TicketRecord::answer`] holds them all.
+    #[serde(default)]
+    pub input_responses: Option<Value>,
     /// When the ticket was opened, in Unix milliseconds.
     pub created_at: i64,
     /// When it was answered, in Unix milliseconds; `None` while open.
@@ -623,6 +634,71 @@ impl TicketRecord {
     pub fn is_open(&self) -> bool {
         self.answer.is_none() && self.expired_at.is_none()
     }
+
+    /// An open input ticket's requests not answered yet, by key (empty for
+    /// any other ticket).
+    pub fn pending_inputs(&self) -> serde_json::Map<String, Value> {
+        let (Some(Value::Object(requests)), true) = (&self.input_requests, self.is_open()) else {
+            return serde_json::Map::new();
+        };
+        let answered = self.input_responses.as_ref().and_then(Value::as_object);
+        requests
+            .iter()
+            .filter(|(key, _)| !answered.is_some_and(|a| a.contains_key(*key)))
+            .map(|(key, request)| (key.clone(), request.clone()))
+            .collect()
+    }
+}
+
+/// What [`Store::respond_ticket`] takes: answers to some of the requests of
+/// `tenant`'s input ticket `id`, by key, at `now`.
+#[derive(Debug, Clone, Copy)]
+pub struct RespondTicket<'a> {
+    /// The tenant the ticket must belong to.
+    pub tenant: &'a str,
+    /// The input ticket answered.
+    pub id: &'a str,
+    /// Answers by key; a key the ticket does not ask, or answered before,
+    /// is left out (the first answer to each key stands).
+    pub responses: &'a serde_json::Map<String, Value>,
+    /// When they were given, in Unix milliseconds.
+    pub now: i64,
+}
+
+/// What [`Store::respond_ticket`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Responded {
+    /// This call answered the ticket's last pending request: the ticket is
+    /// answered, its `answer` every response by key.
+    Answered(TicketRecord),
+    /// The ticket as it now stands: still open with requests pending, or
+    /// answered, expired or not an input ticket, untouched.
+    Recorded(TicketRecord),
+}
+
+/// The answers of `ticket` once `given` joins those it has, and whether
+/// they then answer every request: `None` when `given` adds nothing (no
+/// key it asks and has not answered).
+pub fn merge_responses(
+    ticket: &TicketRecord,
+    given: &serde_json::Map<String, Value>,
+) -> Option<(serde_json::Map<String, Value>, bool)> {
+    let pending = ticket.pending_inputs();
+    let mut merged = match &ticket.input_responses {
+        Some(Value::Object(had)) => had.clone(),
+        _ => serde_json::Map::new(),
+    };
+    let mut added = false;
+    for (key, response) in given {
+        if pending.contains_key(key) {
+            merged.insert(key.clone(), response.clone());
+            added = true;
+        }
+    }
+    added.then(|| {
+        let complete = pending.keys().all(|key| merged.contains_key(key));
+        (merged, complete)
+    })
 }
 
 /// What [`Store::answer_ticket`] did.
@@ -1223,6 +1299,16 @@ pub trait Store: Send + Sync + 'static {
     /// ticket is not answered: `Already`, with the record as it is.
     async fn answer_ticket(&self, answer: AnswerTicket<'_>)
     -> Result<Option<Answered>, StoreError>;
+    /// Records answers to an open input ticket's pending requests (keys it
+    /// does not ask, or answered before, are left out: the first answer to
+    /// each key stands); the answer to its last pending request answers it
+    /// (open -> answered, `answer` every response by key). A compare-and-set
+    /// on the answers recorded, so concurrent calls lose none. `None` if
+    /// missing or another tenant's.
+    async fn respond_ticket(
+        &self,
+        respond: RespondTicket<'_>,
+    ) -> Result<Option<Responded>, StoreError>;
     /// A page of the tickets of `list.tenant` its answerer may answer
     /// (an operator: all), newest first.
     async fn list_tickets(&self, list: ListTickets<'_>) -> Result<TicketPage, StoreError>;

@@ -19,10 +19,10 @@ use crate::{
     AdvanceSchedule, AnswerTicket, Answered, CancelJob, ClaimCommit, ClaimJob, ClaimNext,
     ClaimNotice, CommitClaim, DeadLetter, Defer, Fail, HandleInfo, HandleOwner, HandleRecord,
     Heartbeat, Inserted, JobPage, JobRecord, Lease, ListJobs, ListRuns, ListTickets, NewHandle,
-    NewJob, NewRun, NewTicket, Park, PoolRow, Prune, QueuedFrom, Requeue, RequeueMany, RunInserted,
-    RunPage, RunRecord, SaveCheckpoint, ScheduleRecord, SetProgress, SettleCommit, SettleNotice,
-    SettleTicket, SilentDispatcher, StaleRuns, Store, StoreError, Succeed, TakeToken, TicketPage,
-    TicketRecord, Unnotified, UpdateRun,
+    NewJob, NewRun, NewTicket, Park, PoolRow, Prune, QueuedFrom, Requeue, RequeueMany,
+    RespondTicket, Responded, RunInserted, RunPage, RunRecord, SaveCheckpoint, ScheduleRecord,
+    SetProgress, SettleCommit, SettleNotice, SettleTicket, SilentDispatcher, StaleRuns, Store,
+    StoreError, Succeed, TakeToken, TicketPage, TicketRecord, Unnotified, UpdateRun,
 };
 
 /// The store `inner`, its failures counted in `metrics`.
@@ -82,6 +82,7 @@ impl Store, for MeteredStore, error StoreError {
     fn insert_ticket(&self, ticket: NewTicket) -> TicketRecord;
     fn ticket(&self, tenant: &str, id: &str) -> Option<TicketRecord>;
     fn answer_ticket(&self, answer: AnswerTicket<'_>) -> Option<Answered>;
+    fn respond_ticket(&self, respond: RespondTicket<'_>) -> Option<Responded>;
     fn list_tickets(&self, list: ListTickets<'_>) -> TicketPage;
     fn expire_tickets(&self, now: i64, limit: u32) -> Vec<TicketRecord>;
     fn settle_ticket(&self, settle: SettleTicket<'_>) -> Option<TicketRecord>;

@@ -226,6 +226,8 @@ pub(crate) fn ticket(f: &impl Columns) -> Result<TicketRecord, StoreError> {
         expires_at: f.integer_opt("expires_at")?,
         expired_at: f.integer_opt("expired_at")?,
         outcome: f.json_opt("outcome")?,
+        input_requests: f.json_opt("input_requests")?,
+        input_responses: f.json_opt("input_responses")?,
         created_at: f.integer("created_at")?,
         answered_at: f.integer_opt("answered_at")?,
     })

@@ -310,6 +310,10 @@ pub enum TicketKind {
     Question,
     /// A command's commit, approved or rejected.
     Approval,
+    /// What a job tool declared `asks_client` asks its caller's MCP client
+    /// while its job waits: requests by key ([`TicketRecord::input_requests`](crate::TicketRecord::input_requests)),
+    /// answered by [`Store::respond_ticket`](crate::Store::respond_ticket).
+    Input,
 }
 
 impl TicketKind {
@@ -318,14 +322,19 @@ impl TicketKind {
         match self {
             TicketKind::Question => "question",
             TicketKind::Approval => "approval",
+            TicketKind::Input => "input",
         }
     }
 
     /// The kind named `name`, if any.
     pub fn parse(name: &str) -> Option<TicketKind> {
-        [TicketKind::Question, TicketKind::Approval]
-            .into_iter()
-            .find(|k| k.as_str() == name)
+        [
+            TicketKind::Question,
+            TicketKind::Approval,
+            TicketKind::Input,
+        ]
+        .into_iter()
+        .find(|k| k.as_str() == name)
     }
 }
 

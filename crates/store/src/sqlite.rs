@@ -29,9 +29,10 @@ use crate::{
     AnswerTicket, Answered, Answerer, CancelJob, ClaimCommit, ClaimJob, ClaimNotice, CommitClaim,
     Fail, Heartbeat, Inserted, JobFilter, JobPage, JobRecord, Lease, LeaseRef, ListJobs, ListRuns,
     ListTickets, NewJob, NewRun, NewTicket, Park, Prune, QueuedFrom, Requeue, RequeueMany,
-    Retained, RunFilter, RunInserted, RunPage, RunRecord, RunState, SaveCheckpoint, SetProgress,
-    SettleCommit, SettleNotice, SettleTicket, SilentDispatcher, StaleRuns, Store, StoreError,
-    Succeed, TicketKind, TicketPage, TicketRecord, TicketShown, Unnotified, UpdateRun,
+    RespondTicket, Responded, Retained, RunFilter, RunInserted, RunPage, RunRecord, RunState,
+    SaveCheckpoint, SetProgress, SettleCommit, SettleNotice, SettleTicket, SilentDispatcher,
+    StaleRuns, Store, StoreError, Succeed, TicketKind, TicketPage, TicketRecord, TicketShown,
+    Unnotified, UpdateRun,
 };
 use crate::{HandleInfo, HandleOwner, HandleRecord, NewHandle};
 
@@ -382,10 +383,10 @@ mod sql {
     pub(super) const INSERT_TICKET: &str = "
         INSERT INTO tickets (id, tenant, user, tool, question, options, args,
             run_id, call_id, callback_url, answered_by, kind, plan, scopes, expires_at,
-            created_at)
+            input_requests, created_at)
         VALUES (:id, :tenant, :user, :tool, :question, :options, :args,
             :run_id, :call_id, :callback_url, :answered_by, :kind, :plan, :scopes, :expires_at,
-            :now)
+            :input_requests, :now)
         ON CONFLICT DO NOTHING
         RETURNING *";
 
@@ -393,6 +394,18 @@ mod sql {
     pub(super) const ANSWER: &str = "
         UPDATE tickets SET answer = ?3, answered_at = ?4
         WHERE id = ?1 AND tenant = ?2 AND answer IS NULL AND expired_at IS NULL
+        RETURNING *";
+
+    /// An open input ticket's answers (?3) recorded, and when ?4 (they
+    /// answer every request) answered at ?5; only while it holds the ?6
+    /// answers it was read with (answers are only ever added, so their
+    /// count names them).
+    pub(super) const RESPOND: &str = "
+        UPDATE tickets SET input_responses = ?3,
+            answer = CASE WHEN ?4 THEN ?3 END, answered_at = CASE WHEN ?4 THEN ?5 END
+        WHERE id = ?1 AND tenant = ?2 AND kind = 'input'
+          AND answer IS NULL AND expired_at IS NULL
+          AND (SELECT count(*) FROM json_each(input_responses)) = ?6
         RETURNING *";
 
     /// The conditions of the inbox's filters: `?2` open or answered (both
@@ -1276,7 +1289,8 @@ fn insert_ticket(c: &Connection, t: &NewTicket) -> Result<TicketRecord, StoreErr
         ":run_id": t.run_id, ":call_id": t.call_id, ":callback_url": t.callback_url,
         ":answered_by": t.answered_by.scope(), ":kind": t.kind.as_str(),
         ":plan": t.plan.as_ref().map(encode).transpose()?, ":scopes": encode(&t.scopes)?,
-        ":expires_at": t.expires_at, ":now": t.now,
+        ":expires_at": t.expires_at,
+        ":input_requests": t.input_requests.as_ref().map(encode).transpose()?, ":now": t.now,
     };
     query_one(c, sql::INSERT_TICKET, params, ticket_from_row)?
         .ok_or_else(|| StoreError::Conflict(format!("a ticket with id {} already exists", t.id)))
@@ -1300,6 +1314,49 @@ fn answer_ticket(
     let sql = "SELECT * FROM tickets WHERE id = ?1 AND tenant = ?2";
     Ok(query_one(c, sql, params![id, tenant], ticket_from_row)?.map(Answered::Already))
 }
+
+fn respond_ticket(
+    c: &Connection,
+    tenant: &str,
+    id: &str,
+    responses: &serde_json::Map<String, Value>,
+    now: i64,
+) -> Result<Option<Responded>, StoreError> {
+    let read = "SELECT * FROM tickets WHERE id = ?1 AND tenant = ?2";
+    // Another process may record answers between the read and the write:
+    // the compare-and-set then fails, and the ticket is read again.
+    for _ in 0..RESPOND_TRIES {
+        let Some(ticket) = query_one(c, read, params![id, tenant], ticket_from_row)? else {
+            return Ok(None);
+        };
+        if ticket.kind != TicketKind::Input {
+            return Ok(Some(Responded::Recorded(ticket)));
+        }
+        let Some((merged, complete)) = crate::merge_responses(&ticket, responses) else {
+            return Ok(Some(Responded::Recorded(ticket)));
+        };
+        let had = ticket
+            .input_responses
+            .as_ref()
+            .and_then(Value::as_object)
+            .map_or(0, |had| had.len() as i64);
+        let merged = encode(&merged)?;
+        let params = params![id, tenant, merged, complete, now, had];
+        if let Some(t) = query_one(c, sql::RESPOND, params, ticket_from_row)? {
+            return Ok(Some(if complete {
+                Responded::Answered(t)
+            } else {
+                Responded::Recorded(t)
+            }));
+        }
+    }
+    Err(StoreError::Conflict(format!(
+        "ticket {id} kept changing while its answers were recorded; try again"
+    )))
+}
+
+/// Compare-and-set passes of [`Store::respond_ticket`] before it gives up.
+const RESPOND_TRIES: usize = 16;
 
 /// The filters of [`Store::list_tickets`] as its statements bind them.
 fn shown_name(shown: Option<TicketShown>) -> Option<&'static str> {
@@ -1942,6 +1999,16 @@ impl Store for SqliteStore {
             query_one(c, sql, params![id, tenant], ticket_from_row)
         })
         .await
+    }
+
+    async fn respond_ticket(
+        &self,
+        respond: RespondTicket<'_>,
+    ) -> Result<Option<Responded>, StoreError> {
+        let (tenant, id) = (respond.tenant.to_owned(), respond.id.to_owned());
+        let (responses, now) = (respond.responses.clone(), respond.now);
+        self.call(move |c| respond_ticket(c, &tenant, &id, &responses, now))
+            .await
     }
 
     async fn answer_ticket(

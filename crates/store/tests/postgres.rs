@@ -845,6 +845,7 @@ async fn webhook_searches_probe_the_notices_by_key() {
             plan: None,
             scopes: Vec::new(),
             expires_at: None,
+            input_requests: None,
             now,
         };
         let id = store.insert_ticket(ticket).await.expect("insert").id;

@@ -23,6 +23,8 @@
 //! with the job. The span is made once the job is claimed, every field given
 //! at creation; every line logged while the job runs carries them.
 
+mod input;
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -615,10 +617,16 @@ impl Worker {
         // The result is stored as every reader gets it (get_job, the job
         // list, events, webhooks, MCP tasks): with the tool's redacted
         // fields masked.
+        // A tool that asked its client runs again with the answers.
+        let args = if input::asks(&self.runtime, &job.tool) {
+            input::arguments(self.store.as_ref(), job).await
+        } else {
+            job.args.clone()
+        };
         let run = async {
             match (&tool, &internal) {
                 (Some(tool), _) => {
-                    let result = self.runtime.execute(tool, job.args.clone(), ctx).await;
+                    let result = self.runtime.execute(tool, args, ctx).await;
                     result.map(|result| redact_json(result, &tool.middleware().redact))
                 }
                 (None, Some(executor)) => executor.execute(ctx, job.args.clone()).await,
@@ -671,6 +679,21 @@ impl Worker {
                 // store says how it stands; there is nothing to settle.
                 tracing::info!("job parked: {}", error.message);
                 return self.as_it_stands(&job.id, true).await;
+            }
+            Outcome::Done(Ok(result)) if input::asks(&self.runtime, &job.tool) => {
+                match input::asked(&result.to_value()) {
+                    Some((requests, state)) => {
+                        return self.ask(job, lease, requests, state).await;
+                    }
+                    None => {
+                        let done = Succeed {
+                            lease,
+                            result: &result,
+                            now,
+                        };
+                        self.store.succeed(done).await
+                    }
+                }
             }
             Outcome::Done(Ok(result)) => {
                 let done = Succeed {
@@ -764,6 +787,82 @@ impl Worker {
             }
             Err(error) => {
                 tracing::warn!(%error, "could not settle; the message goes back");
+                Handled::Interrupted
+            }
+        }
+    }
+
+    /// The tool of `job` asked its client `requests` (see [`input`]): an
+    /// input ticket is opened, the job's checkpoint names it with the
+    /// tool's state, and the job parks on it. A question past
+    /// [`input::MAX_ROUNDS`], or one a client cannot answer, fails the job.
+    async fn ask(
+        &self,
+        job: JobRecord,
+        lease: &LeaseRef,
+        requests: serde_json::Map<String, serde_json::Value>,
+        state: Option<serde_json::Value>,
+    ) -> Handled {
+        let saved = match self.store.checkpoint(&job.id).await {
+            Ok(saved) => saved,
+            Err(error) => {
+                tracing::warn!(%error, "could not read the job's last question; the message goes back");
+                return Handled::Interrupted;
+            }
+        };
+        let round = toolfleet_fleet::tickets::input_round_of(saved.as_ref()) + 1;
+        let checked = input::check(&requests).and_then(|()| {
+            if round > input::MAX_ROUNDS {
+                Err(ToolError::failed(
+                    format!(
+                        "`{}` asked its client more than {} rounds",
+                        job.tool,
+                        input::MAX_ROUNDS
+                    ),
+                    false,
+                ))
+            } else {
+                Ok(())
+            }
+        });
+        if let Err(error) = checked {
+            return Box::pin(self.settle(job, lease, Outcome::Done(Err(error)))).await;
+        }
+        let now = now_ms();
+        let ticket = input::ticket(&job, requests, now);
+        let id = ticket.id.clone();
+        if let Err(error) = self.store.insert_ticket(ticket).await {
+            tracing::warn!(%error, "could not open the input ticket; the message goes back");
+            return Handled::Interrupted;
+        }
+        let checkpoint = toolfleet_fleet::tickets::input_checkpoint(&id, round, state.as_ref());
+        let save = toolfleet_store::SaveCheckpoint {
+            lease,
+            checkpoint: &checkpoint,
+            now,
+        };
+        match self.store.save_checkpoint(save).await {
+            Ok(true) => {}
+            Ok(false) => return Handled::Skipped,
+            Err(error) => {
+                tracing::warn!(%error, "could not save the job's question; the message goes back");
+                return Handled::Interrupted;
+            }
+        }
+        let park = toolfleet_store::Park {
+            lease,
+            ticket: &id,
+            now,
+        };
+        match self.store.park(park).await {
+            Ok(Some(parked)) => {
+                tracing::info!(ticket = %id, round, "job parked: its tool asked its client");
+                self.announce(&parked).await;
+                Handled::Ran(parked.state)
+            }
+            Ok(None) => Handled::Skipped,
+            Err(error) => {
+                tracing::warn!(%error, "could not park the job; the message goes back");
                 Handled::Interrupted
             }
         }

@@ -292,6 +292,10 @@ fn ticket_card(session: &Session, ticket: &Value) -> Markup {
                         button.danger type="submit" { "Reject" }
                     }
                 }
+            } @else if ticket["kind"] == "input" {
+                // What a job asks its caller's MCP client: that client
+                // answers it (tasks/update), not a person here.
+                p { "Waiting for the answers of the MCP client whose call started this job." }
             } @else if let Some(options) = options {
                 form.actions method="post" action=(action("answer")) {
                     (csrf(session))

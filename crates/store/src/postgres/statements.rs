@@ -43,7 +43,7 @@ macro_rules! ticket_columns {
     () => {
         r#"id, tenant, "user", tool, question, options, args, run_id, call_id,
             callback_url, answer, answered_by, kind, plan, scopes, expires_at, expired_at,
-            outcome, created_at, answered_at"#
+            outcome, input_requests, input_responses, created_at, answered_at"#
     };
 }
 
@@ -472,8 +472,8 @@ pub(super) const INSERT_TICKET: &str = concat!(
     r#"
         INSERT INTO tickets (id, tenant, "user", tool, question, options, args,
             run_id, call_id, callback_url, created_at, answered_by, kind, plan, scopes,
-            expires_at)
-        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
+            expires_at, input_requests)
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)
         ON CONFLICT DO NOTHING
         RETURNING "#,
     ticket_columns!()
@@ -490,6 +490,23 @@ pub(super) const ANSWER: &str = concat!(
     "
         UPDATE tickets SET answer = $3, answered_at = $4
         WHERE id = $1 AND tenant = $2 AND answer IS NULL AND expired_at IS NULL
+        RETURNING ",
+    ticket_columns!()
+);
+
+/// An open input ticket's answers (`$3`) recorded, and when `$4` (they
+/// answer every request) answered at `$5`; only while it holds the `$6`
+/// answers it was read with (answers are only ever added, so their count
+/// names them).
+pub(super) const RESPOND: &str = concat!(
+    "
+        UPDATE tickets SET input_responses = $3,
+            answer = CASE WHEN $4::boolean THEN $3 END,
+            answered_at = CASE WHEN $4::boolean THEN $5::bigint END
+        WHERE id = $1 AND tenant = $2 AND kind = 'input'
+          AND answer IS NULL AND expired_at IS NULL
+          AND (SELECT count(*) FROM json_object_keys(COALESCE(input_responses, '{}')::json))
+              = $6::bigint
         RETURNING ",
     ticket_columns!()
 );

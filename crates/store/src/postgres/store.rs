@@ -24,9 +24,10 @@ use crate::{
     AnswerTicket, Answered, Answerer, CancelJob, ClaimCommit, ClaimJob, ClaimNotice, CommitClaim,
     Fail, Heartbeat, Inserted, JobFilter, JobPage, JobRecord, Lease, LeaseRef, ListJobs, ListRuns,
     ListTickets, NewJob, NewRun, NewTicket, Park, Prune, QueuedFrom, Requeue, RequeueMany,
-    Retained, RunFilter, RunInserted, RunPage, RunRecord, RunState, SaveCheckpoint, SetProgress,
-    SettleCommit, SettleNotice, SettleTicket, SilentDispatcher, StaleRuns, Store, StoreError,
-    Succeed, TicketKind, TicketPage, TicketRecord, TicketShown, Unnotified, UpdateRun,
+    RespondTicket, Responded, Retained, RunFilter, RunInserted, RunPage, RunRecord, RunState,
+    SaveCheckpoint, SetProgress, SettleCommit, SettleNotice, SettleTicket, SilentDispatcher,
+    StaleRuns, Store, StoreError, Succeed, TicketKind, TicketPage, TicketRecord, TicketShown,
+    Unnotified, UpdateRun,
 };
 use crate::{HandleInfo, HandleOwner, HandleRecord, NewHandle};
 
@@ -237,6 +238,7 @@ async fn job_counts(c: &ClientWrapper) -> Result<Vec<(JobState, u64)>, StoreErro
 async fn insert_ticket(c: &ClientWrapper, t: &NewTicket) -> Result<TicketRecord, StoreError> {
     let (options, args) = (encode(&t.options)?, encode(&t.args)?);
     let (plan, scopes) = (t.plan.as_ref().map(encode).transpose()?, encode(&t.scopes)?);
+    let input_requests = t.input_requests.as_ref().map(encode).transpose()?;
     let params: Params<'_> = &[
         &t.id,
         &t.tenant,
@@ -254,6 +256,7 @@ async fn insert_ticket(c: &ClientWrapper, t: &NewTicket) -> Result<TicketRecord,
         &plan,
         &scopes,
         &t.expires_at,
+        &input_requests,
     ];
     query_one(c, statements::INSERT_TICKET, params, ticket_from_row)
         .await?
@@ -273,6 +276,53 @@ async fn answer_ticket(
     }
     let ticket = query_one(c, statements::TICKET, &[&id, &tenant], ticket_from_row).await?;
     Ok(ticket.map(Answered::Already))
+}
+
+/// Compare-and-set passes of [`Store::respond_ticket`] before it gives up.
+const RESPOND_TRIES: usize = 16;
+
+async fn respond_ticket(
+    c: &ClientWrapper,
+    respond: RespondTicket<'_>,
+) -> Result<Option<Responded>, StoreError> {
+    let RespondTicket {
+        tenant,
+        id,
+        responses,
+        now,
+    } = respond;
+    // Another dispatcher may record answers between the read and the
+    // write: the compare-and-set then fails, and the ticket is read again.
+    for _ in 0..RESPOND_TRIES {
+        let Some(ticket) =
+            query_one(c, statements::TICKET, &[&id, &tenant], ticket_from_row).await?
+        else {
+            return Ok(None);
+        };
+        if ticket.kind != TicketKind::Input {
+            return Ok(Some(Responded::Recorded(ticket)));
+        }
+        let Some((merged, complete)) = crate::merge_responses(&ticket, responses) else {
+            return Ok(Some(Responded::Recorded(ticket)));
+        };
+        let had = ticket
+            .input_responses
+            .as_ref()
+            .and_then(serde_json::Value::as_object)
+            .map_or(0, |had| had.len() as i64);
+        let merged = encode(&merged)?;
+        let params: Params<'_> = &[&id, &tenant, &merged, &complete, &now, &had];
+        if let Some(t) = query_one(c, statements::RESPOND, params, ticket_from_row).await? {
+            return Ok(Some(if complete {
+                Responded::Answered(t)
+            } else {
+                Responded::Recorded(t)
+            }));
+        }
+    }
+    Err(StoreError::Conflict(format!(
+        "ticket {id} kept changing while its answers were recorded; try again"
+    )))
 }
 
 async fn list_tickets(c: &ClientWrapper, list: ListTickets<'_>) -> Result<TicketPage, StoreError> {
@@ -802,6 +852,13 @@ impl Store for PgStore {
     async fn ticket(&self, tenant: &str, id: &str) -> Result<Option<TicketRecord>, StoreError> {
         let c = self.client().await?;
         query_one(&c, statements::TICKET, &[&id, &tenant], ticket_from_row).await
+    }
+
+    async fn respond_ticket(
+        &self,
+        respond: RespondTicket<'_>,
+    ) -> Result<Option<Responded>, StoreError> {
+        respond_ticket(&*self.client().await?, respond).await
     }
 
     async fn answer_ticket(
