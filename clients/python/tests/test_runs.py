@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from toolfleet import Client, ToolfleetError
+from toolfleet import Client, Ticket, ToolfleetError
 
 OCR = "start_receipt_ocr"
 
@@ -57,8 +57,8 @@ def test_an_assistants_run_answers_and_takes_another_message(client: Client) -> 
     assert waiting.value.code in ("conflict", "not_found", "invalid_arguments")
 
 
-def _approval_of(client: Client, run_id: str) -> dict[str, Any]:
-    def find() -> dict[str, Any] | None:
+def _approval_of(client: Client, run_id: str) -> Ticket:
+    def find() -> Ticket | None:
         tickets = client.inbox(state="open", kind="approval")["tickets"]
         return next((t for t in tickets if t["run_id"] == run_id), None)
 

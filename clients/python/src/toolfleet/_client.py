@@ -13,6 +13,8 @@ What raises and what answers:
 - Everything else (runs, tickets, the inbox, the job list, tools) answers
   the `result` of an `ok` envelope (or the route's JSON) and raises
   `ToolfleetError` for an `error` envelope, whatever its HTTP status.
+  Runs, tickets and the pages are dicts typed as the `TypedDict`s `Run`,
+  `RunPage`, `Ticket`, `TicketPage` and `JobPage` (`_types.py`).
 """
 
 from __future__ import annotations
@@ -22,12 +24,13 @@ import json
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, AsyncIterator, Iterable, Iterator, Literal, Mapping, Sequence, Union
+from typing import Any, AsyncIterator, Iterable, Iterator, Literal, Mapping, Sequence, Union, cast
 
 import httpx
 
 from ._envelope import Envelope, ToolfleetConnectionError, ToolfleetError
 from ._sse import SseEvent, SseParser
+from ._types import JobPage, Run, RunPage, Ticket, TicketPage
 
 __all__ = ["Client", "AsyncClient", "Call", "DEFAULT_URL", "MAX_WAIT_S", "ToolFormat"]
 
@@ -419,10 +422,10 @@ class Client:
         tool: str | None = None,
         limit: int | None = None,
         cursor: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> JobPage:
         """`GET /v1/jobs`: `{"jobs": [...], "next_cursor"}`, newest first."""
         request = _Request("GET", "/v1/jobs", params={"state": state, "tool": tool, "limit": limit, "cursor": cursor})
-        return _result(self._send(request))  # type: ignore[no-any-return]
+        return cast(JobPage, _result(self._send(request)))
 
     # Runs.
 
@@ -434,20 +437,20 @@ class Client:
         checkpoint: Any = None,
         callback_url: str | None = None,
         idempotency_key: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> Run:
         """`POST /v1/runs`: a run of the assistant `agent` on `input`, or (with
         `checkpoint` and no agent) a run the caller drives. Answers the run."""
         request = _Requests.start_run(agent, input, checkpoint, callback_url, idempotency_key)
-        return _result(self._send(request))  # type: ignore[no-any-return]
+        return cast(Run, _result(self._send(request)))
 
-    def get_run(self, run_id: str) -> dict[str, Any]:
+    def get_run(self, run_id: str) -> Run:
         """The run, its transcript included."""
-        return _result(self._send(_Request("GET", f"/v1/runs/{run_id}")))  # type: ignore[no-any-return]
+        return cast(Run, _result(self._send(_Request("GET", f"/v1/runs/{run_id}"))))
 
-    def list_runs(self, *, state: str | None = None, agent: str | None = None, cursor: str | None = None) -> dict[str, Any]:
+    def list_runs(self, *, state: str | None = None, agent: str | None = None, cursor: str | None = None) -> RunPage:
         """`{"runs": [...], "next_cursor"}`, newest first, without transcripts."""
         request = _Request("GET", "/v1/runs", params={"state": state, "agent": agent, "cursor": cursor})
-        return _result(self._send(request))  # type: ignore[no-any-return]
+        return cast(RunPage, _result(self._send(request)))
 
     def follow_run(self, run_id: str, *, read_timeout_s: float | None = None) -> Iterator[SseEvent]:
         """The run's events (`run.<state>`, data the run without transcript
@@ -455,7 +458,7 @@ class Client:
         then each change, until it answered or stopped."""
         return self._stream(f"/v1/runs/{run_id}/events", None, read_timeout_s)
 
-    def wait_run_settled(self, run_id: str, timeout_s: float = 60.0) -> dict[str, Any]:
+    def wait_run_settled(self, run_id: str, timeout_s: float = 60.0) -> Run:
         """Follows the run's events until it is answered, failed, out of
         budget or cancelled (or `timeout_s` passes): the run as it then
         reads, transcript included."""
@@ -483,49 +486,49 @@ class Client:
         tickets: Sequence[str] = (),
         for_: str = "all",
         checkpoint: Any = None,
-    ) -> dict[str, Any]:
+    ) -> Run:
         """`POST /v1/runs/{run}/wait`: parks a run the caller drives on its
         jobs and tickets (`for_` `all` or `any`) with its checkpoint."""
         request = _Requests.wait_run(run_id, jobs, tickets, for_, checkpoint)
-        return _result(self._send(request))  # type: ignore[no-any-return]
+        return cast(Run, _result(self._send(request)))
 
-    def message_run(self, run_id: str, content: str) -> dict[str, Any]:
+    def message_run(self, run_id: str, content: str) -> Run:
         """The user's next message to an answered run of an assistant."""
         request = _Request("POST", f"/v1/runs/{run_id}/messages", body={"content": content})
-        return _result(self._send(request))  # type: ignore[no-any-return]
+        return cast(Run, _result(self._send(request)))
 
-    def answer_run(self, run_id: str, answer: str, *, checkpoint: Any = None) -> dict[str, Any]:
+    def answer_run(self, run_id: str, answer: str, *, checkpoint: Any = None) -> Run:
         """Records the answer of a run the caller drives."""
-        return _result(self._send(_Requests.answer_run(run_id, answer, checkpoint)))  # type: ignore[no-any-return]
+        return cast(Run, _result(self._send(_Requests.answer_run(run_id, answer, checkpoint))))
 
-    def cancel_run(self, run_id: str) -> dict[str, Any]:
+    def cancel_run(self, run_id: str) -> Run:
         """Stops a run (and cancels the jobs it waits on)."""
-        return _result(self._send(_Request("POST", f"/v1/runs/{run_id}/cancel")))  # type: ignore[no-any-return]
+        return cast(Run, _result(self._send(_Request("POST", f"/v1/runs/{run_id}/cancel"))))
 
     # The inbox.
 
-    def inbox(self, *, state: str | None = None, kind: str | None = None, cursor: str | None = None) -> dict[str, Any]:
+    def inbox(self, *, state: str | None = None, kind: str | None = None, cursor: str | None = None) -> TicketPage:
         """`GET /v1/tickets`: `{"tickets": [...], "next_cursor"}`, the tickets
         the caller may answer, newest first."""
         request = _Request("GET", "/v1/tickets", params={"state": state, "kind": kind, "cursor": cursor})
-        return _result(self._send(request))  # type: ignore[no-any-return]
+        return cast(TicketPage, _result(self._send(request)))
 
-    def get_ticket(self, ticket: str) -> dict[str, Any]:
-        return _result(self._send(_Request("GET", f"/v1/tickets/{ticket}")))  # type: ignore[no-any-return]
+    def get_ticket(self, ticket: str) -> Ticket:
+        return cast(Ticket, _result(self._send(_Request("GET", f"/v1/tickets/{ticket}"))))
 
-    def answer_ticket(self, ticket: str, answer: Any) -> dict[str, Any]:
+    def answer_ticket(self, ticket: str, answer: Any) -> Ticket:
         """Answers a question (one of its options, when it has some): the
         answered ticket. A second answer raises `conflict`."""
         request = _Request("POST", f"/v1/tickets/{ticket}/answer", body={"answer": answer})
-        return _result(self._send(request))  # type: ignore[no-any-return]
+        return cast(Ticket, _result(self._send(request)))
 
-    def approve(self, ticket: str) -> dict[str, Any]:
+    def approve(self, ticket: str) -> Ticket:
         """Approves the commit an approval ticket holds: it runs once, now."""
-        return _result(self._send(_Request("POST", f"/v1/tickets/{ticket}/approve", body={})))  # type: ignore[no-any-return]
+        return cast(Ticket, _result(self._send(_Request("POST", f"/v1/tickets/{ticket}/approve", body={}))))
 
-    def reject(self, ticket: str, reason: str | None = None) -> dict[str, Any]:
+    def reject(self, ticket: str, reason: str | None = None) -> Ticket:
         """Rejects the commit an approval ticket holds."""
-        return _result(self._send(_Requests.reject(ticket, reason)))  # type: ignore[no-any-return]
+        return cast(Ticket, _result(self._send(_Requests.reject(ticket, reason))))
 
     # Events.
 
@@ -664,9 +667,9 @@ class AsyncClient:
         tool: str | None = None,
         limit: int | None = None,
         cursor: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> JobPage:
         request = _Request("GET", "/v1/jobs", params={"state": state, "tool": tool, "limit": limit, "cursor": cursor})
-        return _result(await self._send(request))  # type: ignore[no-any-return]
+        return cast(JobPage, _result(await self._send(request)))
 
     async def start_run(
         self,
@@ -676,21 +679,21 @@ class AsyncClient:
         checkpoint: Any = None,
         callback_url: str | None = None,
         idempotency_key: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> Run:
         request = _Requests.start_run(agent, input, checkpoint, callback_url, idempotency_key)
-        return _result(await self._send(request))  # type: ignore[no-any-return]
+        return cast(Run, _result(await self._send(request)))
 
-    async def get_run(self, run_id: str) -> dict[str, Any]:
-        return _result(await self._send(_Request("GET", f"/v1/runs/{run_id}")))  # type: ignore[no-any-return]
+    async def get_run(self, run_id: str) -> Run:
+        return cast(Run, _result(await self._send(_Request("GET", f"/v1/runs/{run_id}"))))
 
-    async def list_runs(self, *, state: str | None = None, agent: str | None = None, cursor: str | None = None) -> dict[str, Any]:
+    async def list_runs(self, *, state: str | None = None, agent: str | None = None, cursor: str | None = None) -> RunPage:
         request = _Request("GET", "/v1/runs", params={"state": state, "agent": agent, "cursor": cursor})
-        return _result(await self._send(request))  # type: ignore[no-any-return]
+        return cast(RunPage, _result(await self._send(request)))
 
     def follow_run(self, run_id: str, *, read_timeout_s: float | None = None) -> AsyncIterator[SseEvent]:
         return self._stream(f"/v1/runs/{run_id}/events", None, read_timeout_s)
 
-    async def wait_run_settled(self, run_id: str, timeout_s: float = 60.0) -> dict[str, Any]:
+    async def wait_run_settled(self, run_id: str, timeout_s: float = 60.0) -> Run:
         events = self.follow_run(run_id, read_timeout_s=timeout_s)
 
         async def settle() -> None:
@@ -719,36 +722,36 @@ class AsyncClient:
         tickets: Sequence[str] = (),
         for_: str = "all",
         checkpoint: Any = None,
-    ) -> dict[str, Any]:
+    ) -> Run:
         request = _Requests.wait_run(run_id, jobs, tickets, for_, checkpoint)
-        return _result(await self._send(request))  # type: ignore[no-any-return]
+        return cast(Run, _result(await self._send(request)))
 
-    async def message_run(self, run_id: str, content: str) -> dict[str, Any]:
+    async def message_run(self, run_id: str, content: str) -> Run:
         request = _Request("POST", f"/v1/runs/{run_id}/messages", body={"content": content})
-        return _result(await self._send(request))  # type: ignore[no-any-return]
+        return cast(Run, _result(await self._send(request)))
 
-    async def answer_run(self, run_id: str, answer: str, *, checkpoint: Any = None) -> dict[str, Any]:
-        return _result(await self._send(_Requests.answer_run(run_id, answer, checkpoint)))  # type: ignore[no-any-return]
+    async def answer_run(self, run_id: str, answer: str, *, checkpoint: Any = None) -> Run:
+        return cast(Run, _result(await self._send(_Requests.answer_run(run_id, answer, checkpoint))))
 
-    async def cancel_run(self, run_id: str) -> dict[str, Any]:
-        return _result(await self._send(_Request("POST", f"/v1/runs/{run_id}/cancel")))  # type: ignore[no-any-return]
+    async def cancel_run(self, run_id: str) -> Run:
+        return cast(Run, _result(await self._send(_Request("POST", f"/v1/runs/{run_id}/cancel"))))
 
-    async def inbox(self, *, state: str | None = None, kind: str | None = None, cursor: str | None = None) -> dict[str, Any]:
+    async def inbox(self, *, state: str | None = None, kind: str | None = None, cursor: str | None = None) -> TicketPage:
         request = _Request("GET", "/v1/tickets", params={"state": state, "kind": kind, "cursor": cursor})
-        return _result(await self._send(request))  # type: ignore[no-any-return]
+        return cast(TicketPage, _result(await self._send(request)))
 
-    async def get_ticket(self, ticket: str) -> dict[str, Any]:
-        return _result(await self._send(_Request("GET", f"/v1/tickets/{ticket}")))  # type: ignore[no-any-return]
+    async def get_ticket(self, ticket: str) -> Ticket:
+        return cast(Ticket, _result(await self._send(_Request("GET", f"/v1/tickets/{ticket}"))))
 
-    async def answer_ticket(self, ticket: str, answer: Any) -> dict[str, Any]:
+    async def answer_ticket(self, ticket: str, answer: Any) -> Ticket:
         request = _Request("POST", f"/v1/tickets/{ticket}/answer", body={"answer": answer})
-        return _result(await self._send(request))  # type: ignore[no-any-return]
+        return cast(Ticket, _result(await self._send(request)))
 
-    async def approve(self, ticket: str) -> dict[str, Any]:
-        return _result(await self._send(_Request("POST", f"/v1/tickets/{ticket}/approve", body={})))  # type: ignore[no-any-return]
+    async def approve(self, ticket: str) -> Ticket:
+        return cast(Ticket, _result(await self._send(_Request("POST", f"/v1/tickets/{ticket}/approve", body={}))))
 
-    async def reject(self, ticket: str, reason: str | None = None) -> dict[str, Any]:
-        return _result(await self._send(_Requests.reject(ticket, reason)))  # type: ignore[no-any-return]
+    async def reject(self, ticket: str, reason: str | None = None) -> Ticket:
+        return cast(Ticket, _result(await self._send(_Requests.reject(ticket, reason))))
 
     def events(self, states: str | Iterable[str] | None = None, *, read_timeout_s: float | None = None) -> AsyncIterator[SseEvent]:
         return self._stream("/v1/events", {"state": _states(states)}, read_timeout_s)
