@@ -1057,3 +1057,61 @@ async fn the_rest_of_a_message_goes_back_with_it_when_its_channel_closes() {
         assert_eq!(delivery.ack().await, Ok(()));
     }
 }
+
+/// Acks go in groups (see the consumer's `AckGroup`), yet each reaches
+/// RabbitMQ: deliveries settled out of order, one requeued among them,
+/// leave only the requeued one to come again, and nothing once it is
+/// acknowledged too, even after the consumer is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acks_settled_out_of_order_all_reach_the_queue() {
+    let broker = broker().await;
+    let pool = unique("grouped-acks");
+    let ids: Vec<String> = (1..=8).map(|n| format!("job-{n}")).collect();
+    for id in &ids {
+        publish(&broker.0, &pool, id).await;
+    }
+    let mut consumer = consume(&broker.0, &pool, 8).await;
+    let deliveries = next_deliveries(consumer.as_mut(), 8, "the first eight").await;
+    let mut deliveries: Vec<Option<Delivery>> = deliveries.into_iter().map(Some).collect();
+    let mut take = |n: usize| deliveries[n - 1].take().expect("not settled yet");
+    let back = take(4);
+    let back_id = back.job_id.clone();
+    assert_eq!(back.requeue().await, Ok(()));
+    // Above the oldest unsettled (1), each goes alone; then 2 and 3, and
+    // 1 last, which lets the acks below 4 go as one.
+    for n in [8, 7, 6, 5, 2, 3, 1] {
+        assert_eq!(take(n).ack().await, Ok(()), "acking the {n}th");
+    }
+    let again = next_delivery(consumer.as_mut(), "the requeued one").await;
+    assert_eq!(again.job_id, back_id);
+    assert!(again.redelivered);
+    assert_eq!(again.ack().await, Ok(()));
+    assert_nothing_delivered(consumer.as_mut(), "once each was acknowledged").await;
+    drop(consumer);
+    // Nothing came back when the channel closed: every ack had reached it.
+    sleep(QUIET).await;
+    assert_eq!(broker.0.depth(&pool).await, Ok(0));
+}
+
+/// A delivery still running holds back no ack of the ones after it: their
+/// places under the prefetch free at once, and the next message comes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unsettled_delivery_holds_back_no_later_ack() {
+    let broker = broker().await;
+    let pool = unique("acks-not-held");
+    for id in ["job-a", "job-b", "job-c"] {
+        publish(&broker.0, &pool, id).await;
+    }
+    let mut consumer = consume(&broker.0, &pool, 2).await;
+    let first = next_delivery(consumer.as_mut(), "the first").await;
+    let second = next_delivery(consumer.as_mut(), "the second").await;
+    assert_eq!(second.ack().await, Ok(()));
+    let third = next_delivery(consumer.as_mut(), "the third, in the second's place").await;
+    assert_eq!(third.job_id, "job-c");
+    assert_eq!(third.ack().await, Ok(()));
+    assert_eq!(first.ack().await, Ok(()));
+    assert_nothing_delivered(consumer.as_mut(), "once all were acknowledged").await;
+    drop(consumer);
+    sleep(QUIET).await;
+    assert_eq!(broker.0.depth(&pool).await, Ok(0));
+}

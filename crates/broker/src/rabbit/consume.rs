@@ -13,13 +13,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lapin::message::Delivery as LapinDelivery;
-use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions, BasicRejectOptions,
-};
+use lapin::options::{BasicConsumeOptions, BasicNackOptions, BasicQosOptions, BasicRejectOptions};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use tokio::sync::mpsc;
 use toolfleet_core::TraceContext;
 
+use super::acks::AckGroup;
 use super::link::{Feed, Link, Shared, Subscribed, start_feed};
 use super::topology::{PoolQueues, name};
 use super::{RabbitBroker, lock};
@@ -70,6 +69,7 @@ impl RabbitBroker {
             dead,
             parts: VecDeque::new(),
             message: None,
+            group: None,
         }))
     }
 }
@@ -170,6 +170,9 @@ struct RabbitConsumer {
     /// message.
     parts: VecDeque<Delivery>,
     message: Option<Arc<Mutex<SharedMessage>>>,
+    /// The acks of the current channel's deliveries and its latest tag: a
+    /// tag not above it comes from a new channel (tags start at 1 on each).
+    group: Option<(Arc<AckGroup>, u64)>,
 }
 
 #[async_trait]
@@ -210,13 +213,22 @@ impl RabbitConsumer {
     /// The deliveries of one message: one, or one per id of a message of
     /// several (their acks settle the message together, which comes too).
     fn deliveries_of(
-        &self,
+        &mut self,
         delivery: LapinDelivery,
     ) -> (VecDeque<Delivery>, Option<Arc<Mutex<SharedMessage>>>) {
+        let tag = delivery.delivery_tag;
+        let group = match &self.group {
+            Some((group, last)) if tag > *last => Arc::clone(group),
+            _ => AckGroup::start(),
+        };
+        group.delivered(tag);
+        self.group = Some((Arc::clone(&group), tag));
         let acker = RabbitAcker {
             acker: delivery.acker,
             timeout: self.timeout,
             settled: false,
+            group,
+            tag,
         };
         // A body that is not UTF-8 is no job id; the worker finds no such
         // job and rejects it into the dead-letter queue.
@@ -346,20 +358,36 @@ struct RabbitAcker {
     acker: lapin::Acker,
     timeout: Duration,
     settled: bool,
+    /// Its channel's acks, which send this one's.
+    group: Arc<AckGroup>,
+    tag: u64,
 }
 
 #[async_trait]
 impl Settles for RabbitAcker {
     /// `Closed` when the delivery's channel is gone: RabbitMQ has already
-    /// put the message back, and another consumer may hold it now.
+    /// put the message back, and another consumer may hold it now. An ack
+    /// goes through its channel's flusher (see [`AckGroup`]), which sends
+    /// acks in groups; each is answered once sent.
     async fn settle(mut self: Box<Self>, how: Settle) -> Result<(), BrokerError> {
         self.settled = true;
+        if !self.acker.usable() {
+            return Err(BrokerError::Closed);
+        }
         let acker = &self.acker;
         let sent = async {
             match how {
-                Settle::Ack => acker.ack(BasicAckOptions::default()).await,
-                Settle::Requeue => acker.nack(requeue()).await,
-                Settle::Reject => acker.reject(BasicRejectOptions { requeue: false }).await,
+                Settle::Ack => {
+                    Ok(self.group.ack(self.tag, acker.clone()).await && !acker.poisoned())
+                }
+                Settle::Requeue => {
+                    let nack = acker.nack(requeue());
+                    self.group.settle_alone(self.tag, nack).await
+                }
+                Settle::Reject => {
+                    let reject = acker.reject(BasicRejectOptions { requeue: false });
+                    self.group.settle_alone(self.tag, reject).await
+                }
             }
         };
         match tokio::time::timeout(self.timeout, sent).await {
@@ -410,10 +438,10 @@ impl Drop for RabbitAcker {
             return;
         }
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let acker = self.acker.clone();
+            let (acker, group, tag) = (self.acker.clone(), Arc::clone(&self.group), self.tag);
             runtime.spawn(async move {
                 // Failing means the channel closed, which requeues it too.
-                let _ = acker.nack(requeue()).await;
+                let _ = group.settle_alone(tag, acker.nack(requeue())).await;
             });
         }
     }

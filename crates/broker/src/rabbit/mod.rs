@@ -58,6 +58,7 @@
 //!
 //! [`Event`]: crate::Event
 
+mod acks;
 mod consume;
 mod events;
 mod link;
