@@ -366,6 +366,9 @@ fn ticket_line(ticket: &Value) -> String {
     );
     if kind == "approval" {
         let _ = write!(line, "  plan={}", compact(&ticket["plan"], 160));
+    } else if kind == "input" {
+        // A job's questions to its MCP client, by key: those not answered yet.
+        let _ = write!(line, "  pending={}", list(&ticket["pending"]));
     } else {
         let _ = write!(line, "  {}", ticket["question"]);
         if ticket["options"].as_array().is_some_and(|o| !o.is_empty()) {
@@ -1052,6 +1055,13 @@ mod tests {
         assert_eq!(
             ticket_line(&approval),
             r#"t_2  approval  answered  submit_report  plan={"flags":[],"total_eur":84.5}  run=run_2  answer="approve""#
+        );
+        let input = json!({"ticket": "t_3", "kind": "input", "tool": "confirm_delete",
+            "pending": ["confirm", "name"], "state": "open", "answer": null,
+            "run_id": "run_3", "expires_at": null});
+        assert_eq!(
+            ticket_line(&input),
+            r#"t_3  input  open  confirm_delete  pending=[confirm, name]  run=run_3"#
         );
     }
 

@@ -95,13 +95,15 @@ enum Command {
         #[command(flatten)]
         server: client::ServerArgs,
     },
-    /// List the tickets you may answer: questions and approvals, newest first.
+    /// List the tickets you may answer or see: questions, approvals and the
+    /// questions jobs put to their MCP clients, newest first.
     Inbox {
         /// Only the open or only the answered tickets.
         #[arg(long, value_parser = ["open", "answered"])]
         state: Option<String>,
-        /// Only questions or only approvals.
-        #[arg(long, value_parser = ["question", "approval"])]
+        /// Only questions, only approvals or only a job's questions to its
+        /// MCP client (answered by that client, with tasks/update).
+        #[arg(long, value_parser = ["question", "approval", "input"])]
         kind: Option<String>,
         /// Print the tickets as one JSON list.
         #[arg(long)]
