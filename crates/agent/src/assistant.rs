@@ -663,6 +663,8 @@ impl Pass {
                 .then_some(AnsweredBy::Caller),
             run_at: None,
             priority: None,
+            // A model's arguments are a caller's.
+            client_input: false,
         }
     }
 

@@ -611,6 +611,8 @@ impl Run {
             approval: None,
             run_at: None,
             priority: None,
+            // A model's arguments are a caller's.
+            client_input: false,
         }
     }
 

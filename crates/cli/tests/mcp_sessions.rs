@@ -292,6 +292,78 @@ fn a_session_is_its_openers_alone() {
     });
 }
 
+/// The bounds hold however many open at once, and one principal cannot
+/// take every place: past 100 sessions of its own it opens none, while
+/// another still opens one.
+#[test]
+fn sessions_are_bounded_per_process_and_per_principal() {
+    common::block_on(async {
+        let dir = TempDir::new("mcp-sessions-bounds");
+        let server = start(&dir, "max_sessions = 3");
+        let opened = futures_util::future::join_all((0..8).map(|_| {
+            let server = &server;
+            async move { Peer::new(server, TOKEN).initialize().await }
+        }))
+        .await;
+        let count = opened.iter().filter(|s| s.is_some()).count();
+        assert_eq!(count, 3, "8 opened at once, 3 places: {opened:?}");
+        drop(server);
+
+        let dir = TempDir::new("mcp-sessions-owner");
+        let server = start(&dir, "max_sessions = 1000");
+        for n in 0..100 {
+            let mut alice = Peer::new(&server, TOKEN);
+            assert!(alice.initialize().await.is_some(), "alice's session {n}");
+        }
+        let mut one_more = Peer::new(&server, TOKEN);
+        assert_eq!(one_more.initialize().await, None, "past 100 of hers");
+        let mut mallory = Peer::new(&server, OTHER_TOKEN);
+        assert!(
+            mallory.initialize().await.is_some(),
+            "another still opens one"
+        );
+    });
+}
+
+/// A subscription to a running job waits for it on the server's own
+/// account: however many a session holds, the caller's long polls (one
+/// here) stay free for its own requests.
+#[test]
+fn job_subscriptions_hold_none_of_the_callers_long_polls() {
+    common::block_on(async {
+        let dir = TempDir::new("mcp-sessions-polls");
+        let text = config_with(&dir.0, "", &extra(&dir.0, ""))
+            + "\n[limits]\nlong_polls_per_principal = 1\n";
+        let server = Server::start(&dir.0, &text);
+        let mut alice = Peer::new(&server, TOKEN);
+        alice.initialize().await.expect("a session");
+        let mut jobs = Vec::new();
+        for n in 0..3 {
+            let call = alice
+                .ask(
+                    n,
+                    "tools/call",
+                    json!({"name": "slow_job", "arguments": {}}),
+                )
+                .await;
+            let id = call["result"]["structuredContent"]["job_id"]
+                .as_str()
+                .unwrap_or_else(|| panic!("a running job: {call}"))
+                .to_owned();
+            let uri = format!("toolfleet://jobs/{id}");
+            let subscribed = alice
+                .ask(10 + n, "resources/subscribe", json!({"uri": uri}))
+                .await;
+            assert_eq!(subscribed["result"], json!({}), "{subscribed}");
+            jobs.push(id);
+        }
+        // Its one long poll is still its own.
+        let rest = server.client(TOKEN);
+        let waited = rest.get(&format!("/v1/jobs/{}?wait_s=10", jobs[0])).await;
+        assert_eq!(waited["status"], "ok", "{waited}");
+    });
+}
+
 #[test]
 fn sessions_can_be_turned_off() {
     common::block_on(async {
@@ -350,6 +422,40 @@ fn a_tool_asks_the_client_of_its_session() {
         assert_eq!(
             result["result"]["structuredContent"]["text"], "Hello, Ada!",
             "{result}"
+        );
+    });
+}
+
+/// A client cannot hand the tool answers or a state of its own: what it
+/// puts under those names is dropped, and the tool asks as on a first call.
+#[test]
+fn a_client_cannot_forge_the_answers_or_the_state() {
+    common::block_on(async {
+        let dir = TempDir::new("mcp-sessions-forged");
+        let server = start(&dir, "");
+        let mut alice = Peer::new(&server, TOKEN);
+        alice.initialize().await.expect("a session");
+        let forged = json!({
+            "request_state": "asked",
+            "input_responses": {"who": {"action": "accept", "content": {"name": "Eve"}}}
+        });
+        let answer = alice
+            .post(json!({"jsonrpc": "2.0", "id": 9, "method": "tools/call",
+                         "params": {"name": "ask_name", "arguments": forged}}))
+            .await;
+        let mut events = Events::of(answer);
+        let first = events
+            .within(Duration::from_secs(30))
+            .await
+            .expect("a message");
+        assert_eq!(first["method"], "elicitation/create", "{first}");
+        // Over REST the same: the tool asks (and, with no MCP client to
+        // answer, says so), never greeting the forged name.
+        let rest = server.client(TOKEN);
+        let called = rest.call("ask_name", forged).await;
+        assert!(
+            !called.to_string().contains("Hello, Eve"),
+            "the forged answer reached the tool: {called}"
         );
     });
 }

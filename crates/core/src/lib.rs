@@ -73,9 +73,9 @@ pub use shapes::handle::{
     new_handle_id, read_page,
 };
 pub use tool::{
-    AnsweredBy, Budget, CallCtx, CallEvent, CallEvents, Concurrency, CountedBy, DEFAULT_POOL,
-    Executor, FLEET_OPERATE, FLEET_READ, Hints, Lineage, LogLevel, MAX_CONCURRENCY, MiddlewareSpec,
-    PRIORITIES, Principal, ResolvedHints, Shape, StartRate, ToolDecl, executor_fn, executor_value,
-    is_job_id, iso8601, new_id, now_ms, priority_of,
+    AnsweredBy, Budget, CLIENT_INPUT, CallCtx, CallEvent, CallEvents, Concurrency, CountedBy,
+    DEFAULT_POOL, Executor, FLEET_OPERATE, FLEET_READ, Hints, Lineage, LogLevel, MAX_CONCURRENCY,
+    MiddlewareSpec, PRIORITIES, Principal, ResolvedHints, Shape, StartRate, ToolDecl, executor_fn,
+    executor_value, is_job_id, iso8601, new_id, now_ms, priority_of,
 };
 pub use trace::TraceContext;

@@ -348,6 +348,17 @@ impl Runtime {
     }
 
     async fn invoke_tool(&self, tool: &Tool, args: Value, ctx: &CallCtx) -> Envelope {
+        // What only the server gives a tool that asks its client is never
+        // taken from a caller (see `CallCtx::client_input`).
+        let args = match args {
+            Value::Object(mut map) if tool.declaration().asks_client && !ctx.client_input => {
+                for key in crate::CLIENT_INPUT {
+                    map.remove(key);
+                }
+                Value::Object(map)
+            }
+            args => args,
+        };
         if ctx.run_at.is_some() && !matches!(tool.shape(), Shape::Job | Shape::Agent) {
             return Envelope::error(ToolError::new(
                 ErrorCode::BadRequest,

@@ -266,7 +266,17 @@ pub struct CallCtx {
     /// [`PRIORITIES`]); `None`: its tool's. Only tools of ordered pools
     /// take one (see [`ToolDecl::priority`]).
     pub priority: Option<i16>,
+    /// Whether the MCP server put the arguments [`CLIENT_INPUT`] names
+    /// there itself (checked: a client's answers, the tool's own signed
+    /// state, the client's declared capabilities). Otherwise a tool that
+    /// asks the client (`asks_client`) never sees them: whatever a caller
+    /// gives under those names is dropped before the call.
+    pub client_input: bool,
 }
+
+/// The arguments only the server gives a tool that asks the client (see
+/// [`CallCtx::client_input`]).
+pub const CLIENT_INPUT: [&str; 3] = ["input_responses", "request_state", "client_capabilities"];
 
 /// How many of a tool's jobs may run at once, per key: `concurrency = {
 /// limit, key }`.
@@ -520,6 +530,7 @@ impl CallCtx {
             approval: None,
             run_at: None,
             priority: None,
+            client_input: false,
         }
     }
 

@@ -932,3 +932,42 @@ async fn jobs_and_humans_hand_off_to_the_fleet() {
         Some(ErrorCode::Unavailable)
     );
 }
+
+/// What only the MCP server gives a tool that asks its client (its answers,
+/// its signed state, the client's capabilities) is never taken from a
+/// caller: dropped from the arguments unless the call says the server put
+/// it there itself.
+#[tokio::test]
+async fn a_caller_cannot_hand_a_tool_that_asks_its_own_answers_or_state() {
+    let mut runtime = Runtime::builder().build();
+    let mut decl = ToolDecl::query("asks")
+        .description("Echo the arguments.")
+        .input_schema(json!({"type": "object"}))
+        .run(|_, args: Value| async move { Ok::<_, ToolError>(json!({"args": args})) });
+    decl.asks_client = true;
+    runtime.register(decl).expect("registered");
+    let forged = json!({
+        "q": "x",
+        "request_state": {"confirmed": true},
+        "input_responses": {"ok": {"action": "accept"}},
+        "client_capabilities": {"sampling": {}}
+    });
+    let caller = ctx("acme", "alice", &[]);
+    let seen = result(&runtime.invoke("asks", forged.clone(), &caller).await);
+    assert_eq!(seen["args"], json!({"q": "x"}), "{seen}");
+    let mut server = ctx("acme", "alice", &[]);
+    server.client_input = true;
+    let seen = result(&runtime.invoke("asks", forged.clone(), &server).await);
+    assert_eq!(seen["args"], forged, "{seen}");
+    // A tool that does not ask sees its arguments as given.
+    runtime
+        .register(
+            ToolDecl::query("plain")
+                .description("Echo the arguments.")
+                .input_schema(json!({"type": "object"}))
+                .run(|_, args: Value| async move { Ok::<_, ToolError>(json!({"args": args})) }),
+        )
+        .expect("registered");
+    let seen = result(&runtime.invoke("plain", forged.clone(), &caller).await);
+    assert_eq!(seen["args"], forged, "{seen}");
+}

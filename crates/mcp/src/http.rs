@@ -63,12 +63,35 @@ pub struct HttpEndpoint {
 struct Sessions {
     service: StreamableHttpService<ToolServer, LocalSessionManager>,
     manager: Arc<LocalSessionManager>,
-    owners: Arc<Mutex<HashMap<String, Owner>>>,
+    book: Arc<Mutex<Book>>,
     max: usize,
 }
 
+/// Sessions one principal holds open in one process, at most: past it, its
+/// `initialize` opens none (the client goes on statelessly).
+const MAX_PER_OWNER: usize = 100;
+
+/// Whose each session is, and the places held for those being opened.
+#[derive(Default)]
+struct Book {
+    open: HashMap<String, Owner>,
+    /// `initialize` requests rmcp has not answered yet, by owner.
+    opening: HashMap<Owner, usize>,
+}
+
+impl Book {
+    fn total(&self) -> usize {
+        self.open.len() + self.opening.values().sum::<usize>()
+    }
+
+    fn of(&self, owner: &Owner) -> usize {
+        let open = self.open.values().filter(|o| *o == owner).count();
+        open + self.opening.get(owner).copied().unwrap_or(0)
+    }
+}
+
 /// Who opened a session: only they may use it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct Owner {
     tenant: String,
     user: String,
@@ -83,14 +106,45 @@ impl Owner {
     }
 }
 
+/// A place held for a session being opened, given back when dropped.
+struct Opening {
+    book: Arc<Mutex<Book>>,
+    owner: Owner,
+}
+
+impl Opening {
+    /// The session opened as `id`: its owner's from now on.
+    fn opened(self, id: &str) {
+        lock_book(&self.book)
+            .open
+            .insert(id.to_owned(), self.owner.clone());
+    }
+}
+
+impl Drop for Opening {
+    fn drop(&mut self) {
+        let mut book = lock_book(&self.book);
+        if let Some(count) = book.opening.get_mut(&self.owner) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                book.opening.remove(&self.owner);
+            }
+        }
+    }
+}
+
+fn lock_book(book: &Mutex<Book>) -> std::sync::MutexGuard<'_, Book> {
+    book.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 impl Sessions {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Owner>> {
-        self.owners.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> std::sync::MutexGuard<'_, Book> {
+        lock_book(&self.book)
     }
 
     /// Whether `id` is an open session of `principal`'s.
     async fn owned(&self, id: &str, principal: &Principal) -> bool {
-        if self.lock().get(id) != Some(&Owner::of(principal)) {
+        if self.lock().open.get(id) != Some(&Owner::of(principal)) {
             return false;
         }
         let open = self
@@ -101,21 +155,33 @@ impl Sessions {
             .contains_key(&SessionId::from(id.to_owned()));
         if !open {
             // Expired (idle past its keep-alive) or closed.
-            self.lock().remove(id);
+            self.lock().open.remove(id);
         }
         open
     }
 
-    /// Whether another session may open: below the bound, once the
-    /// sessions that ended meanwhile are forgotten.
-    async fn room(&self) -> bool {
-        if self.lock().len() < self.max {
-            return true;
+    /// Holds a place for a session `principal` opens, while the process
+    /// holds fewer than its bound and the principal fewer than
+    /// [`MAX_PER_OWNER`], once the sessions that ended meanwhile are
+    /// forgotten; `None` otherwise.
+    async fn reserve(&self, principal: &Principal) -> Option<Opening> {
+        let owner = Owner::of(principal);
+        let full = |book: &Book| book.total() >= self.max || book.of(&owner) >= MAX_PER_OWNER;
+        if full(&self.lock()) {
+            let open = self.manager.sessions.read().await;
+            self.lock()
+                .open
+                .retain(|id, _| open.contains_key(&SessionId::from(id.clone())));
         }
-        let open = self.manager.sessions.read().await;
-        let mut owners = self.lock();
-        owners.retain(|id, _| open.contains_key(&SessionId::from(id.clone())));
-        owners.len() < self.max
+        let mut book = self.lock();
+        if full(&book) {
+            return None;
+        }
+        *book.opening.entry(owner.clone()).or_default() += 1;
+        Some(Opening {
+            book: Arc::clone(&self.book),
+            owner,
+        })
     }
 }
 
@@ -151,7 +217,7 @@ impl HttpEndpoint {
                     config.with_legacy_session_mode(true),
                 ),
                 manager,
-                owners: Arc::default(),
+                book: Arc::default(),
                 max: max_sessions.max(1),
             }
         });
@@ -172,18 +238,46 @@ impl HttpEndpoint {
             .get(SESSION_HEADER)
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
-        let in_session = match (&self.sessions, &session) {
-            (Some(sessions), Some(id)) => {
-                if !sessions.owned(id, &principal).await {
-                    return session_not_found();
-                }
-                if request.method() == Method::DELETE {
-                    sessions.lock().remove(id);
-                }
-                true
+        if request.method() != Method::POST {
+            // Only a 2025 revision's GET or DELETE names a session.
+            let session = session.filter(|_| !modern(request.headers(), None));
+            let in_session = match self.session_of(session.as_deref(), &principal).await {
+                Ok(in_session) => in_session,
+                Err(refused) => return refused,
+            };
+            if let (Some(sessions), Some(id), true) = (&self.sessions, &session, in_session)
+                && request.method() == Method::DELETE
+            {
+                sessions.lock().open.remove(id);
             }
-            _ => false,
-        };
+            return self.outside_post(request, principal, in_session).await;
+        }
+        self.post(request, principal, session).await
+    }
+
+    /// Whether `session` names an open session of `principal`'s (`Ok(false)`
+    /// when it names none or sessions are off), else the 404 to answer.
+    async fn session_of(
+        &self,
+        session: Option<&str>,
+        principal: &Principal,
+    ) -> Result<bool, Response> {
+        match (&self.sessions, session) {
+            (Some(sessions), Some(id)) => match sessions.owned(id, principal).await {
+                true => Ok(true),
+                false => Err(session_not_found()),
+            },
+            _ => Ok(false),
+        }
+    }
+
+    /// A GET (a session's stream, or 405) or a DELETE (ending a session).
+    async fn outside_post(
+        &self,
+        request: Request<Body>,
+        principal: Arc<Principal>,
+        in_session: bool,
+    ) -> Response {
         if request.method() == Method::DELETE && in_session {
             // rmcp's 202 reads as a failure to clients that look for 200.
             let mut ended = self.rmcp(request, principal, in_session).await;
@@ -192,9 +286,17 @@ impl HttpEndpoint {
             }
             return ended;
         }
-        if request.method() != Method::POST {
-            return self.rmcp(request, principal, in_session).await;
-        }
+        self.rmcp(request, principal, in_session).await
+    }
+
+    /// A POST: a JSON-RPC message, in the session it names when it is of a
+    /// 2025 revision (a 2026-07-28 request is stateless whatever it names).
+    async fn post(
+        &self,
+        request: Request<Body>,
+        principal: Arc<Principal>,
+        session: Option<String>,
+    ) -> Response {
         let legacy = request
             .headers()
             .get("mcp-protocol-version")
@@ -215,6 +317,11 @@ impl HttpEndpoint {
             }
         };
         let message: Option<Value> = serde_json::from_slice(&bytes).ok();
+        let session = session.filter(|_| !modern(&parts.headers, message.as_ref()));
+        let in_session = match self.session_of(session.as_deref(), &principal).await {
+            Ok(in_session) => in_session,
+            Err(refused) => return refused,
+        };
         let route = message
             .as_ref()
             .map(|m| core_tasks::route(m, legacy))
@@ -227,10 +334,11 @@ impl HttpEndpoint {
                 .and_then(|m| m.get("method"))
                 .and_then(Value::as_str)
                 == Some("initialize");
-        let opens = match &self.sessions {
-            Some(sessions) if opens => sessions.room().await,
-            _ => false,
+        let opening = match &self.sessions {
+            Some(sessions) if opens => sessions.reserve(&principal).await,
+            _ => None,
         };
+        let opens = opening.is_some();
         let request = Request::from_parts(parts, Body::from(bytes));
         let response = match (route, message) {
             (core_tasks::Route::Answer, Some(message)) => {
@@ -254,13 +362,13 @@ impl HttpEndpoint {
                     .await
             }
         };
-        if opens && let Some(sessions) = &self.sessions {
+        if let Some(opening) = opening {
             let opened = response
                 .headers()
                 .get(SESSION_HEADER)
                 .and_then(|v| v.to_str().ok());
             if let Some(id) = opened {
-                sessions.lock().insert(id.to_owned(), Owner::of(&principal));
+                opening.opened(id);
             }
         }
         response
@@ -351,6 +459,20 @@ fn patch_events(stream: &str, patch: impl Fn(&mut Value)) -> String {
     out
 }
 
+/// Whether a request speaks 2026-07-28 or later (its
+/// `MCP-Protocol-Version` header, or its `_meta` protocol version), which
+/// has no sessions.
+fn modern(headers: &axum::http::HeaderMap, message: Option<&Value>) -> bool {
+    const FIRST: &str = "2026-07-28";
+    let header = headers
+        .get("mcp-protocol-version")
+        .and_then(|v| v.to_str().ok());
+    let meta = message
+        .and_then(|m| m.pointer("/params/_meta/io.modelcontextprotocol~1protocolVersion"))
+        .and_then(Value::as_str);
+    [header, meta].into_iter().flatten().any(|v| v >= FIRST)
+}
+
 /// What rmcp answers for a session it does not know.
 fn session_not_found() -> Response {
     (StatusCode::NOT_FOUND, "Not Found: Session not found").into_response()
@@ -375,8 +497,21 @@ fn internal_response(what: &str) -> Response {
 
 #[cfg(test)]
 mod tests {
-    use super::patch_events;
+    use super::{modern, patch_events};
     use serde_json::json;
+
+    #[test]
+    fn a_2026_request_is_told_by_its_header_or_its_meta() {
+        let mut headers = axum::http::HeaderMap::new();
+        assert!(!modern(&headers, None));
+        headers.insert("mcp-protocol-version", "2025-11-25".parse().unwrap());
+        assert!(!modern(&headers, Some(&json!({"method": "tools/list"}))));
+        let meta = json!({"method": "tools/list", "params": {"_meta": {
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28"}}});
+        assert!(modern(&headers, Some(&meta)));
+        headers.insert("mcp-protocol-version", "2026-07-28".parse().unwrap());
+        assert!(modern(&headers, None));
+    }
 
     #[test]
     fn only_responses_in_an_event_stream_are_patched() {

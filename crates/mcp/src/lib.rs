@@ -298,6 +298,10 @@ impl ToolServer {
                         let mut ctx = CallCtx::new(principal);
                         ctx.events = events;
                         ctx.trace = trace;
+                        // Each call made here carries in those names only what
+                        // this server checked (`call_tool` drops the client's
+                        // own, `ask_in_session` and a hand-on set them anew).
+                        ctx.client_input = true;
                         // Counted by the runtime, not the hook.
                         let envelope = self.runtime.invoke(&call.name, args.clone(), &ctx).await;
                         return (call, envelope);
@@ -852,6 +856,10 @@ impl ServerHandler for ToolServer {
                 Some(Value::Object(args)) => args,
                 _ => Map::new(),
             };
+            // Never the client's own under these names: only what is checked.
+            for key in toolfleet_core::CLIENT_INPUT {
+                args.remove(key);
+            }
             let responses: Map<String, Value> = request
                 .input_responses
                 .clone()
@@ -899,7 +907,14 @@ impl ServerHandler for ToolServer {
         };
         if let Some(next) = handed_on {
             shape = self.runtime.registry().get(&next.name).map(|t| t.shape());
-            let params = json!({"name": next.name, "arguments": next.arguments});
+            let mut arguments = next.arguments;
+            // The call handed on is a new call: nothing answered yet.
+            if let Value::Object(args) = &mut arguments {
+                for key in toolfleet_core::CLIENT_INPUT {
+                    args.remove(key);
+                }
+            }
+            let params = json!({"name": next.name, "arguments": arguments});
             (call, envelope) = self
                 .invoke_reporting(principal.clone(), &params, &context, token.clone())
                 .await;

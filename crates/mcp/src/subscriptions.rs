@@ -97,6 +97,8 @@ impl ToolServer {
             ));
         }
         let mut watches = self.watches.lock();
+        // A watch that has told its news (a job settled) holds no place.
+        watches.retain(|_, watch| !watch.task.is_finished());
         if watches.contains_key(uri) {
             return Ok(());
         }
@@ -184,7 +186,7 @@ impl ToolServer {
                     return;
                 };
                 loop {
-                    match jobs.wait_settled(&principal, &id, 0, SETTLE_ROUND).await {
+                    match jobs.watch_settled(&principal, &id, SETTLE_ROUND).await {
                         Ok(Some(job)) if job.state.is_settled() => {
                             let _ = peer
                                 .notify_resource_updated(ResourceUpdatedNotificationParam::new(

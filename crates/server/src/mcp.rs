@@ -123,6 +123,21 @@ impl Jobs for McpJobs {
         })
     }
 
+    fn watch_settled<'a>(
+        &'a self,
+        principal: &'a Principal,
+        id: &'a str,
+        wait: Duration,
+    ) -> BoxFuture<'a, Result<Option<JobView>, ToolError>> {
+        Box::pin(async move {
+            let job = self.status.watch_settled(principal, id, wait).await?;
+            Ok(match job {
+                Some(job) => Some(self.view(principal, job).await),
+                None => None,
+            })
+        })
+    }
+
     fn cancel<'a>(
         &'a self,
         principal: &'a Principal,

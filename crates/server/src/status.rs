@@ -106,7 +106,21 @@ impl Status {
         wait: Duration,
     ) -> Result<Option<JobRecord>, ToolError> {
         let settled = |job: &JobRecord| job.state.is_settled();
-        self.wait_until(principal, id, wait, settled, Wakes::Settled)
+        self.wait_until(principal, id, wait, settled, Wakes::Settled, true)
+            .await
+    }
+
+    /// As [`Status::wait_settled`], for a watch the server keeps on its own
+    /// (an MCP resource subscription): it holds none of `principal`'s
+    /// long-poll places, which are for its own requests.
+    pub async fn watch_settled(
+        &self,
+        principal: &Principal,
+        id: &str,
+        wait: Duration,
+    ) -> Result<Option<JobRecord>, ToolError> {
+        let settled = |job: &JobRecord| job.state.is_settled();
+        self.wait_until(principal, id, wait, settled, Wakes::Settled, false)
             .await
     }
 
@@ -121,7 +135,7 @@ impl Status {
         wait: Duration,
     ) -> Result<Option<JobRecord>, ToolError> {
         let changed = |job: &JobRecord| job.updated_at != since || job.state.is_settled();
-        self.wait_until(principal, id, wait, changed, Wakes::Any)
+        self.wait_until(principal, id, wait, changed, Wakes::Any, true)
             .await
     }
 
@@ -145,7 +159,8 @@ impl Status {
 
     /// Reads the job and, unless `done` holds for it already, waits up to
     /// `wait` for an event of it that `wakes`, then reads it again: the one
-    /// long poll behind `get_job` and MCP's task waits. Subscribes before
+    /// long poll behind `get_job` and MCP's task waits (`held`: against the
+    /// principal's bound of long polls). Subscribes before
     /// reading, so a change between the two is not missed; without events
     /// (the subscription ended, or could not be made) it waits out the
     /// deadline, or a second when subscribing failed, and reads again,
@@ -157,12 +172,13 @@ impl Status {
         wait: Duration,
         done: impl Fn(&JobRecord) -> bool,
         wakes: Wakes,
+        held: bool,
     ) -> Result<Option<JobRecord>, ToolError> {
         if !plausible(id) {
             return Ok(None);
         }
-        // A wait is held against the principal's bound until it ends.
-        let _held = match wait.is_zero() {
+        // A caller's wait is held against the principal's bound until it ends.
+        let _held = match wait.is_zero() || !held {
             true => None,
             false => Some(self.access.long_poll(principal)?),
         };

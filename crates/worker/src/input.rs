@@ -109,33 +109,40 @@ pub(crate) fn ticket(job: &JobRecord, requests: Map<String, Value>, now: i64) ->
     }
 }
 
-/// The arguments the tool of `job` runs with: as called, plus, once the
-/// input ticket its checkpoint names is answered, `input_responses` (every
-/// answer by key), `request_state` (as the tool gave it) and
-/// `client_capabilities` (as the call declared them, else `{}`).
+/// The arguments the tool of `job` runs with: as called, without what the
+/// server alone gives under the names of [`toolfleet_core::CLIENT_INPUT`]
+/// but `client_capabilities` (which only the MCP server records at the
+/// call), plus, once the input ticket its checkpoint names is answered,
+/// `input_responses` (every answer by key), `request_state` (as the tool
+/// gave it, kept here) and `client_capabilities` (`{}` when none came).
 pub(crate) async fn arguments(store: &dyn Store, job: &JobRecord) -> Value {
+    let Value::Object(mut args) = job.args.clone() else {
+        return job.args.clone();
+    };
+    // Never a caller's: the answers and the state come from the store.
+    args.remove("input_responses");
+    args.remove("request_state");
     let saved = match store.checkpoint(&job.id).await {
         Ok(saved) => saved,
         Err(error) => {
             tracing::warn!(%error, "reading what the job asked failed; running it as called");
-            return job.args.clone();
+            return Value::Object(args);
         }
     };
     let Some(id) = input_ticket_of(saved.as_ref()) else {
-        return job.args.clone();
+        return Value::Object(args);
     };
     let answer = match store.ticket(&job.tenant, id).await {
         Ok(Some(ticket)) if ticket.kind == TicketKind::Input => ticket.answer,
         _ => None,
     };
-    let (Some(answer), Value::Object(mut args)) = (answer, job.args.clone()) else {
-        return job.args.clone();
+    let Some(answer) = answer else {
+        return Value::Object(args);
     };
     args.insert("input_responses".into(), answer);
-    match input_request_state(saved.as_ref()) {
-        Some(state) => args.insert("request_state".into(), state),
-        None => args.remove("request_state"),
-    };
+    if let Some(state) = input_request_state(saved.as_ref()) {
+        args.insert("request_state".into(), state);
+    }
     args.entry("client_capabilities")
         .or_insert_with(|| json!({}));
     Value::Object(args)

@@ -612,6 +612,8 @@ impl Worker {
             // What the job calls starts at once.
             run_at: None,
             priority: None,
+            // The worker puts a job's answers in its arguments itself.
+            client_input: true,
         };
         let budget = Duration::from_millis(job.timeout_ms.max(1) as u64);
         // The result is stored as every reader gets it (get_job, the job

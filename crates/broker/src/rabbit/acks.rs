@@ -110,18 +110,25 @@ impl AckGroup {
     }
 
     /// Sends `tag` back (`send`: its requeue or reject) in turn with the
-    /// acks, then lets the acks below it go.
-    pub(super) async fn settle_alone<F, T>(&self, tag: u64, send: F) -> T
+    /// acks, then lets the acks below it go. It goes however its caller
+    /// fares (a timeout, an aborted task): a task of its own sends it, and
+    /// the caller awaits that; `None` if that task died.
+    pub(super) async fn settle_alone<F, T>(self: &Arc<Self>, tag: u64, send: F) -> Option<T>
     where
-        F: Future<Output = T>,
+        F: Future<Output = T> + Send + 'static,
+        T: Send + 'static,
     {
-        let sent = {
-            let _turn = self.turn.lock().await;
-            send.await
-        };
-        lock(&self.state).open.remove(&tag);
-        self.queued.notify_one();
-        sent
+        let group = Arc::clone(self);
+        let sending = tokio::spawn(async move {
+            let sent = {
+                let _turn = group.turn.lock().await;
+                send.await
+            };
+            lock(&group.state).open.remove(&tag);
+            group.queued.notify_one();
+            sent
+        });
+        sending.await.ok()
     }
 
     /// Sends what is queued, as it comes, until nothing more can come.

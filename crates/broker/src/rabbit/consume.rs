@@ -381,12 +381,17 @@ impl Settles for RabbitAcker {
                     Ok(self.group.ack(self.tag, acker.clone()).await && !acker.poisoned())
                 }
                 Settle::Requeue => {
-                    let nack = acker.nack(requeue());
-                    self.group.settle_alone(self.tag, nack).await
+                    let acker = acker.clone();
+                    let nack = async move { acker.nack(requeue()).await };
+                    let sent = self.group.settle_alone(self.tag, nack).await;
+                    sent.unwrap_or(Ok(false))
                 }
                 Settle::Reject => {
-                    let reject = acker.reject(BasicRejectOptions { requeue: false });
-                    self.group.settle_alone(self.tag, reject).await
+                    let acker = acker.clone();
+                    let options = BasicRejectOptions { requeue: false };
+                    let reject = async move { acker.reject(options).await };
+                    let sent = self.group.settle_alone(self.tag, reject).await;
+                    sent.unwrap_or(Ok(false))
                 }
             }
         };
@@ -441,7 +446,8 @@ impl Drop for RabbitAcker {
             let (acker, group, tag) = (self.acker.clone(), Arc::clone(&self.group), self.tag);
             runtime.spawn(async move {
                 // Failing means the channel closed, which requeues it too.
-                let _ = group.settle_alone(tag, acker.nack(requeue())).await;
+                let nack = async move { acker.nack(requeue()).await };
+                let _ = group.settle_alone(tag, nack).await;
             });
         }
     }
