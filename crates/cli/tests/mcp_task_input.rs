@@ -281,3 +281,22 @@ async fn a_task_waiting_for_input_can_be_cancelled() {
         "cancelled"
     );
 }
+
+/// A question its client never answers expires (`expires_in_s`, 24 hours
+/// unless the tool says): the job fails with `timeout` rather than wait for
+/// ever, and its ticket no longer waits in the inbox.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_question_never_answered_expires_and_fails_the_job() {
+    let dir = TempDir::new("mcp-task-input-expiry");
+    let extra = extra().replace("max_attempts = 1\n", "max_attempts = 1\nexpires_in_s = 1\n");
+    let server = Server::start(&dir.0, &config(&dir.0, &extra));
+    let id = start(&server).await;
+    until(&server, &id, "input_required").await;
+    let failed = until(&server, &id, "failed").await;
+    assert!(failed.get("inputRequests").is_none(), "{failed}");
+    let rest = server.client(TOKEN);
+    let job = rest.get(&format!("/v1/jobs/{id}")).await;
+    assert_eq!(job["error"]["code"], "timeout", "{job}");
+    let open = rest.get("/v1/tickets?state=open&kind=input").await;
+    assert_eq!(open["result"]["tickets"], json!([]), "{open}");
+}

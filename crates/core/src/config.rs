@@ -401,7 +401,8 @@ pub struct ToolConfig {
     /// `{ scope = "..." }`, see [`AnsweredBy`]).
     pub approval: Option<AnsweredBy>,
     /// Human tools and commands: seconds a ticket (a question, an
-    /// approval) stays open before it expires.
+    /// approval) stays open before it expires; for a job tool that asks
+    /// its client, how long its input tickets wait (24 hours unless set).
     pub expires_in_s: Option<f64>,
 }
 
@@ -468,9 +469,12 @@ impl ToolConfig {
                 "tool `{name}`: approval is for command tools, whose commits a person approves"
             )));
         }
-        if self.expires_in_s.is_some() && !matches!(self.shape, Shape::Human | Shape::Command) {
+        if self.expires_in_s.is_some()
+            && !matches!(self.shape, Shape::Human | Shape::Command)
+            && !(self.asks_client && self.shape == Shape::Job)
+        {
             return Err(ConfigError::new(format!(
-                "tool `{name}`: expires_in_s is for human tools and commands, whose tickets (questions, approvals) expire"
+                "tool `{name}`: expires_in_s is for human tools, commands and job tools that ask their client, whose tickets (questions, approvals, input) expire"
             )));
         }
         let expires_in = self

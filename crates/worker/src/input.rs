@@ -14,7 +14,7 @@
 //! requests a client answers; anything else fails the job, for good.
 
 use serde_json::{Map, Value, json};
-use toolfleet_core::{AnsweredBy, Runtime, Shape, ToolError, new_id};
+use toolfleet_core::{AnsweredBy, ErrorCode, Runtime, Shape, ToolError, new_id};
 use toolfleet_fleet::tickets::{input_request_state, input_ticket_of};
 use toolfleet_store::{JobRecord, NewTicket, Store, TicketKind};
 
@@ -78,8 +78,19 @@ pub(crate) fn check(requests: &Map<String, Value>) -> Result<(), ToolError> {
     Ok(())
 }
 
-/// The open input ticket of `job`, asking `requests` of its caller's client.
-pub(crate) fn ticket(job: &JobRecord, requests: Map<String, Value>, now: i64) -> NewTicket {
+/// How long an input ticket waits for its client's answers unless the
+/// tool declares `expires_in_s`.
+pub(crate) const INPUT_TTL: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
+/// The open input ticket of `job`, asking `requests` of its caller's
+/// client, expiring after `ttl` (the job then fails: see [`arguments`]).
+pub(crate) fn ticket(
+    job: &JobRecord,
+    requests: Map<String, Value>,
+    now: i64,
+    ttl: std::time::Duration,
+) -> NewTicket {
+    let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
     let keys: Vec<&str> = requests.keys().map(String::as_str).collect();
     NewTicket {
         id: format!("t_{}", new_id()),
@@ -103,7 +114,7 @@ pub(crate) fn ticket(job: &JobRecord, requests: Map<String, Value>, now: i64) ->
         kind: TicketKind::Input,
         plan: None,
         scopes: job.scopes.clone(),
-        expires_at: None,
+        expires_at: Some(now.saturating_add(ttl_ms)),
         input_requests: Some(Value::Object(requests)),
         now,
     }
@@ -115,9 +126,12 @@ pub(crate) fn ticket(job: &JobRecord, requests: Map<String, Value>, now: i64) ->
 /// call), plus, once the input ticket its checkpoint names is answered,
 /// `input_responses` (every answer by key), `request_state` (as the tool
 /// gave it, kept here) and `client_capabilities` (`{}` when none came).
-pub(crate) async fn arguments(store: &dyn Store, job: &JobRecord) -> Value {
+///
+/// A ticket that expired unanswered fails the job (`timeout`): its client
+/// never answered.
+pub(crate) async fn arguments(store: &dyn Store, job: &JobRecord) -> Result<Value, ToolError> {
     let Value::Object(mut args) = job.args.clone() else {
-        return job.args.clone();
+        return Ok(job.args.clone());
     };
     // Never a caller's: the answers and the state come from the store.
     args.remove("input_responses");
@@ -126,18 +140,29 @@ pub(crate) async fn arguments(store: &dyn Store, job: &JobRecord) -> Value {
         Ok(saved) => saved,
         Err(error) => {
             tracing::warn!(%error, "reading what the job asked failed; running it as called");
-            return Value::Object(args);
+            return Ok(Value::Object(args));
         }
     };
     let Some(id) = input_ticket_of(saved.as_ref()) else {
-        return Value::Object(args);
+        return Ok(Value::Object(args));
     };
     let answer = match store.ticket(&job.tenant, id).await {
-        Ok(Some(ticket)) if ticket.kind == TicketKind::Input => ticket.answer,
+        Ok(Some(ticket)) if ticket.kind == TicketKind::Input => {
+            if ticket.answer.is_none() && ticket.expired_at.is_some() {
+                return Err(ToolError::new(
+                    ErrorCode::Timeout,
+                    format!(
+                        "`{}` asked its MCP client for input (ticket {id}), which was not answered before it expired",
+                        job.tool
+                    ),
+                ));
+            }
+            ticket.answer
+        }
         _ => None,
     };
     let Some(answer) = answer else {
-        return Value::Object(args);
+        return Ok(Value::Object(args));
     };
     args.insert("input_responses".into(), answer);
     if let Some(state) = input_request_state(saved.as_ref()) {
@@ -145,7 +170,7 @@ pub(crate) async fn arguments(store: &dyn Store, job: &JobRecord) -> Value {
     }
     args.entry("client_capabilities")
         .or_insert_with(|| json!({}));
-    Value::Object(args)
+    Ok(Value::Object(args))
 }
 
 #[cfg(test)]

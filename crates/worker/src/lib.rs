@@ -621,7 +621,11 @@ impl Worker {
         // fields masked.
         // A tool that asked its client runs again with the answers.
         let args = if input::asks(&self.runtime, &job.tool) {
-            input::arguments(self.store.as_ref(), job).await
+            match input::arguments(self.store.as_ref(), job).await {
+                Ok(args) => args,
+                // Its question expired unanswered.
+                Err(error) => return Outcome::Done(Err(error)),
+            }
         } else {
             job.args.clone()
         };
@@ -831,7 +835,13 @@ impl Worker {
             return Box::pin(self.settle(job, lease, Outcome::Done(Err(error)))).await;
         }
         let now = now_ms();
-        let ticket = input::ticket(&job, requests, now);
+        let ttl = self
+            .runtime
+            .registry()
+            .get(&job.tool)
+            .and_then(|t| t.declaration().expires_in)
+            .unwrap_or(input::INPUT_TTL);
+        let ticket = input::ticket(&job, requests, now, ttl);
         let id = ticket.id.clone();
         if let Err(error) = self.store.insert_ticket(ticket).await {
             tracing::warn!(%error, "could not open the input ticket; the message goes back");
