@@ -365,8 +365,8 @@ pub(crate) struct Config {
     /// Worker slots per pool in `serve`.
     #[serde(default = "default_concurrency")]
     pub concurrency: usize,
-    /// Messages a worker holds beyond its slots, so the next job is at hand
-    /// when one frees; `None`: as many as `concurrency`. Pools of long
+    /// Jobs a worker holds beyond its slots, claimed ahead, so the next job
+    /// is at hand when one frees; `None`: four per slot. Pools of long
     /// jobs (`one_job_per_message`, agents' pools) hold none.
     #[serde(default)]
     pub prefetch_ahead: Option<usize>,

@@ -364,17 +364,25 @@ async fn open_shared(
     Ok((shared, in_process))
 }
 
-/// The messages a worker of a pool holds beyond its slots: none for a pool
-/// of long jobs (they wait in the queue, where any worker may take them),
-/// else `prefetch_ahead`, by default `concurrency` (one message more per
-/// slot: a message may carry many jobs, and each held message's clock
+/// Jobs a worker holds beyond its slots unless `prefetch_ahead` says, per
+/// slot: claimed as they come, so that a slot runs one job while the
+/// store's round trips of others overlap it (as Celery's default prefetch
+/// multiplier).
+const AHEAD_PER_SLOT: usize = 4;
+
+/// The jobs a worker of a pool holds beyond its slots, claimed ahead: none
+/// for a pool of long jobs (they wait in the queue, where any worker may
+/// take them), else `prefetch_ahead`, by default [`AHEAD_PER_SLOT`] per
+/// slot (a message may carry many jobs, and each held message's clock
 /// toward RabbitMQ's `consumer_timeout` runs from its delivery), at most
 /// what a prefetch counts.
 fn prefetch_ahead(config: &Config, long: bool) -> usize {
     if long {
         return 0;
     }
-    let ahead = config.prefetch_ahead.unwrap_or(config.concurrency);
+    let ahead = config
+        .prefetch_ahead
+        .unwrap_or(config.concurrency.saturating_mul(AHEAD_PER_SLOT));
     ahead.min(usize::from(u16::MAX).saturating_sub(config.concurrency))
 }
 
@@ -677,13 +685,13 @@ mod tests {
         toolfleet_fleet::backends::rabbit_options(&config.backend_settings(), prefetch, agent_pools)
     }
 
-    /// A worker holds as many messages ahead as it has slots unless `prefetch_ahead`
+    /// A worker holds four jobs ahead per slot unless `prefetch_ahead`
     /// says otherwise, bounded by what a prefetch counts; a pool of long
     /// jobs holds none.
     #[test]
     fn workers_hold_messages_ahead_except_for_long_jobs() {
         let config = parse("concurrency = 8");
-        assert_eq!(prefetch_ahead(&config, false), 8);
+        assert_eq!(prefetch_ahead(&config, false), 32);
         assert_eq!(prefetch_ahead(&config, true), 0);
         let config = parse("concurrency = 8\nprefetch_ahead = 5");
         assert_eq!(prefetch_ahead(&config, false), 5);

@@ -404,7 +404,7 @@ impl Metrics {
         );
         r.register(
             "worker_busy_slots",
-            "Worker slots holding a delivery (busy ratio: busy_slots / slots)",
+            "Worker slots running a job (busy ratio: busy_slots / slots)",
             m.worker_busy_slots.clone(),
         );
         r.register(

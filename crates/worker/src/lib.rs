@@ -132,6 +132,13 @@ pub struct Worker {
     claims: std::sync::atomic::AtomicU64,
     /// The gauges of this worker's pool.
     gauges: PoolGauges,
+    /// Its slots: one per job running at once (`concurrency`). A job takes
+    /// one only to run: it is claimed before, and settled after, outside
+    /// them (see [`Worker::run`]).
+    executors: Arc<Semaphore>,
+    /// Turns true when the worker stops taking jobs: those it claimed and
+    /// has not started go back.
+    stopping: watch::Sender<bool>,
 }
 
 /// Adds to a gauge for as long as it lives (a task aborted at shutdown, or
@@ -211,6 +218,7 @@ impl Worker {
         broker: Arc<dyn Broker>,
         notices: Arc<dyn Notices>,
     ) -> Arc<Self> {
+        let slots = config.concurrency.max(1);
         Arc::new(Worker {
             announcer: Announcer::spawn(notices.clone(), 65_536),
             gauges: runtime.metrics().pool_gauges(&config.pool),
@@ -221,6 +229,8 @@ impl Worker {
             notices,
             running: Mutex::new(HashMap::new()),
             claims: std::sync::atomic::AtomicU64::new(0),
+            executors: Arc::new(Semaphore::new(slots)),
+            stopping: watch::Sender::new(false),
         })
     }
 
@@ -237,9 +247,13 @@ impl Worker {
     /// however it stops (its future dropped included).
     pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>, grace: Duration) {
         let capacity = self.config.concurrency.max(1);
-        let slots = Arc::new(Semaphore::new(capacity));
-        let prefetch =
-            u16::try_from(capacity.saturating_add(self.config.ahead)).unwrap_or(u16::MAX);
+        // Deliveries in hand: waiting to be claimed, claimed and waiting for
+        // a slot (claimed ahead), running, or being settled. A job holds a
+        // slot only while it runs, so the store's round trips of one job
+        // overlap the run of another; `ahead` bounds what waits.
+        let in_hand = capacity.saturating_add(self.config.ahead);
+        let slots = Arc::new(Semaphore::new(in_hand));
+        let prefetch = u16::try_from(in_hand).unwrap_or(u16::MAX);
         let mut consumer = loop {
             match self.broker.consume(&self.config.pool, prefetch).await {
                 Ok(consumer) => break consumer,
@@ -287,14 +301,14 @@ impl Worker {
             };
             let Some(delivery) = delivery else { break };
             let worker = self.clone();
-            let busy = Held::new(&self.gauges.busy_slots);
             tasks.spawn(async move {
                 worker.handle(delivery).await;
-                drop(busy);
                 drop(permit);
             });
             while tasks.try_join_next().is_some() {}
         }
+        // Jobs claimed ahead and not started go back now.
+        self.stopping.send_replace(true);
         drop(consumer);
         let drained =
             tokio::time::timeout(grace, async { while tasks.join_next().await.is_some() {} }).await;
@@ -376,6 +390,20 @@ impl Worker {
         // between the claim and the executor's start is kept, not missed.
         // In an ordered pool the job is known only once claimed; a cancel
         // before then is found by the first heartbeat.
+        // An ordered pool claims its next job when a slot is free, so the
+        // job chosen is the best one then; any other claims ahead.
+        let mut slot = None;
+        if ordered {
+            let mut stopping = self.stopping.subscribe();
+            tokio::select! {
+                biased;
+                _ = stopping.wait_for(|stopping| *stopping) => return (Handled::Interrupted, None),
+                taken = self.executors.clone().acquire_owned() => match taken {
+                    Ok(taken) => slot = Some(taken),
+                    Err(_) => return (Handled::Interrupted, None),
+                },
+            }
+        }
         let listening = (!ordered).then(|| Listening::new(self, job_id));
         let claimed_at = now_ms();
         // The lease owner of this claim alone: a job put back after it
@@ -460,7 +488,7 @@ impl Worker {
         };
         let keyed = job.concurrency_key.is_some();
         let handled = self
-            .run_claimed(job, &lease, claimed_at, trace, &cancel.notify)
+            .run_claimed(job, &lease, claimed_at, trace, &cancel.notify, slot)
             .instrument(span.clone())
             .await;
         if keyed {
@@ -547,6 +575,7 @@ impl Worker {
         claimed_at: i64,
         trace: TraceContext,
         cancelled: &Notify,
+        slot: Option<tokio::sync::OwnedSemaphorePermit>,
     ) -> Handled {
         if !lifecycle::may_run(job.attempts, job.max_attempts) {
             // Claimed again after its holders stopped mid-run, past its last attempt.
@@ -559,6 +588,18 @@ impl Worker {
             );
             return self.settle(job, lease, Outcome::Done(Err(error))).await;
         }
+        // A slot to run in, the lease kept meanwhile; a worker that stops
+        // gives the job back rather than start it.
+        let slot = match slot {
+            Some(slot) => Slot::Taken(slot),
+            None => self.slot(lease, cancelled).await,
+        };
+        let slot = match slot {
+            Slot::Taken(slot) => slot,
+            Slot::Stopping => return self.defer(&job, lease, GIVE_BACK).await,
+            Slot::Lost(outcome) => return self.settle(job, lease, outcome).await,
+        };
+        let _busy = Held::new(&self.gauges.busy_slots);
         if let Some(wait) = self.start_wait(&job).await {
             return self.defer(&job, lease, wait).await;
         }
@@ -577,7 +618,31 @@ impl Worker {
             self.execute(&job, lease, trace, cancelled).await
         };
         metrics.job_ran(tool, started.elapsed());
+        // Settled outside the slot: the next job runs meanwhile.
+        drop(slot);
+        drop(_busy);
         self.settle(job, lease, outcome).await
+    }
+
+    /// A slot for the claimed job of `lease` to run in, waiting while
+    /// every slot is taken and keeping the lease meanwhile: unless the
+    /// worker stops (the job goes back), or the lease is lost or the job
+    /// cancelled first.
+    async fn slot(&self, lease: &LeaseRef, cancelled: &Notify) -> Slot {
+        if let Ok(slot) = self.executors.clone().try_acquire_owned() {
+            return Slot::Taken(slot);
+        }
+        let mut stopping = self.stopping.subscribe();
+        tokio::select! {
+            biased;
+            _ = stopping.wait_for(|stopping| *stopping) => Slot::Stopping,
+            slot = self.executors.clone().acquire_owned() => match slot {
+                Ok(slot) => Slot::Taken(slot),
+                Err(_) => Slot::Stopping,
+            },
+            lost = self.keep_lease(lease) => Slot::Lost(lost),
+            _ = cancelled.notified() => Slot::Lost(Outcome::Cancelled),
+        }
     }
 
     /// Runs the executor of `job` until it answers, its budget runs out, it
@@ -920,3 +985,15 @@ enum Outcome {
     Cancelled,
     LeaseLost,
 }
+
+/// What waiting for a slot came to.
+enum Slot {
+    Taken(tokio::sync::OwnedSemaphorePermit),
+    /// The worker stops: the claimed job goes back unstarted.
+    Stopping,
+    /// Its lease was lost or it was cancelled while it waited.
+    Lost(Outcome),
+}
+
+/// How soon a claimed job a stopping worker gives back is due again.
+const GIVE_BACK: Duration = Duration::from_millis(1);

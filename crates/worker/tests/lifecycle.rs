@@ -1085,3 +1085,71 @@ async fn the_sweeper_publishes_what_is_due_at_once() {
     assert_eq!(broker.most.load(Ordering::SeqCst), 50);
     assert_eq!(broker.inner.depth(POOL).await, Ok(50));
 }
+
+// Claiming ahead.
+
+/// A worker claims the jobs it holds beyond its slots as they come, yet
+/// runs no more at once than its slots; stopping, it gives back the ones
+/// it claimed and did not start (due again at once, the attempt not
+/// counted), and lets the running one finish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_claimed_ahead_wait_for_a_slot_and_go_back_when_the_worker_stops() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let dropped = Arc::new(AtomicBool::new(false));
+    let mut config = worker_config(Duration::from_secs(30), 1);
+    config.ahead = 2;
+    let rig = Rig::new(
+        vec![sleeper(
+            "slow",
+            runs.clone(),
+            dropped.clone(),
+            Duration::from_millis(1_500),
+        )],
+        config,
+    )
+    .await;
+    let (stop, run) = rig.start(Duration::from_secs(5));
+    let ids = [
+        rig.insert("slow", 3, 10_000).await,
+        rig.insert("slow", 3, 10_000).await,
+        rig.insert("slow", 3, 10_000).await,
+    ];
+    for id in &ids {
+        rig.publish(id).await;
+    }
+    // All three claimed (one slot running one): the other two claimed ahead.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let mut running = 0;
+        for id in &ids {
+            running += usize::from(rig.job(id).await.state == JobState::Running);
+        }
+        if running == 3 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{running} of 3 claimed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "one slot: one runs");
+    let _ = stop.send(true);
+    run.await.expect("the worker stops");
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "nothing more started");
+    let mut states = Vec::new();
+    for id in &ids {
+        let job = rig.job(id).await;
+        states.push((job.state, job.attempts));
+    }
+    states.sort_by_key(|(state, _)| state.as_str());
+    assert_eq!(
+        states,
+        [
+            (JobState::Retrying, 0),
+            (JobState::Retrying, 0),
+            (JobState::Succeeded, 1)
+        ],
+        "the two claimed ahead went back unstarted"
+    );
+}
