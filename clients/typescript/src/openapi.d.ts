@@ -252,10 +252,14 @@ export interface Ticket {
   };
   created_at: number;
   expires_at?: number | null;
-  kind: "question" | "approval";
+  /** An input ticket's: what a job tool asks its caller's MCP client, by key. */
+  input_requests?: Record<string, unknown>;
+  kind: "question" | "approval" | "input";
   options: string[];
   /** The envelope it came to, once it did. */
   outcome?: unknown;
+  /** An input ticket's keys not answered yet. */
+  pending?: string[];
   /** An approval's: what the command's dry run answered. */
   plan?: unknown;
   question: string;

@@ -272,7 +272,10 @@ async fn an_idempotency_key_names_one_job_per_tenant() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn get_job_long_polls_and_cancel_stops_queued_and_running_jobs() {
     let dir = TempDir::new("api-cancel");
-    let server = Server::start(&dir.0, &config_with(&dir.0, "concurrency = 1", JOB_TOOLS));
+    // No job claimed ahead: one beyond the slot stays queued (a worker
+    // claims what it holds ahead; see distributed.rs).
+    let top = "concurrency = 1\nprefetch_ahead = 0";
+    let server = Server::start(&dir.0, &config_with(&dir.0, top, JOB_TOOLS));
     let alice = server.client(TOKEN);
 
     let running = start(&alice, "sleepy", json!({})).await;

@@ -153,13 +153,13 @@ async fn ready_in_default(client: &common::Client) -> Option<u64> {
     })
 }
 
-/// A worker holds messages beyond its slots (`prefetch_ahead`, by default
-/// as many as its `concurrency`), so that the next job is at hand when a
+/// A worker holds jobs beyond its slots (`prefetch_ahead`, by default four
+/// per slot of its `concurrency`), so that the next job is at hand when a
 /// slot frees; with `prefetch_ahead = 0` it holds only the job it runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_holds_messages_ahead_of_its_slots() {
     for (ahead, left) in [
-        ("", 4),
+        ("", 1),
         ("prefetch_ahead = 2\n", 3),
         ("prefetch_ahead = 0\n", 5),
     ] {

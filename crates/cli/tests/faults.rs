@@ -645,7 +645,8 @@ async fn a_worker_sent_sigterm_finishes_its_job_and_leaves_the_queue() {
         async move { (!lines(&runs).is_empty()).then_some(()) }
     })
     .await;
-    // Queued behind it: the worker runs one job at a time.
+    // Behind it: the worker runs one job at a time (and claims the others
+    // ahead, waiting for its one slot).
     let mut queued = BTreeSet::new();
     for _ in 0..3 {
         let accepted = alice.call("slow", json!({})).await;
@@ -672,10 +673,14 @@ async fn a_worker_sent_sigterm_finishes_its_job_and_leaves_the_queue() {
     assert_eq!(lines(&runs), vec![running.clone()]);
     let done = alice.get(&format!("/v1/jobs/{running}")).await;
     assert_eq!(done["status"], "ok", "{done}");
+    // Those it held ahead it gave back unstarted (`retrying`, due at once,
+    // no attempt counted); any it never took are still `queued`.
     for id in &queued {
         let waiting = alice.get(&format!("/v1/jobs/{id}")).await;
         assert_eq!(waiting["status"], "running", "{waiting}");
-        assert_eq!(waiting["state"], "queued", "{waiting}");
+        let state = waiting["state"].as_str().unwrap_or_default();
+        assert!(["queued", "retrying"].contains(&state), "{waiting}");
+        assert_eq!(waiting["attempts"], 0, "{waiting}");
     }
 
     // Another worker runs the queued jobs, each once.

@@ -105,9 +105,7 @@ impl Status {
         id: &str,
         wait: Duration,
     ) -> Result<Option<JobRecord>, ToolError> {
-        let settled = |job: &JobRecord| job.state.is_settled();
-        self.wait_until(principal, id, wait, settled, Wakes::Settled, true)
-            .await
+        self.until_settled(principal, id, wait, true).await
     }
 
     /// As [`Status::wait_settled`], for a watch the server keeps on its own
@@ -119,8 +117,18 @@ impl Status {
         id: &str,
         wait: Duration,
     ) -> Result<Option<JobRecord>, ToolError> {
+        self.until_settled(principal, id, wait, false).await
+    }
+
+    async fn until_settled(
+        &self,
+        principal: &Principal,
+        id: &str,
+        wait: Duration,
+        held: bool,
+    ) -> Result<Option<JobRecord>, ToolError> {
         let settled = |job: &JobRecord| job.state.is_settled();
-        self.wait_until(principal, id, wait, settled, Wakes::Settled, false)
+        self.wait_until(principal, id, wait, settled, Wakes::Settled, held)
             .await
     }
 
