@@ -74,8 +74,9 @@ pub use shapes::handle::{
 };
 pub use tool::{
     AnsweredBy, Budget, CLIENT_INPUT, CallCtx, CallEvent, CallEvents, Concurrency, CountedBy,
-    DEFAULT_POOL, Executor, FLEET_OPERATE, FLEET_READ, Hints, Lineage, LogLevel, MAX_CONCURRENCY,
-    MiddlewareSpec, PRIORITIES, Principal, ResolvedHints, Shape, StartRate, ToolDecl, executor_fn,
-    executor_value, is_job_id, iso8601, new_id, now_ms, priority_of,
+    DEFAULT_POOL, Executor, FLEET_OPERATE, FLEET_READ, Hints, Lineage, LogLevel, MAX_ASKING_ROUNDS,
+    MAX_CONCURRENCY, MiddlewareSpec, PRIORITIES, Principal, ResolvedHints, Shape, StartRate,
+    ToolDecl, client_requests, executor_fn, executor_value, is_job_id, iso8601, new_id, now_ms,
+    priority_of,
 };
 pub use trace::TraceContext;

@@ -278,6 +278,26 @@ pub struct CallCtx {
 /// [`CallCtx::client_input`]).
 pub const CLIENT_INPUT: [&str; 3] = ["input_responses", "request_state", "client_capabilities"];
 
+/// Rounds of questions one call or one job of a tool that asks its client
+/// may ask, at most.
+pub const MAX_ASKING_ROUNDS: usize = 16;
+
+/// What a tool that asks its client (`asks_client`) answered instead of
+/// its result: its `input_requests` by key (at least one) and the
+/// `request_state` it hands on, if any; `None` for a plain result. Read
+/// alike by the MCP server (a call answered at once) and the worker (a
+/// job).
+pub fn client_requests(
+    result: &Value,
+) -> Option<(&serde_json::Map<String, Value>, Option<&Value>)> {
+    let requests = result.get("input_requests")?.as_object()?;
+    if requests.is_empty() {
+        return None;
+    }
+    let state = result.get("request_state").filter(|s| !s.is_null());
+    Some((requests, state))
+}
+
 /// How many of a tool's jobs may run at once, per key: `concurrency = {
 /// limit, key }`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -1022,6 +1042,21 @@ impl ToolDecl {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_result_asks_the_client_only_with_a_request() {
+        use serde_json::json;
+        let asked = json!({"input_requests": {"a": {}}, "request_state": 1});
+        let (requests, state) = super::client_requests(&asked).expect("asks");
+        assert_eq!((requests.len(), state), (1, Some(&json!(1))));
+        let stateless = json!({"input_requests": {"a": {}}, "request_state": null});
+        assert_eq!(
+            super::client_requests(&stateless).map(|(_, s)| s),
+            Some(None)
+        );
+        assert!(super::client_requests(&json!({"input_requests": {}})).is_none());
+        assert!(super::client_requests(&json!({"text": "done"})).is_none());
+    }
+
     use super::*;
 
     #[test]

@@ -25,9 +25,6 @@ use toolfleet_core::Principal;
 /// The longest `requestState` accepted back, in bytes.
 const MAX_STATE: usize = 64 * 1024;
 
-/// Rounds of questions one call may ask a 2025 client, at most.
-pub const MAX_ROUNDS: usize = 16;
-
 /// The longest the server waits for a client's answer to one request (a
 /// person may be filling in a form).
 const ASK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
@@ -123,17 +120,6 @@ fn capability_of(method: &str) -> Option<&'static str> {
         "roots/list" => Some("roots"),
         _ => None,
     }
-}
-
-/// What a tool's result asks: its `input_requests` and `request_state`,
-/// when it names at least one request.
-pub fn asked(result: &Value) -> Option<(&Map<String, Value>, Option<&Value>)> {
-    let requests = result.get("input_requests")?.as_object()?;
-    if requests.is_empty() {
-        return None;
-    }
-    let state = result.get("request_state").filter(|s| !s.is_null());
-    Some((requests, state))
 }
 
 /// The call a tool that asked hands on: its result

@@ -82,21 +82,14 @@ pub trait Jobs: Send + Sync + 'static {
     /// As [`Jobs::wait_settled`] from the start, for a watch the server
     /// keeps on its own (a resource subscription) rather than a caller's
     /// request: it holds none of the caller's long-poll places. By default,
-    /// the job as it stands after `wait`.
+    /// as [`Jobs::wait_settled`] (for those that hold none).
     fn watch_settled<'a>(
         &'a self,
         principal: &'a Principal,
         id: &'a str,
         wait: Duration,
     ) -> BoxFuture<'a, Result<Option<JobView>, ToolError>> {
-        Box::pin(async move {
-            let job = self.job(principal, id).await?;
-            if job.as_ref().is_some_and(|j| !j.state.is_settled()) {
-                tokio::time::sleep(wait).await;
-                return self.job(principal, id).await;
-            }
-            Ok(job)
-        })
+        self.wait_settled(principal, id, 0, wait)
     }
     /// Cancels a queued or running job; answers it as it now stands.
     fn cancel<'a>(

@@ -923,7 +923,7 @@ impl ServerHandler for ToolServer {
             Envelope::Ok { result, .. } if asks && call.name == name => Some(result.to_value()),
             _ => None,
         };
-        if let Some((asked, state)) = result.as_ref().and_then(asking::asked) {
+        if let Some((asked, state)) = result.as_ref().and_then(toolfleet_core::client_requests) {
             let Some(key) = self.options.state_key.as_ref().filter(|_| modern) else {
                 let error = ToolError::new(
                     toolfleet_core::ErrorCode::Unavailable,
@@ -1163,7 +1163,7 @@ impl ToolServer {
     /// What the tool asks a 2025 client in a session (or over stdio) is put
     /// to it as requests of the server's, and the tool called again with
     /// the answers, its state and the client's capabilities, round after
-    /// round while it asks, up to [`asking::MAX_ROUNDS`]. A question the
+    /// round while it asks, up to [`toolfleet_core::MAX_ASKING_ROUNDS`]. A question the
     /// client does not answer ends the call with a tool error naming it.
     async fn ask_in_session(
         &self,
@@ -1182,16 +1182,16 @@ impl ToolServer {
                 Envelope::Ok { result, .. } if call.name == asking.name => result.to_value(),
                 _ => return Ok((call, envelope)),
             };
-            let Some((asked, state)) = asking::asked(&result) else {
+            let Some((asked, state)) = toolfleet_core::client_requests(&result) else {
                 return Ok((call, envelope));
             };
-            if rounds == asking::MAX_ROUNDS {
+            if rounds == toolfleet_core::MAX_ASKING_ROUNDS {
                 let error = ToolError::new(
                     toolfleet_core::ErrorCode::ToolFailed,
                     format!(
                         "`{}` kept asking the client past {} rounds",
                         asking.name,
-                        asking::MAX_ROUNDS
+                        toolfleet_core::MAX_ASKING_ROUNDS
                     ),
                 );
                 return Ok((call, Envelope::error(error)));

@@ -65,6 +65,14 @@ impl McpJobs {
         }
     }
 
+    /// [`McpJobs::view`] of `job`, if there is one.
+    async fn view_of(&self, principal: &Principal, job: Option<JobRecord>) -> Option<JobView> {
+        match job {
+            Some(job) => Some(self.view(principal, job).await),
+            None => None,
+        }
+    }
+
     /// The open input ticket a parked job waits on (its checkpoint names
     /// it: see the worker's `input`), if it waits on one.
     async fn input_ticket(&self, job: &JobRecord) -> Option<TicketRecord> {
@@ -98,10 +106,7 @@ impl Jobs for McpJobs {
     ) -> BoxFuture<'a, Result<Option<JobView>, ToolError>> {
         Box::pin(async move {
             let job = self.status.wait_change(principal, id, since, wait).await?;
-            Ok(match job {
-                Some(job) => Some(self.view(principal, job).await),
-                None => None,
-            })
+            Ok(self.view_of(principal, job).await)
         })
     }
 
@@ -116,10 +121,7 @@ impl Jobs for McpJobs {
     ) -> BoxFuture<'a, Result<Option<JobView>, ToolError>> {
         Box::pin(async move {
             let job = self.status.wait_settled(principal, id, wait).await?;
-            Ok(match job {
-                Some(job) => Some(self.view(principal, job).await),
-                None => None,
-            })
+            Ok(self.view_of(principal, job).await)
         })
     }
 
@@ -131,10 +133,7 @@ impl Jobs for McpJobs {
     ) -> BoxFuture<'a, Result<Option<JobView>, ToolError>> {
         Box::pin(async move {
             let job = self.status.watch_settled(principal, id, wait).await?;
-            Ok(match job {
-                Some(job) => Some(self.view(principal, job).await),
-                None => None,
-            })
+            Ok(self.view_of(principal, job).await)
         })
     }
 
@@ -145,10 +144,7 @@ impl Jobs for McpJobs {
     ) -> BoxFuture<'a, Result<Option<JobView>, ToolError>> {
         Box::pin(async move {
             let job = self.status.cancel_record(principal, id).await?;
-            Ok(match job {
-                Some(job) => Some(self.view(principal, job).await),
-                None => None,
-            })
+            Ok(self.view_of(principal, job).await)
         })
     }
 

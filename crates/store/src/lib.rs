@@ -676,10 +676,69 @@ pub enum Responded {
     Recorded(TicketRecord),
 }
 
+impl Responded {
+    /// What writing answers that are `complete` (or not) made of `ticket`.
+    pub(crate) fn written(ticket: TicketRecord, complete: bool) -> Responded {
+        if complete {
+            Responded::Answered(ticket)
+        } else {
+            Responded::Recorded(ticket)
+        }
+    }
+}
+
+/// Compare-and-set passes of [`Store::respond_ticket`] before it gives up.
+pub(crate) const RESPOND_TRIES: usize = 16;
+
+/// Why [`Store::respond_ticket`] gave up on ticket `id`.
+pub(crate) fn respond_conflict(id: &str) -> StoreError {
+    StoreError::Conflict(format!(
+        "ticket {id} kept changing while its answers were recorded; try again"
+    ))
+}
+
+/// What [`Store::respond_ticket`] does with the ticket it read.
+pub(crate) enum RespondStep {
+    /// Nothing to write: it is no input ticket, or `given` adds nothing.
+    Stands(Box<TicketRecord>),
+    /// Write `answers` (all of them when `complete`), if the ticket still
+    /// holds the `had` answers it was read with (answers are only ever
+    /// added, so their count names them).
+    Write {
+        answers: serde_json::Map<String, Value>,
+        complete: bool,
+        had: i64,
+    },
+}
+
+/// How `given` answers `ticket`, as read: backends loop on it, reading
+/// again when their compare-and-set finds the ticket changed.
+pub(crate) fn respond_step(
+    ticket: TicketRecord,
+    given: &serde_json::Map<String, Value>,
+) -> RespondStep {
+    if ticket.kind != TicketKind::Input {
+        return RespondStep::Stands(Box::new(ticket));
+    }
+    let Some((answers, complete)) = merge_responses(&ticket, given) else {
+        return RespondStep::Stands(Box::new(ticket));
+    };
+    let had = ticket
+        .input_responses
+        .as_ref()
+        .and_then(Value::as_object)
+        .map_or(0, |had| i64::try_from(had.len()).unwrap_or(i64::MAX));
+    RespondStep::Write {
+        answers,
+        complete,
+        had,
+    }
+}
+
 /// The answers of `ticket` once `given` joins those it has, and whether
 /// they then answer every request: `None` when `given` adds nothing (no
 /// key it asks and has not answered).
-pub fn merge_responses(
+fn merge_responses(
     ticket: &TicketRecord,
     given: &serde_json::Map<String, Value>,
 ) -> Option<(serde_json::Map<String, Value>, bool)> {

@@ -29,10 +29,10 @@ use crate::{
     AnswerTicket, Answered, Answerer, CancelJob, ClaimCommit, ClaimJob, ClaimNotice, CommitClaim,
     Fail, Heartbeat, Inserted, JobFilter, JobPage, JobRecord, Lease, LeaseRef, ListJobs, ListRuns,
     ListTickets, NewJob, NewRun, NewTicket, Park, Prune, QueuedFrom, Requeue, RequeueMany,
-    RespondTicket, Responded, Retained, RunFilter, RunInserted, RunPage, RunRecord, RunState,
-    SaveCheckpoint, SetProgress, SettleCommit, SettleNotice, SettleTicket, SilentDispatcher,
-    StaleRuns, Store, StoreError, Succeed, TicketKind, TicketPage, TicketRecord, TicketShown,
-    Unnotified, UpdateRun,
+    RespondStep, RespondTicket, Responded, Retained, RunFilter, RunInserted, RunPage, RunRecord,
+    RunState, SaveCheckpoint, SetProgress, SettleCommit, SettleNotice, SettleTicket,
+    SilentDispatcher, StaleRuns, Store, StoreError, Succeed, TicketKind, TicketPage, TicketRecord,
+    TicketShown, Unnotified, UpdateRun,
 };
 use crate::{HandleInfo, HandleOwner, HandleRecord, NewHandle};
 
@@ -1325,38 +1325,25 @@ fn respond_ticket(
     let read = "SELECT * FROM tickets WHERE id = ?1 AND tenant = ?2";
     // Another process may record answers between the read and the write:
     // the compare-and-set then fails, and the ticket is read again.
-    for _ in 0..RESPOND_TRIES {
+    for _ in 0..crate::RESPOND_TRIES {
         let Some(ticket) = query_one(c, read, params![id, tenant], ticket_from_row)? else {
             return Ok(None);
         };
-        if ticket.kind != TicketKind::Input {
-            return Ok(Some(Responded::Recorded(ticket)));
-        }
-        let Some((merged, complete)) = crate::merge_responses(&ticket, responses) else {
-            return Ok(Some(Responded::Recorded(ticket)));
+        let (answers, complete, had) = match crate::respond_step(ticket, responses) {
+            RespondStep::Stands(ticket) => return Ok(Some(Responded::Recorded(*ticket))),
+            RespondStep::Write {
+                answers,
+                complete,
+                had,
+            } => (encode(&answers)?, complete, had),
         };
-        let had = ticket
-            .input_responses
-            .as_ref()
-            .and_then(Value::as_object)
-            .map_or(0, |had| had.len() as i64);
-        let merged = encode(&merged)?;
-        let params = params![id, tenant, merged, complete, now, had];
+        let params = params![id, tenant, answers, complete, now, had];
         if let Some(t) = query_one(c, sql::RESPOND, params, ticket_from_row)? {
-            return Ok(Some(if complete {
-                Responded::Answered(t)
-            } else {
-                Responded::Recorded(t)
-            }));
+            return Ok(Some(Responded::written(t, complete)));
         }
     }
-    Err(StoreError::Conflict(format!(
-        "ticket {id} kept changing while its answers were recorded; try again"
-    )))
+    Err(crate::respond_conflict(id))
 }
-
-/// Compare-and-set passes of [`Store::respond_ticket`] before it gives up.
-const RESPOND_TRIES: usize = 16;
 
 /// The filters of [`Store::list_tickets`] as its statements bind them.
 fn shown_name(shown: Option<TicketShown>) -> Option<&'static str> {

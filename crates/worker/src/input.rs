@@ -8,7 +8,7 @@
 //! attempt runs the tool again with its arguments plus `input_responses`
 //! (every answer by key), `request_state` and `client_capabilities`, as the
 //! inline path of an `asks_client` query does, over as many rounds as it
-//! asks, up to [`MAX_ROUNDS`].
+//! asks, up to [`toolfleet_core::MAX_ASKING_ROUNDS`].
 //!
 //! What the tool asks is bounded ([`MAX_REQUESTS`], [`MAX_KEY`]) and must be
 //! requests a client answers; anything else fails the job, for good.
@@ -18,8 +18,6 @@ use toolfleet_core::{AnsweredBy, ErrorCode, Runtime, Shape, ToolError, new_id};
 use toolfleet_fleet::tickets::{input_request_state, input_ticket_of};
 use toolfleet_store::{JobRecord, NewTicket, Store, TicketKind};
 
-/// Rounds of questions one job may ask, at most.
-pub(crate) const MAX_ROUNDS: u64 = 16;
 /// Requests one round may ask, at most.
 pub(crate) const MAX_REQUESTS: usize = 16;
 /// The longest key of a request, in bytes.
@@ -34,20 +32,6 @@ pub(crate) fn asks(runtime: &Runtime, tool: &str) -> bool {
         .registry()
         .get(tool)
         .is_some_and(|t| t.shape() == Shape::Job && t.declaration().asks_client)
-}
-
-/// What a result asks: its `input_requests` (at least one) and its
-/// `request_state`.
-pub(crate) fn asked(result: &Value) -> Option<(Map<String, Value>, Option<Value>)> {
-    let requests = result.get("input_requests")?.as_object()?;
-    if requests.is_empty() {
-        return None;
-    }
-    let state = result
-        .get("request_state")
-        .filter(|s| !s.is_null())
-        .cloned();
-    Some((requests.clone(), state))
 }
 
 /// Why `requests` cannot be put to a client, if they cannot.
@@ -200,14 +184,5 @@ mod tests {
             })
             .collect();
         assert!(check(&many).is_err());
-    }
-
-    #[test]
-    fn a_result_asks_only_with_a_request() {
-        let (requests, state) =
-            asked(&json!({"input_requests": {"a": {}}, "request_state": 1})).expect("asks");
-        assert_eq!((requests.len(), state), (1, Some(json!(1))));
-        assert!(asked(&json!({"input_requests": {}})).is_none());
-        assert!(asked(&json!({"text": "done"})).is_none());
     }
 }

@@ -394,14 +394,10 @@ impl Worker {
         // job chosen is the best one then; any other claims ahead.
         let mut slot = None;
         if ordered {
-            let mut stopping = self.stopping.subscribe();
-            tokio::select! {
-                biased;
-                _ = stopping.wait_for(|stopping| *stopping) => return (Handled::Interrupted, None),
-                taken = self.executors.clone().acquire_owned() => match taken {
-                    Ok(taken) => slot = Some(taken),
-                    Err(_) => return (Handled::Interrupted, None),
-                },
+            match self.slot(None).await {
+                Slot::Taken(taken) => slot = Some(taken),
+                // Stopping: its message goes back unclaimed.
+                Slot::Stopping | Slot::Lost(_) => return (Handled::Interrupted, None),
             }
         }
         let listening = (!ordered).then(|| Listening::new(self, job_id));
@@ -592,14 +588,14 @@ impl Worker {
         // gives the job back rather than start it.
         let slot = match slot {
             Some(slot) => Slot::Taken(slot),
-            None => self.slot(lease, cancelled).await,
+            None => self.slot(Some((lease, cancelled))).await,
         };
         let slot = match slot {
             Slot::Taken(slot) => slot,
             Slot::Stopping => return self.defer(&job, lease, GIVE_BACK).await,
             Slot::Lost(outcome) => return self.settle(job, lease, outcome).await,
         };
-        let _busy = Held::new(&self.gauges.busy_slots);
+        let busy = Held::new(&self.gauges.busy_slots);
         if let Some(wait) = self.start_wait(&job).await {
             return self.defer(&job, lease, wait).await;
         }
@@ -620,19 +616,28 @@ impl Worker {
         metrics.job_ran(tool, started.elapsed());
         // Settled outside the slot: the next job runs meanwhile.
         drop(slot);
-        drop(_busy);
+        drop(busy);
         self.settle(job, lease, outcome).await
     }
 
-    /// A slot for the claimed job of `lease` to run in, waiting while
-    /// every slot is taken and keeping the lease meanwhile: unless the
-    /// worker stops (the job goes back), or the lease is lost or the job
-    /// cancelled first.
-    async fn slot(&self, lease: &LeaseRef, cancelled: &Notify) -> Slot {
+    /// A slot to run in, waiting while every slot is taken, unless the
+    /// worker stops first. `claimed`: the lease of the job already claimed
+    /// (and its cancel), kept meanwhile; the wait ends if it is lost or
+    /// the job cancelled first.
+    async fn slot(&self, claimed: Option<(&LeaseRef, &Notify)>) -> Slot {
         if let Ok(slot) = self.executors.clone().try_acquire_owned() {
             return Slot::Taken(slot);
         }
         let mut stopping = self.stopping.subscribe();
+        let lost = async {
+            match claimed {
+                Some((lease, cancelled)) => tokio::select! {
+                    lost = self.keep_lease(lease) => lost,
+                    _ = cancelled.notified() => Outcome::Cancelled,
+                },
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             biased;
             _ = stopping.wait_for(|stopping| *stopping) => Slot::Stopping,
@@ -640,8 +645,7 @@ impl Worker {
                 Ok(slot) => Slot::Taken(slot),
                 Err(_) => Slot::Stopping,
             },
-            lost = self.keep_lease(lease) => Slot::Lost(lost),
-            _ = cancelled.notified() => Slot::Lost(Outcome::Cancelled),
+            lost = lost => Slot::Lost(lost),
         }
     }
 
@@ -751,22 +755,15 @@ impl Worker {
                 tracing::info!("job parked: {}", error.message);
                 return self.as_it_stands(&job.id, true).await;
             }
-            Outcome::Done(Ok(result)) if input::asks(&self.runtime, &job.tool) => {
-                match input::asked(&result.to_value()) {
-                    Some((requests, state)) => {
+            Outcome::Done(Ok(result)) => {
+                // A tool that asks its client may answer with questions.
+                if input::asks(&self.runtime, &job.tool) {
+                    let value = result.to_value();
+                    if let Some((requests, state)) = toolfleet_core::client_requests(&value) {
+                        let (requests, state) = (requests.clone(), state.cloned());
                         return self.ask(job, lease, requests, state).await;
                     }
-                    None => {
-                        let done = Succeed {
-                            lease,
-                            result: &result,
-                            now,
-                        };
-                        self.store.succeed(done).await
-                    }
                 }
-            }
-            Outcome::Done(Ok(result)) => {
                 let done = Succeed {
                     lease,
                     result: &result,
@@ -866,7 +863,7 @@ impl Worker {
     /// The tool of `job` asked its client `requests` (see [`input`]): an
     /// input ticket is opened, the job's checkpoint names it with the
     /// tool's state, and the job parks on it. A question past
-    /// [`input::MAX_ROUNDS`], or one a client cannot answer, fails the job.
+    /// [`toolfleet_core::MAX_ASKING_ROUNDS`], or one a client cannot answer, fails the job.
     async fn ask(
         &self,
         job: JobRecord,
@@ -883,13 +880,10 @@ impl Worker {
         };
         let round = toolfleet_fleet::tickets::input_round_of(saved.as_ref()) + 1;
         let checked = input::check(&requests).and_then(|()| {
-            if round > input::MAX_ROUNDS {
+            let most = toolfleet_core::MAX_ASKING_ROUNDS;
+            if round > u64::try_from(most).unwrap_or(u64::MAX) {
                 Err(ToolError::failed(
-                    format!(
-                        "`{}` asked its client more than {} rounds",
-                        job.tool,
-                        input::MAX_ROUNDS
-                    ),
+                    format!("`{}` asked its client more than {most} rounds", job.tool),
                     false,
                 ))
             } else {

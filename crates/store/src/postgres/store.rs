@@ -24,10 +24,10 @@ use crate::{
     AnswerTicket, Answered, Answerer, CancelJob, ClaimCommit, ClaimJob, ClaimNotice, CommitClaim,
     Fail, Heartbeat, Inserted, JobFilter, JobPage, JobRecord, Lease, LeaseRef, ListJobs, ListRuns,
     ListTickets, NewJob, NewRun, NewTicket, Park, Prune, QueuedFrom, Requeue, RequeueMany,
-    RespondTicket, Responded, Retained, RunFilter, RunInserted, RunPage, RunRecord, RunState,
-    SaveCheckpoint, SetProgress, SettleCommit, SettleNotice, SettleTicket, SilentDispatcher,
-    StaleRuns, Store, StoreError, Succeed, TicketKind, TicketPage, TicketRecord, TicketShown,
-    Unnotified, UpdateRun,
+    RespondStep, RespondTicket, Responded, Retained, RunFilter, RunInserted, RunPage, RunRecord,
+    RunState, SaveCheckpoint, SetProgress, SettleCommit, SettleNotice, SettleTicket,
+    SilentDispatcher, StaleRuns, Store, StoreError, Succeed, TicketKind, TicketPage, TicketRecord,
+    TicketShown, Unnotified, UpdateRun,
 };
 use crate::{HandleInfo, HandleOwner, HandleRecord, NewHandle};
 
@@ -278,9 +278,6 @@ async fn answer_ticket(
     Ok(ticket.map(Answered::Already))
 }
 
-/// Compare-and-set passes of [`Store::respond_ticket`] before it gives up.
-const RESPOND_TRIES: usize = 16;
-
 async fn respond_ticket(
     c: &ClientWrapper,
     respond: RespondTicket<'_>,
@@ -293,36 +290,26 @@ async fn respond_ticket(
     } = respond;
     // Another dispatcher may record answers between the read and the
     // write: the compare-and-set then fails, and the ticket is read again.
-    for _ in 0..RESPOND_TRIES {
+    for _ in 0..crate::RESPOND_TRIES {
         let Some(ticket) =
             query_one(c, statements::TICKET, &[&id, &tenant], ticket_from_row).await?
         else {
             return Ok(None);
         };
-        if ticket.kind != TicketKind::Input {
-            return Ok(Some(Responded::Recorded(ticket)));
-        }
-        let Some((merged, complete)) = crate::merge_responses(&ticket, responses) else {
-            return Ok(Some(Responded::Recorded(ticket)));
+        let (answers, complete, had) = match crate::respond_step(ticket, responses) {
+            RespondStep::Stands(ticket) => return Ok(Some(Responded::Recorded(*ticket))),
+            RespondStep::Write {
+                answers,
+                complete,
+                had,
+            } => (encode(&answers)?, complete, had),
         };
-        let had = ticket
-            .input_responses
-            .as_ref()
-            .and_then(serde_json::Value::as_object)
-            .map_or(0, |had| had.len() as i64);
-        let merged = encode(&merged)?;
-        let params: Params<'_> = &[&id, &tenant, &merged, &complete, &now, &had];
+        let params: Params<'_> = &[&id, &tenant, &answers, &complete, &now, &had];
         if let Some(t) = query_one(c, statements::RESPOND, params, ticket_from_row).await? {
-            return Ok(Some(if complete {
-                Responded::Answered(t)
-            } else {
-                Responded::Recorded(t)
-            }));
+            return Ok(Some(Responded::written(t, complete)));
         }
     }
-    Err(StoreError::Conflict(format!(
-        "ticket {id} kept changing while its answers were recorded; try again"
-    )))
+    Err(crate::respond_conflict(id))
 }
 
 async fn list_tickets(c: &ClientWrapper, list: ListTickets<'_>) -> Result<TicketPage, StoreError> {
