@@ -26,7 +26,7 @@ use axum::http::{Method, Request, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use rmcp::ErrorData;
 use rmcp::transport::streamable_http_server::session::SessionId;
-use rmcp::transport::streamable_http_server::session::local::{LocalSessionManager, SessionConfig};
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use serde_json::Value;
@@ -206,9 +206,7 @@ impl HttpEndpoint {
             config.clone().with_legacy_session_mode(false),
         );
         let sessions = sessions.then(|| {
-            let mut manager = LocalSessionManager::default();
-            manager.session_config = SessionConfig::default();
-            let manager = Arc::new(manager);
+            let manager = Arc::new(LocalSessionManager::default());
             let per_session = server.clone();
             Sessions {
                 service: StreamableHttpService::new(
@@ -245,12 +243,8 @@ impl HttpEndpoint {
                 Ok(in_session) => in_session,
                 Err(refused) => return refused,
             };
-            if let (Some(sessions), Some(id), true) = (&self.sessions, &session, in_session)
-                && request.method() == Method::DELETE
-            {
-                sessions.lock().open.remove(id);
-            }
-            return self.outside_post(request, principal, in_session).await;
+            let session = session.filter(|_| in_session);
+            return self.outside_post(request, principal, session).await;
         }
         self.post(request, principal, session).await
     }
@@ -271,14 +265,19 @@ impl HttpEndpoint {
         }
     }
 
-    /// A GET (a session's stream, or 405) or a DELETE (ending a session).
+    /// A GET (a session's stream, or 405) or a DELETE (ending a session),
+    /// in `session` when it names one of the caller's.
     async fn outside_post(
         &self,
         request: Request<Body>,
         principal: Arc<Principal>,
-        in_session: bool,
+        session: Option<String>,
     ) -> Response {
-        if request.method() == Method::DELETE && in_session {
+        let in_session = session.is_some();
+        if let (Some(sessions), Some(id)) = (&self.sessions, &session)
+            && request.method() == Method::DELETE
+        {
+            sessions.lock().open.remove(id);
             // rmcp's 202 reads as a failure to clients that look for 200.
             let mut ended = self.rmcp(request, principal, in_session).await;
             if ended.status() == StatusCode::ACCEPTED {

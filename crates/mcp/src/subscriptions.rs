@@ -23,7 +23,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rmcp::model::{ErrorCode, ReadResourceResult, ResourceUpdatedNotificationParam};
+use rmcp::model::{ReadResourceResult, ResourceUpdatedNotificationParam};
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, Peer, RoleServer};
 use toolfleet_core::Principal;
@@ -87,8 +87,7 @@ impl ToolServer {
             return Ok(());
         }
         if !self.streams(context) {
-            return Err(ErrorData::new(
-                ErrorCode::INVALID_REQUEST,
+            return Err(ErrorData::invalid_request(
                 format!(
                     "`{uri}` changes, and this request has no session to send its updates on: \
                      subscribe in a session (initialize over HTTP and send its Mcp-Session-Id)"
