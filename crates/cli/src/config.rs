@@ -105,9 +105,28 @@ fn default_mcp_page_size() -> usize {
 }
 
 impl McpConfig {
-    /// How often a subscribed declared resource is read again, within bounds.
-    pub(crate) fn watch_every(&self) -> std::time::Duration {
-        std::time::Duration::from_millis(self.watch_ms.clamp(100, 3_600_000))
+    /// How often a subscribed declared resource is read again, or what is
+    /// wrong with `watch_ms`.
+    pub(crate) fn watch_every(&self) -> Result<std::time::Duration, String> {
+        if !(100..=3_600_000).contains(&self.watch_ms) {
+            return Err(format!(
+                "[mcp] watch_ms is {}; it must be from 100 to 3600000 (an hour)",
+                self.watch_ms
+            ));
+        }
+        Ok(std::time::Duration::from_millis(self.watch_ms))
+    }
+
+    /// Sessions open at once in one process, or what is wrong with
+    /// `max_sessions`.
+    pub(crate) fn max_sessions(&self) -> Result<usize, String> {
+        if !(1..=1_000_000).contains(&self.max_sessions) {
+            return Err(format!(
+                "[mcp] max_sessions is {}; it must be from 1 to 1000000",
+                self.max_sessions
+            ));
+        }
+        Ok(self.max_sessions)
     }
 }
 

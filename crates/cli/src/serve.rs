@@ -549,8 +549,8 @@ async fn dispatch(
             resources: Arc::from(config.resources.clone()),
             state_key: Some(toolfleet_mcp::asking::derive_key(&signing_key(config)?)),
             sessions: config.mcp.sessions,
-            max_sessions: config.mcp.max_sessions.clamp(1, 1_000_000),
-            watch_every: config.mcp.watch_every(),
+            max_sessions: config.mcp.max_sessions()?,
+            watch_every: config.mcp.watch_every()?,
         },
         stopping: stopped.clone(),
         access,
@@ -634,7 +634,7 @@ pub(crate) async fn mcp_stdio(config: Config) -> Result<(), String> {
         max_body: config.max_body_bytes,
         declared: Arc::from(config.resources.clone()),
         state_key: Some(toolfleet_mcp::asking::derive_key(&signing_key(&config)?)),
-        watch_every: config.mcp.watch_every(),
+        watch_every: config.mcp.watch_every()?,
         ..toolfleet_mcp::Options::default()
     };
     let roles = Roles {

@@ -583,3 +583,18 @@ fn a_session_holds_a_bounded_number_of_subscriptions() {
         assert_eq!(room["result"], json!({}), "{room}");
     });
 }
+
+/// Bounds out of their range are refused at start, saying which.
+#[test]
+fn bad_session_settings_are_refused_at_start() {
+    common::refused_at_start("[mcp]\nmax_sessions = 0", "[mcp] max_sessions is 0");
+    common::refused_at_start(
+        "[mcp]\nmax_sessions = 1000001",
+        "it must be from 1 to 1000000",
+    );
+    common::refused_at_start("[mcp]\nwatch_ms = 99", "[mcp] watch_ms is 99");
+    common::refused_at_start(
+        "[mcp]\nwatch_ms = 3600001",
+        "it must be from 100 to 3600000",
+    );
+}
