@@ -301,10 +301,12 @@ impl Worker {
             };
             let Some(delivery) = delivery else { break };
             let worker = self.clone();
-            tasks.spawn(async move {
+            // Boxed: a job's future is large (some 12 KB), and a task
+            // moves its future a few times as it is spawned.
+            tasks.spawn(Box::pin(async move {
                 worker.handle(delivery).await;
                 drop(permit);
-            });
+            }));
             while tasks.try_join_next().is_some() {}
         }
         // Jobs claimed ahead and not started go back now.

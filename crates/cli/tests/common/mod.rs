@@ -628,9 +628,11 @@ impl Drop for SharedCleanup {
                     return;
                 };
                 // close_and_delete removes what this handle declared:
-                // declare the pools' queues (the expense pack's jobs and its
-                // agent) and the events exchange first.
-                for pool in ["default", "agents"] {
+                // declare the pools' queues (every pool the tests name: the
+                // expense pack's jobs and its agent, and the tests' own
+                // pools) and the events exchange first. A queue left behind
+                // stays on the shared RabbitMQ, a quorum queue idling there.
+                for pool in ["default", "agents", "crawl", "ranked", "reports", "sync"] {
                     if let Ok(consumer) = toolfleet_broker::Broker::consume(&broker, pool, 1).await
                     {
                         drop(consumer);
