@@ -700,7 +700,9 @@ impl Worker {
         } else {
             job.args.clone()
         };
-        let run = async {
+        // Boxed: the executor's future is the largest part of a job's, and
+        // boxing it keeps what moves with the job's task small.
+        let run = Box::pin(async {
             match (&tool, &internal) {
                 (Some(tool), _) => {
                     let result = self.runtime.execute(tool, args, ctx).await;
@@ -712,7 +714,7 @@ impl Worker {
                     false,
                 )),
             }
-        };
+        });
         let outcome = tokio::select! {
             result = tokio::time::timeout(budget, run) => Outcome::Done(result.unwrap_or_else(|_| Err(ToolError::new(
                 ErrorCode::Timeout,
