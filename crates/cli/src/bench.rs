@@ -154,8 +154,41 @@ struct BurnDown {
     /// Jobs settled end to end, per second from the first call to the last
     /// settled event.
     jobs_per_second: f64,
+    /// Processor time of this process (user and system) per settled job,
+    /// in microseconds: the server's and the bench's own clients' when the
+    /// server runs in this process, the clients' alone with `--server`.
+    /// Steadier than throughput on a shared machine, so builds compare by
+    /// it; the backends' servers (PostgreSQL, RabbitMQ) are not in it.
+    process_cpu_us_per_job: Option<f64>,
     call_to_running_ms: Option<Latency>,
     call_to_settled_ms: Option<Latency>,
+}
+
+/// Processor time this process has used, user and system, or `None` where
+/// the system does not say.
+fn process_cpu() -> Option<Duration> {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: getrusage fills the rusage it is pointed at, which lives
+    // (zeroed) for the call; it is read only when the call succeeded.
+    let usage = unsafe {
+        if libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()) != 0 {
+            return None;
+        }
+        usage.assume_init()
+    };
+    let time = |t: libc::timeval| {
+        let secs = u64::try_from(t.tv_sec).ok()?;
+        let micros = u64::try_from(t.tv_usec).ok()?;
+        Some(Duration::from_secs(secs) + Duration::from_micros(micros))
+    };
+    Some(time(usage.ru_utime)? + time(usage.ru_stime)?)
+}
+
+/// Microseconds of `used` per job of `jobs`, to a tenth; `None` without
+/// a reading or a job.
+fn per_job(used: Option<Duration>, jobs: usize) -> Option<f64> {
+    let used = used?;
+    (jobs > 0).then(|| (used.as_secs_f64() * 1e7 / jobs as f64).round() / 10.0)
 }
 
 /// The fixed-rate run: calls on schedule whatever the server does.
@@ -377,6 +410,7 @@ impl Probe {
 /// Runs the burn-down: `jobs` calls from `clients` clients.
 async fn burn_down(probe: &Arc<Probe>, jobs: usize, clients: usize) -> Result<BurnDown, String> {
     let before = probe.settled_count();
+    let cpu_before = process_cpu();
     let begun = Instant::now();
     let calls = spawn_bounded(jobs, clients, |_| {
         let probe = probe.clone();
@@ -384,6 +418,9 @@ async fn burn_down(probe: &Arc<Probe>, jobs: usize, clients: usize) -> Result<Bu
     })
     .await?;
     let (accepted, all) = probe.gather(calls, before, jobs).await?;
+    let cpu = process_cpu()
+        .zip(cpu_before)
+        .map(|(after, before)| after.saturating_sub(before));
     let called = begun.elapsed();
     let last = all.iter().map(|(at, _)| *at).max().unwrap_or(begun);
     let elapsed = last
@@ -396,6 +433,7 @@ async fn burn_down(probe: &Arc<Probe>, jobs: usize, clients: usize) -> Result<Bu
         settled: all.len(),
         calls_per_second: (jobs as f64 / called.as_secs_f64().max(1e-9)).round(),
         jobs_per_second: (all.len() as f64 / elapsed).round(),
+        process_cpu_us_per_job: per_job(cpu, all.len()),
         call_to_running_ms: percentiles(accepted),
         call_to_settled_ms: percentiles(all.into_iter().map(|(_, l)| l).collect()),
     })
@@ -440,6 +478,16 @@ fn render_text(report: &Report) -> String {
         p(&b.call_to_running_ms),
         p(&b.call_to_settled_ms),
     );
+    if let Some(cpu) = b.process_cpu_us_per_job {
+        let whose = if report.in_process {
+            "server and clients"
+        } else {
+            "clients"
+        };
+        text.push_str(&format!(
+            "  processor time of this process ({whose}): {cpu} us per job\n"
+        ));
+    }
     if let Some(f) = &report.fixed_rate {
         text.push_str(&format!(
             "fixed-rate: {} jobs ({} calls/s for {} s), {} settled\n  call to running: {}\n  call to settled: {}\n",
@@ -607,6 +655,7 @@ mod tests {
                 settled: 100,
                 calls_per_second: 2000.0,
                 jobs_per_second: 1500.0,
+                process_cpu_us_per_job: Some(412.5),
                 call_to_running_ms: latency.clone(),
                 call_to_settled_ms: percentiles(ms([7])),
             },
@@ -674,9 +723,11 @@ mod tests {
                 "clients",
                 "jobs",
                 "jobs_per_second",
+                "process_cpu_us_per_job",
                 "settled",
             ]
         );
+        assert_eq!(burn_down["process_cpu_us_per_job"], 412.5);
         assert_eq!(burn_down["jobs"], 100);
         assert_eq!(burn_down["clients"], 4);
         assert_eq!(burn_down["settled"], 100);
@@ -714,6 +765,33 @@ mod tests {
     }
 
     #[test]
+    fn processor_time_is_read_and_shared_among_jobs() {
+        let before = process_cpu().expect("getrusage answers");
+        // Work that takes processor time (kept from being optimised away)
+        // until the reading has grown by 20 ms; it must, well within 10 s
+        // of work however busy the machine.
+        let mut x = 0u64;
+        let started = Instant::now();
+        let mut used = Duration::ZERO;
+        while used < Duration::from_millis(20) && started.elapsed() < Duration::from_secs(10) {
+            for _ in 0..100_000 {
+                x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+            }
+            used = process_cpu()
+                .expect("getrusage answers")
+                .saturating_sub(before);
+        }
+        assert!(
+            used >= Duration::from_millis(20),
+            "{used:?} after 10 s of work"
+        );
+        assert_eq!(per_job(Some(Duration::from_millis(5)), 4), Some(1250.0));
+        assert_eq!(per_job(Some(Duration::from_micros(1)), 3), Some(0.3));
+        assert_eq!(per_job(Some(Duration::from_millis(5)), 0), None);
+        assert_eq!(per_job(None, 4), None);
+    }
+
+    #[test]
     fn text_carries_the_same_figures() {
         let text = render_text(&report(true));
         assert_eq!(
@@ -721,7 +799,8 @@ mod tests {
             "burn-down: 100 jobs, 100 settled\n  \
              settled end to end: 1500 jobs/s (calls accepted at 2000 /s)\n  \
              call to running: p50 50 / p95 95 / p99 99 ms\n  \
-             call to settled: p50 7 / p95 7 / p99 7 ms\n\
+             call to settled: p50 7 / p95 7 / p99 7 ms\n  \
+             processor time of this process (server and clients): 412.5 us per job\n\
              fixed-rate: 100 jobs (50 calls/s for 2 s), 99 settled\n  \
              call to running: p50 50 / p95 95 / p99 99 ms\n  \
              call to settled: no samples\n"

@@ -892,6 +892,11 @@ async fn bench_drives_a_running_server() {
     assert_eq!(burn_down["settled"], 40);
     assert!(burn_down["jobs_per_second"].as_f64().unwrap() > 0.0);
     assert!(burn_down["calls_per_second"].as_f64().unwrap() > 0.0);
+    // The bench's own clients took processor time for the 40 jobs.
+    assert!(
+        burn_down["process_cpu_us_per_job"].as_f64().unwrap() > 0.0,
+        "{burn_down}"
+    );
     let fixed_rate = &report["fixed_rate"];
     assert_eq!(fixed_rate["target_calls_per_second"], 20);
     assert_eq!(fixed_rate["duration_seconds"], 1);
