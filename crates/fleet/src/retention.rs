@@ -183,6 +183,7 @@ mod tests {
             lease: &lease,
             result: &result,
             now: at,
+            claimed: None,
         };
         store
             .succeed(done)

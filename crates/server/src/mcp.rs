@@ -564,6 +564,7 @@ mod tests {
                 lease: &running.lease_ref().expect("held"),
                 result: &json!({}).into(),
                 now: 3,
+                claimed: None,
             })
             .await
             .expect("succeed")

@@ -711,6 +711,7 @@ mod tests {
             lease: &lease,
             result: &result,
             now: at,
+            claimed: None,
         };
         let done = store.succeed(done).await.expect("succeed");
         assert!(done.is_some(), "settled");

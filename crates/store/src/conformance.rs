@@ -65,6 +65,7 @@ macro_rules! store_conformance {
             heartbeat_extends_the_lease_of_its_holder_only,
             progress_is_recorded_for_the_holder_only,
             succeed_settles_once_for_the_holder_only,
+            a_success_given_its_claimed_record_answers_the_stored_row,
             a_settled_job_is_never_claimed_again,
             fail_with_a_retry_waits_for_run_at,
             the_last_attempt_fails_for_good,
@@ -266,7 +267,12 @@ async fn succeed(
     result: &Json,
     now: i64,
 ) -> Option<JobRecord> {
-    let done = Succeed { lease, result, now };
+    let done = Succeed {
+        lease,
+        result,
+        now,
+        claimed: None,
+    };
     store.succeed(done).await.expect("succeed")
 }
 
@@ -707,6 +713,68 @@ pub async fn succeed_settles_once_for_the_holder_only(store: &dyn Store) {
         None
     );
     assert_eq!(reread(store, &job).await, done);
+}
+
+/// A success given the record its claim answered answers exactly the row
+/// it stored, what changed under the lease (progress, heartbeats) included,
+/// whether alone or many at once; a record of another attempt is not used.
+pub async fn a_success_given_its_claimed_record_answers_the_stored_row(store: &dyn Store) {
+    let t = tenant();
+    let job = running(store, &t, "w1").await;
+    let held = lease(&job.id, "w1", 1);
+    assert!(set_progress(store, &held, &json!({"done": 3, "of": 4}), BASE + 1).await);
+    assert_eq!(heartbeat(store, &held, BASE + 2).await, Lease::Held);
+    let done = store
+        .succeed(Succeed {
+            lease: &held,
+            result: &result_doc(),
+            now: BASE + 3,
+            claimed: Some(&job),
+        })
+        .await
+        .expect("succeed")
+        .expect("the holder settles");
+    assert_eq!(done.progress, Some(json!({"done": 3, "of": 4})));
+    assert_eq!(done, reread(store, &job).await);
+
+    // A record of an earlier attempt: the store answers the row as it is.
+    let other = running(store, &t, "w1").await;
+    let stale = JobRecord {
+        attempts: 7,
+        args: json!({"not": "these"}),
+        ..other.clone()
+    };
+    let done = store
+        .succeed(Succeed {
+            lease: &lease(&other.id, "w1", 1),
+            result: &result_doc(),
+            now: BASE + 3,
+            claimed: Some(&stale),
+        })
+        .await
+        .expect("succeed")
+        .expect("the holder settles");
+    assert_eq!(done.args, other.args);
+    assert_eq!(done, reread(store, &other).await);
+
+    // Many at once, each with its own record.
+    let jobs = futures_util::future::join_all((0..20).map(|_| running(store, &t, "w2"))).await;
+    let leases: Vec<LeaseRef> = jobs.iter().map(|j| lease(&j.id, "w2", 1)).collect();
+    let result = result_doc();
+    let settled = futures_util::future::join_all(jobs.iter().zip(&leases).map(|(job, held)| {
+        store.succeed(Succeed {
+            lease: held,
+            result: &result,
+            now: BASE + 4,
+            claimed: Some(job),
+        })
+    }))
+    .await;
+    for (job, done) in jobs.iter().zip(settled) {
+        let done = done.expect("succeed").expect("the holder settles");
+        assert_eq!(done.id, job.id);
+        assert_eq!(done, reread(store, job).await);
+    }
 }
 
 /// Succeeded, failed and cancelled jobs stay so: a duplicate delivery,
@@ -2637,6 +2705,7 @@ pub async fn many_jobs_at_once_each_get_their_own_answer(store: &dyn Store) {
                         lease: &lease(id, &format!("w{n}"), 1),
                         result,
                         now: BASE + 1,
+                        claimed: None,
                     })
                     .await,
             )
@@ -2764,6 +2833,7 @@ pub async fn many_jobs_at_once_keep_their_own_lineage(store: &dyn Store) {
             lease,
             result: &result,
             now: BASE + 1,
+            claimed: None,
         })
     });
     for (n, answer) in join_all(settles).await.into_iter().enumerate() {

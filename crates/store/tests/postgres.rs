@@ -172,6 +172,7 @@ async fn succeed(store: &PgStore, claimed: &JobRecord, now: i64) -> Option<JobRe
         lease: &claimed.lease_ref().expect("held"),
         result: &json!({}).into(),
         now,
+        claimed: None,
     };
     store.succeed(done).await.expect("succeed")
 }

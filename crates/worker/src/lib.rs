@@ -772,6 +772,8 @@ impl Worker {
                     lease,
                     result: &result,
                     now,
+                    // The store need not send back what the claim answered.
+                    claimed: Some(&job),
                 };
                 self.store.succeed(done).await
             }

@@ -509,6 +509,7 @@ async fn a_job_whose_lease_expired_is_claimed_again_and_runs() {
         lease: &ghost,
         result: &Json::from(json!({"late": true})),
         now: now_ms(),
+        claimed: None,
     };
     assert_eq!(rig.store.succeed(late).await.unwrap(), None);
     let beat = Heartbeat {
@@ -617,6 +618,7 @@ async fn a_stale_attempt_of_the_same_worker_is_stopped_and_settles_nothing() {
         lease: &second.lease_ref().expect("the new attempt"),
         result: &Json::from(json!({"attempt": 2})),
         now: now_ms(),
+        claimed: None,
     };
     let done = rig.store.succeed(done).await.unwrap().expect("held");
     assert_eq!(done.state, JobState::Succeeded);

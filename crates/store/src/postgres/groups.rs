@@ -13,10 +13,14 @@ use deadpool_postgres::Pool;
 use tokio_postgres::Row;
 use toolfleet_core::group::Group;
 
+use toolfleet_core::Json;
+use toolfleet_core::lifecycle::Transition;
+
 use super::rows::{Fields, Insert, job_from_row};
 use super::schema::pool_error;
 use super::statements;
 use super::store::{Params, insert_job};
+use crate::rows::Columns;
 use crate::{Inserted, JobRecord, LeaseRef, StoreError};
 
 /// Jobs one grouped statement carries at most.
@@ -45,8 +49,11 @@ pub(super) struct Claim {
 
 pub(super) struct Success {
     pub(super) lease: LeaseRef,
-    pub(super) result: String,
+    pub(super) result: Json,
     pub(super) now: i64,
+    /// The record this attempt's claim answered (its id and attempt the
+    /// lease's), when the holder gave it.
+    pub(super) claimed: Option<JobRecord>,
 }
 
 impl Groups {
@@ -187,10 +194,47 @@ async fn succeed_many(
     let ids: Vec<&str> = done.iter().map(|s| s.lease.job_id.as_str()).collect();
     let workers: Vec<&str> = done.iter().map(|s| s.lease.worker.as_str()).collect();
     let attempts: Vec<i64> = done.iter().map(|s| i64::from(s.lease.attempt)).collect();
-    let results: Vec<&str> = done.iter().map(|s| s.result.as_str()).collect();
+    let results: Vec<&str> = done.iter().map(|s| s.result.get()).collect();
     let nows: Vec<i64> = done.iter().map(|s| s.now).collect();
-    let stmt = c.prepare_cached(&statements::SUCCEED_MANY).await?;
     let params: Params<'_> = &[&ids, &workers, &attempts, &results, &nows];
+    if !done.iter().all(|s| s.claimed.is_some()) {
+        let stmt = c.prepare_cached(&statements::SUCCEED_MANY).await?;
+        let rows = c.query(&stmt, params).await?;
+        return Ok(by_ordinal(&rows, "s_ord", done.len()));
+    }
+    // Every holder gave its claimed record: the settled records are built
+    // from them, and only what may have changed under the lease is read
+    // back (not the arguments, nor anything else the claim answered).
+    let stmt = c.prepare_cached(&statements::SUCCEED_MANY_LEAN).await?;
     let rows = c.query(&stmt, params).await?;
-    Ok(by_ordinal(&rows, "s_ord", done.len()))
+    let mut answers: Vec<Result<Option<JobRecord>, StoreError>> =
+        (0..done.len()).map(|_| Ok(None)).collect();
+    for row in &rows {
+        let at = row
+            .try_get::<_, i64>("s_ord")
+            .ok()
+            .and_then(|n| usize::try_from(n - 1).ok());
+        if let Some((answer, success)) = at.and_then(|i| answers.get_mut(i).zip(done.get(i))) {
+            *answer = settled(row, success).map(Some);
+        }
+    }
+    Ok(answers)
+}
+
+/// The record of a job `success` settled, from its claimed record and
+/// what the lean statement read back.
+fn settled(row: &Row, success: &Success) -> Result<JobRecord, StoreError> {
+    let fields = Fields::new(row, "job", "id");
+    let Some(claimed) = &success.claimed else {
+        return Err(fields.corrupt("id", "a success without its claimed record"));
+    };
+    Ok(JobRecord {
+        state: Transition::Succeed.to(),
+        result: Some(success.result.clone()),
+        progress: fields.json_opt("progress")?,
+        lease_owner: None,
+        lease_until: None,
+        updated_at: success.now,
+        ..claimed.clone()
+    })
 }

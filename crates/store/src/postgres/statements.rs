@@ -252,10 +252,15 @@ pub(super) static CHECKPOINT: Built = LazyLock::new(|| {
 
 /// `succeed`: running (this attempt) -> succeeded, for a batch of
 /// successes; `s_ord` tells whose each row was.
-pub(super) static SUCCEED_MANY: Built = LazyLock::new(|| {
+pub(super) static SUCCEED_MANY: Built = LazyLock::new(|| succeed_many(JOB_COLUMNS));
+
+/// As [`SUCCEED_MANY`], reading back only what may change under a lease
+/// (its progress): for successes whose holder has the claimed record.
+pub(super) static SUCCEED_MANY_LEAN: Built = LazyLock::new(|| succeed_many("id, progress"));
+
+fn succeed_many(returning: &str) -> String {
     format!(
-        concat!(
-            "
+        "
         UPDATE jobs SET state = '{to}', result = s_result,
             lease_owner = NULL, lease_until = NULL, updated_at = s_now
         FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::text[], $5::bigint[])
@@ -263,13 +268,11 @@ pub(super) static SUCCEED_MANY: Built = LazyLock::new(|| {
         WHERE id = s_id
           AND CASE WHEN state IN {from} THEN lease_owner = s_worker AND attempts = s_attempt
                    ELSE false END
-        RETURNING s_ord, ",
-            job_columns!()
-        ),
+        RETURNING s_ord, {returning}",
         to = Transition::Succeed.to(),
         from = sql_list(Transition::Succeed.from())
     )
-});
+}
 
 /// `retry` (with a time $5) or `fail` (without): running (this
 /// attempt) -> retrying at $5, or failed. The lifecycle decided which

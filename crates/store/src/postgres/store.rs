@@ -665,10 +665,15 @@ impl Store for PgStore {
     }
 
     async fn succeed(&self, done: Succeed<'_>) -> Result<Option<JobRecord>, StoreError> {
+        let lease = done.lease;
+        let claimed = done
+            .claimed
+            .filter(|job| job.id == lease.job_id && job.attempts == lease.attempt);
         let success = Success {
-            lease: done.lease.clone(),
-            result: done.result.get().to_owned(),
+            lease: lease.clone(),
+            result: done.result.clone(),
             now: done.now,
+            claimed: claimed.cloned(),
         };
         self.groups.succeed.run(success).await
     }
