@@ -276,6 +276,23 @@ async fn succeed(
     store.succeed(done).await.expect("succeed")
 }
 
+/// A success of its holder given `claimed` as the claim's record.
+async fn succeed_claimed(
+    store: &dyn Store,
+    lease: &LeaseRef,
+    claimed: &JobRecord,
+    now: i64,
+) -> JobRecord {
+    let done = Succeed {
+        lease,
+        result: &result_doc(),
+        now,
+        claimed: Some(claimed),
+    };
+    let done = store.succeed(done).await.expect("succeed");
+    done.expect("the holder settles")
+}
+
 async fn fail(
     store: &dyn Store,
     lease: &LeaseRef,
@@ -724,16 +741,7 @@ pub async fn a_success_given_its_claimed_record_answers_the_stored_row(store: &d
     let held = lease(&job.id, "w1", 1);
     assert!(set_progress(store, &held, &json!({"done": 3, "of": 4}), BASE + 1).await);
     assert_eq!(heartbeat(store, &held, BASE + 2).await, Lease::Held);
-    let done = store
-        .succeed(Succeed {
-            lease: &held,
-            result: &result_doc(),
-            now: BASE + 3,
-            claimed: Some(&job),
-        })
-        .await
-        .expect("succeed")
-        .expect("the holder settles");
+    let done = succeed_claimed(store, &held, &job, BASE + 3).await;
     assert_eq!(done.progress, Some(json!({"done": 3, "of": 4})));
     assert_eq!(done, reread(store, &job).await);
 
@@ -744,16 +752,7 @@ pub async fn a_success_given_its_claimed_record_answers_the_stored_row(store: &d
         args: json!({"not": "these"}),
         ..other.clone()
     };
-    let done = store
-        .succeed(Succeed {
-            lease: &lease(&other.id, "w1", 1),
-            result: &result_doc(),
-            now: BASE + 3,
-            claimed: Some(&stale),
-        })
-        .await
-        .expect("succeed")
-        .expect("the holder settles");
+    let done = succeed_claimed(store, &lease(&other.id, "w1", 1), &stale, BASE + 3).await;
     assert_eq!(done.args, other.args);
     assert_eq!(done, reread(store, &other).await);
 
