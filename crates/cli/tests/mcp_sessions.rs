@@ -157,6 +157,21 @@ impl Peer {
     }
 
     /// A request's one answer (the last message of its stream).
+    /// Calls `slow_job` as request `id`: the id of the job it started.
+    async fn start_slow_job(&self, id: u64) -> String {
+        let call = self
+            .ask(
+                id,
+                "tools/call",
+                json!({"name": "slow_job", "arguments": {}}),
+            )
+            .await;
+        call["result"]["structuredContent"]["job_id"]
+            .as_str()
+            .unwrap_or_else(|| panic!("a running job: {call}"))
+            .to_owned()
+    }
+
     async fn ask(&self, id: u64, method: &str, params: Value) -> Value {
         let answer = self
             .post(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))
@@ -339,17 +354,7 @@ fn job_subscriptions_hold_none_of_the_callers_long_polls() {
         alice.initialize().await.expect("a session");
         let mut jobs = Vec::new();
         for n in 0..3 {
-            let call = alice
-                .ask(
-                    n,
-                    "tools/call",
-                    json!({"name": "slow_job", "arguments": {}}),
-                )
-                .await;
-            let id = call["result"]["structuredContent"]["job_id"]
-                .as_str()
-                .unwrap_or_else(|| panic!("a running job: {call}"))
-                .to_owned();
+            let id = alice.start_slow_job(n).await;
             let uri = format!("toolfleet://jobs/{id}");
             let subscribed = alice
                 .ask(10 + n, "resources/subscribe", json!({"uri": uri}))
@@ -496,17 +501,7 @@ fn a_subscription_tells_its_session_of_changes_until_unsubscribed() {
         assert_eq!(read["result"]["contents"][0]["text"], "second", "{read}");
 
         // A job not settled yet: one update when it settles.
-        let call = alice
-            .ask(
-                3,
-                "tools/call",
-                json!({"name": "slow_job", "arguments": {}}),
-            )
-            .await;
-        let job_id = call["result"]["structuredContent"]["job_id"]
-            .as_str()
-            .unwrap_or_else(|| panic!("a running job: {call}"))
-            .to_owned();
+        let job_id = alice.start_slow_job(3).await;
         let uri = format!("toolfleet://jobs/{job_id}");
         // Another tenant's job is refused as an unknown one, in her session too.
         let mut mallory = Peer::new(&server, OTHER_TOKEN);

@@ -1042,22 +1042,19 @@ impl ToolDecl {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use serde_json::json;
+
     #[test]
     fn a_result_asks_the_client_only_with_a_request() {
-        use serde_json::json;
         let asked = json!({"input_requests": {"a": {}}, "request_state": 1});
-        let (requests, state) = super::client_requests(&asked).expect("asks");
+        let (requests, state) = client_requests(&asked).expect("asks");
         assert_eq!((requests.len(), state), (1, Some(&json!(1))));
         let stateless = json!({"input_requests": {"a": {}}, "request_state": null});
-        assert_eq!(
-            super::client_requests(&stateless).map(|(_, s)| s),
-            Some(None)
-        );
-        assert!(super::client_requests(&json!({"input_requests": {}})).is_none());
-        assert!(super::client_requests(&json!({"text": "done"})).is_none());
+        assert_eq!(client_requests(&stateless).map(|(_, s)| s), Some(None));
+        assert!(client_requests(&json!({"input_requests": {}})).is_none());
+        assert!(client_requests(&json!({"text": "done"})).is_none());
     }
-
-    use super::*;
 
     #[test]
     fn shapes_imply_honest_default_hints() {

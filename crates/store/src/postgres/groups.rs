@@ -11,9 +11,8 @@ use std::sync::Arc;
 
 use deadpool_postgres::Pool;
 use tokio_postgres::Row;
-use toolfleet_core::group::Group;
-
 use toolfleet_core::Json;
+use toolfleet_core::group::Group;
 use toolfleet_core::lifecycle::Transition;
 
 use super::rows::{Fields, Insert, job_from_row};
@@ -155,9 +154,20 @@ async fn insert_many(pool: Pool, place: Arc<str>, jobs: Vec<Insert>) -> Answers<
 }
 
 /// Places each returned row at the request its `ord` column names
-/// (1-based, as `WITH ORDINALITY` counts); requests no row names answer
-/// `None`.
+/// (1-based, as `WITH ORDINALITY` counts), decoded as a whole job row;
+/// requests no row names answer `None`.
 fn by_ordinal(rows: &[Row], ord: &str, count: usize) -> Vec<Result<Option<JobRecord>, StoreError>> {
+    by_ordinal_with(rows, ord, count, |row, _| job_from_row(row))
+}
+
+/// As [`by_ordinal`], each row decoded by `decode` with its request's
+/// place in the batch.
+fn by_ordinal_with(
+    rows: &[Row],
+    ord: &str,
+    count: usize,
+    decode: impl Fn(&Row, usize) -> Result<JobRecord, StoreError>,
+) -> Vec<Result<Option<JobRecord>, StoreError>> {
     let mut answers: Vec<Result<Option<JobRecord>, StoreError>> =
         (0..count).map(|_| Ok(None)).collect();
     for row in rows {
@@ -165,8 +175,8 @@ fn by_ordinal(rows: &[Row], ord: &str, count: usize) -> Vec<Result<Option<JobRec
             .try_get::<_, i64>(ord)
             .ok()
             .and_then(|n| usize::try_from(n - 1).ok());
-        if let Some(answer) = at.and_then(|i| answers.get_mut(i)) {
-            *answer = job_from_row(row).map(Some);
+        if let Some((i, answer)) = at.and_then(|i| answers.get_mut(i).map(|a| (i, a))) {
+            *answer = decode(row, i).map(Some);
         }
     }
     answers
@@ -197,44 +207,35 @@ async fn succeed_many(
     let results: Vec<&str> = done.iter().map(|s| s.result.get()).collect();
     let nows: Vec<i64> = done.iter().map(|s| s.now).collect();
     let params: Params<'_> = &[&ids, &workers, &attempts, &results, &nows];
-    if !done.iter().all(|s| s.claimed.is_some()) {
+    let claimed: Option<Vec<&JobRecord>> = done.iter().map(|s| s.claimed.as_ref()).collect();
+    let Some(claimed) = claimed else {
         let stmt = c.prepare_cached(&statements::SUCCEED_MANY).await?;
         let rows = c.query(&stmt, params).await?;
         return Ok(by_ordinal(&rows, "s_ord", done.len()));
-    }
+    };
     // Every holder gave its claimed record: the settled records are built
     // from them, and only what may have changed under the lease is read
     // back (not the arguments, nor anything else the claim answered).
     let stmt = c.prepare_cached(&statements::SUCCEED_MANY_LEAN).await?;
     let rows = c.query(&stmt, params).await?;
-    let mut answers: Vec<Result<Option<JobRecord>, StoreError>> =
-        (0..done.len()).map(|_| Ok(None)).collect();
-    for row in &rows {
-        let at = row
-            .try_get::<_, i64>("s_ord")
-            .ok()
-            .and_then(|n| usize::try_from(n - 1).ok());
-        if let Some((answer, success)) = at.and_then(|i| answers.get_mut(i).zip(done.get(i))) {
-            *answer = settled(row, success).map(Some);
-        }
-    }
-    Ok(answers)
+    Ok(by_ordinal_with(&rows, "s_ord", done.len(), |row, i| {
+        let (job, success) = claimed.get(i).zip(done.get(i)).ok_or_else(|| {
+            Fields::new(row, "job", "id").corrupt("s_ord", "no success of the batch has it")
+        })?;
+        settled(row, job, success)
+    }))
 }
 
-/// The record of a job `success` settled, from its claimed record and
-/// what the lean statement read back.
-fn settled(row: &Row, success: &Success) -> Result<JobRecord, StoreError> {
-    let fields = Fields::new(row, "job", "id");
-    let Some(claimed) = &success.claimed else {
-        return Err(fields.corrupt("id", "a success without its claimed record"));
-    };
+/// The record of `job` once `success` settled it: the claimed record, with
+/// what the success set and the progress the lean statement read back.
+fn settled(row: &Row, job: &JobRecord, success: &Success) -> Result<JobRecord, StoreError> {
     Ok(JobRecord {
         state: Transition::Succeed.to(),
         result: Some(success.result.clone()),
-        progress: fields.json_opt("progress")?,
+        progress: Fields::new(row, "job", "id").json_opt("progress")?,
         lease_owner: None,
         lease_until: None,
         updated_at: success.now,
-        ..claimed.clone()
+        ..job.clone()
     })
 }
