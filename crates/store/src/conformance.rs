@@ -53,6 +53,7 @@ macro_rules! store_conformance {
         $crate::store_conformance!(@tests $make;
             ping_answers,
             insert_records_a_queued_job,
+            an_insert_answers_the_stored_row,
             the_same_key_returns_the_same_job,
             the_same_key_with_other_args_is_a_conflict,
             keys_are_per_tenant_and_per_tool,
@@ -386,6 +387,45 @@ pub async fn insert_records_a_queued_job(store: &dyn Store) {
         store.job_by_id(&job.id).await.expect("job_by_id"),
         Some(job)
     );
+}
+
+/// What an insert answers is the row it stored, every field given
+/// included (key, callback, lineage, scopes, trace, priority, concurrency
+/// key, fair turn, a later start), alone and many at once. Works four
+/// months before [`BASE`].
+pub async fn an_insert_answers_the_stored_row(store: &dyn Store) {
+    use futures_util::future::join_all;
+    let t = tenant();
+    let t0 = BASE - 120 * 24 * 3_600_000;
+    let full = |n: usize| NewJob {
+        idempotency_key: Some(format!("key-{n}")),
+        callback_url: Some(format!("https://hooks.example/{n}")),
+        lineage: Some(lineage(1)),
+        scopes: vec!["ledger:write".to_owned(), "expenses:read".to_owned()],
+        trace: Some(trace(n.is_multiple_of(2))),
+        priority: Some(3),
+        concurrency_key: Some(format!("acct-{n}")),
+        concurrency_limit: Some(2),
+        fair_rank: 40 + n as i64,
+        // Every third job starts later than any test looks: recorded
+        // scheduled, and never due for another test's `due_jobs`.
+        run_at: n.is_multiple_of(3).then_some(FOREVER),
+        origin: Some("dispatcher-a".to_owned()),
+        ..job_for(&t, "ocr", json!({"z": n, "a": [1.5, "x"]}), None, t0)
+    };
+    let alone = insert(store, full(1)).await;
+    assert_eq!(alone, reread(store, &alone).await);
+    let scheduled = insert(store, full(3)).await;
+    assert_eq!(scheduled.state, JobState::Scheduled);
+    assert_eq!(scheduled, reread(store, &scheduled).await);
+
+    let many = join_all((10..40).map(|n| insert(store, full(n)))).await;
+    for job in &many {
+        assert_eq!(*job, reread(store, job).await);
+    }
+    // A job a batch did not insert (its key taken) answers the first one.
+    let again = store.insert_job(full(12)).await.expect("insert_job");
+    assert_eq!(again, Inserted::Existing(many[2].clone()));
 }
 
 /// The same tenant, tool, key and arguments (in any member order) is the

@@ -247,6 +247,46 @@ impl NewJob {
             _ => (Transition::Enqueue.to(), self.now),
         }
     }
+
+    /// The record the store keeps of this job once inserted: what a backend
+    /// answers for a job it created, without reading the row back.
+    pub(crate) fn created(self) -> JobRecord {
+        let (state, run_at) = self.start();
+        JobRecord {
+            id: self.id,
+            tenant: self.tenant,
+            user: self.user,
+            tool: self.tool,
+            pool: self.pool,
+            args: self.args,
+            state,
+            attempts: 0,
+            max_attempts: self.max_attempts,
+            timeout_ms: self.timeout_ms,
+            run_at,
+            lease_owner: None,
+            lease_until: None,
+            progress: None,
+            result: None,
+            error: None,
+            idempotency_key: self.idempotency_key,
+            run_id: self.run_id,
+            call_id: self.call_id,
+            callback_url: self.callback_url,
+            lineage: self.lineage,
+            scopes: self.scopes,
+            trace: self.trace,
+            requeues: 0,
+            priority: self.priority,
+            concurrency_key: self.concurrency_key,
+            concurrency_limit: self.concurrency_limit,
+            fair_rank: self.fair_rank,
+            started_at: None,
+            attempts_log: None,
+            created_at: self.now,
+            updated_at: self.now,
+        }
+    }
 }
 
 /// A job as stored.

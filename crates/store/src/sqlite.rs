@@ -75,8 +75,7 @@ mod sql {
             :timeout_ms, :run_at, :key, :run_id, :call_id, :callback_url, :lineage, :scopes,
             :traceparent, :tracestate, :origin, :priority, :concurrency_key, :concurrency_limit,
             :fair_rank, :now, :now)
-        ON CONFLICT DO NOTHING
-        RETURNING *";
+        ON CONFLICT DO NOTHING";
 
     /// The queued jobs a silent dispatcher made since a time, by id.
     pub(super) static QUEUED_FROM: Built = LazyLock::new(|| {
@@ -1095,7 +1094,7 @@ fn query_all<T>(
 
 fn insert_job(
     c: &Connection,
-    job: &NewJob,
+    job: NewJob,
     args: &str,
     lineage: Option<&str>,
     scopes: Option<&str>,
@@ -1118,8 +1117,9 @@ fn insert_job(
         ":concurrency_limit": job.concurrency_limit,
         ":fair_rank": job.fair_rank,
     };
-    if let Some(created) = query_one(c, sql::INSERT_JOB, params, job_from_row)? {
-        return Ok(Inserted::Created(created));
+    // Inserted: the record is what was written, without reading it back.
+    if c.prepare_cached(sql::INSERT_JOB)?.execute(params)? == 1 {
+        return Ok(Inserted::Created(job.created()));
     }
     // Nothing inserted: the key was taken (or, never in practice, the id).
     let existing = match &job.idempotency_key {
@@ -1630,7 +1630,7 @@ impl Store for SqliteStore {
         let scopes = (!job.scopes.is_empty())
             .then(|| encode(&job.scopes))
             .transpose()?;
-        self.call(move |c| insert_job(c, &job, &args, lineage.as_deref(), scopes.as_deref()))
+        self.call(move |c| insert_job(c, job, &args, lineage.as_deref(), scopes.as_deref()))
             .await
     }
 

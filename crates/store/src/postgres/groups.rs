@@ -6,7 +6,7 @@
 //! for another: a job the batch did not insert takes the one-job path,
 //! which says why, and a request that no row names answers `None`.
 
-use std::collections::HashMap;
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use deadpool_postgres::Pool;
@@ -92,62 +92,69 @@ where
 /// Answers of a grouped statement, one per request, in the batch's order.
 type Answers<T> = Result<Vec<Result<T, StoreError>>, StoreError>;
 
-/// Records a batch of jobs in one statement. A job it did not insert (its
-/// key or id taken) takes the one-job path, which finds the earlier job or
-/// says why not.
-async fn insert_many(pool: Pool, place: Arc<str>, jobs: Vec<Insert>) -> Answers<Inserted> {
+/// Records a batch of jobs in one statement. A job it inserted answers
+/// the record it was given ([`crate::NewJob::created`]), read back from
+/// nothing; a job it did not insert (its key or id taken) takes the
+/// one-job path, which finds the earlier job or says why not.
+async fn insert_many(pool: Pool, place: Arc<str>, mut jobs: Vec<Insert>) -> Answers<Inserted> {
     let c = pool.get().await.map_err(|e| pool_error(e, &place))?;
-    if let [alone] = jobs.as_slice() {
+    if jobs.len() == 1
+        && let Some(alone) = jobs.pop()
+    {
         // One job: the plain statement, cheaper to plan than the arrays.
         return Ok(vec![insert_job(&c, alone).await]);
     }
-    let column = |f: fn(&Insert) -> &str| jobs.iter().map(f).collect::<Vec<&str>>();
-    let optional =
-        |f: fn(&Insert) -> Option<&str>| jobs.iter().map(f).collect::<Vec<Option<&str>>>();
-    let number = |f: fn(&Insert) -> i64| jobs.iter().map(f).collect::<Vec<i64>>();
-    let params: Params<'_> = &[
-        &column(|i| &i.job.id),
-        &column(|i| &i.job.tenant),
-        &column(|i| &i.job.user),
-        &column(|i| &i.job.tool),
-        &column(|i| &i.job.pool),
-        &column(|i| &i.args),
-        &number(|i| i64::from(i.job.max_attempts)),
-        &number(|i| i.job.timeout_ms),
-        &number(|i| i.job.now),
-        &optional(|i| i.job.idempotency_key.as_deref()),
-        &column(|i| &i.job.run_id),
-        &column(|i| &i.job.call_id),
-        &optional(|i| i.job.callback_url.as_deref()),
-        &optional(|i| i.lineage.as_deref()),
-        &optional(|i| i.scopes.as_deref()),
-        &optional(|i| i.traceparent.as_deref()),
-        &optional(|i| i.tracestate.as_deref()),
-        &optional(|i| i.job.origin.as_deref()),
-        &column(|i| i.state),
-        &number(|i| i.run_at),
-        &jobs
-            .iter()
-            .map(|i| i.job.priority)
-            .collect::<Vec<Option<i16>>>(),
-        &optional(|i| i.job.concurrency_key.as_deref()),
-        &jobs
-            .iter()
-            .map(|i| i.job.concurrency_limit.map(i64::from))
-            .collect::<Vec<Option<i64>>>(),
-        &number(|i| i.job.fair_rank),
-    ];
-    let stmt = c.prepare_cached(statements::INSERT_MANY).await?;
-    let mut created: HashMap<String, Result<JobRecord, StoreError>> = HashMap::new();
-    for row in c.query(&stmt, params).await? {
-        let id: String = Fields::new(&row, "job", "id").get("id")?;
-        created.insert(id, job_from_row(&row));
-    }
+    let inserted: HashSet<String> = {
+        let column = |f: fn(&Insert) -> &str| jobs.iter().map(f).collect::<Vec<&str>>();
+        let optional =
+            |f: fn(&Insert) -> Option<&str>| jobs.iter().map(f).collect::<Vec<Option<&str>>>();
+        let number = |f: fn(&Insert) -> i64| jobs.iter().map(f).collect::<Vec<i64>>();
+        let params: Params<'_> = &[
+            &column(|i| &i.job.id),
+            &column(|i| &i.job.tenant),
+            &column(|i| &i.job.user),
+            &column(|i| &i.job.tool),
+            &column(|i| &i.job.pool),
+            &column(|i| &i.args),
+            &number(|i| i64::from(i.job.max_attempts)),
+            &number(|i| i.job.timeout_ms),
+            &number(|i| i.job.now),
+            &optional(|i| i.job.idempotency_key.as_deref()),
+            &column(|i| &i.job.run_id),
+            &column(|i| &i.job.call_id),
+            &optional(|i| i.job.callback_url.as_deref()),
+            &optional(|i| i.lineage.as_deref()),
+            &optional(|i| i.scopes.as_deref()),
+            &optional(|i| i.traceparent.as_deref()),
+            &optional(|i| i.tracestate.as_deref()),
+            &optional(|i| i.job.origin.as_deref()),
+            &column(|i| i.state),
+            &number(|i| i.run_at),
+            &jobs
+                .iter()
+                .map(|i| i.job.priority)
+                .collect::<Vec<Option<i16>>>(),
+            &optional(|i| i.job.concurrency_key.as_deref()),
+            &jobs
+                .iter()
+                .map(|i| i.job.concurrency_limit.map(i64::from))
+                .collect::<Vec<Option<i64>>>(),
+            &number(|i| i.job.fair_rank),
+        ];
+        let stmt = c.prepare_cached(statements::INSERT_MANY).await?;
+        let rows = c.query(&stmt, params).await?;
+        let mut inserted = HashSet::with_capacity(rows.len());
+        for row in &rows {
+            inserted.insert(Fields::new(row, "job", "id").get::<String>("id")?);
+        }
+        inserted
+    };
     let mut answers = Vec::with_capacity(jobs.len());
-    for insert in &jobs {
-        answers.push(match created.remove(&insert.job.id) {
-            Some(record) => record.map(Inserted::Created),
-            None => insert_job(&c, insert).await,
+    for insert in jobs {
+        answers.push(if inserted.contains(&insert.job.id) {
+            Ok(Inserted::Created(insert.job.created()))
+        } else {
+            insert_job(&c, insert).await
         });
     }
     Ok(answers)

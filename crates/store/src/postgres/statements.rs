@@ -56,24 +56,21 @@ macro_rules! run_columns {
 
 /// `enqueue`: (new) -> queued, or `schedule`: (new) -> scheduled, as
 /// [`crate::NewJob::start`] says (`$19`, the state, and `$20`, when due).
-pub(super) const INSERT_JOB: &str = concat!(
-    r#"
+/// It returns nothing: a row inserted is the job as given.
+pub(super) const INSERT_JOB: &str = r#"
         INSERT INTO jobs (id, tenant, "user", tool, pool, args, state, attempts, max_attempts,
             timeout_ms, run_at, idempotency_key, run_id, call_id, callback_url, lineage,
             scopes, traceparent, tracestate, origin, priority, concurrency_key, concurrency_limit,
             fair_rank, created_at, updated_at)
         VALUES ($1, $2, $3, $4, $5, $6, $19, 0, $7,
             $8, $20, $10, $11, $12, $13, $14, $15, $16, $17, $18, $21, $22, $23, $24, $9, $9)
-        ON CONFLICT DO NOTHING
-        RETURNING "#,
-    job_columns!()
-);
+        ON CONFLICT DO NOTHING"#;
 
-/// [`INSERT_JOB`] for many jobs at once. A job whose id or key is
-/// taken (by an earlier job or one earlier in the same batch) is not
-/// returned; its caller then takes the one-job path, which tells why.
-pub(super) const INSERT_MANY: &str = concat!(
-    r#"
+/// [`INSERT_JOB`] for many jobs at once, answering the ids it inserted.
+/// A job whose id or key is taken (by an earlier job or one earlier in
+/// the same batch) is not returned; its caller then takes the one-job
+/// path, which tells why.
+pub(super) const INSERT_MANY: &str = r#"
         INSERT INTO jobs (id, tenant, "user", tool, pool, args, state, attempts, max_attempts,
             timeout_ms, run_at, idempotency_key, run_id, call_id, callback_url, lineage,
             scopes, traceparent, tracestate, origin, priority, concurrency_key, concurrency_limit,
@@ -93,9 +90,7 @@ pub(super) const INSERT_MANY: &str = concat!(
             concurrency_limit, fair_rank, ord)
         ORDER BY ord
         ON CONFLICT DO NOTHING
-        RETURNING "#,
-    job_columns!()
-);
+        RETURNING id"#;
 
 /// A dispatcher's beat; a late beat never moves `seen_at` back.
 pub(super) const BEAT_DISPATCHER: &str = "INSERT INTO dispatchers (origin, seen_at) VALUES ($1, $2)

@@ -73,7 +73,7 @@ async fn execute(c: &ClientWrapper, sql: &str, params: Params<'_>) -> Result<u64
 
 // Jobs.
 
-pub(super) async fn insert_job(c: &ClientWrapper, insert: &Insert) -> Result<Inserted, StoreError> {
+pub(super) async fn insert_job(c: &ClientWrapper, insert: Insert) -> Result<Inserted, StoreError> {
     let (job, args) = (&insert.job, &insert.args);
     let max_attempts = i64::from(job.max_attempts);
     let params: Params<'_> = &[
@@ -102,8 +102,9 @@ pub(super) async fn insert_job(c: &ClientWrapper, insert: &Insert) -> Result<Ins
         &job.concurrency_limit.map(i64::from),
         &job.fair_rank,
     ];
-    if let Some(created) = query_one(c, statements::INSERT_JOB, params, job_from_row).await? {
-        return Ok(Inserted::Created(created));
+    // Inserted: the record is what was written, without reading it back.
+    if execute(c, statements::INSERT_JOB, params).await? == 1 {
+        return Ok(Inserted::Created(insert.job.created()));
     }
     // Nothing inserted: the key was taken (or, never in practice, the id).
     let existing = match &job.idempotency_key {
