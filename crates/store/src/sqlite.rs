@@ -40,6 +40,10 @@ mod embedded {
     refinery::embed_migrations!("../../migrations/sqlite");
 }
 
+mod groups;
+
+use groups::Groups;
+
 /// How long a statement waits for another process's write lock.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// The pause between two attempts to set up a database being set up by
@@ -751,6 +755,8 @@ fn handle_info(row: &Row<'_>) -> rusqlite::Result<HandleInfo> {
 /// The SQLite implementation of [`Store`].
 pub struct SqliteStore {
     conn: tokio_rusqlite::Connection,
+    /// Inserts, claims and successes, many to a transaction under load.
+    groups: Groups,
     /// Checkpoints the WAL beside the writer; stops when the store drops.
     _checkpointer: Option<Checkpointer>,
 }
@@ -849,6 +855,7 @@ impl SqliteStore {
         name: String,
     ) -> Result<SqliteStore, StoreError> {
         let store = SqliteStore {
+            groups: Groups::spawn(&conn),
             conn,
             _checkpointer: None,
         };
@@ -861,11 +868,20 @@ impl SqliteStore {
         F: FnOnce(&mut Connection) -> Result<R, StoreError> + Send + 'static,
         R: Send + 'static,
     {
-        self.conn.call(f).await.map_err(|e| match e {
-            tokio_rusqlite::Error::Error(e) => e,
-            other => StoreError::Unavailable(format!("sqlite: {other}")),
-        })
+        call(&self.conn, f).await
     }
+}
+
+/// Runs `f` on `conn`'s thread.
+async fn call<R, F>(conn: &tokio_rusqlite::Connection, f: F) -> Result<R, StoreError>
+where
+    F: FnOnce(&mut Connection) -> Result<R, StoreError> + Send + 'static,
+    R: Send + 'static,
+{
+    conn.call(f).await.map_err(|e| match e {
+        tokio_rusqlite::Error::Error(e) => e,
+        other => StoreError::Unavailable(format!("sqlite: {other}")),
+    })
 }
 
 impl From<rusqlite::Error> for StoreError {
@@ -1630,8 +1646,13 @@ impl Store for SqliteStore {
         let scopes = (!job.scopes.is_empty())
             .then(|| encode(&job.scopes))
             .transpose()?;
-        self.call(move |c| insert_job(c, job, &args, lineage.as_deref(), scopes.as_deref()))
-            .await
+        let insert = groups::Insert {
+            job,
+            args,
+            lineage,
+            scopes,
+        };
+        self.groups.insert.run(insert).await
     }
 
     async fn job(&self, tenant: &str, id: &str) -> Result<Option<JobRecord>, StoreError> {
@@ -1669,17 +1690,13 @@ impl Store for SqliteStore {
             now,
             lease_ms,
         } = claim;
-        let (id, worker) = (id.to_owned(), worker.to_owned());
-        let until = now.saturating_add(lease_ms);
-        self.call(move |c| {
-            query_one(
-                c,
-                &sql::CLAIM,
-                params![id, worker, now, until],
-                job_from_row,
-            )
-        })
-        .await
+        let claim = groups::Claim {
+            id: id.to_owned(),
+            worker: worker.to_owned(),
+            now,
+            until: now.saturating_add(lease_ms),
+        };
+        self.groups.claim.run(claim).await
     }
 
     async fn running_with_key(&self, key: &str, now: i64) -> Result<u32, StoreError> {
@@ -1788,12 +1805,14 @@ impl Store for SqliteStore {
 
     async fn succeed(&self, done: Succeed<'_>) -> Result<Option<JobRecord>, StoreError> {
         let (job_id, worker, attempt) = owned(done.lease);
-        let (result, now) = (done.result.get().to_owned(), done.now);
-        self.call(move |c| {
-            let params = params![job_id, worker, attempt, result, now];
-            query_one(c, &sql::SUCCEED, params, job_from_row)
-        })
-        .await
+        let success = groups::Success {
+            job_id,
+            worker,
+            attempt,
+            result: done.result.get().to_owned(),
+            now: done.now,
+        };
+        self.groups.succeed.run(success).await
     }
 
     async fn fail(&self, failed: Fail<'_>) -> Result<Option<JobRecord>, StoreError> {

@@ -1,0 +1,221 @@
+//! The operations on every job's path, grouped: inserts, claims and
+//! successes, each a [`Group`] whose batch runs in one transaction on the
+//! store's connection thread (alone, a request runs at once in autocommit:
+//! see [`toolfleet_core::group`]).
+//!
+//! SQLite writes every page a commit touched to the WAL, a whole page
+//! each: consecutive inserts, claims and successes touch the same leaf
+//! pages of the table and its indexes, so one commit for many writes those
+//! pages once instead of once per job. It owns how a batch becomes one
+//! transaction. It must never let one request answer for another: each
+//! runs its own statement and gets its own answer, and a batch whose
+//! transaction SQLite rolled back (a full disk, an I/O error) answers every
+//! request with the error, as nothing of it holds.
+
+use rusqlite::{Connection, TransactionBehavior, params};
+use toolfleet_core::group::Group;
+
+use super::{call, insert_job, job_from_row, query_one, sql};
+use crate::{Inserted, JobRecord, NewJob, StoreError};
+
+/// Requests one transaction carries at most.
+const MAX_GROUP: usize = 256;
+/// Batches in flight at once: one runs on the connection's thread while
+/// the next one waits in its queue, already formed.
+const GROUP_SLOTS: usize = 2;
+
+/// One group per operation on every job's path.
+pub(super) struct Groups {
+    pub(super) insert: Group<Insert, Inserted, StoreError>,
+    pub(super) claim: Group<Claim, Option<JobRecord>, StoreError>,
+    pub(super) succeed: Group<Success, Option<JobRecord>, StoreError>,
+}
+
+/// A job to record, its JSON columns encoded before it joins a group, so a
+/// value that cannot be encoded fails its own call and no other.
+pub(super) struct Insert {
+    pub(super) job: NewJob,
+    /// Canonical, as the idempotency check compares it.
+    pub(super) args: String,
+    pub(super) lineage: Option<String>,
+    pub(super) scopes: Option<String>,
+}
+
+pub(super) struct Claim {
+    pub(super) id: String,
+    pub(super) worker: String,
+    pub(super) now: i64,
+    pub(super) until: i64,
+}
+
+pub(super) struct Success {
+    pub(super) job_id: String,
+    pub(super) worker: String,
+    pub(super) attempt: u32,
+    pub(super) result: String,
+    pub(super) now: i64,
+}
+
+impl Groups {
+    pub(super) fn spawn(conn: &tokio_rusqlite::Connection) -> Groups {
+        Groups {
+            insert: grouped("recording jobs", conn, insert_one),
+            claim: grouped("claiming jobs", conn, claim_one),
+            succeed: grouped("settling jobs", conn, succeed_one),
+        }
+    }
+}
+
+fn insert_one(c: &Connection, insert: Insert) -> Result<Inserted, StoreError> {
+    let Insert {
+        job,
+        args,
+        lineage,
+        scopes,
+    } = insert;
+    insert_job(c, job, &args, lineage.as_deref(), scopes.as_deref())
+}
+
+fn claim_one(c: &Connection, claim: Claim) -> Result<Option<JobRecord>, StoreError> {
+    let Claim {
+        id,
+        worker,
+        now,
+        until,
+    } = claim;
+    query_one(
+        c,
+        &sql::CLAIM,
+        params![id, worker, now, until],
+        job_from_row,
+    )
+}
+
+fn succeed_one(c: &Connection, done: Success) -> Result<Option<JobRecord>, StoreError> {
+    let Success {
+        job_id,
+        worker,
+        attempt,
+        result,
+        now,
+    } = done;
+    let params = params![job_id, worker, attempt, result, now];
+    query_one(c, &sql::SUCCEED, params, job_from_row)
+}
+
+/// The operation that runs one request on a connection.
+type Op<R, O> = fn(&Connection, R) -> Result<O, StoreError>;
+
+/// A group running its batches through `op`, one transaction each, on
+/// `conn`'s thread.
+fn grouped<R, O>(
+    what: &'static str,
+    conn: &tokio_rusqlite::Connection,
+    op: Op<R, O>,
+) -> Group<R, O, StoreError>
+where
+    R: Send + 'static,
+    O: Send + 'static,
+{
+    let conn = conn.clone();
+    Group::spawn(what, GROUP_SLOTS, MAX_GROUP, move |batch: Vec<R>| {
+        let conn = conn.clone();
+        async move { call(&conn, move |c| in_one_transaction(c, batch, op)).await }
+    })
+}
+
+/// Runs each request of `batch` through `op`, all in one transaction (a
+/// request alone in autocommit), answering each request's own result. A
+/// request that fails leaves the others' writes standing (SQLite undoes a
+/// failed statement alone), unless SQLite rolled the whole transaction
+/// back, which fails the batch.
+fn in_one_transaction<R, O>(
+    c: &mut Connection,
+    batch: Vec<R>,
+    op: Op<R, O>,
+) -> Result<Vec<Result<O, StoreError>>, StoreError> {
+    if batch.len() == 1 {
+        return Ok(batch.into_iter().map(|request| op(c, request)).collect());
+    }
+    let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let mut answers = Vec::with_capacity(batch.len());
+    for request in batch {
+        let answer = op(&tx, request);
+        if tx.is_autocommit() {
+            // SQLite ended the transaction: nothing of the batch holds.
+            return Err(answer.err().unwrap_or_else(|| {
+                StoreError::Unavailable("sqlite: a batch's transaction was rolled back".into())
+            }));
+        }
+        answers.push(answer);
+    }
+    tx.commit()?;
+    Ok(answers)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn memory() -> Connection {
+        let c = Connection::open_in_memory().expect("a database");
+        c.execute_batch("CREATE TABLE t (n INTEGER NOT NULL UNIQUE)")
+            .expect("a table");
+        c
+    }
+
+    fn add(c: &Connection, n: i64) -> Result<bool, StoreError> {
+        // Inside a batch's transaction whenever the batch holds more than one.
+        let alone = c.is_autocommit();
+        c.execute("INSERT INTO t (n) VALUES (?1)", [n])?;
+        Ok(alone)
+    }
+
+    fn count(c: &Connection) -> i64 {
+        c.query_row("SELECT count(*) FROM t", [], |row| row.get(0))
+            .expect("a count")
+    }
+
+    #[test]
+    fn a_batch_runs_in_one_transaction_and_each_request_gets_its_own_answer() {
+        let mut c = memory();
+        let answers = in_one_transaction(&mut c, vec![1, 2, 1, 3], add).expect("committed");
+        assert_eq!(answers.len(), 4);
+        assert_eq!(answers[0].as_ref().ok(), Some(&false));
+        assert_eq!(answers[1].as_ref().ok(), Some(&false));
+        assert!(answers[2].is_err(), "a duplicate fails alone");
+        assert_eq!(answers[3].as_ref().ok(), Some(&false));
+        // The others' writes hold, and the transaction is over.
+        assert_eq!(count(&c), 3);
+        assert!(c.is_autocommit());
+    }
+
+    #[test]
+    fn a_request_alone_runs_in_autocommit() {
+        let mut c = memory();
+        let answers = in_one_transaction(&mut c, vec![7], add).expect("committed");
+        assert_eq!(answers[0].as_ref().ok(), Some(&true));
+        assert_eq!(count(&c), 1);
+    }
+
+    #[test]
+    fn a_batch_whose_transaction_ended_answers_an_error_and_keeps_nothing() {
+        fn end(c: &Connection, n: i64) -> Result<bool, StoreError> {
+            if n == 2 {
+                // What SQLite does on a full disk or an I/O error.
+                c.execute_batch("ROLLBACK")?;
+                return Err(StoreError::Unavailable("disk full".into()));
+            }
+            add(c, n)
+        }
+        let mut c = memory();
+        let failed = in_one_transaction(&mut c, vec![1, 2, 3], end);
+        assert!(
+            matches!(&failed, Err(StoreError::Unavailable(m)) if m == "disk full"),
+            "{:?}",
+            failed.map(|a| a.len())
+        );
+        assert_eq!(count(&c), 0, "nothing of the batch holds");
+        assert!(c.is_autocommit());
+    }
+}
