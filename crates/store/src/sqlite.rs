@@ -1010,6 +1010,9 @@ fn applied_version(c: &Connection) -> Result<Option<i64>, StoreError> {
 struct Fields<'a, 'r> {
     row: &'a Row<'r>,
     name: RowName,
+    /// The row's column names, read once: a lookup by name through the
+    /// row itself asks SQLite for every column's name in turn, each time.
+    columns: Vec<&'a str>,
 }
 
 impl<'a, 'r> Fields<'a, 'r> {
@@ -1019,11 +1022,18 @@ impl<'a, 'r> Fields<'a, 'r> {
             other => other.as_str().map(str::to_owned).unwrap_or_default(),
         };
         let name = RowName { table, id };
-        Ok(Fields { row, name })
+        let columns = row.as_ref().column_names();
+        Ok(Fields { row, name, columns })
     }
 
     fn get<T: rusqlite::types::FromSql>(&self, column: &str) -> Result<T, StoreError> {
-        self.row.get(column).map_err(|e| self.corrupt(column, e))
+        let at = self
+            .columns
+            .iter()
+            .position(|name| name.eq_ignore_ascii_case(column))
+            .ok_or_else(|| rusqlite::Error::InvalidColumnName(column.to_owned()));
+        at.and_then(|at| self.row.get(at))
+            .map_err(|e| self.corrupt(column, e))
     }
 }
 
