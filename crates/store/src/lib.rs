@@ -21,6 +21,7 @@ use toolfleet_core::tool::Lineage;
 use toolfleet_core::{AnsweredBy, AuditRecord, Envelope, JobState, Json, ToolError, TraceContext};
 
 pub mod conformance;
+mod grouped;
 pub mod metered;
 pub mod postgres;
 mod rows;

@@ -42,6 +42,7 @@ mod embedded {
 
 mod groups;
 
+use crate::grouped;
 use groups::Groups;
 
 /// How long a statement waits for another process's write lock.
@@ -1700,7 +1701,7 @@ impl Store for SqliteStore {
             now,
             lease_ms,
         } = claim;
-        let claim = groups::Claim {
+        let claim = grouped::Claim {
             id: id.to_owned(),
             worker: worker.to_owned(),
             now,

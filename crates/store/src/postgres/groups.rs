@@ -19,6 +19,7 @@ use super::rows::{Fields, Insert, job_from_row};
 use super::schema::pool_error;
 use super::statements;
 use super::store::{Params, insert_job};
+use crate::grouped::Claim;
 use crate::rows::Columns;
 use crate::{Inserted, JobRecord, LeaseRef, StoreError};
 
@@ -33,18 +34,7 @@ const GROUP_SLOTS: usize = 2;
 /// One group per operation on every job's path: inserts, claims and
 /// successes. Under load each becomes one statement and one commit for
 /// many jobs; alone, each runs at once (see [`toolfleet_core::group`]).
-pub(super) struct Groups {
-    pub(super) insert: Group<Insert, Inserted, StoreError>,
-    pub(super) claim: Group<Claim, Option<JobRecord>, StoreError>,
-    pub(super) succeed: Group<Success, Option<JobRecord>, StoreError>,
-}
-
-pub(super) struct Claim {
-    pub(super) id: String,
-    pub(super) worker: String,
-    pub(super) now: i64,
-    pub(super) until: i64,
-}
+pub(super) type Groups = crate::grouped::Groups<Insert, Success>;
 
 pub(super) struct Success {
     pub(super) lease: LeaseRef,
@@ -55,7 +45,7 @@ pub(super) struct Success {
     pub(super) claimed: Option<JobRecord>,
 }
 
-impl Groups {
+impl crate::grouped::Groups<Insert, Success> {
     /// Each group runs at most [`GROUP_SLOTS`] statements at once, and never
     /// more than a quarter of the pool's connections, so the three together
     /// leave room for reads, heartbeats and the rest.

@@ -13,11 +13,12 @@ use toolfleet_core::middleware::canonical_json;
 use toolfleet_core::{AuditRecord, Envelope, ErrorCode, JobState, ToolError};
 
 use super::PgStore;
-use super::groups::{Claim, Success};
+use super::groups::Success;
 use super::rows::{
     AuditColumns, Fields, Insert, audit_from_row, job_from_row, run_from_row, ticket_from_row,
 };
 use super::statements;
+use crate::grouped::Claim;
 use crate::rows::{Columns, Paging, encode};
 use crate::{AdvanceSchedule, ClaimNext, DeadLetter, Defer, PoolRow, ScheduleRecord, TakeToken};
 use crate::{

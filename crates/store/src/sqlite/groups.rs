@@ -16,6 +16,7 @@ use rusqlite::{Connection, TransactionBehavior, params};
 use toolfleet_core::group::Group;
 
 use super::{call, insert_job, job_from_row, query_one, sql};
+use crate::grouped::Claim;
 use crate::{Inserted, JobRecord, NewJob, StoreError};
 
 /// Requests one transaction carries at most.
@@ -25,11 +26,7 @@ const MAX_GROUP: usize = 256;
 const GROUP_SLOTS: usize = 2;
 
 /// One group per operation on every job's path.
-pub(super) struct Groups {
-    pub(super) insert: Group<Insert, Inserted, StoreError>,
-    pub(super) claim: Group<Claim, Option<JobRecord>, StoreError>,
-    pub(super) succeed: Group<Success, Option<JobRecord>, StoreError>,
-}
+pub(super) type Groups = crate::grouped::Groups<Insert, Success>;
 
 /// A job to record, its JSON columns encoded before it joins a group, so a
 /// value that cannot be encoded fails its own call and no other.
@@ -41,13 +38,6 @@ pub(super) struct Insert {
     pub(super) scopes: Option<String>,
 }
 
-pub(super) struct Claim {
-    pub(super) id: String,
-    pub(super) worker: String,
-    pub(super) now: i64,
-    pub(super) until: i64,
-}
-
 pub(super) struct Success {
     pub(super) job_id: String,
     pub(super) worker: String,
@@ -56,7 +46,7 @@ pub(super) struct Success {
     pub(super) now: i64,
 }
 
-impl Groups {
+impl crate::grouped::Groups<Insert, Success> {
     pub(super) fn spawn(conn: &tokio_rusqlite::Connection) -> Groups {
         Groups {
             insert: grouped("recording jobs", conn, insert_one),
