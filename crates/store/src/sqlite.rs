@@ -1018,24 +1018,29 @@ struct Fields<'a, 'r> {
 
 impl<'a, 'r> Fields<'a, 'r> {
     fn new(row: &'a Row<'r>, table: &'static str, id_column: &str) -> Result<Self, StoreError> {
-        let id = match row.get_ref(id_column)? {
+        let columns = row.as_ref().column_names();
+        let id = match row.get_ref(position(&columns, id_column)?)? {
             rusqlite::types::ValueRef::Integer(n) => n.to_string(),
             other => other.as_str().map(str::to_owned).unwrap_or_default(),
         };
         let name = RowName { table, id };
-        let columns = row.as_ref().column_names();
         Ok(Fields { row, name, columns })
     }
 
     fn get<T: rusqlite::types::FromSql>(&self, column: &str) -> Result<T, StoreError> {
-        let at = self
-            .columns
-            .iter()
-            .position(|name| name.eq_ignore_ascii_case(column))
-            .ok_or_else(|| rusqlite::Error::InvalidColumnName(column.to_owned()));
-        at.and_then(|at| self.row.get(at))
+        position(&self.columns, column)
+            .and_then(|at| self.row.get(at))
             .map_err(|e| self.corrupt(column, e))
     }
+}
+
+/// Where `column` is among a row's `columns`, named as SQLite matches
+/// names (ASCII case aside).
+fn position(columns: &[&str], column: &str) -> rusqlite::Result<usize> {
+    columns
+        .iter()
+        .position(|name| name.eq_ignore_ascii_case(column))
+        .ok_or_else(|| rusqlite::Error::InvalidColumnName(column.to_owned()))
 }
 
 impl Columns for Fields<'_, '_> {
@@ -1815,11 +1820,8 @@ impl Store for SqliteStore {
     }
 
     async fn succeed(&self, done: Succeed<'_>) -> Result<Option<JobRecord>, StoreError> {
-        let (job_id, worker, attempt) = owned(done.lease);
         let success = groups::Success {
-            job_id,
-            worker,
-            attempt,
+            lease: done.lease.clone(),
             result: done.result.get().to_owned(),
             now: done.now,
         };

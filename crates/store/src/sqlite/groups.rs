@@ -17,7 +17,7 @@ use toolfleet_core::group::Group;
 
 use super::{call, insert_job, job_from_row, query_one, sql};
 use crate::grouped::Claim;
-use crate::{Inserted, JobRecord, NewJob, StoreError};
+use crate::{Inserted, JobRecord, LeaseRef, NewJob, StoreError};
 
 /// Requests one transaction carries at most.
 const MAX_GROUP: usize = 256;
@@ -39,9 +39,7 @@ pub(super) struct Insert {
 }
 
 pub(super) struct Success {
-    pub(super) job_id: String,
-    pub(super) worker: String,
-    pub(super) attempt: u32,
+    pub(super) lease: LeaseRef,
     pub(super) result: String,
     pub(super) now: i64,
 }
@@ -57,39 +55,24 @@ impl crate::grouped::Groups<Insert, Success> {
 }
 
 fn insert_one(c: &Connection, insert: Insert) -> Result<Inserted, StoreError> {
-    let Insert {
-        job,
-        args,
-        lineage,
-        scopes,
-    } = insert;
-    insert_job(c, job, &args, lineage.as_deref(), scopes.as_deref())
+    let (lineage, scopes) = (insert.lineage.as_deref(), insert.scopes.as_deref());
+    insert_job(c, insert.job, &insert.args, lineage, scopes)
 }
 
 fn claim_one(c: &Connection, claim: Claim) -> Result<Option<JobRecord>, StoreError> {
-    let Claim {
-        id,
-        worker,
-        now,
-        until,
-    } = claim;
-    query_one(
-        c,
-        &sql::CLAIM,
-        params![id, worker, now, until],
-        job_from_row,
-    )
+    let params = params![claim.id, claim.worker, claim.now, claim.until];
+    query_one(c, &sql::CLAIM, params, job_from_row)
 }
 
 fn succeed_one(c: &Connection, done: Success) -> Result<Option<JobRecord>, StoreError> {
-    let Success {
-        job_id,
-        worker,
-        attempt,
-        result,
-        now,
-    } = done;
-    let params = params![job_id, worker, attempt, result, now];
+    let lease = &done.lease;
+    let params = params![
+        lease.job_id,
+        lease.worker,
+        lease.attempt,
+        done.result,
+        done.now
+    ];
     query_one(c, &sql::SUCCEED, params, job_from_row)
 }
 
