@@ -650,6 +650,45 @@ async fn consumer_comes_back_after_its_connection_closes() {
     comes_back_after(&broker.0, broker.0.force_reconnect()).await;
 }
 
+/// Once the connection a delivery came on is replaced, settling it in any
+/// way answers `Closed` at once (RabbitMQ has put it back): nothing waits
+/// on a send over a connection that is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settling_after_the_connection_is_replaced_answers_closed() {
+    let broker = broker().await;
+    let pool = unique("replaced");
+    for id in ["job-a", "job-b", "job-c"] {
+        publish(&broker.0, &pool, id).await;
+    }
+    let mut consumer = consume(&broker.0, &pool, 3).await;
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(next_delivery(consumer.as_mut(), "before the reconnect").await);
+    }
+    broker.0.force_reconnect().await;
+    let mut held = held.into_iter();
+    let (a, b, c) = (held.next(), held.next(), held.next());
+    let (Some(a), Some(b), Some(c)) = (a, b, c) else {
+        panic!("three deliveries held");
+    };
+    assert_eq!(a.ack().await, Err(BrokerError::Closed));
+    assert_eq!(b.requeue().await, Err(BrokerError::Closed));
+    assert_eq!(c.reject().await, Err(BrokerError::Closed));
+    let mut again = Vec::new();
+    for _ in 0..3 {
+        let delivery = redelivery(consumer.as_mut(), "after the reconnect").await;
+        assert!(
+            delivery.redelivered,
+            "{} comes back redelivered",
+            delivery.job_id
+        );
+        again.push(delivery.job_id.clone());
+        assert_eq!(delivery.ack().await, Ok(()));
+    }
+    again.sort();
+    assert_eq!(again, ["job-a", "job-b", "job-c"]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consumer_comes_back_after_the_server_closes_its_connection() {
     let options = options();

@@ -16,7 +16,10 @@
 //! tag once, and a `multiple` ack covers only tags below every unsettled one.
 //! An ack that cannot be sent (the channel closed) is lost with the channel,
 //! and RabbitMQ delivers the message again, as it does for every delivery
-//! unsettled when a channel closes.
+//! unsettled when a channel closes. Once the group's connection is gone,
+//! nothing waits on a send any more: lapin may never answer one on a
+//! connection it has closed, so every settlement still waiting answers that
+//! its channel is gone, and the flusher ends.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -25,6 +28,7 @@ use std::time::Duration;
 use lapin::options::BasicAckOptions;
 use tokio::sync::{Notify, watch};
 
+use super::link::Shared;
 use super::lock;
 
 /// How long an idle flusher waits before looking whether its channel's
@@ -33,6 +37,9 @@ const IDLE: Duration = Duration::from_secs(1);
 
 /// One channel's deliveries: those unsettled, and the acks to send.
 pub(super) struct AckGroup {
+    /// The connection of the group's channel, and its generation.
+    link: Arc<Shared>,
+    generation: u64,
     state: Mutex<Pending>,
     /// Held while a frame is sent: acks, requeues and rejects reach
     /// RabbitMQ one at a time, in the order the unsettled set saw them.
@@ -77,10 +84,13 @@ fn plan<T>(acked: BTreeMap<u64, T>, oldest_open: Option<u64>) -> Plan<T> {
 }
 
 impl AckGroup {
-    /// A group for a new channel, its flusher running until the group's
-    /// last delivery is settled and the consumer moved on.
-    pub(super) fn start() -> Arc<AckGroup> {
+    /// A group for a new channel on connection `generation`, its flusher
+    /// running until the group's last delivery is settled and the consumer
+    /// moved on, or the connection is gone.
+    pub(super) fn start(link: Arc<Shared>, generation: u64) -> Arc<AckGroup> {
         let group = Arc::new(AckGroup {
+            link,
+            generation,
             state: Mutex::new(Pending::default()),
             turn: tokio::sync::Mutex::new(()),
             queued: Notify::new(),
@@ -90,13 +100,23 @@ impl AckGroup {
         group
     }
 
+    /// The group's connection is no longer the one in use.
+    pub(super) fn is_gone(&self) -> bool {
+        self.link.is_gone(self.generation)
+    }
+
+    async fn gone(&self) {
+        self.link.gone(self.generation).await;
+    }
+
     /// `tag` was delivered and is unsettled.
     pub(super) fn delivered(&self, tag: u64) {
         lock(&self.state).open.insert(tag);
     }
 
     /// `tag` is acknowledged: answered once the flusher sent it, with
-    /// the others that came meanwhile (false if the flusher is gone).
+    /// the others that came meanwhile (false if the flusher or the
+    /// connection is gone).
     pub(super) async fn ack(&self, tag: u64, acker: lapin::Acker) -> bool {
         let round = {
             let mut state = lock(&self.state);
@@ -106,13 +126,17 @@ impl AckGroup {
         };
         let mut sent = self.sent.subscribe();
         self.queued.notify_one();
-        sent.wait_for(|done| *done > round).await.is_ok()
+        tokio::select! {
+            done = sent.wait_for(|done| *done > round) => done.is_ok(),
+            () = self.gone() => false,
+        }
     }
 
     /// Sends `tag` back (`send`: its requeue or reject) in turn with the
     /// acks, then lets the acks below it go. It goes however its caller
     /// fares (a timeout, an aborted task): a task of its own sends it, and
-    /// the caller awaits that; `None` if that task died.
+    /// the caller awaits that; `None` if that task died or the connection
+    /// went first.
     pub(super) async fn settle_alone<F, T>(self: &Arc<Self>, tag: u64, send: F) -> Option<T>
     where
         F: Future<Output = T> + Send + 'static,
@@ -120,19 +144,30 @@ impl AckGroup {
     {
         let group = Arc::clone(self);
         let sending = tokio::spawn(async move {
-            let sent = {
-                let _turn = group.turn.lock().await;
-                send.await
+            let sent = tokio::select! {
+                sent = async {
+                    let _turn = group.turn.lock().await;
+                    send.await
+                } => Some(sent),
+                () = group.gone() => None,
             };
             lock(&group.state).open.remove(&tag);
             group.queued.notify_one();
             sent
         });
-        sending.await.ok()
+        sending.await.ok().flatten()
     }
 
-    /// Sends what is queued, as it comes, until nothing more can come.
+    /// Sends what is queued, as it comes, until nothing more can come or
+    /// the connection is gone.
     async fn flush(self: Arc<Self>) {
+        tokio::select! {
+            () = self.flush_rounds() => {}
+            () = self.gone() => {}
+        }
+    }
+
+    async fn flush_rounds(self: &Arc<Self>) {
         loop {
             let _ = tokio::time::timeout(IDLE, self.queued.notified()).await;
             let turn = self.turn.lock().await;
@@ -158,7 +193,7 @@ impl AckGroup {
             // Only this task holds the group, and nothing is queued: no
             // delivery of its channel can settle any more.
             let idle = lock(&self.state).acked.is_empty();
-            if idle && Arc::strong_count(&self) == 1 {
+            if idle && Arc::strong_count(self) == 1 {
                 return;
             }
         }

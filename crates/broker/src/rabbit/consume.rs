@@ -64,6 +64,7 @@ impl RabbitBroker {
         };
         start_feed(shared, feed).await?;
         Ok(Box::new(RabbitConsumer {
+            shared: Arc::clone(shared),
             deliveries,
             timeout: shared.options.operation_timeout,
             dead,
@@ -118,7 +119,7 @@ struct PoolFeed {
     dead: bool,
     /// Unbounded here because RabbitMQ bounds it: at most `prefetch`
     /// unacknowledged deliveries are ever in flight.
-    sender: mpsc::UnboundedSender<LapinDelivery>,
+    sender: mpsc::UnboundedSender<(u64, LapinDelivery)>,
 }
 
 impl Feed for PoolFeed {
@@ -152,8 +153,8 @@ impl Feed for PoolFeed {
         })
     }
 
-    fn forward(&self, delivery: LapinDelivery) -> bool {
-        self.sender.send(delivery).is_ok()
+    fn forward(&self, generation: u64, delivery: LapinDelivery) -> bool {
+        self.sender.send((generation, delivery)).is_ok()
     }
 
     async fn abandoned(&self) {
@@ -162,7 +163,9 @@ impl Feed for PoolFeed {
 }
 
 struct RabbitConsumer {
-    deliveries: mpsc::UnboundedReceiver<LapinDelivery>,
+    shared: Arc<Shared>,
+    /// Each with the generation of the connection it came on.
+    deliveries: mpsc::UnboundedReceiver<(u64, LapinDelivery)>,
     timeout: Duration,
     /// Of dead letters: each delivery says why it was dead-lettered.
     dead: bool,
@@ -170,9 +173,10 @@ struct RabbitConsumer {
     /// message.
     parts: VecDeque<Delivery>,
     message: Option<Arc<Mutex<SharedMessage>>>,
-    /// The acks of the current channel's deliveries and its latest tag: a
-    /// tag not above it comes from a new channel (tags start at 1 on each).
-    group: Option<(Arc<AckGroup>, u64)>,
+    /// The acks of the current channel's deliveries, its connection's
+    /// generation and its latest tag: a tag not above it, or another
+    /// generation, comes from a new channel (tags start at 1 on each).
+    group: Option<(Arc<AckGroup>, u64, u64)>,
 }
 
 #[async_trait]
@@ -186,7 +190,7 @@ impl Consumer for RabbitConsumer {
             lock(message)
                 .acker
                 .as_ref()
-                .is_some_and(|acker| acker.acker.usable())
+                .is_some_and(RabbitAcker::usable)
         });
         if usable && let Some(part) = self.parts.pop_front() {
             return Some(part);
@@ -194,11 +198,11 @@ impl Consumer for RabbitConsumer {
         self.parts.clear();
         self.message = None;
         loop {
-            let delivery = self.deliveries.recv().await?;
+            let (generation, delivery) = self.deliveries.recv().await?;
             // One from a channel that has since closed is back in its queue
             // and comes again; handing it out would only fail its ack.
-            if delivery.acker.usable() {
-                let (mut parts, message) = self.deliveries_of(delivery);
+            if delivery.acker.usable() && !self.shared.is_gone(generation) {
+                let (mut parts, message) = self.deliveries_of(generation, delivery);
                 if let Some(first) = parts.pop_front() {
                     self.parts = parts;
                     self.message = message;
@@ -214,15 +218,16 @@ impl RabbitConsumer {
     /// several (their acks settle the message together, which comes too).
     fn deliveries_of(
         &mut self,
+        generation: u64,
         delivery: LapinDelivery,
     ) -> (VecDeque<Delivery>, Option<Arc<Mutex<SharedMessage>>>) {
         let tag = delivery.delivery_tag;
         let group = match &self.group {
-            Some((group, last)) if tag > *last => Arc::clone(group),
-            _ => AckGroup::start(),
+            Some((group, of, last)) if *of == generation && tag > *last => Arc::clone(group),
+            _ => AckGroup::start(Arc::clone(&self.shared), generation),
         };
         group.delivered(tag);
-        self.group = Some((Arc::clone(&group), tag));
+        self.group = Some((Arc::clone(&group), generation, tag));
         let acker = RabbitAcker {
             acker: delivery.acker,
             timeout: self.timeout,
@@ -365,13 +370,14 @@ struct RabbitAcker {
 
 #[async_trait]
 impl Settles for RabbitAcker {
-    /// `Closed` when the delivery's channel is gone: RabbitMQ has already
-    /// put the message back, and another consumer may hold it now. An ack
-    /// goes through its channel's flusher (see [`AckGroup`]), which sends
-    /// acks in groups; each is answered once sent.
+    /// `Closed` when the delivery's channel is gone, or goes while the
+    /// settlement is under way: RabbitMQ has already put the message back,
+    /// and another consumer may hold it now. An ack goes through its
+    /// channel's flusher (see [`AckGroup`]), which sends acks in groups;
+    /// each is answered once sent.
     async fn settle(mut self: Box<Self>, how: Settle) -> Result<(), BrokerError> {
         self.settled = true;
-        if !self.acker.usable() {
+        if !self.usable() {
             return Err(BrokerError::Closed);
         }
         let acker = &self.acker;
@@ -403,6 +409,13 @@ impl Settles for RabbitAcker {
                 self.timeout
             ))),
         }
+    }
+}
+
+impl RabbitAcker {
+    /// Neither settled nor of a channel that is gone.
+    fn usable(&self) -> bool {
+        self.acker.usable() && !self.group.is_gone()
     }
 }
 
@@ -439,7 +452,7 @@ impl<T: Settles + 'static> Acker for T {
 /// its channel closes.
 impl Drop for RabbitAcker {
     fn drop(&mut self) {
-        if self.settled || !self.acker.usable() {
+        if self.settled || !self.usable() {
             return;
         }
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {

@@ -235,7 +235,7 @@ impl Feed for EventFeed {
         })
     }
 
-    fn forward(&self, delivery: LapinDelivery) -> bool {
+    fn forward(&self, _generation: u64, delivery: LapinDelivery) -> bool {
         match events_of(&delivery.data) {
             Ok(events) => events
                 .into_iter()

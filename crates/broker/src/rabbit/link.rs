@@ -186,6 +186,21 @@ impl Shared {
         let _ = states.wait_for(|s| matches!(s, LinkState::Closed)).await;
     }
 
+    /// Completes once connection `generation` is no longer the one in use
+    /// (lost, replaced or closed): its channels are gone, and RabbitMQ has
+    /// put back what they held unsettled.
+    pub(super) async fn gone(&self, generation: u64) {
+        let mut states = self.state.subscribe();
+        // An error means the sender is gone, which is gone too.
+        let _ = states
+            .wait_for(|s| !matches!(s, LinkState::Up(link) if link.generation == generation))
+            .await;
+    }
+
+    pub(super) fn is_gone(&self, generation: u64) -> bool {
+        !matches!(&*self.state.borrow(), LinkState::Up(link) if link.generation == generation)
+    }
+
     fn is_closed(&self) -> bool {
         matches!(*self.state.borrow(), LinkState::Closed)
     }
@@ -358,8 +373,9 @@ pub(super) trait Feed: Send + Sync + 'static {
         shared: &Shared,
         link: &Link,
     ) -> impl Future<Output = Result<Subscribed, BrokerError>> + Send;
-    /// Hands one message on; false once nobody listens.
-    fn forward(&self, delivery: LapinDelivery) -> bool;
+    /// Hands one message on, delivered on connection `generation`; false
+    /// once nobody listens.
+    fn forward(&self, generation: u64, delivery: LapinDelivery) -> bool;
     /// Completes once nobody listens.
     fn abandoned(&self) -> impl Future<Output = ()> + Send;
 }
@@ -393,7 +409,7 @@ async fn pump<F: Feed>(shared: &Arc<Shared>, feed: &F, mut sub: Subscribed) -> b
             () = shared.until_closed() => return false,
             next = sub.consumer.next() => match next {
                 Some(Ok(delivery)) => {
-                    if !feed.forward(delivery) {
+                    if !feed.forward(sub.generation, delivery) {
                         return false;
                     }
                 }
