@@ -159,14 +159,16 @@ const LISTED_APART: [JobState; 2] = [JobState::Failed, JobState::Cancelled];
 /// sees it holds); the states a job passes through (queued, scheduled,
 /// running, retrying, parked) are few at any time and read by state; a
 /// succeeded job is most jobs, read off the tenant's jobs newest first.
-/// `hint(state)` follows `FROM jobs` for each state. The parameters:
+/// `source(state)` is what each state's part reads `FROM`: `jobs` with
+/// the store's index hint, or the store's join that walks the tenant's
+/// jobs newest first. The parameters:
 /// 1 tenant, 2 tool (or null), 3 the ceiling of ids, 4 the rows to fetch,
 /// 5 the floor of ids, 6 the user (when `user` names its column).
 /// `param(n)` writes placeholder `n` as the store's SQL does.
 pub(crate) fn list_in_states(
     states: &[JobState],
     param: impl Fn(u8) -> String,
-    hint: impl Fn(JobState) -> &'static str,
+    source: impl Fn(JobState) -> &'static str,
     user: Option<&str>,
     columns: &str,
 ) -> String {
@@ -174,14 +176,14 @@ pub(crate) fn list_in_states(
     let owned = user.map_or_else(String::new, |column| format!("AND {column} = {}", param(6)));
     let apart = toolfleet_core::lifecycle::sql_list(&LISTED_APART);
     let one = |state: &JobState| {
-        let hint = hint(*state);
+        let source = source(*state);
         let term = if LISTED_APART.contains(state) {
             format!("AND state IN {apart}")
         } else {
             String::new()
         };
         format!(
-            "SELECT {columns} FROM jobs {hint} WHERE tenant = {tenant} AND state = '{state}' {term} \
+            "SELECT {columns} FROM {source} WHERE tenant = {tenant} AND state = '{state}' {term} \
              AND id < {cursor} AND id >= {floor} AND ({tool} IS NULL OR tool = {tool}) {owned} \
              ORDER BY id DESC LIMIT {rows}"
         )

@@ -1282,12 +1282,13 @@ fn list_jobs(
     Ok(JobPage { jobs, next_cursor })
 }
 
-/// The index the job list in `state` reads (see [`crate::list_in_states`]).
+/// What the job list in `state` reads, with its index (see
+/// [`crate::list_in_states`]).
 fn list_hint(state: JobState) -> &'static str {
     match state {
-        JobState::Failed | JobState::Cancelled => "INDEXED BY jobs_tenant_state",
-        JobState::Succeeded => "INDEXED BY jobs_tenant",
-        _ => "INDEXED BY jobs_due",
+        JobState::Failed | JobState::Cancelled => "jobs INDEXED BY jobs_tenant_state",
+        JobState::Succeeded => "jobs INDEXED BY jobs_tenant",
+        _ => "jobs INDEXED BY jobs_due",
     }
 }
 

@@ -15,8 +15,8 @@ use tokio_postgres::NoTls;
 use toolfleet_core::{JobState, new_id};
 use toolfleet_store::postgres::{self, PgStore};
 use toolfleet_store::{
-    ClaimCommit, CommitClaim, Inserted, JobRecord, NewJob, Prune, Retained, Store, StoreError,
-    Succeed,
+    ClaimCommit, CommitClaim, Inserted, JobFilter, JobRecord, ListJobs, NewJob, Prune, Retained,
+    Store, StoreError, Succeed,
 };
 
 const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
@@ -779,6 +779,247 @@ async fn due_reads(admin: &tokio_postgres::Client, schema: &str) -> (i64, i64, i
         .expect("index statistics")
         .get(0);
     (table.get(0), due, table.get(1))
+}
+
+/// The rows of `job_owners` in `schema`.
+async fn owner_rows(admin: &tokio_postgres::Client, schema: &str) -> i64 {
+    let sql = format!(r#"SELECT count(*) FROM "{schema}".job_owners"#);
+    admin.query_one(&sql, &[]).await.expect("owner rows").get(0)
+}
+
+/// A job's owner (tenant, user, id) is written once, apart from its row
+/// (migration 25): the only index of `jobs` that every version of a row
+/// enters is the primary key, the owner row comes with the job's insert,
+/// stays untouched while the job is claimed and settled, and goes with the
+/// job, whatever statement inserts or deletes it.
+#[tokio::test]
+async fn a_jobs_owner_is_written_once_apart_from_its_row() {
+    let schema = Schema::migrated().await;
+    let admin = admin().await;
+    let unconditional = admin
+        .query(
+            "SELECT indexname::text FROM pg_indexes WHERE schemaname = $1 AND tablename = 'jobs'
+               AND indexdef NOT LIKE '% WHERE %' ORDER BY 1",
+            &[&schema.name],
+        )
+        .await
+        .expect("the indexes of jobs");
+    let names: Vec<String> = unconditional.iter().map(|row| row.get(0)).collect();
+    assert_eq!(
+        names,
+        ["jobs_pkey"],
+        "indexes every version of a job enters"
+    );
+
+    let store = PgStore::connect_in_schema(&url(), &schema.name, 4)
+        .await
+        .expect("connect");
+    let now = 1_700_000_000_000;
+    // Thirty at once (grouped into few statements) and one alone.
+    let inserted = futures_util::future::join_all((0..30).map(|_| {
+        let mut new = job("acme");
+        new.idempotency_key = None;
+        store.insert_job(new)
+    }))
+    .await;
+    let mut ids: Vec<String> = inserted
+        .into_iter()
+        .map(|i| i.expect("insert").job().id.clone())
+        .collect();
+    let mut alone = job("acme");
+    alone.user = "bob".to_owned();
+    ids.push(
+        store
+            .insert_job(alone)
+            .await
+            .expect("insert")
+            .job()
+            .id
+            .clone(),
+    );
+    assert_eq!(owner_rows(&admin, &schema.name).await, 31, "one per job");
+    let matching = format!(
+        r#"SELECT count(*) FROM "{s}".job_owners o JOIN "{s}".jobs j
+             ON j.id = o.id AND j.tenant = o.tenant AND j."user" = o."user""#,
+        s = schema.name
+    );
+    let matching: i64 = admin.query_one(&matching, &[]).await.expect("join").get(0);
+    assert_eq!(
+        matching, 31,
+        "each owner row names its job's tenant and user"
+    );
+
+    for id in &ids {
+        let claimed = store
+            .claim(toolfleet_store::ClaimJob {
+                id,
+                worker: "w",
+                now,
+                lease_ms: 30_000,
+            })
+            .await
+            .expect("claim")
+            .expect("claimed");
+        assert!(succeed(&store, &claimed, now).await.is_some(), "settled");
+    }
+    store.close();
+    drop(store);
+    let mut written: (i64, i64, i64) = (0, 0, 0);
+    for _ in 0..100 {
+        let row = admin
+            .query_one(
+                "SELECT n_tup_ins, n_tup_upd, (SELECT n_tup_upd FROM pg_stat_user_tables
+                   WHERE schemaname = $1 AND relname = 'jobs')
+                 FROM pg_stat_user_tables WHERE schemaname = $1 AND relname = 'job_owners'",
+                &[&schema.name],
+            )
+            .await
+            .expect("table statistics");
+        written = (row.get(0), row.get(1), row.get(2));
+        if written.2 >= 62 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        written,
+        (31, 0, 62),
+        "owner rows inserted, updated; jobs updated"
+    );
+
+    let store = PgStore::connect_in_schema(&url(), &schema.name, 1)
+        .await
+        .expect("connect");
+    let prune = Prune {
+        kind: Retained::Jobs,
+        before: now + 1,
+        limit: 20,
+    };
+    assert_eq!(store.prune(prune).await.expect("prune"), 20);
+    assert_eq!(
+        owner_rows(&admin, &schema.name).await,
+        11,
+        "gone with their jobs"
+    );
+    // A statement of someone else's (an operator's, an older process's).
+    admin
+        .batch_execute(&format!(r#"DELETE FROM "{}".jobs"#, schema.name))
+        .await
+        .expect("delete");
+    assert_eq!(
+        owner_rows(&admin, &schema.name).await,
+        0,
+        "gone with their jobs"
+    );
+}
+
+/// A tenant's job list, a user's and the list of succeeded jobs walk the
+/// tenant's owner rows newest first and read each job by its key: a page
+/// of ten reads about ten entries, however many jobs other tenants hold,
+/// and nothing is read by a sequential scan.
+#[tokio::test]
+async fn job_lists_walk_the_tenants_owner_rows_newest_first() {
+    let schema = Schema::migrated().await;
+    let store = PgStore::connect_in_schema(&url(), &schema.name, 1)
+        .await
+        .expect("connect");
+    let now = 1_700_000_000_000;
+    // Thirty of acme's jobs among two thousand of globex's, every other
+    // one of acme's its user bob's.
+    let (mut acme, mut alices) = (Vec::new(), Vec::new());
+    for n in 0..2_030 {
+        let mine = n % 100 == 7 || n >= 2_011;
+        let mut new = job(if mine { "acme" } else { "globex" });
+        new.idempotency_key = None;
+        if mine && acme.len() % 2 == 1 {
+            new.user = "bob".to_owned();
+        }
+        let (id, user) = (new.id.clone(), new.user.clone());
+        store.insert_job(new).await.expect("insert");
+        if user == "alice" && mine {
+            alices.push(id.clone());
+        }
+        if mine {
+            let claimed = store
+                .claim(toolfleet_store::ClaimJob {
+                    id: &id,
+                    worker: "w",
+                    now,
+                    lease_ms: 30_000,
+                })
+                .await
+                .expect("claim")
+                .expect("claimed");
+            succeed(&store, &claimed, now).await.expect("settled");
+            acme.push(id);
+        }
+    }
+    assert_eq!(acme.len(), 40);
+    acme.reverse();
+    alices.reverse();
+    let pages = [
+        (JobFilter::default(), acme.clone()),
+        (
+            JobFilter {
+                user: Some("alice".to_owned()),
+                ..JobFilter::default()
+            },
+            alices,
+        ),
+        (
+            JobFilter {
+                state: Some(JobState::Succeeded),
+                ..JobFilter::default()
+            },
+            acme.clone(),
+        ),
+    ];
+    for (filter, all) in &pages {
+        let page = store
+            .list_jobs(ListJobs {
+                tenant: "acme",
+                filter,
+                limit: 10,
+                cursor: None,
+            })
+            .await
+            .expect("a page");
+        let got: Vec<&str> = page.jobs.iter().map(|j| j.id.as_str()).collect();
+        let want: Vec<&str> = all.iter().take(10).map(String::as_str).collect();
+        assert_eq!(got, want, "newest first: {filter:?}");
+        assert!(page.jobs.iter().all(|j| j.tenant == "acme"));
+    }
+    store.close();
+    drop(store);
+    let admin = admin().await;
+    let mut read: (i64, i64, i64) = (0, 0, 0);
+    for _ in 0..100 {
+        let row = admin
+            .query_one(
+                "SELECT
+                   (SELECT COALESCE(sum(seq_tup_read), 0)::bigint FROM pg_stat_user_tables
+                     WHERE schemaname = $1 AND relname IN ('jobs', 'job_owners')),
+                   (SELECT COALESCE(sum(idx_tup_read), 0)::bigint FROM pg_stat_user_indexes
+                     WHERE schemaname = $1 AND relname = 'job_owners'),
+                   (SELECT n_tup_ins FROM pg_stat_user_tables
+                     WHERE schemaname = $1 AND relname = 'jobs')",
+                &[&schema.name],
+            )
+            .await
+            .expect("statistics");
+        read = (row.get(0), row.get(1), row.get(2));
+        if read.2 >= 2_030 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (scanned, owners, inserted) = read;
+    assert_eq!(inserted, 2_030, "every insert was counted");
+    assert_eq!(scanned, 0, "rows read by sequential scans");
+    assert!(
+        owners <= 3 * 12,
+        "{owners} owner rows were read for three pages of ten"
+    );
 }
 
 /// The webhook searches probe the notices by key for each settled job and

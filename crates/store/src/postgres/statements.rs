@@ -402,22 +402,39 @@ pub(super) static DUE: Built = LazyLock::new(|| {
     )
 });
 
-pub(super) const LIST: &str = concat!(
-    "SELECT ",
-    job_columns!(),
-    " FROM jobs
+/// Jobs by their owner rows (migration 25), newest first: `USING` merges
+/// the id, tenant and user of both, so the columns read as `jobs`' own,
+/// and an inner join's merged column is the left table's, which the
+/// conditions and the order then take off `job_owners`' indexes.
+pub(super) const OWNED_JOBS: &str = r#"job_owners JOIN jobs USING (id, tenant, "user")"#;
+
+/// A tenant's jobs, newest first, off `job_owners_tenant`.
+pub(super) static LIST: Built = LazyLock::new(|| {
+    format!(
+        concat!(
+            "SELECT ",
+            job_columns!(),
+            " FROM {owned}
         WHERE tenant = $1 AND id < $3 AND id >= $5 AND ($2::text IS NULL OR tool = $2)
         ORDER BY id DESC LIMIT $4"
-);
+        ),
+        owned = OWNED_JOBS
+    )
+});
 
-/// [`LIST`] of one user's jobs, off `jobs_owner`.
-pub(super) const LIST_OWNED: &str = concat!(
-    "SELECT ",
-    job_columns!(),
-    r#" FROM jobs
+/// [`LIST`] of one user's jobs, off `job_owners_user`.
+pub(super) static LIST_OWNED: Built = LazyLock::new(|| {
+    format!(
+        concat!(
+            "SELECT ",
+            job_columns!(),
+            r#" FROM {owned}
         WHERE tenant = $1 AND "user" = $6 AND id < $3 AND id >= $5 AND ($2::text IS NULL OR tool = $2)
         ORDER BY id DESC LIMIT $4"#
-);
+        ),
+        owned = OWNED_JOBS
+    )
+});
 
 pub(super) const JOB: &str = concat!(
     "SELECT ",

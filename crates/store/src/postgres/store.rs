@@ -186,7 +186,9 @@ async fn list_jobs(
     let tool = &filter.tool;
     let mut jobs = match (filter.state, &filter.user) {
         // The stored states the filter means (retrying finds parked jobs
-        // too), each off jobs_tenant_state in its order.
+        // too), each in its order: failed and cancelled off
+        // jobs_tenant_state, succeeded off the tenant's owner rows, the
+        // others off the partial index of their state.
         (Some(state), user) => {
             let placeholder = |n: u8| match n {
                 2 | 3 | 5 => format!("${n}::text"),
@@ -196,7 +198,7 @@ async fn list_jobs(
             let owned = user.as_ref().map(|_| "\"user\"");
             let columns = statements::JOB_COLUMNS;
             let statement =
-                crate::list_in_states(state.stored_as(), placeholder, |_| "", owned, columns);
+                crate::list_in_states(state.stored_as(), placeholder, list_source, owned, columns);
             match user {
                 None => {
                     let params: Params<'_> = &[&tenant, tool, &cursor, &fetch, &floor];
@@ -210,15 +212,25 @@ async fn list_jobs(
         }
         (None, None) => {
             let params: Params<'_> = &[&tenant, tool, &cursor, &fetch, &floor];
-            query_all(c, statements::LIST, params, job_from_row).await?
+            query_all(c, &statements::LIST, params, job_from_row).await?
         }
         (None, Some(user)) => {
             let params: Params<'_> = &[&tenant, tool, &cursor, &fetch, &floor, user];
-            query_all(c, statements::LIST_OWNED, params, job_from_row).await?
+            query_all(c, &statements::LIST_OWNED, params, job_from_row).await?
         }
     };
     let next_cursor = page.cut(&mut jobs, |job| &job.id);
     Ok(JobPage { jobs, next_cursor })
+}
+
+/// What the job list in `state` reads (see [`crate::list_in_states`]):
+/// succeeded jobs, most of a tenant's, by its owner rows newest first;
+/// the others off `jobs`' partial index of their state.
+fn list_source(state: JobState) -> &'static str {
+    match state {
+        JobState::Succeeded => statements::OWNED_JOBS,
+        _ => "jobs",
+    }
 }
 
 async fn job_counts(c: &ClientWrapper) -> Result<Vec<(JobState, u64)>, StoreError> {
