@@ -1240,6 +1240,13 @@ pub struct SettleNotice<'a> {
 pub trait Store: Send + Sync + 'static {
     /// Checks that the backend answers (readiness).
     async fn ping(&self) -> Result<(), StoreError>;
+    /// Opens the connections a worker's grouped claims and successes run
+    /// on and prepares their statements, so that a worker's first jobs do
+    /// not wait for them; nothing where there is nothing to open. A
+    /// worker calls it as it starts, beside its subscription to the queue.
+    async fn warm(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
 
     // Jobs.
 

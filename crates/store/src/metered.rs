@@ -48,6 +48,7 @@ impl MeteredStore {
 toolfleet_core::forward_to_inner! {
 impl Store, for MeteredStore, error StoreError {
     fn ping(&self) -> ();
+    fn warm(&self) -> ();
     fn insert_job(&self, job: NewJob) -> Inserted;
     fn job(&self, tenant: &str, id: &str) -> Option<JobRecord>;
     fn job_by_id(&self, id: &str) -> Option<JobRecord>;

@@ -1022,6 +1022,38 @@ async fn job_lists_walk_the_tenants_owner_rows_newest_first() {
     );
 }
 
+/// A worker's store opens, as the worker starts, the connections its
+/// grouped claims and successes run on (two statements each at once with
+/// a pool of eight), each with those statements prepared, before any job.
+#[tokio::test]
+async fn warming_opens_the_groups_connections_with_their_statements_prepared() {
+    let schema = Schema::migrated().await;
+    let name = fresh_name();
+    let url = url();
+    let joiner = if url.contains('?') { '&' } else { '?' };
+    let url = format!("{url}{joiner}application_name={name}");
+    let store = PgStore::connect_in_schema(&url, &schema.name, 8)
+        .await
+        .expect("connect");
+    store.warm().await.expect("warm");
+    let admin = admin().await;
+    let row = admin
+        .query_one(
+            "SELECT count(*), count(*) FILTER (WHERE query LIKE '%UPDATE jobs SET state%UNNEST%')
+             FROM pg_stat_activity WHERE application_name = $1",
+            &[&name],
+        )
+        .await
+        .expect("activity");
+    let (open, prepared): (i64, i64) = (row.get(0), row.get(1));
+    assert!(open >= 4, "{open} connections open");
+    assert!(
+        prepared >= 4,
+        "{prepared} of {open} prepared a grouped statement last"
+    );
+    store.close();
+}
+
 /// The webhook searches probe the notices by key for each settled job and
 /// each answered ticket: thousands of notices sent are not read for every
 /// one.

@@ -254,32 +254,45 @@ impl Worker {
         let in_hand = capacity.saturating_add(self.config.ahead);
         let slots = Arc::new(Semaphore::new(in_hand));
         let prefetch = u16::try_from(in_hand).unwrap_or(u16::MAX);
-        let mut consumer = loop {
-            match self.broker.consume(&self.config.pool, prefetch).await {
-                Ok(consumer) => break consumer,
-                Err(error) => {
-                    tracing::warn!(pool = %self.config.pool, %error, "cannot consume; retrying");
-                    tokio::select! {
-                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                        _ = shutdown.changed() => return,
+        let subscribing = async {
+            loop {
+                match self.broker.consume(&self.config.pool, prefetch).await {
+                    Ok(consumer) => break Some(consumer),
+                    Err(error) => {
+                        tracing::warn!(pool = %self.config.pool, %error, "cannot consume; retrying");
+                        tokio::select! {
+                            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                            _ = shutdown.changed() => break None,
+                        }
                     }
                 }
             }
         };
+        // The store's connections open while the queue is subscribed, so
+        // that the first jobs do not wait for them.
+        let warming = async {
+            if let Err(error) = self.store.warm().await {
+                tracing::debug!(%error, "cannot open the store's connections ahead; the first jobs will");
+            }
+        };
+        // Listening for cancels before the first job is taken, so none is
+        // announced unheard (the heartbeat would find it, a lease later).
+        // A cancel is an outcome: the feed of outcomes carries it.
+        let listening = async {
+            match self.notices.subscribe_settled().await {
+                Ok(events) => Some(events),
+                Err(error) => {
+                    tracing::warn!(pool = %self.config.pool, %error, "cannot follow cancels; heartbeats will find them");
+                    None
+                }
+            }
+        };
+        let (_, consumer, cancels) = tokio::join!(warming, subscribing, listening);
+        let Some(mut consumer) = consumer else { return };
         let _capacity = Held::by(
             &self.gauges.slots,
             i64::try_from(capacity).unwrap_or(i64::MAX),
         );
-        // Listening for cancels before the first job is taken, so none is
-        // announced unheard (the heartbeat would find it, a lease later).
-        // A cancel is an outcome: the feed of outcomes carries it.
-        let cancels = match self.notices.subscribe_settled().await {
-            Ok(events) => Some(events),
-            Err(error) => {
-                tracing::warn!(pool = %self.config.pool, %error, "cannot follow cancels; heartbeats will find them");
-                None
-            }
-        };
         let _cancels =
             cancels.map(|events| AbortOnDrop(tokio::spawn(self.clone().follow_cancels(events))));
         let mut tasks = tokio::task::JoinSet::new();

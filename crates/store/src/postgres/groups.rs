@@ -10,6 +10,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use deadpool_postgres::Pool;
+use futures_util::future::join_all;
 use tokio_postgres::Row;
 use toolfleet_core::Json;
 use toolfleet_core::group::Group;
@@ -45,12 +46,38 @@ pub(super) struct Success {
     pub(super) claimed: Option<JobRecord>,
 }
 
+/// Statements each group runs at once with a pool of `pool_size`.
+fn slots(pool_size: usize) -> usize {
+    GROUP_SLOTS.min(pool_size / 4).max(1)
+}
+
+impl super::PgStore {
+    /// [`Store::warm`](crate::Store::warm): as many connections as the
+    /// claim and success groups run statements at once, each with their
+    /// statements prepared (the connection a statement gets is any of the
+    /// pool's), all at once.
+    pub(super) async fn warm_groups(&self) -> Result<(), StoreError> {
+        let wanted = 2 * slots(self.pool.status().max_size);
+        let clients = join_all((0..wanted).map(|_| self.client())).await;
+        let prepared = clients.into_iter().map(|client| async move {
+            let c = client?;
+            let claim = c.prepare_cached(&statements::CLAIM_MANY);
+            let succeed = c.prepare_cached(&statements::SUCCEED_MANY_LEAN);
+            let (claim, succeed) = futures_util::future::join(claim, succeed).await;
+            claim?;
+            succeed?;
+            Ok::<(), StoreError>(())
+        });
+        join_all(prepared).await.into_iter().collect()
+    }
+}
+
 impl crate::grouped::Groups<Insert, Success> {
     /// Each group runs at most [`GROUP_SLOTS`] statements at once, and never
     /// more than a quarter of the pool's connections, so the three together
     /// leave room for reads, heartbeats and the rest.
     pub(super) fn spawn(pool: &Pool, place: &Arc<str>, pool_size: usize) -> Groups {
-        let slots = GROUP_SLOTS.min(pool_size / 4).max(1);
+        let slots = slots(pool_size);
         Groups {
             insert: grouped("recording jobs", slots, pool, place, insert_many),
             claim: grouped("claiming jobs", slots, pool, place, claim_many),

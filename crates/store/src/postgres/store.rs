@@ -555,6 +555,10 @@ impl Store for PgStore {
         Ok(())
     }
 
+    async fn warm(&self) -> Result<(), StoreError> {
+        self.warm_groups().await
+    }
+
     async fn insert_job(&self, job: NewJob) -> Result<Inserted, StoreError> {
         self.groups.insert.run(Insert::of(job)?).await
     }
