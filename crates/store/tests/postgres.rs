@@ -166,6 +166,21 @@ fn commit_claim(key: &str, now: i64) -> ClaimCommit<'_> {
     }
 }
 
+/// Claims job `id` as worker `w` and settles it, with an empty result.
+async fn run_to_success(store: &PgStore, id: &str, now: i64) {
+    let claimed = store
+        .claim(toolfleet_store::ClaimJob {
+            id,
+            worker: "w",
+            now,
+            lease_ms: 30_000,
+        })
+        .await
+        .expect("claim")
+        .expect("claimed");
+    succeed(store, &claimed, now).await.expect("settled");
+}
+
 /// Settles `claimed` as its holder, with an empty result.
 async fn succeed(store: &PgStore, claimed: &JobRecord, now: i64) -> Option<JobRecord> {
     let done = Succeed {
@@ -224,7 +239,8 @@ mod embedded {
 
 /// A schema an older toolfleet migrated (version 1) is refused with
 /// directions until `toolfleet migrate` brings it up to date; its jobs then
-/// read back without lineage or checkpoint.
+/// read back without lineage or checkpoint, and are listed as their
+/// tenant's and their user's (migration 25 copies their owners).
 #[tokio::test]
 async fn an_older_schema_is_refused_until_migrated() {
     let schema = Schema::empty().await;
@@ -266,6 +282,21 @@ async fn an_older_schema_is_refused_until_migrated() {
     let job = store.job("acme", &id).await.expect("job").expect("kept");
     assert_eq!(job.lineage, None);
     assert_eq!(store.checkpoint(&id).await.expect("checkpoint"), None);
+    for user in [None, Some("alice".to_owned())] {
+        let filter = JobFilter {
+            user,
+            ..JobFilter::default()
+        };
+        let list = ListJobs {
+            tenant: "acme",
+            filter: &filter,
+            limit: 10,
+            cursor: None,
+        };
+        let page = store.list_jobs(list).await.expect("a page");
+        let listed: Vec<&str> = page.jobs.iter().map(|j| j.id.as_str()).collect();
+        assert_eq!(listed, [id.as_str()], "{filter:?}");
+    }
 }
 
 /// A schema of version 7, where a parked job was `retrying` with a
@@ -850,17 +881,7 @@ async fn a_jobs_owner_is_written_once_apart_from_its_row() {
     );
 
     for id in &ids {
-        let claimed = store
-            .claim(toolfleet_store::ClaimJob {
-                id,
-                worker: "w",
-                now,
-                lease_ms: 30_000,
-            })
-            .await
-            .expect("claim")
-            .expect("claimed");
-        assert!(succeed(&store, &claimed, now).await.is_some(), "settled");
+        run_to_success(&store, id, now).await;
     }
     store.close();
     drop(store);
@@ -924,8 +945,8 @@ async fn job_lists_walk_the_tenants_owner_rows_newest_first() {
         .await
         .expect("connect");
     let now = 1_700_000_000_000;
-    // Thirty of acme's jobs among two thousand of globex's, every other
-    // one of acme's its user bob's.
+    // Forty of acme's jobs among some two thousand of globex's, every
+    // other one of acme's its user bob's.
     let (mut acme, mut alices) = (Vec::new(), Vec::new());
     for n in 0..2_030 {
         let mine = n % 100 == 7 || n >= 2_011;
@@ -940,17 +961,7 @@ async fn job_lists_walk_the_tenants_owner_rows_newest_first() {
             alices.push(id.clone());
         }
         if mine {
-            let claimed = store
-                .claim(toolfleet_store::ClaimJob {
-                    id: &id,
-                    worker: "w",
-                    now,
-                    lease_ms: 30_000,
-                })
-                .await
-                .expect("claim")
-                .expect("claimed");
-            succeed(&store, &claimed, now).await.expect("settled");
+            run_to_success(&store, &id, now).await;
             acme.push(id);
         }
     }
