@@ -1,0 +1,288 @@
+#!/usr/bin/env python3
+"""Probes of a distributed fleet on this machine's PostgreSQL and RabbitMQ,
+each on a fresh schema and queue prefix of its own, with processor time per
+job read from /proc for each kind of process around what is measured.
+
+  fleet.py drain  BIN N   N jobs queued with no worker, then one worker
+                          (concurrency 32): jobs settled per second from its
+                          /readyz, and from its spawn to the last one
+  fleet.py bulk   BIN N   N jobs in batches of 1,000 with a worker draining:
+                          accepted and settled per second (--no-worker:
+                          accepted alone)
+  fleet.py single BIN N   N calls one at a time: calls per second, p50, p99
+  fleet.py fleet  BIN N   two dispatchers and two workers; two drivers each
+                          enqueue N jobs in batches of 1,000 at once: jobs
+                          settled end to end per second
+
+BIN is a toolfleet release build. The servers are TOOLFLEET_TEST_DATABASE_URL
+and TOOLFLEET_TEST_AMQP_URL, else the local defaults; cleaning up needs psql
+and rabbitmqctl. Standard library only. Compare binaries side by side, in
+alternating runs: the machine's speed moves from hour to hour.
+"""
+import argparse
+import atexit
+import hashlib
+import http.client
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+
+DATABASE = os.environ.get("TOOLFLEET_TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test")
+AMQP = os.environ.get("TOOLFLEET_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2f")
+TOKEN = "fleet-probe-token"
+SETTLED = re.compile(r"^toolfleet_jobs_settled_total\{[^}]*\} (\d+)", re.M)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cpu_seconds(names):
+    """Processor seconds so far of every process whose name starts with one of `names`."""
+    total = 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                if not f.read().strip().startswith(names):
+                    continue
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except OSError:
+            pass
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+class Fleet:
+    """Processes of one schema and prefix; everything is stopped and dropped at exit."""
+
+    def __init__(self, binary):
+        self.bin = binary
+        self.comm = os.path.basename(binary)[:15]
+        tag = f"{os.getpid()}_{int(time.time() * 1000) % 10**8}"
+        self.schema, self.prefix = f"probe_{tag}", f"probe-{tag}"
+        self.procs, self.dirs = [], []
+        atexit.register(self.stop)
+
+    def config(self, port, mport):
+        d = tempfile.mkdtemp(prefix="fleet-probe-")
+        self.dirs.append(d)
+        digest = hashlib.sha256(TOKEN.encode()).hexdigest()
+        with open(os.path.join(d, "toolfleet.toml"), "w") as f:
+            f.write(f"""listen = "127.0.0.1:{port}"
+metrics_listen = "127.0.0.1:{mport}"
+data_dir = ".toolfleet"
+concurrency = 32
+database_url = "{DATABASE}"
+database_schema = "{self.schema}"
+broker_url = "{AMQP}"
+broker_prefix = "{self.prefix}"
+database_pool = 16
+
+[[auth.tokens]]
+sha256 = "{digest}"
+tenant = "probe"
+user = "probe"
+scopes = []
+
+[[tools]]
+name = "probe_noop"
+description = "Does nothing, as a job."
+shape = "job"
+input_schema = {{ type = "object" }}
+executor = {{ kind = "builtin", name = "toolfleet.noop" }}
+""")
+        return d
+
+    def member(self, worker=True):
+        """A dispatcher (and a worker) in a directory of their own: (API port, worker metrics port)."""
+        port, mport, wport = free_port(), free_port(), free_port()
+        d = self.config(port, mport)
+        if len(self.dirs) == 1:
+            subprocess.run([self.bin, "migrate"], cwd=d, check=True, capture_output=True)
+        self.spawn(d, "dispatcher", mport)
+        wait_ok(port, "/healthz")
+        if worker:
+            self.spawn(d, "worker", wport)
+            wait_ok(wport, "/readyz")
+        return port, wport
+
+    def spawn(self, d, role, mport):
+        log = open(os.path.join(d, f"{role}.log"), "ab")
+        env = dict(os.environ, TOOLFLEET_METRICS_LISTEN=f"127.0.0.1:{mport}")
+        self.procs.append(subprocess.Popen([self.bin, role], cwd=d, stdout=log, stderr=subprocess.STDOUT,
+                                           env=env, start_new_session=True))
+
+    def stop(self):
+        for p in self.procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in self.procs:
+            p.wait()
+        self.procs = []
+        if self.dirs:
+            subprocess.run(["psql", DATABASE, "-qc", f"DROP SCHEMA IF EXISTS {self.schema} CASCADE"],
+                           capture_output=True)
+            queues = subprocess.run(["rabbitmqctl", "list_queues", "name", "-q"], capture_output=True,
+                                    text=True).stdout.split()
+            for name in queues:
+                if name.startswith(self.prefix + "."):
+                    subprocess.run(["rabbitmqctl", "delete_queue", name], capture_output=True)
+            for d in self.dirs:
+                shutil.rmtree(d, ignore_errors=True)
+            self.dirs = []
+
+    def cpu(self):
+        return {"toolfleet": cpu_seconds(self.comm), "postgres": cpu_seconds("postgres"),
+                "rabbitmq": cpu_seconds("beam.smp")}
+
+
+def request(conn, method, path, body=None):
+    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+    conn.request(method, path, body, headers)
+    response = conn.getresponse()
+    data = response.read()
+    if response.status != 200:
+        raise SystemExit(f"{method} {path}: {response.status} {data[:300]!r}")
+    return data
+
+
+def wait_ok(port, path, timeout=30):
+    deadline = time.perf_counter() + timeout
+    while time.perf_counter() < deadline:
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
+            conn.request("GET", path)
+            if conn.getresponse().status == 200:
+                return time.perf_counter()
+        except OSError:
+            pass
+        time.sleep(0.005)
+    raise SystemExit(f"127.0.0.1:{port}{path} not ready in {timeout} s")
+
+
+def settled(wports):
+    total = 0
+    for wport in wports:
+        conn = http.client.HTTPConnection("127.0.0.1", wport, timeout=5)
+        conn.request("GET", "/metrics")
+        total += sum(int(n) for n in SETTLED.findall(conn.getresponse().read().decode()))
+    return total
+
+
+BATCH = json.dumps({"calls": [{"tool": "probe_noop", "args": {}} for _ in range(1000)]})
+ONE = json.dumps({"tool": "probe_noop", "args": {}})
+
+
+def enqueue(port, n):
+    conn = http.client.HTTPConnection("127.0.0.1", port)
+    for _ in range(n // 1000):
+        request(conn, "POST", "/v1/calls", BATCH)
+
+
+def wait_settled(wports, n, deadline_s=300):
+    start = time.perf_counter()
+    while settled(wports) < n:
+        if time.perf_counter() - start > deadline_s:
+            raise SystemExit(f"fewer than {n} jobs settled in {deadline_s} s")
+        time.sleep(0.005)
+    return time.perf_counter()
+
+
+def per_job(before, after, n):
+    return {k: round((after[k] - before[k]) * 1e6 / n, 1) for k in before}
+
+
+def drain(fleet, n):
+    port, _ = fleet.member(worker=False)
+    enqueue(port, n)
+    time.sleep(0.3)
+    wport = free_port()
+    before = fleet.cpu()
+    spawned = time.perf_counter()
+    fleet.spawn(fleet.dirs[0], "worker", wport)
+    ready = wait_ok(wport, "/readyz")
+    end = wait_settled([wport], n)
+    return {"drain_jobs_s": round(n / (end - ready)), "spawn_to_last_ms": round((end - spawned) * 1000),
+            "cpu_us_per_job": per_job(before, fleet.cpu(), n)}
+
+
+def bulk(fleet, n, worker):
+    port, wport = fleet.member(worker=worker)
+    before = fleet.cpu()
+    t0 = time.perf_counter()
+    enqueue(port, n)
+    t1 = time.perf_counter()
+    result = {"accepted_jobs_s": round(n / (t1 - t0))}
+    if worker:
+        result["settled_jobs_s"] = round(n / (wait_settled([wport], n) - t0))
+    result["cpu_us_per_job"] = per_job(before, fleet.cpu(), n)
+    return result
+
+
+def single(fleet, n):
+    port, _ = fleet.member(worker=False)
+    conn = http.client.HTTPConnection("127.0.0.1", port)
+    for _ in range(50):
+        request(conn, "POST", "/v1/calls", ONE)
+    before = fleet.cpu()
+    times = []
+    t0 = time.perf_counter()
+    for _ in range(n):
+        t = time.perf_counter()
+        request(conn, "POST", "/v1/calls", ONE)
+        times.append(time.perf_counter() - t)
+    elapsed = time.perf_counter() - t0
+    times.sort()
+    return {"calls_s": round(n / elapsed), "p50_ms": round(times[n // 2] * 1000, 2),
+            "p99_ms": round(times[n * 99 // 100] * 1000, 2), "cpu_us_per_call": per_job(before, fleet.cpu(), n)}
+
+
+def two_by_two(fleet, n):
+    members = [fleet.member(), fleet.member()]
+    before = fleet.cpu()
+    t0 = time.perf_counter()
+    drivers = [threading.Thread(target=enqueue, args=(port, n)) for port, _ in members]
+    for d in drivers:
+        d.start()
+    for d in drivers:
+        d.join()
+    t1 = time.perf_counter()
+    end = wait_settled([wport for _, wport in members], 2 * n)
+    return {"accepted_jobs_s": round(2 * n / (t1 - t0)), "settled_jobs_s": round(2 * n / (end - t0)),
+            "cpu_us_per_job": per_job(before, fleet.cpu(), 2 * n)}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("probe", choices=["drain", "bulk", "single", "fleet"])
+    parser.add_argument("bin")
+    parser.add_argument("n", type=int)
+    parser.add_argument("--no-worker", action="store_true", help="bulk: accepted alone")
+    a = parser.parse_args()
+    fleet = Fleet(os.path.abspath(a.bin))
+    try:
+        if a.probe == "drain":
+            result = drain(fleet, a.n)
+        elif a.probe == "bulk":
+            result = bulk(fleet, a.n, not a.no_worker)
+        elif a.probe == "single":
+            result = single(fleet, a.n)
+        else:
+            result = two_by_two(fleet, a.n)
+    finally:
+        fleet.stop()
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
