@@ -6,7 +6,11 @@
 
 use toolfleet_core::group::Group;
 
-use crate::{Inserted, JobRecord, StoreError};
+use crate::{ClaimJob, Inserted, JobRecord, StoreError};
+
+/// Requests one batch carries at most: one statement on PostgreSQL, one
+/// transaction on SQLite.
+pub(crate) const MAX_GROUP: usize = 256;
 
 /// One group per operation on every job's path, the store's own insert
 /// (`I`) and success (`S`) requests.
@@ -22,4 +26,15 @@ pub(crate) struct Claim {
     pub(crate) worker: String,
     pub(crate) now: i64,
     pub(crate) until: i64,
+}
+
+impl From<ClaimJob<'_>> for Claim {
+    fn from(claim: ClaimJob<'_>) -> Self {
+        Claim {
+            id: claim.id.to_owned(),
+            worker: claim.worker.to_owned(),
+            now: claim.now,
+            until: claim.now.saturating_add(claim.lease_ms),
+        }
+    }
 }

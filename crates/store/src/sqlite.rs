@@ -42,7 +42,6 @@ mod embedded {
 
 mod groups;
 
-use crate::grouped;
 use groups::Groups;
 
 /// How long a statement waits for another process's write lock.
@@ -1701,19 +1700,7 @@ impl Store for SqliteStore {
     }
 
     async fn claim(&self, claim: ClaimJob<'_>) -> Result<Option<JobRecord>, StoreError> {
-        let ClaimJob {
-            id,
-            worker,
-            now,
-            lease_ms,
-        } = claim;
-        let claim = grouped::Claim {
-            id: id.to_owned(),
-            worker: worker.to_owned(),
-            now,
-            until: now.saturating_add(lease_ms),
-        };
-        self.groups.claim.run(claim).await
+        self.groups.claim.run(claim.into()).await
     }
 
     async fn running_with_key(&self, key: &str, now: i64) -> Result<u32, StoreError> {

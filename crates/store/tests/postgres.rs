@@ -635,29 +635,39 @@ async fn a_closed_store_is_unavailable() {
     ));
 }
 
-/// Rows of `jobs` read other than through its primary key, from the
-/// server's statistics: (sequential scans, entries of the partial indexes
-/// `jobs_due` and `jobs_lease`), and the rows updated so far.
-async fn reads_beside_the_key(admin: &tokio_postgres::Client, schema: &str) -> (i64, i64, i64) {
-    let table = admin
-        .query_one(
-            "SELECT COALESCE(seq_tup_read, 0), n_tup_upd FROM pg_stat_user_tables
-             WHERE schemaname = $1 AND relname = 'jobs'",
-            &[&schema],
-        )
-        .await
-        .expect("table statistics");
-    let partial: i64 = admin
-        .query_one(
-            "SELECT COALESCE(SUM(idx_tup_read), 0)::bigint FROM pg_stat_user_indexes
-             WHERE schemaname = $1 AND indexrelname IN ('jobs_due', 'jobs_lease')",
-            &[&schema],
-        )
-        .await
-        .expect("index statistics")
-        .get(0);
-    (table.get(0), partial, table.get(1))
+/// Three numbers from the statistics collector, read by `sql` (`$1` the
+/// schema), once the last reaches `counted`: a connection reports its
+/// statistics when it ends, a moment after. As they stand after ten
+/// seconds otherwise.
+async fn statistics(
+    admin: &tokio_postgres::Client,
+    schema: &str,
+    sql: &str,
+    counted: i64,
+) -> (i64, i64, i64) {
+    let read = || async {
+        let row = admin.query_one(sql, &[&schema]).await.expect("statistics");
+        (row.get(0), row.get(1), row.get(2))
+    };
+    let mut numbers = read().await;
+    for _ in 0..100 {
+        if numbers.2 >= counted {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        numbers = read().await;
+    }
+    numbers
 }
+
+/// Rows of `jobs` read other than through its primary key: (sequential
+/// scans, entries of the partial indexes `jobs_due` and `jobs_lease`), and
+/// the rows updated so far.
+const READS_BESIDE_THE_KEY: &str = "SELECT COALESCE(t.seq_tup_read, 0),
+       (SELECT COALESCE(SUM(idx_tup_read), 0)::bigint FROM pg_stat_user_indexes
+         WHERE schemaname = $1 AND indexrelname IN ('jobs_due', 'jobs_lease')),
+       t.n_tup_upd
+     FROM pg_stat_user_tables t WHERE t.schemaname = $1 AND t.relname = 'jobs'";
 
 /// Claims and settlements find their job by its primary key whatever the
 /// table held when a connection first ran them: a connection that ran them
@@ -723,15 +733,8 @@ async fn claims_read_jobs_by_key_whatever_the_table_held_before() {
     drop(store);
     let admin = admin().await;
     let updates = (2 * (8 + CLAIMED)) as i64;
-    let mut read = reads_beside_the_key(&admin, &schema.name).await;
-    for _ in 0..100 {
-        if read.2 >= updates {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        read = reads_beside_the_key(&admin, &schema.name).await;
-    }
-    let (scanned, partial, updated) = read;
+    let (scanned, partial, updated) =
+        statistics(&admin, &schema.name, READS_BESIDE_THE_KEY, updates).await;
     assert_eq!(updated, updates, "every claim and settlement was counted");
     // One scan of the backlog would read 2,000 rows; the warm-up's scans of
     // a table of at most eight rows read a few dozen in all.
@@ -772,15 +775,8 @@ async fn due_jobs_read_the_earliest_of_a_backlog_not_all_of_it() {
     drop(store);
     let admin = admin().await;
     let inserted = BACKLOG as i64;
-    let mut read = due_reads(&admin, &schema.name).await;
-    for _ in 0..100 {
-        if read.2 >= inserted {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        read = due_reads(&admin, &schema.name).await;
-    }
-    let (scanned, from_index, counted) = read;
+    let (scanned, from_index, counted) =
+        statistics(&admin, &schema.name, DUE_READS, inserted).await;
     assert_eq!(counted, inserted, "every insert was counted");
     assert_eq!(scanned, 0, "rows read by sequential scans");
     assert!(
@@ -790,27 +786,12 @@ async fn due_jobs_read_the_earliest_of_a_backlog_not_all_of_it() {
 }
 
 /// Rows of `jobs` read by sequential scans, entries of `jobs_due` read, and
-/// rows inserted, as the statistics collector has them.
-async fn due_reads(admin: &tokio_postgres::Client, schema: &str) -> (i64, i64, i64) {
-    let table = admin
-        .query_one(
-            "SELECT COALESCE(seq_tup_read, 0), n_tup_ins FROM pg_stat_user_tables
-             WHERE schemaname = $1 AND relname = 'jobs'",
-            &[&schema],
-        )
-        .await
-        .expect("table statistics");
-    let due: i64 = admin
-        .query_one(
-            "SELECT COALESCE(SUM(idx_tup_read), 0)::bigint FROM pg_stat_user_indexes
-             WHERE schemaname = $1 AND indexrelname = 'jobs_due'",
-            &[&schema],
-        )
-        .await
-        .expect("index statistics")
-        .get(0);
-    (table.get(0), due, table.get(1))
-}
+/// rows inserted.
+const DUE_READS: &str = "SELECT COALESCE(t.seq_tup_read, 0),
+       (SELECT COALESCE(SUM(idx_tup_read), 0)::bigint FROM pg_stat_user_indexes
+         WHERE schemaname = $1 AND indexrelname = 'jobs_due'),
+       t.n_tup_ins
+     FROM pg_stat_user_tables t WHERE t.schemaname = $1 AND t.relname = 'jobs'";
 
 /// The rows of `job_owners` in `schema`.
 async fn owner_rows(admin: &tokio_postgres::Client, schema: &str) -> i64 {
@@ -885,23 +866,15 @@ async fn a_jobs_owner_is_written_once_apart_from_its_row() {
     }
     store.close();
     drop(store);
-    let mut written: (i64, i64, i64) = (0, 0, 0);
-    for _ in 0..100 {
-        let row = admin
-            .query_one(
-                "SELECT n_tup_ins, n_tup_upd, (SELECT n_tup_upd FROM pg_stat_user_tables
-                   WHERE schemaname = $1 AND relname = 'jobs')
-                 FROM pg_stat_user_tables WHERE schemaname = $1 AND relname = 'job_owners'",
-                &[&schema.name],
-            )
-            .await
-            .expect("table statistics");
-        written = (row.get(0), row.get(1), row.get(2));
-        if written.2 >= 62 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let written = statistics(
+        &admin,
+        &schema.name,
+        "SELECT n_tup_ins, n_tup_upd, (SELECT n_tup_upd FROM pg_stat_user_tables
+           WHERE schemaname = $1 AND relname = 'jobs')
+         FROM pg_stat_user_tables WHERE schemaname = $1 AND relname = 'job_owners'",
+        62,
+    )
+    .await;
     assert_eq!(
         written,
         (31, 0, 62),
@@ -1003,27 +976,19 @@ async fn job_lists_walk_the_tenants_owner_rows_newest_first() {
     store.close();
     drop(store);
     let admin = admin().await;
-    let mut read: (i64, i64, i64) = (0, 0, 0);
-    for _ in 0..100 {
-        let row = admin
-            .query_one(
-                "SELECT
-                   (SELECT COALESCE(sum(seq_tup_read), 0)::bigint FROM pg_stat_user_tables
-                     WHERE schemaname = $1 AND relname IN ('jobs', 'job_owners')),
-                   (SELECT COALESCE(sum(idx_tup_read), 0)::bigint FROM pg_stat_user_indexes
-                     WHERE schemaname = $1 AND relname = 'job_owners'),
-                   (SELECT n_tup_ins FROM pg_stat_user_tables
-                     WHERE schemaname = $1 AND relname = 'jobs')",
-                &[&schema.name],
-            )
-            .await
-            .expect("statistics");
-        read = (row.get(0), row.get(1), row.get(2));
-        if read.2 >= 2_030 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let read = statistics(
+        &admin,
+        &schema.name,
+        "SELECT
+           (SELECT COALESCE(sum(seq_tup_read), 0)::bigint FROM pg_stat_user_tables
+             WHERE schemaname = $1 AND relname IN ('jobs', 'job_owners')),
+           (SELECT COALESCE(sum(idx_tup_read), 0)::bigint FROM pg_stat_user_indexes
+             WHERE schemaname = $1 AND relname = 'job_owners'),
+           (SELECT n_tup_ins FROM pg_stat_user_tables
+             WHERE schemaname = $1 AND relname = 'jobs')",
+        2_030,
+    )
+    .await;
     let (scanned, owners, inserted) = read;
     assert_eq!(inserted, 2_030, "every insert was counted");
     assert_eq!(scanned, 0, "rows read by sequential scans");
@@ -1157,29 +1122,18 @@ async fn webhook_searches_probe_the_notices_by_key() {
     assert_eq!(found.len(), 5);
     store.close();
     drop(store);
-    let read = || async {
-        admin
-            .query_one(
-                "SELECT COALESCE(t.seq_tup_read, 0), COALESCE(i.idx_tup_read, 0), i.idx_scan
-                 FROM pg_stat_user_tables t JOIN pg_stat_user_indexes i USING (relid)
-                 WHERE t.schemaname = $1 AND t.relname = 'notices'
-                   AND i.indexrelname = 'notices_pkey'",
-                &[&schema.name],
-            )
-            .await
-            .expect("notices' statistics")
-    };
-    let mut row = read().await;
-    for _ in 0..100 {
-        if row.get::<_, i64>(2) >= 10 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        row = read().await;
-    }
-    let (scanned, from_index): (i64, i64) = (row.get(0), row.get(1));
+    let (scanned, from_index, probes) = statistics(
+        &admin,
+        &schema.name,
+        "SELECT COALESCE(t.seq_tup_read, 0), COALESCE(i.idx_tup_read, 0), i.idx_scan
+         FROM pg_stat_user_tables t JOIN pg_stat_user_indexes i USING (relid)
+         WHERE t.schemaname = $1 AND t.relname = 'notices'
+           AND i.indexrelname = 'notices_pkey'",
+        10,
+    )
+    .await;
     assert!(
-        row.get::<_, i64>(2) >= 10,
+        probes >= 10,
         "the notices were searched by key, once for each job and ticket"
     );
     assert_eq!(scanned, 0, "notices read by sequential scans");

@@ -100,6 +100,11 @@ impl AckGroup {
         group
     }
 
+    /// The group's channel is on connection `generation`.
+    pub(super) fn is_on(&self, generation: u64) -> bool {
+        self.generation == generation
+    }
+
     /// The group's connection is no longer the one in use.
     pub(super) fn is_gone(&self) -> bool {
         self.link.is_gone(self.generation)

@@ -173,10 +173,10 @@ struct RabbitConsumer {
     /// message.
     parts: VecDeque<Delivery>,
     message: Option<Arc<Mutex<SharedMessage>>>,
-    /// The acks of the current channel's deliveries, its connection's
-    /// generation and its latest tag: a tag not above it, or another
-    /// generation, comes from a new channel (tags start at 1 on each).
-    group: Option<(Arc<AckGroup>, u64, u64)>,
+    /// The acks of the current channel's deliveries and its latest tag: a
+    /// tag not above it, or another connection, comes from a new channel
+    /// (tags start at 1 on each).
+    group: Option<(Arc<AckGroup>, u64)>,
 }
 
 #[async_trait]
@@ -223,11 +223,11 @@ impl RabbitConsumer {
     ) -> (VecDeque<Delivery>, Option<Arc<Mutex<SharedMessage>>>) {
         let tag = delivery.delivery_tag;
         let group = match &self.group {
-            Some((group, of, last)) if *of == generation && tag > *last => Arc::clone(group),
+            Some((group, last)) if group.is_on(generation) && tag > *last => Arc::clone(group),
             _ => AckGroup::start(Arc::clone(&self.shared), generation),
         };
         group.delivered(tag);
-        self.group = Some((Arc::clone(&group), generation, tag));
+        self.group = Some((Arc::clone(&group), tag));
         let acker = RabbitAcker {
             acker: delivery.acker,
             timeout: self.timeout,

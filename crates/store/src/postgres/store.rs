@@ -18,7 +18,6 @@ use super::rows::{
     AuditColumns, Fields, Insert, audit_from_row, job_from_row, run_from_row, ticket_from_row,
 };
 use super::statements;
-use crate::grouped::Claim;
 use crate::rows::{Columns, Paging, encode};
 use crate::{AdvanceSchedule, ClaimNext, DeadLetter, Defer, PoolRow, ScheduleRecord, TakeToken};
 use crate::{
@@ -618,19 +617,7 @@ impl Store for PgStore {
     }
 
     async fn claim(&self, claim: ClaimJob<'_>) -> Result<Option<JobRecord>, StoreError> {
-        let ClaimJob {
-            id,
-            worker,
-            now,
-            lease_ms,
-        } = claim;
-        let claim = Claim {
-            id: id.to_owned(),
-            worker: worker.to_owned(),
-            now,
-            until: now.saturating_add(lease_ms),
-        };
-        self.groups.claim.run(claim).await
+        self.groups.claim.run(claim.into()).await
     }
 
     async fn heartbeat(&self, beat: Heartbeat<'_>) -> Result<Lease, StoreError> {

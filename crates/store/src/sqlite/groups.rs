@@ -16,11 +16,9 @@ use rusqlite::{Connection, TransactionBehavior, params};
 use toolfleet_core::group::Group;
 
 use super::{call, insert_job, job_from_row, query_one, sql};
-use crate::grouped::Claim;
+use crate::grouped::{Claim, MAX_GROUP};
 use crate::{Inserted, JobRecord, LeaseRef, NewJob, StoreError};
 
-/// Requests one transaction carries at most.
-const MAX_GROUP: usize = 256;
 /// Batches in flight at once: one runs on the connection's thread while
 /// the next one waits in its queue, already formed.
 const GROUP_SLOTS: usize = 2;
