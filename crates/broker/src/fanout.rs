@@ -194,6 +194,10 @@ impl<N: Notices> Notices for Fanout<N> {
         self.shared().notices.publish_all(events).await
     }
 
+    fn hears(&self, key: &str) -> bool {
+        self.shared().notices.hears(key)
+    }
+
     async fn subscribe(&self) -> Result<Box<dyn Subscription>, BrokerError> {
         let shared = self.shared();
         if shared.is_closed() {

@@ -463,7 +463,12 @@ impl Event {
 
     /// The routing key of the events exchange: `<tenant>.<tool>.<state>`.
     pub fn routing_key(&self) -> String {
-        format!("{}.{}.{}", self.tenant, self.tool, self.state)
+        Event::key(&self.tenant, &self.tool, self.state)
+    }
+
+    /// The routing key of an event of `tool` of `tenant` in `state`.
+    pub fn key(tenant: &str, tool: &str, state: EventState) -> String {
+        format!("{tenant}.{tool}.{state}")
     }
 
     /// True for a job that can no longer change.
@@ -505,6 +510,14 @@ pub trait Notices: Send + Sync + 'static {
     /// default it delivers everything, as [`Notices::subscribe`].
     async fn subscribe_settled(&self) -> Result<Box<dyn Subscription>, BrokerError> {
         self.subscribe().await
+    }
+    /// Whether an event of routing key `key` ([`Event::key`]) may reach
+    /// someone: false only where the notices know nobody listens for it,
+    /// and then would not send it, so that it need not be made. True by
+    /// default.
+    fn hears(&self, key: &str) -> bool {
+        let _ = key;
+        true
     }
 }
 

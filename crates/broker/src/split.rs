@@ -44,6 +44,10 @@ impl Notices for Split {
         self.all.publish_all(events).await
     }
 
+    fn hears(&self, key: &str) -> bool {
+        self.all.hears(key)
+    }
+
     async fn subscribe(&self) -> Result<Box<dyn Subscription>, BrokerError> {
         self.all.subscribe().await
     }

@@ -56,6 +56,10 @@ impl<I: Notices, O: Notices> Notices for Tee<I, O> {
         self.inner.subscribe().await
     }
 
+    fn hears(&self, key: &str) -> bool {
+        self.inner.hears(key) || self.outer.hears(key)
+    }
+
     async fn subscribe_settled(&self) -> Result<Box<dyn Subscription>, BrokerError> {
         self.inner.subscribe_settled().await
     }

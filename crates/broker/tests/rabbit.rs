@@ -250,9 +250,11 @@ async fn split_notices_bind_every_state_only_once_asked() {
     );
     let mut outcomes = split.subscribe_settled().await.expect("subscribing");
     let mut others = split.subscribe_settled().await.expect("subscribing again");
+    // And to listeners' notices (`LISTENING_KEY`).
+    let outcomes_only = SETTLED_STATES.len() + 1;
     assert_eq!(
         event_bindings(&prefix).await,
-        SETTLED_STATES.len(),
+        outcomes_only,
         "one queue, bound to the outcomes' states alone"
     );
     let tenant = unique("tenant");
@@ -271,7 +273,7 @@ async fn split_notices_bind_every_state_only_once_asked() {
     let mut every = split.subscribe().await.expect("subscribing to every event");
     assert_eq!(
         event_bindings(&prefix).await,
-        SETTLED_STATES.len() + 1,
+        outcomes_only + 1,
         "a second queue, bound to every key"
     );
     assert_eq!(split.publish(&event("running")).await, Ok(()));
@@ -285,7 +287,7 @@ async fn split_notices_bind_every_state_only_once_asked() {
     assert_eq!(split.publish(&event("running")).await, Ok(()));
     // rabbitmqctl answers slowly on a loaded machine.
     let deadline = Instant::now() + ARRIVAL * 4;
-    while event_bindings(&prefix).await != SETTLED_STATES.len() {
+    while event_bindings(&prefix).await != outcomes_only {
         assert!(Instant::now() < deadline, "every key stayed bound");
         sleep(Duration::from_millis(50)).await;
     }
@@ -1147,4 +1149,124 @@ async fn an_unsettled_delivery_holds_back_no_later_ack() {
     drop(consumer);
     sleep(QUIET).await;
     assert_eq!(broker.0.depth(&pool).await, Ok(0));
+}
+
+/// Events nobody listens for are not sent: RabbitMQ returns the first of
+/// a key no binding takes, and the publisher holds that key's events back.
+/// A subscription, once bound, tells every process it listens: the one
+/// that subscribes at once, another as soon as it hears the notice (not
+/// because its hold ran out: here it never would), and both send again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_nobody_listens_for_wait_for_a_listener_to_say_so() {
+    let options = RabbitOptions {
+        unheard_for: Duration::from_secs(3600),
+        ..options()
+    };
+    let prefix = options.prefix.clone();
+    let publisher = match RabbitNotices::connect(&url(), options).await {
+        Ok(notices) => Isolated(notices),
+        Err(e) => unreachable(e),
+    };
+    // The publisher hears outcomes alone, as a worker does.
+    let _outcomes = publisher
+        .0
+        .clone()
+        .only_states(&SETTLED_STATES)
+        .subscribe()
+        .await
+        .expect("subscribing to outcomes");
+    let tenant = unique("tenant");
+    let event = |id: &str, state: &str| Event {
+        kind: toolfleet_broker::EventKind::Job,
+        id: id.to_owned(),
+        tenant: tenant.clone(),
+        tool: "ocr".to_owned(),
+        state: toolfleet_broker::EventState::parse(state).expect("a state"),
+        run_id: "run-1".to_owned(),
+        body: serde_json::json!({"state": state}),
+        ..Default::default()
+    };
+    let queued = event("job-a", "queued");
+    let key = queued.routing_key();
+    assert_eq!(publisher.0.publish(&queued).await, Ok(()));
+    assert!(
+        !publisher.0.is_heard(&key),
+        "nobody listens for `queued`: its events are held back"
+    );
+    // Asked through the wrappers a process puts around its notices.
+    let fanned = Fanout::new(publisher.0.clone());
+    let split = Split::new(
+        Arc::new(Fanout::new(publisher.0.clone())),
+        Arc::new(Fanout::new(
+            publisher.0.clone().only_states(&SETTLED_STATES),
+        )),
+    );
+    let tee = toolfleet_broker::tee::Tee::new(publisher.0.clone(), publisher.0.clone());
+    assert_eq!(
+        [fanned.hears(&key), split.hears(&key), tee.hears(&key)],
+        [false; 3],
+        "whoever asks is told"
+    );
+    let succeeded = event("job-a", "succeeded");
+    assert_eq!(publisher.0.publish(&succeeded).await, Ok(()));
+    assert!(
+        publisher.0.is_heard(&succeeded.routing_key()),
+        "outcomes are heard"
+    );
+
+    // Another process subscribes to every event.
+    let listener = RabbitNotices::connect(
+        &url(),
+        RabbitOptions {
+            prefix,
+            ..RabbitOptions::default()
+        },
+    )
+    .await
+    .unwrap_or_else(|e| unreachable(e));
+    let mut every = listener
+        .subscribe()
+        .await
+        .expect("subscribing to every event");
+    let deadline = Instant::now() + ARRIVAL;
+    while !publisher.0.is_heard(&key) {
+        assert!(
+            Instant::now() < deadline,
+            "the publisher never heard of the listener"
+        );
+        sleep(Duration::from_millis(10)).await;
+    }
+    let next = event("job-b", "queued");
+    assert_eq!(
+        publisher.0.publish_all(std::slice::from_ref(&next)).await,
+        Ok(())
+    );
+    let got = timeout(ARRIVAL, every.next())
+        .await
+        .expect("an event in time");
+    assert_eq!(got.as_ref(), Some(&next));
+    drop(every);
+    drop(listener);
+
+    // Held back again once the listener is gone; the publisher's own
+    // subscription to every event sends them at once.
+    // The listener's queue goes with its connection, a moment later.
+    let third = event("job-c", "running");
+    let key = third.routing_key();
+    let deadline = Instant::now() + ARRIVAL;
+    while publisher.0.is_heard(&key) {
+        assert!(Instant::now() < deadline, "`running` is still routed");
+        assert_eq!(publisher.0.publish(&third).await, Ok(()));
+    }
+    let mut own = publisher
+        .0
+        .subscribe()
+        .await
+        .expect("subscribing to every event");
+    assert!(publisher.0.is_heard(&key), "its own subscriber listens");
+    assert_eq!(publisher.0.publish(&third).await, Ok(()));
+    let got = timeout(ARRIVAL, own.next())
+        .await
+        .expect("an event in time");
+    assert_eq!(got.as_ref(), Some(&third));
 }

@@ -10,19 +10,26 @@ use tokio::sync::mpsc;
 /// Events published together at most.
 const BATCH: usize = 256;
 
-use toolfleet_broker::{Event, EventKind, Notices};
+use toolfleet_broker::{Event, EventKind, EventState, Notices};
+use toolfleet_store::JobRecord;
+
+use crate::events::job_event;
 
 /// Hands events to the publishing task.
 #[derive(Clone)]
 pub struct Announcer {
     queue: mpsc::Sender<Event>,
+    /// Asked whether anyone listens before an event is made.
+    notices: Arc<dyn Notices>,
 }
 
 impl Announcer {
     /// Spawns the task publishing to `notices`, holding at most `capacity` events.
     pub fn spawn(notices: Arc<dyn Notices>, capacity: usize) -> Announcer {
         let (queue, mut events) = mpsc::channel::<Event>(capacity.max(1));
+        let publishing = Arc::clone(&notices);
         tokio::spawn(async move {
+            let notices = publishing;
             let mut batch = Vec::with_capacity(BATCH);
             // A batch is published together, so a broker that confirms each
             // event is paid one round trip per batch, not per event; the
@@ -38,7 +45,19 @@ impl Announcer {
                 batch.clear();
             }
         });
-        Announcer { queue }
+        Announcer { queue, notices }
+    }
+
+    /// Queues the event of `job` as it stands (see [`job_event`]), made
+    /// only if someone may hear it ([`Notices::hears`]); never waits.
+    pub fn announce_job(&self, job: &JobRecord, poll_after_s: u32) {
+        let state = EventState::Job(job.state.shown());
+        if self
+            .notices
+            .hears(&Event::key(&job.tenant, &job.tool, state))
+        {
+            self.announce(job_event(job, poll_after_s));
+        }
     }
 
     /// Queues `event`; never waits.
@@ -164,5 +183,59 @@ mod tests {
                 .unwrap();
             assert_eq!(got.id, n.to_string());
         }
+    }
+
+    /// Notices that hear nothing but outcomes, keeping what is published.
+    struct Outcomes(MemoryNotices);
+
+    #[async_trait::async_trait]
+    impl Notices for Outcomes {
+        async fn publish(&self, event: &Event) -> Result<(), toolfleet_broker::BrokerError> {
+            self.0.publish(event).await
+        }
+
+        async fn subscribe(
+            &self,
+        ) -> Result<Box<dyn toolfleet_broker::Subscription>, toolfleet_broker::BrokerError>
+        {
+            self.0.subscribe().await
+        }
+
+        fn hears(&self, key: &str) -> bool {
+            toolfleet_broker::SETTLED_STATES
+                .iter()
+                .any(|state| key.ends_with(&format!(".{state}")))
+        }
+    }
+
+    /// A job's event nobody may hear is not made; one somebody may is
+    /// announced as it stands.
+    #[tokio::test]
+    async fn a_jobs_event_is_made_only_if_someone_may_hear_it() {
+        use toolfleet_store::{Inserted, Store};
+        let notices = MemoryNotices::new();
+        let mut subscription = notices.subscribe().await.expect("subscribing");
+        let announcer = Announcer::spawn(Arc::new(Outcomes(notices)), 16);
+        let store = toolfleet_store::sqlite::SqliteStore::open_in_memory()
+            .await
+            .expect("a store");
+        let now = toolfleet_core::now_ms();
+        let Ok(Inserted::Created(queued)) = store.insert_job(crate::testing::new_job(now)).await
+        else {
+            panic!("a job recorded");
+        };
+        announcer.announce_job(&queued, 5);
+        let mut done = queued.clone();
+        done.state = toolfleet_core::JobState::Succeeded;
+        announcer.announce_job(&done, 5);
+        let got = tokio::time::timeout(std::time::Duration::from_secs(5), subscription.next())
+            .await
+            .expect("an event in time")
+            .expect("an event");
+        assert_eq!(
+            got,
+            job_event(&done, 5),
+            "the outcome, and nothing before it"
+        );
     }
 }

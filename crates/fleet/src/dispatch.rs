@@ -25,7 +25,7 @@ use toolfleet_store::{
 };
 
 use crate::announcer::Announcer;
-use crate::events::{job_event, ticket_event};
+use crate::events::ticket_event;
 use crate::outbox::Outbox;
 
 /// The poll hint of the envelopes a dispatcher announces (`poll_after_s`
@@ -195,7 +195,7 @@ impl Fleet for Dispatcher {
                     .await;
             }
             tracing::info!(pool = %record.pool, state = %record.state, "job enqueued");
-            self.announcer.announce(job_event(&record, POLL_AFTER_S));
+            self.announcer.announce_job(&record, POLL_AFTER_S);
             Ok(record.id)
         };
         Box::pin(tracing::Instrument::instrument(enqueue, span))

@@ -35,8 +35,8 @@ use toolfleet_broker::{Broker, Delivery, EventState, Notices, Subscription};
 use toolfleet_core::lifecycle::{self, Transition};
 use toolfleet_core::metrics::{Gauge, PoolGauges};
 use toolfleet_core::middleware::redact_json;
+use toolfleet_fleet::Announcer;
 use toolfleet_fleet::runs::{is_run_id, wake_runs};
-use toolfleet_fleet::{Announcer, job_event};
 
 use toolfleet_core::{
     CallCtx, ErrorCode, JobState, Principal, Runtime, ToolError, TraceContext, is_job_id, now_ms,
@@ -973,8 +973,7 @@ impl Worker {
     }
 
     async fn announce(&self, job: &JobRecord) {
-        self.announcer
-            .announce(job_event(job, self.config.poll_after_s));
+        self.announcer.announce_job(job, self.config.poll_after_s);
     }
 
     /// Stops running executors of jobs announced as cancelled in `events`.

@@ -16,6 +16,7 @@ use lapin::{BasicProperties, Channel, Confirmation, ExchangeKind};
 use tokio::sync::broadcast;
 
 use super::RabbitOptions;
+use super::heard::{LISTENING_KEY, Unheard};
 use super::link::{CloseOnDrop, Feed, Link, Shared, Subscribed, redact, start_feed};
 use super::publish::Route;
 use super::topology::{name, text};
@@ -39,10 +40,13 @@ pub struct RabbitNotices {
 }
 
 impl RabbitNotices {
-    /// Publishes one message of events to the exchange and awaits its confirm.
+    /// Publishes one message of events to the exchange and awaits its
+    /// confirm; one RabbitMQ returns, as no binding takes its key, marks
+    /// the key unheard.
     async fn send(&self, key: &str, body: &[u8], what: &str) -> Result<(), BrokerError> {
         let shared = self.shared();
         let link = shared.link()?;
+        let epoch = shared.unheard.epoch();
         let sent = async {
             shared.ensure_events(&link, &self.exchange).await?;
             let properties =
@@ -50,17 +54,27 @@ impl RabbitNotices {
             let route = Route {
                 exchange: &self.exchange,
                 key,
-                mandatory: false,
+                mandatory: true,
             };
             match shared.confirm(&link, route, body, properties).await? {
                 Confirmation::Nack(_) => Err(BrokerError::Unavailable(format!(
                     "RabbitMQ refused {what} on {}",
                     self.exchange
                 ))),
+                Confirmation::Ack(Some(_)) => {
+                    shared.unheard.mark(key, epoch);
+                    Ok(())
+                }
                 _ => Ok(()),
             }
         };
         shared.noting_loss(&link, sent.await)
+    }
+
+    /// Whether events of `key` are sent: someone listened for them when
+    /// last published, or a listener told since.
+    pub fn is_heard(&self, key: &str) -> bool {
+        self.shared().unheard.is_heard(key)
     }
 
     /// Connects to RabbitMQ at `url` for notices alone; see
@@ -123,18 +137,26 @@ impl std::fmt::Debug for RabbitNotices {
 #[async_trait]
 impl Notices for RabbitNotices {
     async fn publish(&self, event: &Event) -> Result<(), BrokerError> {
+        let key = event.routing_key();
+        if !self.is_heard(&key) {
+            return Ok(());
+        }
         let body = serde_json::to_vec(event)
             .map_err(|e| BrokerError::Unavailable(format!("encoding event {}: {e}", event.id)))?;
-        self.send(&event.routing_key(), &body, &event.id).await
+        self.send(&key, &body, &event.id).await
     }
 
     /// Events that share a routing key go as one message whose body is a
     /// JSON array of them (one event alone is a JSON object, as from
     /// [`Notices::publish`]); the messages are published back to back and
-    /// their confirms awaited together.
+    /// their confirms awaited together. Those of a key nobody listens for
+    /// are not sent.
     async fn publish_all(&self, events: &[Event]) -> Result<(), BrokerError> {
         let mut messages = Vec::new();
         for (key, group) in crate::batches(events) {
+            if !self.is_heard(&key) {
+                continue;
+            }
             let body = match group.as_slice() {
                 [one] => serde_json::to_vec(one),
                 many => serde_json::to_vec(many),
@@ -152,15 +174,24 @@ impl Notices for RabbitNotices {
             .collect()
     }
 
+    fn hears(&self, key: &str) -> bool {
+        self.is_heard(key)
+    }
+
     async fn subscribe(&self) -> Result<Box<dyn Subscription>, BrokerError> {
         let shared = self.shared();
         let buffer = shared.options.notice_buffer.clamp(1, MAX_NOTICE_BUFFER);
         let (sender, events) = broadcast::channel(buffer);
+        let mut keys = self.keys.clone();
+        if !keys.iter().any(|key| key == "#") {
+            keys.push(LISTENING_KEY.to_owned());
+        }
         let feed = EventFeed {
             exchange: self.exchange.clone(),
-            keys: self.keys.clone(),
+            keys,
             buffer,
             sender,
+            unheard: Arc::clone(&shared.unheard),
         };
         start_feed(shared, feed).await?;
         Ok(Box::new(RabbitSubscription { events }))
@@ -189,8 +220,9 @@ fn events_of(body: &[u8]) -> serde_json::Result<Vec<Event>> {
     }
 }
 
-/// A notices subscriber's feed: an exclusive queue bound to its keys,
-/// auto-acked (events are announcements, not work), turned into events.
+/// A notices subscriber's feed: an exclusive queue bound to its keys and
+/// to [`LISTENING_KEY`], auto-acked (events are announcements, not work),
+/// turned into events. Once bound, it tells every process it listens.
 struct EventFeed {
     exchange: String,
     /// What its queue is bound to.
@@ -199,6 +231,8 @@ struct EventFeed {
     /// A broadcast ring: a subscriber that falls behind skips the oldest
     /// events instead of holding RabbitMQ or this process back.
     sender: broadcast::Sender<Event>,
+    /// The keys this process found nobody listening for.
+    unheard: Arc<Unheard>,
 }
 
 impl Feed for EventFeed {
@@ -228,6 +262,22 @@ impl Feed for EventFeed {
             FieldTable::default(),
         );
         let consumer = shared.bounded("consuming events", consume).await?;
+        // Bound: every process sends what it held back again, this one
+        // before its subscriber hears anything.
+        self.unheard.forget();
+        let notice = Route {
+            exchange: &self.exchange,
+            key: LISTENING_KEY,
+            mandatory: false,
+        };
+        let me = self.unheard.me.as_bytes();
+        let told = shared.confirm(link, notice, me, BasicProperties::default());
+        if let Confirmation::Nack(_) = told.await? {
+            return Err(BrokerError::Unavailable(format!(
+                "RabbitMQ refused a listening notice on {}",
+                self.exchange
+            )));
+        }
         Ok(Subscribed {
             generation: link.generation,
             consumer,
@@ -236,6 +286,10 @@ impl Feed for EventFeed {
     }
 
     fn forward(&self, _generation: u64, delivery: LapinDelivery) -> bool {
+        if delivery.routing_key.as_str() == LISTENING_KEY {
+            self.unheard.heard_from(&delivery.data);
+            return true;
+        }
         match events_of(&delivery.data) {
             Ok(events) => events
                 .into_iter()

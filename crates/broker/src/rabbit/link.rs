@@ -21,6 +21,7 @@ use lapin::{Channel, Connection, ConnectionProperties};
 use rustls::ClientConfig;
 use tokio::sync::watch;
 
+use super::heard::Unheard;
 use super::topology::{Declared, name};
 use super::{RabbitOptions, lock};
 use crate::BrokerError;
@@ -99,6 +100,8 @@ pub(super) struct Shared {
     state: watch::Sender<LinkState>,
     generations: AtomicU64,
     pub(super) declared: Mutex<Declared>,
+    /// The events' routing keys nobody listened for lately.
+    pub(super) unheard: Arc<Unheard>,
 }
 
 /// The supervisor: the connection of the moment, noticing its loss, and
@@ -109,6 +112,7 @@ impl Shared {
         let tls = toolfleet_tls::amqp::tls_config(url, options.ca_file.as_deref())
             .map_err(BrokerError::Unavailable)?
             .map(Arc::new);
+        let unheard = Arc::new(Unheard::new(options.unheard_for));
         let shared = Arc::new(Shared {
             url: url.to_owned(),
             tls,
@@ -116,6 +120,7 @@ impl Shared {
             state: watch::Sender::new(LinkState::Down),
             generations: AtomicU64::new(0),
             declared: Mutex::default(),
+            unheard,
         });
         let link = shared.open_link().await?;
         shared.state.send_replace(LinkState::Up(Arc::new(link)));

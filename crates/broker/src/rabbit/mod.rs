@@ -61,6 +61,7 @@
 mod acks;
 mod consume;
 mod events;
+mod heard;
 mod link;
 mod publish;
 mod topology;
@@ -74,6 +75,7 @@ use async_trait::async_trait;
 use toolfleet_core::TraceContext;
 
 pub use self::events::RabbitNotices;
+pub use self::heard::{LISTENING_KEY, UNHEARD_FOR};
 use self::link::{CloseOnDrop, Shared, redact};
 use self::publish::Publisher;
 pub use self::publish::{MAX_IDS_PER_MESSAGE, PUBLISH_SLOTS};
@@ -133,6 +135,9 @@ pub struct RabbitOptions {
     /// `amqps://` URL without `cacertfile` (toolfleet's `broker_ca_file`);
     /// `None`: the platform's roots. Refused with an `amqp://` URL.
     pub ca_file: Option<PathBuf>,
+    /// How long the events of a routing key nobody listened for are held
+    /// back without a listener's notice ([`UNHEARD_FOR`]).
+    pub unheard_for: Duration,
 }
 
 impl Default for RabbitOptions {
@@ -149,6 +154,7 @@ impl Default for RabbitOptions {
             jobs_per_message: MAX_IDS_PER_MESSAGE,
             one_job_per_message: BTreeSet::new(),
             ca_file: None,
+            unheard_for: UNHEARD_FOR,
         }
     }
 }
