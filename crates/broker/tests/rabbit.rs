@@ -972,6 +972,49 @@ async fn publishes_made_together_share_messages() {
     assert_eq!(seen, expected, "each id in exactly one message");
 }
 
+/// Ids published one after another, each awaited, close behind the pool's
+/// last message share the next one (the publisher lingers); ids further
+/// apart than the linger each go alone, with their trace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publishes_close_behind_the_last_message_share_the_next() {
+    let options = RabbitOptions {
+        publish_linger: Duration::from_millis(300),
+        ..options()
+    };
+    let broker = broker_with(options.clone()).await;
+    let pool = unique("linger");
+    // The first goes at once; the next two, each awaited, come within the
+    // linger of its message and go together.
+    let second = tokio::spawn({
+        let broker = broker.0.clone();
+        let pool = pool.clone();
+        async move {
+            broker.publish(&pool, "job-1").await.expect("published");
+            let third = tokio::spawn({
+                let (broker, pool) = (broker.clone(), pool.clone());
+                async move { broker.publish(&pool, "job-3").await }
+            });
+            broker.publish(&pool, "job-2").await.expect("published");
+            third.await.expect("the third caller")
+        }
+    });
+    assert_eq!(second.await.expect("the callers"), Ok(()));
+    let connection = raw_connection().await;
+    let queue = format!("{}.pool.{pool}", options.prefix);
+    assert_eq!(get_from(&connection, &queue).await, "job-1");
+    let mut together: Vec<String> = get_from(&connection, &queue)
+        .await
+        .split('\n')
+        .map(str::to_owned)
+        .collect();
+    together.sort();
+    assert_eq!(together, ["job-2", "job-3"], "one message for both");
+    // Well past the linger, an id goes alone again.
+    sleep(Duration::from_millis(600)).await;
+    assert_eq!(broker.0.publish(&pool, "job-4").await, Ok(()));
+    assert_eq!(get_from(&connection, &queue).await, "job-4");
+}
+
 /// A message of several ids is handed out one delivery per id, and settled
 /// as a whole once each is: acknowledged when all are, requeued (all of it)
 /// when one was requeued or dropped, dead-lettered when one was rejected.

@@ -3,8 +3,8 @@
 //! broker).
 //!
 //! A [`Group`] takes requests from any number of tasks and runs them in
-//! batches through one function (a multi-row statement, say). It never waits on
-//! a timer to fill a batch: a request that finds a batch slot free goes at
+//! batches through one function (a multi-row statement, say). Unless it
+//! lingers (below), it never waits on a timer to fill a batch: a request that finds a batch slot free goes at
 //! once (with those sent while the batching task yields once, the rest of a
 //! burst already under way), so a lightly loaded store answers as fast as
 //! without grouping; a request made while no other is in flight runs in
@@ -16,15 +16,24 @@
 //! the load, which is what lets a database whose commit rate binds serve
 //! many more jobs than commits.
 //!
+//! A group may *linger* ([`Group::spawn_lingering`]): a request made within
+//! the linger of the last batch's start waits, at most until the linger has
+//! passed since that start, for others to join it. Requests that come
+//! further apart than the linger go at once as before; those that come
+//! closer (one caller after another, each awaiting its answer) go a few to
+//! a batch instead of one each, so a broker confirms one message for them.
+//!
 //! Each request gets its own answer; a batch that fails as a whole answers
 //! every request in it with the same error.
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::time::Instant;
 
 /// The errors of a grouped operation.
 pub trait GroupError: Clone + Send + 'static {
@@ -47,6 +56,39 @@ pub struct Group<R, O, E> {
     slots: Arc<Semaphore>,
     /// Requests made and not yet answered, of either path.
     in_flight: Arc<AtomicUsize>,
+    /// When the last batch started, and how long after it a request waits.
+    pace: Arc<Pace>,
+}
+
+/// The linger of a group and when its last batch started.
+struct Pace {
+    linger: Duration,
+    born: Instant,
+    /// Microseconds from `born` to the last batch's start, plus one (zero:
+    /// none yet).
+    last: AtomicU64,
+}
+
+impl Pace {
+    /// A batch starts now.
+    fn started(&self) {
+        let since = self.born.elapsed().as_micros();
+        let since = u64::try_from(since).unwrap_or(u64::MAX - 1);
+        self.last.store(since + 1, Ordering::Release);
+    }
+
+    /// How long a request made now waits for others: what is left of the
+    /// linger since the last batch's start.
+    fn wait(&self) -> Duration {
+        if self.linger.is_zero() {
+            return Duration::ZERO;
+        }
+        let last = match self.last.load(Ordering::Acquire) {
+            0 => return Duration::ZERO,
+            n => Duration::from_micros(n - 1),
+        };
+        (last + self.linger).saturating_sub(self.born.elapsed())
+    }
 }
 
 /// Counts a request in flight until dropped.
@@ -67,6 +109,22 @@ impl<R: Send + 'static, O: Send + 'static, E: GroupError> Group<R, O, E> {
         F: Fn(Vec<R>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Vec<Result<O, E>>, E>> + Send + 'static,
     {
+        Self::spawn_lingering(what, slots, max_batch, Duration::ZERO, run)
+    }
+
+    /// As [`Group::spawn`], a request made within `linger` of the last
+    /// batch's start waiting for others until `linger` has passed since it.
+    pub fn spawn_lingering<F, Fut>(
+        what: &'static str,
+        slots: usize,
+        max_batch: usize,
+        linger: Duration,
+        run: F,
+    ) -> Self
+    where
+        F: Fn(Vec<R>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Vec<Result<O, E>>, E>> + Send + 'static,
+    {
         let (requests, mut queue) = mpsc::unbounded_channel::<(R, Reply<O, E>)>();
         let slots = Arc::new(Semaphore::new(slots.max(1)));
         let max_batch = max_batch.max(1);
@@ -77,7 +135,13 @@ impl<R: Send + 'static, O: Send + 'static, E: GroupError> Group<R, O, E> {
             run: run.clone(),
             slots: slots.clone(),
             in_flight: Arc::new(AtomicUsize::new(0)),
+            pace: Arc::new(Pace {
+                linger,
+                born: Instant::now(),
+                last: AtomicU64::new(0),
+            }),
         };
+        let pace = group.pace.clone();
         tokio::spawn(async move {
             let mut waiting = Vec::with_capacity(max_batch);
             loop {
@@ -87,6 +151,11 @@ impl<R: Send + 'static, O: Send + 'static, E: GroupError> Group<R, O, E> {
                 };
                 if queue.recv_many(&mut waiting, max_batch).await == 0 {
                     return; // Every handle is gone.
+                }
+                // Close behind the last batch: let others join, a while.
+                let wait = pace.wait();
+                if !wait.is_zero() && waiting.len() < max_batch {
+                    tokio::time::sleep(wait).await;
                 }
                 // Requests made together (the ids of one message, the calls
                 // a commit released) reach the queue a moment apart: one
@@ -102,6 +171,7 @@ impl<R: Send + 'static, O: Send + 'static, E: GroupError> Group<R, O, E> {
                     }
                 }
                 let batch = std::mem::replace(&mut waiting, Vec::with_capacity(max_batch));
+                pace.started();
                 let run = run.clone();
                 tokio::spawn(async move {
                     let (requests, replies): (Vec<R>, Vec<Reply<O, E>>) = batch.into_iter().unzip();
@@ -134,12 +204,17 @@ impl<R: Send + 'static, O: Send + 'static, E: GroupError> Group<R, O, E> {
 
     /// Runs `request` in the next batch and answers its result. A request
     /// made while no other is in flight, with a slot free beside the one
-    /// the batching task waits with, runs at once in the caller's task: a
-    /// batch of one, without the hops to the batching task and back.
+    /// the batching task waits with, and not within the linger of the last
+    /// batch's start, runs at once in the caller's task: a batch of one,
+    /// without the hops to the batching task and back.
     pub async fn run(&self, request: R) -> Result<O, E> {
         let alone = self.in_flight.fetch_add(1, Ordering::AcqRel) == 0;
         let _counted = InFlight(self.in_flight.clone());
-        if alone && let Ok(slot) = self.slots.clone().try_acquire_owned() {
+        if alone
+            && self.pace.wait().is_zero()
+            && let Ok(slot) = self.slots.clone().try_acquire_owned()
+        {
+            self.pace.started();
             let answers = (self.run)(vec![request]).await;
             drop(slot);
             let answers = answers?;
@@ -349,5 +424,54 @@ mod tests {
         }
         let most = most.load(Ordering::SeqCst);
         assert!((1..=3).contains(&most), "{most} batches ran at once");
+    }
+
+    /// The batches a test's group ran, in order.
+    type Batches = Arc<std::sync::Mutex<Vec<Vec<u32>>>>;
+
+    /// A group lingering `linger`, recording the batches it runs.
+    fn lingering(linger: Duration) -> (Arc<Group<u32, u32, TestError>>, Batches) {
+        let batches = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = batches.clone();
+        let group = Group::spawn_lingering("linger", 2, 16, linger, move |batch: Vec<u32>| {
+            seen.lock().unwrap().push(batch.clone());
+            async move { Ok(batch.into_iter().map(Ok).collect()) }
+        });
+        (Arc::new(group), batches)
+    }
+
+    /// Requests one after another, each awaited, within the linger of the
+    /// last batch's start: the next waits for others (here one made 10 ms
+    /// later joins it), at most until the linger has passed since that start.
+    #[tokio::test(start_paused = true)]
+    async fn requests_close_behind_a_batch_wait_for_others_within_the_linger() {
+        let linger = Duration::from_millis(100);
+        let (group, batches) = lingering(linger);
+        let began = Instant::now();
+        assert_eq!(group.run(1).await, Ok(1));
+        assert_eq!(began.elapsed(), Duration::ZERO, "the first goes at once");
+        let second = tokio::spawn({
+            let group = group.clone();
+            async move { group.run(2).await }
+        });
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(group.run(3).await, Ok(3));
+        assert_eq!(second.await.expect("the second caller"), Ok(2));
+        assert_eq!(began.elapsed(), linger, "held until the linger had passed");
+        assert_eq!(*batches.lock().unwrap(), vec![vec![1], vec![2, 3]]);
+    }
+
+    /// Requests further apart than the linger each go at once, alone.
+    #[tokio::test(start_paused = true)]
+    async fn requests_further_apart_than_the_linger_go_at_once() {
+        let linger = Duration::from_millis(100);
+        let (group, batches) = lingering(linger);
+        for n in 0..3 {
+            let asked = Instant::now();
+            assert_eq!(group.run(n).await, Ok(n));
+            assert_eq!(asked.elapsed(), Duration::ZERO, "request {n} waited");
+            tokio::time::sleep(linger * 2).await;
+        }
+        assert_eq!(*batches.lock().unwrap(), vec![vec![0], vec![1], vec![2]]);
     }
 }

@@ -78,7 +78,7 @@ pub use self::events::RabbitNotices;
 pub use self::heard::{LISTENING_KEY, UNHEARD_FOR};
 use self::link::{CloseOnDrop, Shared, redact};
 use self::publish::Publisher;
-pub use self::publish::{MAX_IDS_PER_MESSAGE, PUBLISH_SLOTS};
+pub use self::publish::{MAX_IDS_PER_MESSAGE, PUBLISH_LINGER, PUBLISH_SLOTS};
 use self::topology::PoolQueues;
 pub use self::topology::{
     MAX_DELAY, dead_letter_queue_name, delay_bucket, delay_queue_name, pool_queue_name,
@@ -138,6 +138,10 @@ pub struct RabbitOptions {
     /// How long the events of a routing key nobody listened for are held
     /// back without a listener's notice ([`UNHEARD_FOR`]).
     pub unheard_for: Duration,
+    /// How long a job id published within this of the last message of its
+    /// pool waits for others to share a message ([`PUBLISH_LINGER`]; zero:
+    /// never). Ids further apart go at once.
+    pub publish_linger: Duration,
 }
 
 impl Default for RabbitOptions {
@@ -155,6 +159,7 @@ impl Default for RabbitOptions {
             one_job_per_message: BTreeSet::new(),
             ca_file: None,
             unheard_for: UNHEARD_FOR,
+            publish_linger: PUBLISH_LINGER,
         }
     }
 }
