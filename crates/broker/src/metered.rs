@@ -89,6 +89,8 @@ toolfleet_core::forward_to_inner! {
         fn publish_all(&self, events: &[Event]) -> ();
         fn subscribe(&self) -> Box<dyn Subscription>;
         fn subscribe_settled(&self) -> Box<dyn Subscription>;
+    } plain {
+        fn hears(&self, key: &str) -> bool;
     }
 }
 
@@ -152,5 +154,33 @@ mod tests {
             (2.0, 1.0)
         );
         assert_eq!(errors(&metrics, "store"), 0.0);
+    }
+
+    /// Notices that know nobody listens for anything.
+    struct Deaf;
+
+    #[async_trait::async_trait]
+    impl Notices for Deaf {
+        async fn publish(&self, _: &Event) -> Result<(), BrokerError> {
+            Ok(())
+        }
+
+        async fn subscribe(&self) -> Result<Box<dyn Subscription>, BrokerError> {
+            Err(BrokerError::Closed)
+        }
+
+        fn hears(&self, _: &str) -> bool {
+            false
+        }
+    }
+
+    /// Whether anyone listens is asked of what the metered notices wrap.
+    #[test]
+    fn whether_anyone_listens_is_the_inner_notices_answer() {
+        let metrics = Arc::new(Metrics::new());
+        let deaf = MeteredNotices::new(Arc::new(Deaf), metrics.clone());
+        assert!(!deaf.hears("t.ocr.queued"));
+        let hearing = MeteredNotices::new(Arc::new(MemoryNotices::new()), metrics);
+        assert!(hearing.hears("t.ocr.queued"));
     }
 }

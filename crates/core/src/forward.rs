@@ -20,12 +20,18 @@
 /// }
 /// ```
 ///
+/// Methods that are not async and answer no `Result` follow in a `plain`
+/// list, forwarded as they are: a trait's method with a default body is
+/// forwarded only if listed, so list every one.
+///
 /// The calling crate depends on `async-trait`.
 #[macro_export]
 macro_rules! forward_to_inner {
     (impl $trait:path, for $ty:ty, error $error:ty {
         $(fn $name:ident(&self $(, $arg:ident: $arg_ty:ty)*) -> $answer:ty;)*
-    }) => {
+    } $(plain {
+        $(fn $plain:ident(&self $(, $parg:ident: $parg_ty:ty)*) -> $panswer:ty;)*
+    })?) => {
         #[::async_trait::async_trait]
         impl $trait for $ty {
             $(
@@ -33,6 +39,11 @@ macro_rules! forward_to_inner {
                     self.seen(self.inner.$name($($arg),*).await)
                 }
             )*
+            $($(
+                fn $plain(&self $(, $parg: $parg_ty)*) -> $panswer {
+                    self.inner.$plain($($parg),*)
+                }
+            )*)?
         }
     };
 }
