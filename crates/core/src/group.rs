@@ -4,12 +4,12 @@
 //!
 //! A [`Group`] takes requests from any number of tasks and runs them in
 //! batches through one function (a multi-row statement, say). Unless it
-//! lingers (below), it never waits on a timer to fill a batch: a request that finds a batch slot free goes at
-//! once (with those sent while the batching task yields once, the rest of a
-//! burst already under way), so a lightly loaded store answers as fast as
-//! without grouping; a request made while no other is in flight runs in
-//! its caller's own task, a batch of one without the hops to the batching
-//! task and back. Only while every slot is busy do requests queue, and
+//! lingers (below), it never waits on a timer to fill a batch: a request
+//! that finds a batch slot free goes at once (with those sent while the
+//! batching task yields once, the rest of a burst already under way), so
+//! a lightly loaded store answers as fast as without grouping; a request
+//! made while no other is in flight runs in its caller's own task, a batch
+//! of one without the hops to the batching task and back. Only while every slot is busy do requests queue, and
 //! the next free slot takes all of them (up to a bound) in one statement.
 //! Under load, then, the number of commits (or confirms) per second stays
 //! near `slots` times the commit rate while the jobs per commit grow with
@@ -70,8 +70,11 @@ struct Pace {
 }
 
 impl Pace {
-    /// A batch starts now.
+    /// A batch starts now (noted only where the group lingers).
     fn started(&self) {
+        if self.linger.is_zero() {
+            return;
+        }
         let since = self.born.elapsed().as_micros();
         let since = u64::try_from(since).unwrap_or(u64::MAX - 1);
         self.last.store(since + 1, Ordering::Release);

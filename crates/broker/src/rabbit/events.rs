@@ -71,12 +71,6 @@ impl RabbitNotices {
         shared.noting_loss(&link, sent.await)
     }
 
-    /// Whether events of `key` are sent: someone listened for them when
-    /// last published, or a listener told since.
-    pub fn is_heard(&self, key: &str) -> bool {
-        self.shared().unheard.is_heard(key)
-    }
-
     /// Connects to RabbitMQ at `url` for notices alone; see
     /// [`RabbitBroker::notices`] to share the broker's connection.
     ///
@@ -138,7 +132,7 @@ impl std::fmt::Debug for RabbitNotices {
 impl Notices for RabbitNotices {
     async fn publish(&self, event: &Event) -> Result<(), BrokerError> {
         let key = event.routing_key();
-        if !self.is_heard(&key) {
+        if !self.hears(&key) {
             return Ok(());
         }
         let body = serde_json::to_vec(event)
@@ -154,7 +148,7 @@ impl Notices for RabbitNotices {
     async fn publish_all(&self, events: &[Event]) -> Result<(), BrokerError> {
         let mut messages = Vec::new();
         for (key, group) in crate::batches(events) {
-            if !self.is_heard(&key) {
+            if !self.hears(&key) {
                 continue;
             }
             let body = match group.as_slice() {
@@ -174,8 +168,10 @@ impl Notices for RabbitNotices {
             .collect()
     }
 
+    /// Whether events of `key` are sent: someone listened for them when
+    /// last published, or a listener told since.
     fn hears(&self, key: &str) -> bool {
-        self.is_heard(key)
+        self.shared().unheard.is_heard(key)
     }
 
     async fn subscribe(&self) -> Result<Box<dyn Subscription>, BrokerError> {
