@@ -11,7 +11,9 @@ mod tools;
 
 /// mimalloc: every call, job and event allocates and frees many small
 /// values across the runtime's threads, where it costs a fraction of the
-/// system allocator's time.
+/// system allocator's time. Built without transparent huge pages (its
+/// `no_thp` feature), and the process refuses them too (see
+/// [`without_huge_pages`]).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -297,7 +299,27 @@ fn telemetry(
     toolfleet_telemetry::Telemetry::init(config.log_format, otlp.as_ref())
 }
 
+/// Turns transparent huge pages off for this process (Linux). The first
+/// touch of a huge page zeroes 2 MiB where a small page zeroes 4 KiB, and an
+/// allocator that returns freed memory and takes it back again pays that
+/// each time: measured on a worker draining a backlog, it was more than
+/// half its processor time at start and a third afterwards
+/// (`deploy/bench/fleet.py`). mimalloc is built not to ask for them; this
+/// also covers hosts whose kernel gives them unasked
+/// (`transparent_hugepage/enabled` set to `always`). Programs that `exec`
+/// tools start inherit the setting, which only changes how their memory is
+/// paged.
+fn without_huge_pages() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: PR_SET_THP_DISABLE takes integer arguments only and changes
+    // nothing but the process's paging; a refusal (an old kernel) is harmless.
+    unsafe {
+        libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0);
+    }
+}
+
 fn main() -> ExitCode {
+    without_huge_pages();
     let cli = Cli::parse();
     // Read first: it says how to log.
     let config = match config::Config::load(cli.config.as_deref()) {

@@ -1392,3 +1392,20 @@ executor = { kind = "exec", program = "/bin/sh", args = ["-c", "echo {}"] }
         "overcap",
     );
 }
+
+/// A toolfleet process refuses transparent huge pages (`without_huge_pages`
+/// in the binary's `main`): the kernel says so in the process's status,
+/// whatever the host's `transparent_hugepage/enabled`.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_toolfleet_process_runs_without_transparent_huge_pages() {
+    let dir = TempDir::new("api-thp");
+    let server = Server::start(&dir.0, &config(&dir.0, ""));
+    let status = std::fs::read_to_string(format!("/proc/{}/status", server.child.id()))
+        .expect("the process's status");
+    let line = status
+        .lines()
+        .find(|line| line.starts_with("THP_enabled:"))
+        .expect("the kernel reports THP_enabled");
+    assert_eq!(line.split_whitespace().nth(1), Some("0"), "{line}");
+}
