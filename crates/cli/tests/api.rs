@@ -963,6 +963,36 @@ async fn a_batch_of_calls_is_answered_call_by_call_in_order() {
         again["results"][0]["job_id"], results[0]["job_id"],
         "{again}"
     );
+    // A batch larger than one task's share (125 calls) is still answered
+    // in order: the same keys, reversed, name the same jobs, reversed.
+    let keyed = |keys: Vec<usize>| {
+        let calls: Vec<Value> = keys
+            .into_iter()
+            .map(|n| json!({"tool": "quick", "delay_s": 3600, "idempotency_key": format!("share-{n}")}))
+            .collect();
+        json!({ "calls": calls })
+    };
+    let job_ids = |answered: &Value| -> Vec<String> {
+        answered["results"]
+            .as_array()
+            .expect("results")
+            .iter()
+            .map(|r| r["job_id"].as_str().expect("a job").to_owned())
+            .collect()
+    };
+    let forward = job_ids(&alice.post("/v1/calls", keyed((0..300).collect())).await);
+    let backward = job_ids(
+        &alice
+            .post("/v1/calls", keyed((0..300).rev().collect()))
+            .await,
+    );
+    assert_eq!(forward.len(), 300);
+    assert_eq!(
+        forward.iter().collect::<BTreeSet<_>>().len(),
+        300,
+        "one job a key"
+    );
+    assert_eq!(backward, forward.into_iter().rev().collect::<Vec<_>>());
     // Out of bounds: none, or more than 1,000.
     for calls in [vec![], vec![json!({"tool": "find_expenses"}); 1001]] {
         let (status, body) = alice

@@ -493,6 +493,9 @@ pub(crate) fn start_time(
 /// The most calls one `POST /v1/calls` carries.
 pub(crate) const MAX_BATCH: usize = 1000;
 
+/// The calls of a batch one task makes.
+const CALLS_PER_TASK: usize = 125;
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct BatchRequest {
@@ -559,18 +562,54 @@ async fn calls(
             calls.len()
         ));
     }
-    let made = calls
-        .into_iter()
-        .map(|request| make_call(state, principal, incoming, request));
-    let results: Vec<Envelope> = futures_util::future::join_all(made)
-        .await
-        .into_iter()
-        .map(|made| match made {
-            Ok((envelope, _)) => envelope,
-            Err(Refused::BadRequest(error)) => Envelope::error(error),
-            Err(Refused::Answer(envelope)) => envelope,
-        })
-        .collect();
+    // A few tasks share the batch, so that every core of the process makes
+    // calls of it; each task makes its share at once.
+    let count = calls.len();
+    let mut calls = calls.into_iter();
+    let mut shares = Vec::with_capacity(count.div_ceil(CALLS_PER_TASK));
+    loop {
+        let share: Vec<CallRequest> = calls.by_ref().take(CALLS_PER_TASK).collect();
+        if share.is_empty() {
+            break;
+        }
+        let size = share.len();
+        let (state, principal, incoming) = (state.clone(), principal.clone(), incoming.cloned());
+        let making = async move {
+            let made = share
+                .into_iter()
+                .map(|request| make_call(&state, &principal, incoming.as_ref(), request));
+            futures_util::future::join_all(made)
+                .await
+                .into_iter()
+                .map(|made| match made {
+                    Ok((envelope, _)) => envelope,
+                    Err(Refused::BadRequest(error)) => Envelope::error(error),
+                    Err(Refused::Answer(envelope)) => envelope,
+                })
+                .collect::<Vec<Envelope>>()
+        };
+        shares.push((
+            size,
+            tokio::spawn(tracing::Instrument::in_current_span(making)),
+        ));
+    }
+    let mut results = Vec::with_capacity(count);
+    for (size, share) in shares {
+        match share.await {
+            Ok(envelopes) => results.extend(envelopes),
+            // Only a server stopping (or a fault outside the runtime, which
+            // catches its tools' panics) ends a share early.
+            Err(error) => {
+                tracing::warn!(%error, "a share of a batch of calls ended unanswered");
+                let lost = ToolError::new(
+                    ErrorCode::Unavailable,
+                    "the server stopped while making this call: call it again with the same \
+                     idempotency_key to learn whether it was made",
+                );
+                results.extend(std::iter::repeat_n(Envelope::error(lost), size));
+            }
+        }
+    }
     let body = json!({ "results": results });
     (
         StatusCode::OK,
