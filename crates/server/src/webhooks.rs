@@ -87,6 +87,12 @@ impl Webhooks {
     pub fn of(&self, tenant: &str) -> &HookSettings {
         self.tenants.get(tenant).unwrap_or(&self.global)
     }
+
+    /// Whether some tenant's calls may name a callback: an allow-list has
+    /// an entry.
+    pub fn admit_any(&self) -> bool {
+        !self.global.allow.is_empty() || self.tenants.values().any(|s| !s.allow.is_empty())
+    }
 }
 
 /// Makes the builder of one delivery attempt's HTTP client with its TLS
@@ -179,6 +185,14 @@ pub async fn deliver(
         metrics,
     });
     tokio::spawn(catch_up(sender.clone(), stopped.clone()));
+    // No allow-list has an entry: no call can name a callback, and the
+    // notice of one an earlier configuration let through would be refused
+    // (the store's search still finds it and says so). Not listening keeps
+    // outcomes from being routed here: over RabbitMQ, while nobody else
+    // waits for a job's outcome, its event is not even made.
+    if !sender.webhooks.admit_any() {
+        return;
+    }
     let pauses = ExponentialBuilder::default()
         .with_min_delay(Duration::from_millis(100))
         .with_max_delay(Duration::from_secs(10))
@@ -841,6 +855,73 @@ mod tests {
                 Err(_) if end() => Ok(Box::new(Ended)),
                 Err(_) => self.inner.subscribe().await,
             }
+        }
+    }
+
+    /// Notices that count the subscriptions made of them.
+    #[derive(Default)]
+    struct Counting {
+        inner: toolfleet_broker::memory::MemoryNotices,
+        subscriptions: std::sync::atomic::AtomicUsize,
+    }
+
+    #[async_trait::async_trait]
+    impl Notices for Counting {
+        async fn publish(&self, event: &Event) -> Result<(), toolfleet_broker::BrokerError> {
+            self.inner.publish(event).await
+        }
+
+        async fn subscribe(
+            &self,
+        ) -> Result<Box<dyn toolfleet_broker::Subscription>, toolfleet_broker::BrokerError>
+        {
+            self.subscriptions
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.inner.subscribe().await
+        }
+    }
+
+    /// Where no allow-list has an entry, no call can name a callback: the
+    /// webhooks never subscribe to outcomes (so none need be routed to
+    /// them), while with an entry they do.
+    #[tokio::test]
+    async fn webhooks_no_allow_list_admits_listen_for_nothing() {
+        let store = crate::testing::memory_store().await;
+        let closed = Arc::new(Webhooks::new(settings(&[], b"key")));
+        for (webhooks, listens) in [(closed, false), (loopback_hooks(), true)] {
+            assert_eq!(webhooks.admit_any(), listens);
+            let counting = Arc::new(Counting::default());
+            let (stop, stopped) = watch::channel(false);
+            let delivering = tokio::spawn(deliver(
+                store.clone(),
+                counting.clone(),
+                webhooks,
+                plain_client(),
+                Arc::new(Metrics::new()),
+                stopped,
+            ));
+            let subscriptions = || {
+                counting
+                    .subscriptions
+                    .load(std::sync::atomic::Ordering::SeqCst)
+            };
+            // Listening, they run until stopped; else they end on their own.
+            if listens {
+                tokio::time::timeout(Duration::from_secs(5), async {
+                    while subscriptions() == 0 {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                })
+                .await
+                .expect("subscribed within 5 s");
+                stop.send_replace(true);
+            }
+            tokio::time::timeout(Duration::from_secs(5), delivering)
+                .await
+                .expect("the webhooks end")
+                .expect("without a panic");
+            assert_eq!(subscriptions(), usize::from(listens));
+            drop(stop);
         }
     }
 
