@@ -229,6 +229,36 @@ fn fleet(name: &str) -> (TempDir, PathBuf, SharedCleanup, String) {
 /// JSON lines from `info` up.
 const JSON_LOGS: [(&str, &str); 2] = [("TOOLFLEET_LOG_FORMAT", "json"), ("TOOLFLEET_LOG", "info")];
 
+/// A dispatcher that logs nothing finer than `warn` (the default) makes no
+/// span for a job it enqueues, yet the job carries the context that span
+/// would have had: the worker's attempt continues the caller's trace, as
+/// the child of a span of the job's own, which is neither the call's nor
+/// the caller's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_continues_the_calls_trace_where_the_dispatcher_logs_only_warnings() {
+    let (_dir, config, _cleanup, id) = fleet("tracing-quiet");
+    let quiet = [("TOOLFLEET_LOG_FORMAT", "json"), ("TOOLFLEET_LOG", "warn")];
+    let dispatcher = Process::start(&config, "dispatcher", "toolfleet serving on ", &quiet);
+    let worker = Process::start(&config, "worker", "toolfleet worker running", &JSON_LOGS);
+    let alice = client(&dispatcher.ready);
+    let run_id = format!("run-{id}");
+    let parent = traceparent();
+    let (accepted, answered) = call(&alice, &[("traceparent", parent.as_str())], &run_id).await;
+    assert_eq!(accepted["status"], "running", "{accepted}");
+    let job = accepted["job_id"].as_str().expect("a job id").to_owned();
+    let (answered_trace, call_span) = ids(&answered);
+    assert_eq!(answered_trace, TRACE_ID);
+    let done = settle(&alice, &job).await;
+    assert_eq!(done["result"]["done"], true, "{done}");
+    let settled = worker.settled_lines(&job).await;
+    let started = with_message(&settled, "job started");
+    carries_the_job(started, &job, &run_id, 1);
+    let enqueuing = started["parent_span_id"].as_str().expect("a parent span");
+    assert_ne!(enqueuing, call_span, "{started}");
+    assert_ne!(enqueuing, CALLER_SPAN, "{started}");
+    assert!(dispatcher.job_lines(&job).is_empty(), "nothing logged");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_calls_trace_runs_from_the_dispatcher_through_the_queue_to_the_worker() {
     let (_dir, config, _cleanup, id) = fleet("tracing");

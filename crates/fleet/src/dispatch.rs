@@ -120,19 +120,31 @@ impl Fleet for Dispatcher {
         // The job's span on this side: a child of the call's, and the parent
         // of each attempt's span on the worker (the job carries its context).
         // At ERROR level, so that it is enabled whatever TOOLFLEET_LOG lets
-        // through and every line it logs carries its fields.
+        // through and every line it logs carries its fields. Made only where
+        // something reads it: an exporter, or logs of `info` or finer (its
+        // lines are `info`; nothing coarser is logged in it). Otherwise the
+        // job still carries the context the span would have had, and the
+        // call's span names the tool, tenant and run around it: under load
+        // the span's fields, formatted as it is made, cost more than the
+        // rest of the job's way to the store.
         let placement = toolfleet_telemetry::Placement::new(job.ctx.trace.as_ref());
-        let span = tracing::error_span!(
-            "job",
-            tool = %job.tool,
-            job_id = %id,
-            run_id = %job.ctx.run_id,
-            tenant = %job.ctx.principal.tenant,
-            attempt = 0u32,
-            trace_id = placement.trace_id(),
-            span_id = placement.span_id(),
-            parent_span_id = placement.parent_span_id(),
-        );
+        let read = placement.exported()
+            || tracing::level_filters::LevelFilter::current() >= tracing::Level::INFO;
+        let span = if read {
+            tracing::error_span!(
+                "job",
+                tool = %job.tool,
+                job_id = %id,
+                run_id = %job.ctx.run_id,
+                tenant = %job.ctx.principal.tenant,
+                attempt = 0u32,
+                trace_id = placement.trace_id(),
+                span_id = placement.span_id(),
+                parent_span_id = placement.parent_span_id(),
+            )
+        } else {
+            tracing::Span::none()
+        };
         let trace = placement.place(&span);
         let enqueue = async move {
             let ctx = &job.ctx;

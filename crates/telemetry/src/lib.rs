@@ -200,6 +200,12 @@ impl<'a> Placement<'a> {
         Placement { parent, made }
     }
 
+    /// Whether the span would be exported: then only the span knows its
+    /// ids, and it must be made for [`Placement::place`] to answer them.
+    pub fn exported(&self) -> bool {
+        self.made.is_none()
+    }
+
     /// The span's `trace_id` field, when it is known before the span.
     pub fn trace_id(&self) -> Option<DisplayValue<&str>> {
         self.made.as_ref().map(|m| display(m.trace_id.as_str()))
