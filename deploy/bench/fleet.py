@@ -10,6 +10,10 @@ job read from /proc for each kind of process around what is measured.
                           accepted and settled per second (--no-worker:
                           accepted alone)
   fleet.py single BIN N   N calls one at a time: calls per second, p50, p99
+  fleet.py latency BIN N  worker warm, N calls one at a time, each followed by
+                          GET /v1/jobs/{id}?wait_s=10 until it settles: round
+                          trip p50, p99, and where the time went (the store's
+                          created, started and settled times, in ms)
   fleet.py fleet  BIN N   two dispatchers and two workers; two drivers each
                           enqueue N jobs in batches of 1,000 at once: jobs
                           settled end to end per second
@@ -247,6 +251,37 @@ def single(fleet, n):
             "p99_ms": round(times[n * 99 // 100] * 1000, 2), "cpu_us_per_call": per_job(before, fleet.cpu(), n)}
 
 
+def latency(fleet, n):
+    port, _ = fleet.member()
+    conn = http.client.HTTPConnection("127.0.0.1", port)
+
+    def round_trip():
+        t = time.perf_counter()
+        job = json.loads(request(conn, "POST", "/v1/calls", ONE))["job_id"]
+        posted = time.perf_counter()
+        settled = json.loads(request(conn, "GET", f"/v1/jobs/{job}?wait_s=10"))
+        if settled.get("status") != "ok":
+            raise SystemExit(f"job {job} answered {settled}")
+        return job, posted - t, time.perf_counter() - t
+
+    for _ in range(20):
+        round_trip()
+    rows = [round_trip() for _ in range(n)]
+    ids = ",".join(f"'{job}'" for job, _, _ in rows)
+    # Milliseconds in the store: created (the call's commit), started (the
+    # claim's), updated (the settle's); means over n show sub-millisecond parts.
+    out = subprocess.run(["psql", DATABASE, "-Atc",
+                          f"SELECT avg(started_at - created_at), avg(updated_at - started_at) "
+                          f"FROM {fleet.schema}.jobs WHERE id IN ({ids})"],
+                         capture_output=True, text=True, check=True).stdout.strip().split("|")
+    posts = sorted(p for _, p, _ in rows)
+    totals = sorted(t for _, _, t in rows)
+    ms = lambda v: round(v * 1000, 2)  # noqa: E731
+    return {"p50_ms": ms(totals[n // 2]), "p99_ms": ms(totals[n * 99 // 100]),
+            "post_p50_ms": ms(posts[n // 2]), "mean_created_to_started_ms": round(float(out[0]), 2),
+            "mean_started_to_settled_ms": round(float(out[1]), 2)}
+
+
 def two_by_two(fleet, n):
     members = [fleet.member(), fleet.member()]
     before = fleet.cpu()
@@ -264,7 +299,7 @@ def two_by_two(fleet, n):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("probe", choices=["drain", "bulk", "single", "fleet"])
+    parser.add_argument("probe", choices=["drain", "bulk", "single", "latency", "fleet"])
     parser.add_argument("bin")
     parser.add_argument("n", type=int)
     parser.add_argument("--no-worker", action="store_true", help="bulk: accepted alone")
@@ -277,6 +312,8 @@ def main():
             result = bulk(fleet, a.n, not a.no_worker)
         elif a.probe == "single":
             result = single(fleet, a.n)
+        elif a.probe == "latency":
+            result = latency(fleet, a.n)
         else:
             result = two_by_two(fleet, a.n)
     finally:

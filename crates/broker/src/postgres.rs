@@ -53,8 +53,8 @@ use serde::Serialize;
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tokio::time::Instant;
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{AsyncMessage, Client, Config, Socket, Statement};
-use toolfleet_tls::postgres::{MakeRustlsConnect, RustlsStream};
+use tokio_postgres::{AsyncMessage, Client, Config, Statement};
+use toolfleet_tls::postgres::{PgConnection, PgConnector};
 
 use crate::memory::{DEFAULT_NOTICE_BUFFER, MAX_NOTICE_BUFFER};
 use crate::{BrokerError, Event, Notices, Subscription};
@@ -217,7 +217,7 @@ impl PgNotices {
         check_channel(channel)?;
         let target = toolfleet_tls::postgres::target(url, options.ca_file.as_deref())
             .map_err(BrokerError::Unavailable)?;
-        let (mut config, tls) = (target.config, target.tls);
+        let (mut config, connector) = (target.config, target.connector);
         config.application_name(options.application_name.as_str());
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(options.operation_timeout);
@@ -230,7 +230,7 @@ impl PgNotices {
         let (waiting, waiters) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared {
             config,
-            tls,
+            connector,
             place,
             listen: format!("LISTEN \"{channel}\"; LISTEN \"{marker}\""),
             marker,
@@ -391,8 +391,6 @@ impl Subscription for PgSubscription {
     }
 }
 
-type PgConnection = tokio_postgres::Connection<Socket, RustlsStream<Socket>>;
-
 /// The publishing connection of the moment.
 #[derive(Clone)]
 enum PublisherState {
@@ -439,7 +437,7 @@ enum Stopped {
 /// The state behind a [`PgNotices`] handle and its supervisors.
 struct Shared {
     config: Config,
-    tls: MakeRustlsConnect,
+    connector: PgConnector,
     /// "db on host:port", for messages (never the password).
     place: String,
     channel: String,
@@ -499,7 +497,7 @@ impl Shared {
 
     async fn connect(&self, what: &str) -> Result<(Client, PgConnection), BrokerError> {
         let limit = self.options.operation_timeout;
-        match tokio::time::timeout(limit, self.config.connect(self.tls.clone())).await {
+        match tokio::time::timeout(limit, self.connector.connect(&self.config)).await {
             Ok(Ok(pair)) => Ok(pair),
             Ok(Err(e)) => Err(BrokerError::Unavailable(format!(
                 "connecting to {} for {what}: {}",

@@ -50,12 +50,13 @@ fn unique(what: &str) -> String {
 /// A connection of tokio-postgres through toolfleet's TLS, or what refused it.
 async fn connect(url: &str, ca: Option<&Path>) -> Result<tokio_postgres::Client, String> {
     let target = toolfleet_tls::postgres::target(url, ca)?;
-    let (client, connection) = target.config.connect(target.tls).await.map_err(|e| {
-        match std::error::Error::source(&e) {
-            Some(cause) => format!("{e}: {cause}"),
-            None => e.to_string(),
-        }
-    })?;
+    let (client, connection) =
+        target.connector.connect(&target.config).await.map_err(
+            |e| match std::error::Error::source(&e) {
+                Some(cause) => format!("{e}: {cause}"),
+                None => e.to_string(),
+            },
+        )?;
     tokio::spawn(async move {
         let _ = connection.await;
     });
@@ -72,6 +73,75 @@ async fn encrypted(client: &tokio_postgres::Client) -> bool {
         .await
         .expect("pg_stat_ssl reads")
         .get(0)
+}
+
+/// `url` with `param` added to its query.
+fn with_param(url: &str, param: &str) -> String {
+    let join = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{join}{param}")
+}
+
+/// A server on the loopback that offers TLS and takes plaintext too (the
+/// shared one): without `sslmode`, the store's connections and the
+/// notices' talk plaintext; with `sslmode=prefer` named, TLS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_loopback_server_without_sslmode_is_reached_in_plaintext() {
+    let shared = common::shared_database_url();
+    assert!(
+        !shared.contains("sslmode"),
+        "this test names the mode itself: {shared}"
+    );
+    // The server offers TLS: prefer, named, takes it.
+    let prefer = connect(&with_param(&shared, "sslmode=prefer"), None)
+        .await
+        .expect("prefer on the shared server");
+    assert!(encrypted(&prefer).await, "the shared server offers no TLS");
+    let plain = connect(&shared, None).await.expect("no sslmode");
+    assert!(!encrypted(&plain).await);
+
+    // The store's pool and migrations, and the notices' connections.
+    let (store_name, notices_name) = (unique("store"), unique("notices"));
+    let options = PgConnectOptions {
+        schema: Some(unique("plain")),
+        ca_file: None,
+    };
+    let store_url = with_param(&shared, &format!("application_name={store_name}"));
+    migrate_with(&store_url, &options)
+        .await
+        .expect("migrations");
+    let store = PgStore::connect_with(&store_url, 2, &options)
+        .await
+        .expect("the store");
+    toolfleet_store::conformance::insert_records_a_queued_job(&store).await;
+    let notices_options = PgOptions {
+        application_name: notices_name.clone(),
+        ..PgOptions::default()
+    };
+    let notices = PgNotices::connect_with(&shared, &unique("events"), notices_options)
+        .await
+        .expect("the notices");
+    conformance::notices::every_subscriber_receives_each_event_in_order(&notices).await;
+    let sessions: Vec<(String, bool)> = prefer
+        .query(
+            "SELECT a.application_name, s.ssl FROM pg_stat_activity a \
+             JOIN pg_stat_ssl s USING (pid) WHERE a.application_name IN ($1, $2)",
+            &[&store_name, &notices_name],
+        )
+        .await
+        .expect("sessions read")
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+    let names: Vec<&str> = sessions.iter().map(|(name, _)| name.as_str()).collect();
+    assert!(names.contains(&store_name.as_str()), "{sessions:?}");
+    assert!(names.contains(&notices_name.as_str()), "{sessions:?}");
+    assert!(sessions.iter().all(|(_, ssl)| !*ssl), "{sessions:?}");
+    drop((store, notices));
+    let schema = options.schema.unwrap_or_default();
+    prefer
+        .batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
+        .await
+        .expect("schema dropped");
 }
 
 /// The error a store opened on `url` answers.
@@ -182,9 +252,13 @@ async fn postgres_over_tls_checks_what_sslmode_says() {
         panic!("require with another CA connected");
     };
     assert_says(&wrong, &["UnknownIssuer"]);
-    // prefer (the default without a CA): encrypted where the server offers it.
-    let prefer = connect(&url(""), None).await.expect("prefer");
+    // prefer: encrypted where the server offers it.
+    let prefer = connect(&url("sslmode=prefer"), None).await.expect("prefer");
     assert!(encrypted(&prefer).await);
+    // No sslmode, on the loopback: plaintext first, which this server
+    // refuses, and then TLS, as prefer does.
+    let default = connect(&url(""), None).await.expect("no sslmode");
+    assert!(encrypted(&default).await);
 
     // disable: this server takes no plaintext, and the error says what to set.
     let plaintext = store_refusal(&url("sslmode=disable"), Some(ca)).await;

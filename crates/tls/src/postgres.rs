@@ -16,7 +16,12 @@
 //! The CA file is `sslrootcert=/path` in the string, else the one the caller
 //! gives (toolfleet's `database_ca_file`). Without `sslmode`, the mode is
 //! `prefer` (libpq's default), or `verify-full` when a CA file is given, so
-//! that naming a CA is never silently ignored. `sslrootcert=system` trusts
+//! that naming a CA is never silently ignored. A server on the loopback
+//! (every host `localhost`, a loopback address or a socket directory) and
+//! no `sslmode` is reached in plaintext first, as libpq's `allow` does,
+//! and over TLS only where it refuses plaintext ([`PgConnector`]): what
+//! never leaves the machine is not worth encrypting on every round trip of
+//! every job, on both ends. `sslrootcert=system` trusts
 //! the platform's roots and, as in libpq, needs `verify-full`. Unlike libpq,
 //! `verify-ca` and `verify-full` without a CA file trust the platform's roots,
 //! not `~/.postgresql/root.crt`. Client certificates are not supported.
@@ -34,19 +39,21 @@
 
 use std::future::Future;
 use std::io;
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::str::FromStr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 
 use rustls::ClientConfig;
 use rustls::pki_types::ServerName;
 use sha2::{Digest, Sha256, Sha384, Sha512};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio_postgres::Config;
 use tokio_postgres::config::Host;
 use tokio_postgres::tls::{ChannelBinding, MakeTlsConnect, TlsConnect, TlsStream};
+use tokio_postgres::{Client, Config, Connection, Socket};
 use tokio_rustls::TlsConnector;
 
 use crate::{Advice, Roots, Verify, client_config, explain, find_rustls_error};
@@ -97,15 +104,84 @@ impl FromStr for SslMode {
 }
 
 /// Where and how to connect: tokio-postgres's configuration, with its
-/// `ssl_mode` set, and the TLS connector for it.
+/// `ssl_mode` set, and the connector for it.
 #[derive(Clone)]
 pub struct PgTarget {
     /// tokio-postgres's configuration, its `ssl_mode` set from `mode`.
     pub config: Config,
-    /// The TLS connector for the server's certificate.
-    pub tls: MakeRustlsConnect,
-    /// The `sslmode` the URL asked for.
+    /// Connects with a configuration such as `config`.
+    pub connector: PgConnector,
+    /// The `sslmode` the URL asked for (`prefer` where it named none).
     pub mode: SslMode,
+}
+
+/// A connection to PostgreSQL as toolfleet makes it, over TLS or not.
+pub type PgConnection = Connection<Socket, RustlsStream<Socket>>;
+
+/// Opens connections as a target's `sslmode` says: with the TLS connector
+/// for the server's certificate, and, for a server on the loopback without
+/// `sslmode`, in plaintext first.
+#[derive(Clone)]
+pub struct PgConnector {
+    tls: MakeRustlsConnect,
+    /// Plaintext first (a loopback server, no `sslmode`): set once the
+    /// server refused a plaintext connection, after which every connection
+    /// takes the configuration's mode (`prefer`) at once.
+    plain_first: Option<Arc<AtomicBool>>,
+}
+
+impl PgConnector {
+    /// Connects with `config` (the target's, with settings of the
+    /// caller's own added): in plaintext first where the target says so,
+    /// and then, if the server refused that for want of encryption, as
+    /// `config` says.
+    pub async fn connect(
+        &self,
+        config: &Config,
+    ) -> Result<(Client, PgConnection), tokio_postgres::Error> {
+        if let Some(refused) = &self.plain_first
+            && !refused.load(Ordering::Relaxed)
+        {
+            let mut plain = config.clone();
+            plain.ssl_mode(tokio_postgres::config::SslMode::Disable);
+            match plain.connect(self.tls.clone()).await {
+                Err(e) if refuses_plaintext(&e) => refused.store(true, Ordering::Relaxed),
+                answered => return answered,
+            }
+        }
+        config.connect(self.tls.clone()).await
+    }
+}
+
+/// Whether `error` is the server refusing a connection without TLS
+/// (pg_hba.conf has only `hostssl` lines for this client).
+fn refuses_plaintext(error: &tokio_postgres::Error) -> bool {
+    error
+        .as_db_error()
+        .is_some_and(|db| db.code().code() == "28000" && db.message().contains("no encryption"))
+}
+
+/// Whether every place `config` connects to is on this machine: its
+/// `hostaddr`s where it names any, else its hosts (`localhost`, a loopback
+/// address, a socket directory).
+fn on_loopback(config: &Config) -> bool {
+    let addrs = config.get_hostaddrs();
+    if !addrs.is_empty() {
+        return addrs.iter().all(IpAddr::is_loopback);
+    }
+    let hosts = config.get_hosts();
+    !hosts.is_empty()
+        && hosts.iter().all(|host| match host {
+            Host::Tcp(name) => {
+                name.eq_ignore_ascii_case("localhost")
+                    || name
+                        .trim_matches(['[', ']'])
+                        .parse::<IpAddr>()
+                        .is_ok_and(|ip| ip.is_loopback())
+            }
+            #[cfg(unix)]
+            Host::Unix(_) => true,
+        })
 }
 
 /// Reads `url` (a `postgres://` URL or a `key=value` string) with its
@@ -156,9 +232,14 @@ pub fn target(url: &str, ca_file: Option<&Path>) -> Result<PgTarget, String> {
         )),
         None => None,
     };
+    let plain_first = (taken.sslmode.is_none() && mode == SslMode::Prefer && on_loopback(&config))
+        .then(|| Arc::new(AtomicBool::new(false)));
     Ok(PgTarget {
         config,
-        tls: MakeRustlsConnect { config: tls },
+        connector: PgConnector {
+            tls: MakeRustlsConnect { config: tls },
+            plain_first,
+        },
         mode,
     })
 }
@@ -567,6 +648,38 @@ mod tests {
             tokio_postgres::config::SslMode::Require
         );
         assert_eq!(ssl_mode("host=db"), tokio_postgres::config::SslMode::Prefer);
+    }
+
+    #[test]
+    fn only_a_loopback_server_without_sslmode_is_tried_in_plaintext_first() {
+        let plain_first = |url: &str| {
+            let target = target(url, None).unwrap();
+            target.connector.plain_first.is_some()
+        };
+        for local in [
+            "postgres://u@127.0.0.1:5432/db",
+            "postgres://u@127.8.0.1/db",
+            "postgres://u@localhost/db",
+            "postgres://u@[::1]:5432/db",
+            "host=localhost,127.0.0.1 dbname=db",
+            "host=/var/run/postgresql dbname=db",
+            "host=db.example hostaddr=127.0.0.1 dbname=db",
+        ] {
+            assert!(plain_first(local), "{local}");
+        }
+        for elsewhere in [
+            // Another machine, or one of several hosts elsewhere.
+            "postgres://u@db.example/db",
+            "postgres://u@10.0.0.5/db",
+            "host=localhost,db.example dbname=db",
+            "host=localhost hostaddr=10.0.0.5 dbname=db",
+            // The mode named, whatever it is: as it says.
+            "postgres://u@127.0.0.1/db?sslmode=prefer",
+            "postgres://u@127.0.0.1/db?sslmode=require",
+            "postgres://u@127.0.0.1/db?sslmode=disable",
+        ] {
+            assert!(!plain_first(elsewhere), "{elsewhere}");
+        }
     }
 
     #[test]

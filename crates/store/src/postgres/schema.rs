@@ -188,9 +188,9 @@ fn unchecked(url: &str, options: &PgConnectOptions, size: usize) -> Result<PgSto
         config.connect_timeout(POOL_TIMEOUT);
     }
     let place: Arc<str> = describe(&config, schema).into();
-    let manager = Manager::from_config(
+    let manager = Manager::from_connect(
         config,
-        target.tls,
+        Connecting(target.connector),
         ManagerConfig {
             recycling_method: RecyclingMethod::Fast,
         },
@@ -209,6 +209,38 @@ fn unchecked(url: &str, options: &PgConnectOptions, size: usize) -> Result<PgSto
         place,
         groups,
     })
+}
+
+/// Opens the pool's connections through toolfleet's connector (TLS as
+/// `sslmode` says; plaintext first on the loopback without it).
+struct Connecting(toolfleet_tls::postgres::PgConnector);
+
+impl deadpool_postgres::Connect for Connecting {
+    fn connect(
+        &self,
+        config: &Config,
+    ) -> std::pin::Pin<
+        Box<
+            dyn std::future::Future<
+                    Output = Result<
+                        (tokio_postgres::Client, tokio::task::JoinHandle<()>),
+                        tokio_postgres::Error,
+                    >,
+                > + Send
+                + '_,
+        >,
+    > {
+        let config = config.clone();
+        Box::pin(async move {
+            let (client, connection) = self.0.connect(&config).await?;
+            // A connection that ends in error fails the statement using it,
+            // which says why; the pool then drops it.
+            let task = tokio::spawn(async move {
+                let _ = connection.await;
+            });
+            Ok((client, task))
+        })
+    }
 }
 
 /// The name goes into `search_path` and a `CREATE SCHEMA`, so it is held to
