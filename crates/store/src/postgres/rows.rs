@@ -6,6 +6,7 @@
 //! naming the row.
 
 use std::borrow::Cow;
+use std::cell::Cell;
 
 use tokio_postgres::Row;
 use tokio_postgres::types::FromSql;
@@ -19,6 +20,10 @@ use crate::{JobRecord, NewJob, RunRecord, StoreError, TicketRecord};
 pub(super) struct Fields<'a> {
     row: &'a Row,
     name: RowName,
+    /// Where the next column read is looked for first: decoders read a
+    /// row's columns in the order its statement returns them, so each is
+    /// found at once rather than by comparing every name before it.
+    next: Cell<usize>,
 }
 
 impl<'a> Fields<'a> {
@@ -29,20 +34,44 @@ impl<'a> Fields<'a> {
             .or_else(|_| row.try_get::<_, i64>(id_column).map(|n| n.to_string()))
             .unwrap_or_default();
         let name = RowName { table, id };
-        Fields { row, name }
+        Fields {
+            row,
+            name,
+            next: Cell::new(0),
+        }
     }
 
     /// For a row without its id among the columns.
     pub(super) fn named(row: &'a Row, table: &'static str, id: &str) -> Self {
         let id = id.to_owned();
         let name = RowName { table, id };
-        Fields { row, name }
+        Fields {
+            row,
+            name,
+            next: Cell::new(0),
+        }
+    }
+
+    /// The place of `column` among the row's columns: the one after the
+    /// last read, if it is that, else the first of that name.
+    fn place(&self, column: &str) -> Option<usize> {
+        let columns = self.row.columns();
+        let guess = self.next.get();
+        let at = match columns.get(guess) {
+            Some(found) if found.name() == column => guess,
+            _ => columns.iter().position(|c| c.name() == column)?,
+        };
+        self.next.set(at + 1);
+        Some(at)
     }
 
     pub(super) fn get<T: FromSql<'a>>(&self, column: &str) -> Result<T, StoreError> {
-        self.row
-            .try_get(column)
-            .map_err(|e| self.corrupt(column, e))
+        let read = match self.place(column) {
+            Some(at) => self.row.try_get(at),
+            // Not among them: tokio-postgres's own error says so.
+            None => self.row.try_get(column),
+        };
+        read.map_err(|e| self.corrupt(column, e))
     }
 }
 
