@@ -6,6 +6,8 @@ job read from /proc for each kind of process around what is measured.
   fleet.py drain  BIN N   N jobs queued with no worker, then one worker
                           (concurrency 32): jobs settled per second from its
                           /readyz, and from its spawn to the last one
+                          (--one-by-one: queued by single calls, so each
+                          job is a message of its own)
   fleet.py bulk   BIN N   N jobs in batches of 1,000 with a worker draining:
                           accepted and settled per second (--no-worker:
                           accepted alone)
@@ -206,9 +208,15 @@ def per_job(before, after, n):
     return {k: round((after[k] - before[k]) * 1e6 / n, 1) for k in before}
 
 
-def drain(fleet, n):
+def enqueue_one_by_one(port, n):
+    conn = http.client.HTTPConnection("127.0.0.1", port)
+    for _ in range(n):
+        request(conn, "POST", "/v1/calls", ONE)
+
+
+def drain(fleet, n, one_by_one=False):
     port, _ = fleet.member(worker=False)
-    enqueue(port, n)
+    (enqueue_one_by_one if one_by_one else enqueue)(port, n)
     time.sleep(0.3)
     wport = free_port()
     before = fleet.cpu()
@@ -303,11 +311,13 @@ def main():
     parser.add_argument("bin")
     parser.add_argument("n", type=int)
     parser.add_argument("--no-worker", action="store_true", help="bulk: accepted alone")
+    parser.add_argument("--one-by-one", action="store_true",
+                        help="drain: the jobs enqueued by single calls, a message each")
     a = parser.parse_args()
     fleet = Fleet(os.path.abspath(a.bin))
     try:
         if a.probe == "drain":
-            result = drain(fleet, a.n)
+            result = drain(fleet, a.n, a.one_by_one)
         elif a.probe == "bulk":
             result = bulk(fleet, a.n, not a.no_worker)
         elif a.probe == "single":
