@@ -75,6 +75,32 @@ async fn encrypted(client: &tokio_postgres::Client) -> bool {
         .get(0)
 }
 
+/// Migrates the schema of `options` at `url` and opens a store there.
+async fn migrated_store(url: &str, options: &PgConnectOptions, size: usize, what: &str) -> PgStore {
+    migrate_with(url, options)
+        .await
+        .unwrap_or_else(|e| panic!("migrations {what}: {e}"));
+    PgStore::connect_with(url, size, options)
+        .await
+        .unwrap_or_else(|e| panic!("the store {what}: {e}"))
+}
+
+/// The sessions whose application name matches `pattern` (SQL `LIKE`):
+/// each one's name and whether it is encrypted, as the server sees them.
+async fn sessions(client: &tokio_postgres::Client, pattern: &str) -> Vec<(String, bool)> {
+    client
+        .query(
+            "SELECT a.application_name, s.ssl FROM pg_stat_activity a \
+             JOIN pg_stat_ssl s USING (pid) WHERE a.application_name LIKE $1",
+            &[&pattern],
+        )
+        .await
+        .expect("sessions read")
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect()
+}
+
 /// `url` with `param` added to its query.
 fn with_param(url: &str, param: &str) -> String {
     let join = if url.contains('?') { '&' } else { '?' };
@@ -106,12 +132,7 @@ async fn a_loopback_server_without_sslmode_is_reached_in_plaintext() {
         ca_file: None,
     };
     let store_url = with_param(&shared, &format!("application_name={store_name}"));
-    migrate_with(&store_url, &options)
-        .await
-        .expect("migrations");
-    let store = PgStore::connect_with(&store_url, 2, &options)
-        .await
-        .expect("the store");
+    let store = migrated_store(&store_url, &options, 2, "on the loopback").await;
     toolfleet_store::conformance::insert_records_a_queued_job(&store).await;
     let notices_options = PgOptions {
         application_name: notices_name.clone(),
@@ -121,17 +142,9 @@ async fn a_loopback_server_without_sslmode_is_reached_in_plaintext() {
         .await
         .expect("the notices");
     conformance::notices::every_subscriber_receives_each_event_in_order(&notices).await;
-    let sessions: Vec<(String, bool)> = prefer
-        .query(
-            "SELECT a.application_name, s.ssl FROM pg_stat_activity a \
-             JOIN pg_stat_ssl s USING (pid) WHERE a.application_name IN ($1, $2)",
-            &[&store_name, &notices_name],
-        )
-        .await
-        .expect("sessions read")
-        .iter()
-        .map(|row| (row.get(0), row.get(1)))
-        .collect();
+    let mut seen = sessions(&prefer, &store_name).await;
+    seen.extend(sessions(&prefer, &notices_name).await);
+    let sessions = seen;
     let names: Vec<&str> = sessions.iter().map(|(name, _)| name.as_str()).collect();
     assert!(names.contains(&store_name.as_str()), "{sessions:?}");
     assert!(names.contains(&notices_name.as_str()), "{sessions:?}");
@@ -178,12 +191,7 @@ async fn postgres_over_tls_checks_what_sslmode_says() {
         schema: Some(unique("tls")),
         ca_file: Some(certs.ca.clone()),
     };
-    migrate_with(&full, &options)
-        .await
-        .expect("migrations over verify-full");
-    let store = PgStore::connect_with(&full, 4, &options)
-        .await
-        .expect("the store over verify-full");
+    let store = migrated_store(&full, &options, 4, "over verify-full").await;
     toolfleet_store::conformance::ping_answers(&store).await;
     toolfleet_store::conformance::insert_records_a_queued_job(&store).await;
     toolfleet_store::conformance::the_same_key_returns_the_same_job(&store).await;
@@ -200,17 +208,7 @@ async fn postgres_over_tls_checks_what_sslmode_says() {
 
     // Every one of those sessions is encrypted, as the server sees them.
     let client = connect(&full, Some(ca)).await.expect("verify-full");
-    let sessions: Vec<(String, bool)> = client
-        .query(
-            "SELECT a.application_name, s.ssl FROM pg_stat_activity a \
-             JOIN pg_stat_ssl s USING (pid) WHERE a.application_name LIKE 'toolfleet%'",
-            &[],
-        )
-        .await
-        .expect("sessions read")
-        .iter()
-        .map(|row| (row.get(0), row.get(1)))
-        .collect();
+    let sessions = sessions(&client, "toolfleet%").await;
     let names: Vec<&str> = sessions.iter().map(|(name, _)| name.as_str()).collect();
     assert!(names.contains(&"toolfleet"), "{sessions:?}");
     assert!(names.contains(&"toolfleet-notices"), "{sessions:?}");
