@@ -144,11 +144,10 @@ async fn a_loopback_server_without_sslmode_is_reached_in_plaintext() {
     conformance::notices::every_subscriber_receives_each_event_in_order(&notices).await;
     let mut seen = sessions(&prefer, &store_name).await;
     seen.extend(sessions(&prefer, &notices_name).await);
-    let sessions = seen;
-    let names: Vec<&str> = sessions.iter().map(|(name, _)| name.as_str()).collect();
-    assert!(names.contains(&store_name.as_str()), "{sessions:?}");
-    assert!(names.contains(&notices_name.as_str()), "{sessions:?}");
-    assert!(sessions.iter().all(|(_, ssl)| !*ssl), "{sessions:?}");
+    let names: Vec<&str> = seen.iter().map(|(name, _)| name.as_str()).collect();
+    assert!(names.contains(&store_name.as_str()), "{seen:?}");
+    assert!(names.contains(&notices_name.as_str()), "{seen:?}");
+    assert!(seen.iter().all(|(_, ssl)| !*ssl), "{seen:?}");
     drop((store, notices));
     let schema = options.schema.unwrap_or_default();
     prefer

@@ -264,14 +264,13 @@ pub fn describe(config: &Config) -> String {
 /// What to check when `error` is the server refusing what `sslmode` asked
 /// for (a TLS handshake's own failure already says).
 pub fn hint(error: &tokio_postgres::Error) -> Option<&'static str> {
-    if let Some(db) = error.as_db_error() {
-        // pg_hba.conf has only `hostssl` lines for this client.
-        if db.code().code() == "28000" && db.message().contains("no encryption") {
-            return Some(
-                "the server accepts only encrypted connections here: set sslmode=require, \
-                 verify-ca or verify-full in database_url",
-            );
-        }
+    if refuses_plaintext(error) {
+        return Some(
+            "the server accepts only encrypted connections here: set sslmode=require, \
+             verify-ca or verify-full in database_url",
+        );
+    }
+    if error.as_db_error().is_some() {
         return None;
     }
     let cause = std::error::Error::source(error).map(ToString::to_string);

@@ -33,18 +33,16 @@ impl<'a> Fields<'a> {
             .try_get::<_, String>(id_column)
             .or_else(|_| row.try_get::<_, i64>(id_column).map(|n| n.to_string()))
             .unwrap_or_default();
-        let name = RowName { table, id };
-        Fields {
-            row,
-            name,
-            next: Cell::new(0),
-        }
+        Self::with_name(row, RowName { table, id })
     }
 
     /// For a row without its id among the columns.
     pub(super) fn named(row: &'a Row, table: &'static str, id: &str) -> Self {
         let id = id.to_owned();
-        let name = RowName { table, id };
+        Self::with_name(row, RowName { table, id })
+    }
+
+    fn with_name(row: &'a Row, name: RowName) -> Self {
         Fields {
             row,
             name,

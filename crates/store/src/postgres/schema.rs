@@ -13,6 +13,8 @@ use std::time::Duration;
 use deadpool_postgres::{
     ClientWrapper, Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime, TimeoutType,
 };
+use futures_util::future::BoxFuture;
+use tokio::task::JoinHandle;
 use tokio_postgres::Config;
 
 use super::PgStore;
@@ -219,17 +221,8 @@ impl deadpool_postgres::Connect for Connecting {
     fn connect(
         &self,
         config: &Config,
-    ) -> std::pin::Pin<
-        Box<
-            dyn std::future::Future<
-                    Output = Result<
-                        (tokio_postgres::Client, tokio::task::JoinHandle<()>),
-                        tokio_postgres::Error,
-                    >,
-                > + Send
-                + '_,
-        >,
-    > {
+    ) -> BoxFuture<'_, Result<(tokio_postgres::Client, JoinHandle<()>), tokio_postgres::Error>>
+    {
         let config = config.clone();
         Box::pin(async move {
             let (client, connection) = self.0.connect(&config).await?;
