@@ -7,7 +7,8 @@ job read from /proc for each kind of process around what is measured.
                           (concurrency 32): jobs settled per second from its
                           /readyz, and from its spawn to the last one
                           (--one-by-one: queued by single calls, so each
-                          job is a message of its own)
+                          job is a message of its own; --ahead N: the
+                          worker's prefetch_ahead)
   fleet.py bulk   BIN N   N jobs in batches of 1,000 with a worker draining:
                           accepted and settled per second (--no-worker:
                           accepted alone)
@@ -71,8 +72,9 @@ def cpu_seconds(names):
 class Fleet:
     """Processes of one schema and prefix; everything is stopped and dropped at exit."""
 
-    def __init__(self, binary):
+    def __init__(self, binary, ahead=None):
         self.bin = binary
+        self.ahead = ahead
         self.comm = os.path.basename(binary)[:15]
         tag = f"{os.getpid()}_{int(time.time() * 1000) % 10**8}"
         self.schema, self.prefix = f"probe_{tag}", f"probe-{tag}"
@@ -88,6 +90,7 @@ class Fleet:
 metrics_listen = "127.0.0.1:{mport}"
 data_dir = ".toolfleet"
 concurrency = 32
+{"" if self.ahead is None else f"prefetch_ahead = {self.ahead}"}
 database_url = "{DATABASE}"
 database_schema = "{self.schema}"
 broker_url = "{AMQP}"
@@ -313,8 +316,10 @@ def main():
     parser.add_argument("--no-worker", action="store_true", help="bulk: accepted alone")
     parser.add_argument("--one-by-one", action="store_true",
                         help="drain: the jobs enqueued by single calls, a message each")
+    parser.add_argument("--ahead", type=int, metavar="N",
+                        help="the workers' prefetch_ahead (default: theirs, four per slot)")
     a = parser.parse_args()
-    fleet = Fleet(os.path.abspath(a.bin))
+    fleet = Fleet(os.path.abspath(a.bin), a.ahead)
     try:
         if a.probe == "drain":
             result = drain(fleet, a.n, a.one_by_one)
