@@ -57,9 +57,11 @@ pub struct WorkerConfig {
     pub pool: String,
     /// Jobs run at once.
     pub concurrency: usize,
-    /// Messages held beyond `concurrency`, unclaimed and unacknowledged, so
-    /// that the next job is at hand the moment a slot frees (the prefetch is
-    /// `concurrency + ahead`). A worker that stops hands them back unrun.
+    /// Deliveries held beyond `concurrency`, their jobs claimed, so that
+    /// the next job is at hand the moment a slot frees (the prefetch is
+    /// `concurrency + ahead`). Where it is not 0 (and the pool is not
+    /// ordered) a delivery is acknowledged once its job has run, before
+    /// it is settled. A worker that stops hands them back unrun.
     pub ahead: usize,
     /// A claim holds the job this long; heartbeats extend it.
     pub lease: Duration,
@@ -317,8 +319,7 @@ impl Worker {
             // Boxed: a job's future is large (some 12 KB), and a task
             // moves its future a few times as it is spawned.
             tasks.spawn(Box::pin(async move {
-                worker.handle(delivery).await;
-                drop(permit);
+                worker.handle_holding(delivery, Some(permit)).await;
             }));
             while tasks.try_join_next().is_some() {}
         }
@@ -338,6 +339,25 @@ impl Worker {
     /// Handles one delivery and acknowledges it; a message that is not a
     /// job id is rejected (dead-lettered).
     pub async fn handle(&self, delivery: Delivery) {
+        self.handle_holding(delivery, None).await;
+    }
+
+    /// [`Worker::handle`], holding `held` (its place among the deliveries
+    /// in hand) until its job has run or the delivery is settled.
+    ///
+    /// A worker that holds jobs ahead of its slots acknowledges a delivery
+    /// as soon as its job has run, and gives its place in hand back then:
+    /// the job's lease keeps it until it is settled (a worker that dies
+    /// meanwhile leaves it to the sweeper once the lease runs out, as it
+    /// does a job whose message came back while the lease held), and the
+    /// broker's next message is taken and claimed while it settles. A
+    /// worker that holds none (long jobs) acknowledges once the job
+    /// settled.
+    async fn handle_holding(
+        &self,
+        delivery: Delivery,
+        held: Option<tokio::sync::OwnedSemaphorePermit>,
+    ) {
         if !is_job_id(&delivery.job_id) {
             // No job can be claimed for it: dead-letter it rather than drop it.
             let body: String = delivery.job_id.chars().take(64).collect();
@@ -348,10 +368,32 @@ impl Worker {
             }
             return;
         }
-        let (handled, span) = self
-            .claim_and_run(&delivery.job_id, delivery.trace.as_ref())
-            .await;
         let job_id = delivery.job_id.clone();
+        let trace = delivery.trace.clone();
+        let early = self.config.ahead > 0 && !self.config.ordered;
+        let mut delivery = Some(delivery);
+        let hold = Hold {
+            delivery: early.then_some(&mut delivery),
+            held,
+        };
+        let (handled, span) = self.claim_and_run(&job_id, trace.as_ref(), hold).await;
+        let Some(delivery) = delivery else {
+            // Acknowledged once its job ran: a job whose settling was
+            // interrupted goes back as a new message (lost, its lease runs
+            // out and the sweeper publishes it).
+            if handled == Handled::Interrupted {
+                tokio::time::sleep(REQUEUE_PAUSE).await;
+                let pool = &self.config.pool;
+                if let Err(error) = self
+                    .broker
+                    .publish_traced(pool, &job_id, trace.as_ref())
+                    .await
+                {
+                    tracing::warn!(job_id = %job_id, %error, "an interrupted job was not published again; left to the sweeper");
+                }
+            }
+            return;
+        };
         let settle = async {
             let settled = match handled {
                 Handled::Interrupted => {
@@ -382,7 +424,11 @@ impl Worker {
 
     /// Claims and runs one job.
     pub async fn run_job(&self, job_id: &str) -> Handled {
-        self.claim_and_run(job_id, None).await.0
+        let hold = Hold {
+            delivery: None,
+            held: None,
+        };
+        self.claim_and_run(job_id, None, hold).await.0
     }
 
     /// Claims `job_id` and runs it in its `job` span, which it answers when
@@ -394,10 +440,14 @@ impl Worker {
     /// TOOLFLEET_LOG lets through and every line logged while the job runs
     /// carries its fields. What is logged before the claim names the job
     /// itself.
+    ///
+    /// `hold`: a delivery to acknowledge (taken) once the job has run, and
+    /// a place in hand to give back then.
     async fn claim_and_run(
         &self,
         job_id: &str,
         parent: Option<&TraceContext>,
+        hold: Hold<'_>,
     ) -> (Handled, Option<tracing::Span>) {
         let lease_ms = self.config.lease.as_millis() as i64;
         let ordered = self.config.ordered;
@@ -498,8 +548,13 @@ impl Worker {
             attempt: job.attempts,
         };
         let keyed = job.concurrency_key.is_some();
+        let places = Places {
+            slot,
+            held: hold.held,
+            delivery: hold.delivery,
+        };
         let handled = self
-            .run_claimed(job, &lease, claimed_at, trace, &cancel.notify, slot)
+            .run_claimed(job, &lease, claimed_at, trace, &cancel.notify, places)
             .instrument(span.clone())
             .await;
         if keyed {
@@ -586,8 +641,13 @@ impl Worker {
         claimed_at: i64,
         trace: TraceContext,
         cancelled: &Notify,
-        slot: Option<tokio::sync::OwnedSemaphorePermit>,
+        places: Places<'_>,
     ) -> Handled {
+        let Places {
+            slot,
+            held,
+            delivery,
+        } = places;
         if !lifecycle::may_run(job.attempts, job.max_attempts) {
             // Claimed again after its holders stopped mid-run, past its last attempt.
             let error = ToolError::failed(
@@ -629,10 +689,25 @@ impl Worker {
             self.execute(&job, lease, trace, cancelled).await
         };
         metrics.job_ran(tool, started.elapsed());
-        // Settled outside the slot: the next job runs meanwhile.
+        // Settled outside the slot and its place in hand: the next job
+        // runs, and the next delivery is claimed, meanwhile. Its delivery,
+        // if the worker holds jobs ahead, is acknowledged meanwhile too:
+        // the lease keeps the job until it is settled.
         drop(slot);
         drop(busy);
-        self.settle(job, lease, outcome).await
+        drop(held);
+        let acked = async {
+            if let Some(delivery) = delivery.and_then(Option::take)
+                && let Err(error) = delivery.ack().await
+            {
+                // The message comes back, and its claim finds the job held
+                // or settled.
+                tracing::debug!(%error, "a run job's delivery was not acknowledged");
+            }
+        };
+        let ((), handled) =
+            futures_util::future::join(acked, self.settle(job, lease, outcome)).await;
+        handled
     }
 
     /// A slot to run in, waiting while every slot is taken, unless the
@@ -996,6 +1071,23 @@ enum Outcome {
     Done(Result<toolfleet_core::Json, ToolError>),
     Cancelled,
     LeaseLost,
+}
+
+/// What a delivery's job holds while it is claimed and run.
+struct Hold<'a> {
+    /// The delivery, taken and acknowledged once its job has run.
+    delivery: Option<&'a mut Option<Delivery>>,
+    /// The delivery's place in hand, given back once the job has run.
+    held: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+/// What a claimed job holds: the slot an ordered pool took before its
+/// claim, its delivery's place in hand, and the delivery to acknowledge
+/// once it has run.
+struct Places<'a> {
+    slot: Option<tokio::sync::OwnedSemaphorePermit>,
+    held: Option<tokio::sync::OwnedSemaphorePermit>,
+    delivery: Option<&'a mut Option<Delivery>>,
 }
 
 /// What waiting for a slot came to.

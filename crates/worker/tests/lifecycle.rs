@@ -1155,3 +1155,131 @@ async fn jobs_claimed_ahead_wait_for_a_slot_and_go_back_when_the_worker_stops() 
         "the two claimed ahead went back unstarted"
     );
 }
+
+/// Records the job's state as the store has it when its delivery is
+/// acknowledged, and any other settlement.
+struct StateAtAck {
+    store: Arc<dyn Store>,
+    id: String,
+    seen: Arc<Mutex<Vec<String>>>,
+}
+
+#[async_trait]
+impl Acker for StateAtAck {
+    async fn ack(self: Box<Self>) -> Result<(), BrokerError> {
+        let job = self.store.job_by_id(&self.id).await.unwrap().unwrap();
+        self.seen
+            .lock()
+            .unwrap()
+            .push(format!("ack while {}", job.state));
+        Ok(())
+    }
+    async fn requeue(self: Box<Self>) -> Result<(), BrokerError> {
+        self.seen.lock().unwrap().push("requeue".into());
+        Ok(())
+    }
+    async fn reject(self: Box<Self>) -> Result<(), BrokerError> {
+        self.seen.lock().unwrap().push("reject".into());
+        Ok(())
+    }
+}
+
+impl Rig {
+    /// Handles a delivery of `id` in a task of its own, recording its
+    /// settlements in `seen`.
+    fn handle_recorded(
+        &self,
+        id: &str,
+        seen: &Arc<Mutex<Vec<String>>>,
+    ) -> tokio::task::JoinHandle<()> {
+        let acker = Box::new(StateAtAck {
+            store: self.store.clone(),
+            id: id.to_owned(),
+            seen: seen.clone(),
+        });
+        let (worker, delivery) = (self.worker.clone(), Delivery::new(id.into(), false, acker));
+        tokio::spawn(async move { worker.handle(delivery).await })
+    }
+}
+
+/// A worker that holds jobs ahead of its slots acknowledges a delivery as
+/// soon as its job has run, before the job is settled (the lease keeps it
+/// until then), so that the broker's next message comes while it settles.
+/// An attempt interrupted then (here, its lease lost to a newer claim)
+/// puts the job's id on the queue again, as a new message, rather than
+/// leave it to the sweeper.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_is_acknowledged_once_its_job_ran_when_the_worker_holds_jobs_ahead() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let dropped = Arc::new(AtomicBool::new(false));
+    let mut config = worker_config(Duration::from_millis(300), 4);
+    config.ahead = 2;
+    let rig = Rig::new(
+        vec![
+            sleeper(
+                "long",
+                runs.clone(),
+                dropped.clone(),
+                Duration::from_secs(60),
+            ),
+            flaky("quick", Arc::new(AtomicUsize::new(0)), 0, false),
+        ],
+        config,
+    )
+    .await;
+    let quick = rig.insert("quick", 3, 5_000).await;
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    rig.handle_recorded(&quick, &seen).await.unwrap();
+    assert_eq!(rig.job(&quick).await.state, JobState::Succeeded);
+    assert_eq!(*seen.lock().unwrap(), ["ack while running"]);
+
+    // A job whose lease is lost while it runs: a newer attempt takes it
+    // (as once the lease had run out), the first one stops at its next
+    // heartbeat, and the job's id goes back on the queue.
+    let id = rig.insert("long", 3, 120_000).await;
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let handling = rig.handle_recorded(&id, &seen);
+    until(Duration::from_secs(5), "the executor starts", || {
+        runs.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    assert!(seen.lock().unwrap().is_empty(), "held while it runs");
+    let mut queue = rig.broker.consume(POOL, 1).await.unwrap();
+    let worker = rig.worker.config().id.clone();
+    rig.store
+        .claim(toolfleet_store::ClaimJob {
+            id: &id,
+            worker: &worker,
+            now: now_ms() + 60_000,
+            lease_ms: 60_000,
+        })
+        .await
+        .unwrap()
+        .expect("claimable once the lease is over");
+    tokio::time::timeout(Duration::from_secs(5), handling)
+        .await
+        .expect("the interrupted attempt ends")
+        .unwrap();
+    assert!(dropped.load(Ordering::SeqCst), "its executor was dropped");
+    let again = tokio::time::timeout(Duration::from_secs(5), queue.next())
+        .await
+        .expect("the job's id is published again")
+        .expect("the queue is open");
+    assert_eq!(again.job_id, id);
+    assert_eq!(*seen.lock().unwrap(), ["ack while running"], "settled once");
+}
+
+/// A worker that holds no jobs ahead (a pool of long jobs) acknowledges a
+/// delivery only once its job settled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_is_acknowledged_once_its_job_settled_when_the_worker_holds_none_ahead() {
+    let rig = Rig::new(
+        vec![flaky("quick", Arc::new(AtomicUsize::new(0)), 0, false)],
+        worker_config(Duration::from_secs(30), 4),
+    )
+    .await;
+    let id = rig.insert("quick", 3, 5_000).await;
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    rig.handle_recorded(&id, &seen).await.unwrap();
+    assert_eq!(*seen.lock().unwrap(), ["ack while succeeded"]);
+}
