@@ -161,6 +161,22 @@ impl Rig {
         }
     }
 
+    /// Claims `id` as the worker, as of a minute from now (once a lease of
+    /// the tests' had run out): a new attempt of the same lease owner.
+    async fn claim_a_minute_later(&self, id: &str) -> JobRecord {
+        let worker = self.worker.config().id.clone();
+        self.store
+            .claim(toolfleet_store::ClaimJob {
+                id,
+                worker: &worker,
+                now: now_ms() + 60_000,
+                lease_ms: 60_000,
+            })
+            .await
+            .unwrap()
+            .expect("claimable once the lease is over")
+    }
+
     /// Runs the worker's loop until the sender turns true.
     fn start(&self, grace: Duration) -> (watch::Sender<bool>, tokio::task::JoinHandle<()>) {
         let (stop, stopped) = watch::channel(false);
@@ -586,17 +602,7 @@ async fn a_stale_attempt_of_the_same_worker_is_stopped_and_settles_nothing() {
     // expired (the store reads time from its callers, so the claim is made
     // as of a minute later): a new attempt of the same lease owner.
     let worker = rig.worker.config().id.clone();
-    let second = rig
-        .store
-        .claim(toolfleet_store::ClaimJob {
-            id: &id,
-            worker: &worker,
-            now: now_ms() + 60_000,
-            lease_ms: 60_000,
-        })
-        .await
-        .unwrap()
-        .expect("claimable once the lease is over");
+    let second = rig.claim_a_minute_later(&id).await;
     assert_eq!(
         (second.attempts, second.lease_owner.as_deref()),
         (2, Some(worker.as_str()))
@@ -1245,17 +1251,7 @@ async fn a_delivery_is_acknowledged_once_its_job_ran_when_the_worker_holds_jobs_
     .await;
     assert!(seen.lock().unwrap().is_empty(), "held while it runs");
     let mut queue = rig.broker.consume(POOL, 1).await.unwrap();
-    let worker = rig.worker.config().id.clone();
-    rig.store
-        .claim(toolfleet_store::ClaimJob {
-            id: &id,
-            worker: &worker,
-            now: now_ms() + 60_000,
-            lease_ms: 60_000,
-        })
-        .await
-        .unwrap()
-        .expect("claimable once the lease is over");
+    rig.claim_a_minute_later(&id).await;
     tokio::time::timeout(Duration::from_secs(5), handling)
         .await
         .expect("the interrupted attempt ends")
