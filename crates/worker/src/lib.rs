@@ -250,9 +250,11 @@ impl Worker {
     pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>, grace: Duration) {
         let capacity = self.config.concurrency.max(1);
         // Deliveries in hand: waiting to be claimed, claimed and waiting for
-        // a slot (claimed ahead), running, or being settled. A job holds a
-        // slot only while it runs, so the store's round trips of one job
-        // overlap the run of another; `ahead` bounds what waits.
+        // a slot (claimed ahead), running, or (holding none ahead) being
+        // settled. A job holds a slot only while it runs, so the store's
+        // round trips of one job overlap the run of another; `ahead` bounds
+        // what waits. Holding jobs ahead, a delivery leaves the hand (and is
+        // acknowledged) once its job has run, while it settles.
         let in_hand = capacity.saturating_add(self.config.ahead);
         let slots = Arc::new(Semaphore::new(in_hand));
         let prefetch = u16::try_from(in_hand).unwrap_or(u16::MAX);
@@ -372,6 +374,9 @@ impl Worker {
         let trace = delivery.trace.clone();
         let early = self.config.ahead > 0 && !self.config.ordered;
         let mut delivery = Some(delivery);
+        // Holding none ahead, the place in hand is kept until the delivery
+        // is settled, as the prefetch is.
+        let (held, kept) = if early { (held, None) } else { (None, held) };
         let hold = Hold {
             delivery: early.then_some(&mut delivery),
             held,
@@ -379,8 +384,8 @@ impl Worker {
         let (handled, span) = self.claim_and_run(&job_id, trace.as_ref(), hold).await;
         let Some(delivery) = delivery else {
             // Acknowledged once its job ran: a job whose settling was
-            // interrupted goes back as a new message (lost, its lease runs
-            // out and the sweeper publishes it).
+            // interrupted goes back as a new message (if that publish
+            // fails, its lease runs out and the sweeper publishes it).
             if handled == Handled::Interrupted {
                 tokio::time::sleep(REQUEUE_PAUSE).await;
                 let pool = &self.config.pool;
@@ -420,6 +425,7 @@ impl Worker {
             Some(span) => settle.instrument(span).await,
             None => settle.await,
         }
+        drop(kept);
     }
 
     /// Claims and runs one job.
@@ -702,7 +708,7 @@ impl Worker {
             {
                 // The message comes back, and its claim finds the job held
                 // or settled.
-                tracing::debug!(%error, "a run job's delivery was not acknowledged");
+                tracing::warn!(%error, "could not acknowledge the delivery of a job that ran");
             }
         };
         let ((), handled) =

@@ -1212,8 +1212,8 @@ impl Rig {
 /// soon as its job has run, before the job is settled (the lease keeps it
 /// until then), so that the broker's next message comes while it settles.
 /// An attempt interrupted then (here, its lease lost to a newer claim)
-/// puts the job's id on the queue again, as a new message, rather than
-/// leave it to the sweeper.
+/// puts the job's id on the queue again, as a new message, its delivery
+/// acknowledged once only.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_delivery_is_acknowledged_once_its_job_ran_when_the_worker_holds_jobs_ahead() {
     let runs = Arc::new(AtomicUsize::new(0));
