@@ -378,44 +378,41 @@ impl Worker {
         // is settled, as the prefetch is.
         let (held, kept) = if early { (held, None) } else { (None, held) };
         let hold = Hold {
-            delivery: early.then_some(&mut delivery),
+            slot: None,
             held,
+            delivery: early.then_some(&mut delivery),
         };
         let (handled, span) = self.claim_and_run(&job_id, trace.as_ref(), hold).await;
-        let Some(delivery) = delivery else {
-            // Acknowledged once its job ran: a job whose settling was
-            // interrupted goes back as a new message (if that publish
-            // fails, its lease runs out and the sweeper publishes it).
-            if handled == Handled::Interrupted {
-                tokio::time::sleep(REQUEUE_PAUSE).await;
-                let pool = &self.config.pool;
-                if let Err(error) = self
-                    .broker
-                    .publish_traced(pool, &job_id, trace.as_ref())
-                    .await
-                {
-                    tracing::warn!(job_id = %job_id, %error, "an interrupted job was not published again; left to the sweeper");
-                }
-            }
-            return;
-        };
+        // `delivery` is `None` once acknowledged after its job ran.
         let settle = async {
-            let settled = match handled {
-                Handled::Interrupted => {
+            let settled = match (handled, delivery) {
+                (Handled::Interrupted, delivery) => {
                     // The store or the lease failed: give it a moment rather than
                     // take the same message straight back in a tight loop.
                     tokio::time::sleep(REQUEUE_PAUSE).await;
                     // Sent again as a new message rather than given back, so
                     // a broker's delivery limit counts only the deliveries
                     // a worker lost (its process died holding them), never a
-                    // store's outage; given back when the broker refuses.
-                    let (pool, trace) = (&self.config.pool, delivery.trace.as_ref());
-                    match self.broker.publish_traced(pool, &job_id, trace).await {
-                        Ok(()) => delivery.ack().await,
-                        Err(_) => delivery.requeue().await,
+                    // store's outage; given back when the broker refuses, or,
+                    // acknowledged already, left to the sweeper once its
+                    // lease runs out.
+                    let pool = &self.config.pool;
+                    let published = self
+                        .broker
+                        .publish_traced(pool, &job_id, trace.as_ref())
+                        .await;
+                    match (published, delivery) {
+                        (Ok(()), Some(delivery)) => delivery.ack().await,
+                        (Err(_), Some(delivery)) => delivery.requeue().await,
+                        (Err(error), None) => {
+                            tracing::warn!(job_id = %job_id, %error, "an interrupted job was not published again; left to the sweeper");
+                            Ok(())
+                        }
+                        (Ok(()), None) => Ok(()),
                     }
                 }
-                _ => delivery.ack().await,
+                (_, Some(delivery)) => delivery.ack().await,
+                (_, None) => Ok(()),
             };
             if let Err(error) = settled {
                 tracing::warn!(job_id = %job_id, %error, "could not settle a delivery with the broker");
@@ -431,8 +428,9 @@ impl Worker {
     /// Claims and runs one job.
     pub async fn run_job(&self, job_id: &str) -> Handled {
         let hold = Hold {
-            delivery: None,
+            slot: None,
             held: None,
+            delivery: None,
         };
         self.claim_and_run(job_id, None, hold).await.0
     }
@@ -453,7 +451,7 @@ impl Worker {
         &self,
         job_id: &str,
         parent: Option<&TraceContext>,
-        hold: Hold<'_>,
+        mut hold: Hold<'_>,
     ) -> (Handled, Option<tracing::Span>) {
         let lease_ms = self.config.lease.as_millis() as i64;
         let ordered = self.config.ordered;
@@ -463,10 +461,9 @@ impl Worker {
         // before then is found by the first heartbeat.
         // An ordered pool claims its next job when a slot is free, so the
         // job chosen is the best one then; any other claims ahead.
-        let mut slot = None;
         if ordered {
             match self.slot(None).await {
-                Slot::Taken(taken) => slot = Some(taken),
+                Slot::Taken(taken) => hold.slot = Some(taken),
                 // Stopping: its message goes back unclaimed.
                 Slot::Stopping | Slot::Lost(_) => return (Handled::Interrupted, None),
             }
@@ -554,13 +551,8 @@ impl Worker {
             attempt: job.attempts,
         };
         let keyed = job.concurrency_key.is_some();
-        let places = Places {
-            slot,
-            held: hold.held,
-            delivery: hold.delivery,
-        };
         let handled = self
-            .run_claimed(job, &lease, claimed_at, trace, &cancel.notify, places)
+            .run_claimed(job, &lease, claimed_at, trace, &cancel.notify, hold)
             .instrument(span.clone())
             .await;
         if keyed {
@@ -647,13 +639,13 @@ impl Worker {
         claimed_at: i64,
         trace: TraceContext,
         cancelled: &Notify,
-        places: Places<'_>,
+        hold: Hold<'_>,
     ) -> Handled {
-        let Places {
+        let Hold {
             slot,
             held,
             delivery,
-        } = places;
+        } = hold;
         if !lifecycle::may_run(job.attempts, job.max_attempts) {
             // Claimed again after its holders stopped mid-run, past its last attempt.
             let error = ToolError::failed(
@@ -1081,18 +1073,11 @@ enum Outcome {
 
 /// What a delivery's job holds while it is claimed and run.
 struct Hold<'a> {
-    /// The delivery, taken and acknowledged once its job has run.
-    delivery: Option<&'a mut Option<Delivery>>,
+    /// The slot an ordered pool takes before its claim.
+    slot: Option<tokio::sync::OwnedSemaphorePermit>,
     /// The delivery's place in hand, given back once the job has run.
     held: Option<tokio::sync::OwnedSemaphorePermit>,
-}
-
-/// What a claimed job holds: the slot an ordered pool took before its
-/// claim, its delivery's place in hand, and the delivery to acknowledge
-/// once it has run.
-struct Places<'a> {
-    slot: Option<tokio::sync::OwnedSemaphorePermit>,
-    held: Option<tokio::sync::OwnedSemaphorePermit>,
+    /// The delivery, taken and acknowledged once its job has run.
     delivery: Option<&'a mut Option<Delivery>>,
 }
 
