@@ -181,12 +181,17 @@ pub(crate) async fn start(
     if roles.dispatcher {
         shown.extend(all_pools(&shared.runtime, &config));
     }
-    let ops = Arc::new(Ops::new(
-        shared.metrics.clone(),
-        shared.store.clone(),
-        shared.broker.clone(),
-        shown.into_iter().collect(),
-    ));
+    // Ready once its workers consume their pools, as well as once the
+    // servers answer.
+    let ops = Arc::new(
+        Ops::new(
+            shared.metrics.clone(),
+            shared.store.clone(),
+            shared.broker.clone(),
+            shown.into_iter().collect(),
+        )
+        .working(pools.clone()),
+    );
     let mut servers: Vec<Serving> = Vec::new();
     let metrics_off_api =
         match metrics_server(&config, &roles, &ops, connection_limits, &stopped).await? {

@@ -213,6 +213,71 @@ async fn require_servers() {
     }
 }
 
+/// A worker whose pool's queue cannot be consumed (here a queue of the same
+/// name, exclusive to another connection, is in the way) answers `/readyz` 503 naming the
+/// pool, though the servers answer; once the queue can be declared, it
+/// consumes and is ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_is_ready_only_once_it_consumes_its_pool() {
+    require_servers().await;
+    let (_dir, config, cleanup) = fleet("metrics-consuming");
+    let prefix = match &cleanup.broker {
+        Some((_, prefix)) => prefix.clone(),
+        None => unreachable!("the fleet has a prefix"),
+    };
+    migrate(&config);
+    let queue = format!("{prefix}.pool.default");
+    let connection =
+        lapin::Connection::connect(&shared_amqp_url(), lapin::ConnectionProperties::default())
+            .await
+            .expect("RabbitMQ answers");
+    let channel = connection.create_channel().await.expect("a channel");
+    let exclusive = lapin::options::QueueDeclareOptions {
+        exclusive: true,
+        ..Default::default()
+    };
+    channel
+        .queue_declare(queue.as_str().into(), exclusive, Default::default())
+        .await
+        .expect("a queue of this connection alone in the pool queue's place");
+
+    let worker = Server::start_role(&config, "worker", "toolfleet worker metrics on ");
+    let http = reqwest_client();
+    let probe = || {
+        let (http, base) = (http.clone(), worker.base.clone());
+        async move {
+            let ready = http.get(format!("{base}/readyz")).send().await.unwrap();
+            let status = ready.status().as_u16();
+            let body: Value = serde_json::from_str(&ready.text().await.unwrap()).unwrap();
+            (status, body)
+        }
+    };
+    // It keeps trying to consume (once a second) and stays unready.
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        assert_eq!(
+            probe().await,
+            (
+                503,
+                json!({"store": "ok", "broker": "ok", "workers": {"waiting": ["default"]}})
+            )
+        );
+    }
+    channel
+        .queue_delete(queue.as_str().into(), Default::default())
+        .await
+        .expect("the exclusive queue deleted");
+    let ready = eventually(Duration::from_secs(15), || async {
+        let (status, body) = probe().await;
+        (status == 200).then_some(body)
+    })
+    .await;
+    assert_eq!(
+        ready,
+        json!({"store": "ok", "broker": "ok", "workers": "ok"})
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_serves_metrics_health_and_readiness_on_metrics_listen() {
     require_servers().await;
@@ -239,15 +304,18 @@ async fn a_worker_serves_metrics_health_and_readiness_on_metrics_listen() {
         .await
         .unwrap();
     assert_eq!(health.status(), 200);
-    let ready = http
-        .get(format!("{}/readyz", worker.base))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(ready.status(), 200);
+    // Ready once it consumes its pool (its metrics answer from the start).
+    let ready = eventually(Duration::from_secs(15), || {
+        let (http, base) = (http.clone(), worker.base.clone());
+        async move {
+            let ready = http.get(format!("{base}/readyz")).send().await.ok()?;
+            (ready.status() == 200).then_some(ready)
+        }
+    })
+    .await;
     assert_eq!(
         serde_json::from_str::<Value>(&ready.text().await.unwrap()).unwrap(),
-        json!({"store": "ok", "broker": "ok"})
+        json!({"store": "ok", "broker": "ok", "workers": "ok"})
     );
 
     // A job enqueued by the dispatcher and run by the worker: each process

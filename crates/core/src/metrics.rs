@@ -620,6 +620,15 @@ impl Metrics {
         }
     }
 
+    /// Whether a worker of `pool` in this process consumes its queue: its
+    /// slots count (`toolfleet_worker_slots` above 0) once it subscribed,
+    /// and until it stops.
+    pub fn consuming(&self, pool: &str) -> bool {
+        self.worker_slots
+            .get(&pool_label(pool))
+            .is_some_and(|slots| slots.get() > 0)
+    }
+
     // Agents.
 
     /// One model reply of the agent `tool`, with the tokens it used.

@@ -51,6 +51,9 @@ pub struct Ops {
     /// Whether jobs by state are shown: the process dispatches (its
     /// metrics' [`Role::dispatches`], or it has no role).
     counts_jobs: bool,
+    /// The pools this process works: it is ready once a worker consumes
+    /// each of them.
+    worked: Vec<String>,
     /// When the backends were last read.
     refreshed: tokio::sync::Mutex<Refreshed>,
     depths_period: Duration,
@@ -90,6 +93,7 @@ impl Ops {
             broker,
             pools,
             counts_jobs,
+            worked: Vec::new(),
             refreshed: tokio::sync::Mutex::new(Refreshed::default()),
             depths_period: DEPTHS_PERIOD,
             job_counts_period: JOB_COUNTS_PERIOD,
@@ -97,6 +101,14 @@ impl Ops {
             readiness: tokio::sync::Mutex::new(None),
             ready_period: READY_PERIOD,
         }
+    }
+
+    /// Ready only while a worker of this process consumes each of `pools`
+    /// (those it works): not while a worker subscribes, nor while it
+    /// cannot (a queue it may not declare, say).
+    pub fn working(mut self, pools: Vec<String>) -> Ops {
+        self.worked = pools;
+        self
     }
 
     /// Waits at most `timeout` on each backend read (default 2 s).
@@ -178,8 +190,31 @@ impl Ops {
         }
     }
 
-    /// Whether the store and the broker answer, each within the timeout.
+    /// Whether the store and the broker answer, each within the timeout,
+    /// and each pool this process works is consumed (read at each probe:
+    /// the process's own state, not a backend's).
     pub async fn ready(&self) -> (bool, Value) {
+        let (mut ready, mut body) = self.backends_ready().await;
+        if !self.worked.is_empty() {
+            let waiting: Vec<&str> = self
+                .worked
+                .iter()
+                .filter(|pool| !self.metrics.consuming(pool))
+                .map(String::as_str)
+                .collect();
+            body["workers"] = if waiting.is_empty() {
+                json!("ok")
+            } else {
+                json!({ "waiting": waiting })
+            };
+            ready &= waiting.is_empty();
+        }
+        (ready, body)
+    }
+
+    /// Whether the store and the broker answer, from a check at most
+    /// `ready_period` old.
+    async fn backends_ready(&self) -> (bool, Value) {
         // A flood of probes waits for one check and shares its answer, so
         // it cannot take the store's connections.
         let mut last = self.readiness.lock().await;
@@ -188,12 +223,12 @@ impl Ops {
         {
             return (*ready, body.clone());
         }
-        let (ready, body) = self.check_ready().await;
+        let (ready, body) = self.check_backends().await;
         *last = Some((Instant::now(), ready, body.clone()));
         (ready, body)
     }
 
-    async fn check_ready(&self) -> (bool, Value) {
+    async fn check_backends(&self) -> (bool, Value) {
         let (store, broker) = tokio::join!(
             tokio::time::timeout(self.timeout, self.store.ping()),
             tokio::time::timeout(self.timeout, self.broker.ping()),
@@ -605,6 +640,57 @@ mod tests {
             assert_eq!(sample(&text, &series), Some(0.0), "{text}");
         }
         assert!(ops.ready().await.0);
+    }
+
+    #[tokio::test]
+    async fn a_process_that_works_pools_is_ready_once_each_is_consumed() {
+        let metrics = Arc::new(Metrics::for_role(Role::Worker));
+        let ops = Ops::new(
+            metrics.clone(),
+            crate::testing::memory_store().await,
+            Arc::new(MemoryBroker::new()),
+            vec!["default".into(), "agents".into()],
+        )
+        .working(vec!["default".into(), "agents".into()]);
+        // The servers answer, and no worker consumes yet.
+        let (ready, body) = ops.ready().await;
+        assert!(!ready, "{body}");
+        assert_eq!(
+            body,
+            json!({"store": "ok", "broker": "ok", "workers": {"waiting": ["default", "agents"]}})
+        );
+        // A worker counts its slots once it consumes its pool; the answer
+        // sees it at once, whatever the backends' check is kept for.
+        let default = metrics.pool_gauges("default");
+        default.slots.inc_by(16);
+        let (ready, body) = ops.ready().await;
+        assert!(!ready);
+        assert_eq!(body["workers"], json!({"waiting": ["agents"]}));
+        let agents = metrics.pool_gauges("agents");
+        agents.slots.inc_by(4);
+        let (ready, body) = ops.ready().await;
+        assert!(ready, "{body}");
+        assert_eq!(
+            body,
+            json!({"store": "ok", "broker": "ok", "workers": "ok"})
+        );
+        // A worker that stopped takes its slots back: not ready again.
+        default.slots.dec_by(16);
+        let (ready, body) = ops.ready().await;
+        assert!(!ready);
+        assert_eq!(body["workers"], json!({"waiting": ["default"]}));
+
+        // A process that works no pool answers for its servers alone.
+        let dispatcher = Ops::new(
+            Arc::new(Metrics::for_role(Role::Dispatcher)),
+            crate::testing::memory_store().await,
+            Arc::new(MemoryBroker::new()),
+            vec!["default".into()],
+        );
+        assert_eq!(
+            dispatcher.ready().await,
+            (true, json!({"store": "ok", "broker": "ok"}))
+        );
     }
 
     #[tokio::test]
