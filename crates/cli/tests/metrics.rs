@@ -21,8 +21,8 @@ use std::time::Duration;
 
 use common::scripted::{Scrape, reqwest_client, scripted_run};
 use common::{
-    Server, SharedCleanup, TOKEN, TempDir, eventually, migrate, settle, shared_amqp_url,
-    shared_database_url, shared_fleet,
+    Server, SharedCleanup, TOKEN, TempDir, amqp_channel, eventually, migrate, settle,
+    shared_amqp_url, shared_database_url, shared_fleet,
 };
 use serde_json::{Value, json};
 
@@ -176,11 +176,17 @@ async fn serve_counts_a_scripted_run_in_one_registry() {
     assert!(!scrape.text.contains("no_such_tool"), "{}", scrape.text);
 }
 
-/// A fleet of this test's own on the shared servers, with one job tool.
-fn fleet(name: &str) -> (TempDir, std::path::PathBuf, SharedCleanup) {
+/// A fleet of this test's own on the shared servers, with one job tool,
+/// migrated; and its RabbitMQ prefix.
+fn fleet(name: &str) -> (TempDir, std::path::PathBuf, SharedCleanup, String) {
     let job = "[[tools]]\nname = \"fine_job\"\nshape = \"job\"\ninput_schema = { type = \"object\" }\nexecutor = { kind = \"exec\", program = \"sh\", args = [\"-c\", \"echo '{}'\"] }\n";
     let (dir, config, cleanup, _) = shared_fleet(name, "", |_| job.to_owned());
-    (dir, config, cleanup)
+    let prefix = match &cleanup.broker {
+        Some((_, prefix)) => prefix.clone(),
+        None => unreachable!("the fleet has a prefix"),
+    };
+    migrate(&config);
+    (dir, config, cleanup, prefix)
 }
 
 /// Fails, never skips, when the shared servers are not there, saying which.
@@ -220,18 +226,10 @@ async fn require_servers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_is_ready_only_once_it_consumes_its_pool() {
     require_servers().await;
-    let (_dir, config, cleanup) = fleet("metrics-consuming");
-    let prefix = match &cleanup.broker {
-        Some((_, prefix)) => prefix.clone(),
-        None => unreachable!("the fleet has a prefix"),
-    };
-    migrate(&config);
+    let (_dir, config, _cleanup, prefix) = fleet("metrics-consuming");
     let queue = format!("{prefix}.pool.default");
-    let connection =
-        lapin::Connection::connect(&shared_amqp_url(), lapin::ConnectionProperties::default())
-            .await
-            .expect("RabbitMQ answers");
-    let channel = connection.create_channel().await.expect("a channel");
+    // Held to the end: the exclusive queue lives as long as its connection.
+    let (_connection, channel) = amqp_channel(&shared_amqp_url()).await;
     let exclusive = lapin::options::QueueDeclareOptions {
         exclusive: true,
         ..Default::default()
@@ -281,12 +279,7 @@ async fn a_worker_is_ready_only_once_it_consumes_its_pool() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_serves_metrics_health_and_readiness_on_metrics_listen() {
     require_servers().await;
-    let (_dir, config, cleanup) = fleet("metrics-worker");
-    let prefix = match &cleanup.broker {
-        Some((_, prefix)) => prefix.clone(),
-        None => unreachable!("the fleet has a prefix"),
-    };
-    migrate(&config);
+    let (_dir, config, _cleanup, prefix) = fleet("metrics-worker");
     let dispatcher = Server::start_role(&config, "dispatcher", "toolfleet serving on ");
     // Port 0 (TOOLFLEET_METRICS_LISTEN, which the test helpers set): the
     // worker prints where it listens.

@@ -564,13 +564,19 @@ pub(crate) fn shared_fleet(
     (dir, config, cleanup, id)
 }
 
-/// The ready messages of RabbitMQ's queue `queue` at `url`, or `None` when
-/// no such queue was ever declared.
-pub(crate) async fn ready_in(url: &str, queue: &str) -> Option<u32> {
+/// A connection of the test's own to RabbitMQ at `url`, and a channel on it.
+pub(crate) async fn amqp_channel(url: &str) -> (lapin::Connection, lapin::Channel) {
     let connection = lapin::Connection::connect(url, lapin::ConnectionProperties::default())
         .await
         .expect("RabbitMQ answers");
     let channel = connection.create_channel().await.expect("a channel");
+    (connection, channel)
+}
+
+/// The ready messages of RabbitMQ's queue `queue` at `url`, or `None` when
+/// no such queue was ever declared.
+pub(crate) async fn ready_in(url: &str, queue: &str) -> Option<u32> {
+    let (connection, channel) = amqp_channel(url).await;
     let passive = lapin::options::QueueDeclareOptions {
         passive: true,
         ..Default::default()
