@@ -245,8 +245,9 @@ impl Worker {
     /// finish within `grace` and hands back what it still holds.
     ///
     /// Its slots count in `toolfleet_worker_slots` only while it consumes:
-    /// not while the broker cannot be reached, and not once it stopped,
-    /// however it stops (its future dropped included).
+    /// not while the broker cannot be reached, and not once it stops
+    /// taking jobs, however it stops (its future dropped included), while
+    /// its running jobs finish too.
     pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>, grace: Duration) {
         let capacity = self.config.concurrency.max(1);
         // Deliveries in hand: waiting to be claimed, claimed and waiting for
@@ -293,7 +294,7 @@ impl Worker {
         };
         let (_, consumer, cancels) = tokio::join!(warming, subscribing, listening);
         let Some(mut consumer) = consumer else { return };
-        let _capacity = Held::by(
+        let capacity = Held::by(
             &self.gauges.slots,
             i64::try_from(capacity).unwrap_or(i64::MAX),
         );
@@ -325,9 +326,12 @@ impl Worker {
             }));
             while tasks.try_join_next().is_some() {}
         }
-        // Jobs claimed ahead and not started go back now.
+        // Jobs claimed ahead and not started go back now. The worker takes
+        // no more: its slots stop counting (and its process stops being
+        // ready) while the running jobs finish.
         self.stopping.send_replace(true);
         drop(consumer);
+        drop(capacity);
         let drained =
             tokio::time::timeout(grace, async { while tasks.join_next().await.is_some() {} }).await;
         if drained.is_err() {

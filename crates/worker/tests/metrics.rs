@@ -206,6 +206,57 @@ async fn a_worker_counts_what_becomes_of_its_jobs_and_its_slots() {
     assert_eq!(sample(&metrics, &slots), Some(0.0));
 }
 
+/// A worker told to stop takes no more jobs: its slots stop counting at
+/// once, while the job it runs finishes within the grace.
+#[tokio::test]
+async fn slots_stop_counting_when_the_worker_stops_taking_jobs() {
+    let metrics = Arc::new(Metrics::new());
+    let mut runtime = Runtime::builder().metrics(metrics.clone()).build();
+    runtime
+        .register_all([
+            ToolDecl::job("long").run(|_: CallCtx, _: serde_json::Value| async {
+                tokio::time::sleep(Duration::from_secs(60)).await;
+                Ok::<_, ToolError>(json!({}))
+            }),
+        ])
+        .expect("tools register");
+    let store: Arc<dyn Store> = Arc::new(SqliteStore::open_in_memory().await.unwrap());
+    let broker = MemoryBroker::new();
+    let mut config = WorkerConfig::new(POOL);
+    config.concurrency = 2;
+    let worker = Worker::new(
+        config,
+        Arc::new(runtime),
+        store.clone(),
+        Arc::new(broker.clone()),
+        Arc::new(MemoryNotices::new()),
+    );
+    let slots = format!("toolfleet_worker_slots{{pool=\"{POOL}\"}}");
+    let in_flight = format!("toolfleet_worker_jobs_in_flight{{pool=\"{POOL}\"}}");
+    let (stop, stopped) = watch::channel(false);
+    let run = tokio::spawn(worker.clone().run(stopped, Duration::from_secs(2)));
+    let long = insert(store.as_ref(), "long", 1).await;
+    broker.publish(POOL, &long).await.unwrap();
+    until(Duration::from_secs(5), "long runs", async || {
+        sample(&metrics, &in_flight) == Some(1.0)
+    })
+    .await;
+    assert_eq!(sample(&metrics, &slots), Some(2.0));
+
+    let _ = stop.send(true);
+    until(
+        Duration::from_secs(1),
+        "the slots stop counting",
+        async || sample(&metrics, &slots) == Some(0.0),
+    )
+    .await;
+    // The job still runs, within the grace.
+    assert_eq!(sample(&metrics, &in_flight), Some(1.0));
+    assert!(!run.is_finished());
+    run.await.unwrap();
+    assert_eq!(sample(&metrics, &slots), Some(0.0));
+}
+
 /// A broker that cannot be reached until `up` is set: consuming fails.
 struct Unreachable {
     inner: MemoryBroker,
