@@ -93,10 +93,7 @@ async fn a_worker_counts_what_becomes_of_its_jobs_and_its_slots() {
             ToolDecl::job("flaky").run(|_: CallCtx, _: serde_json::Value| async {
                 Err::<serde_json::Value, _>(ToolError::new(ErrorCode::Unavailable, "try later"))
             }),
-            ToolDecl::job("long").run(|_: CallCtx, _: serde_json::Value| async {
-                tokio::time::sleep(Duration::from_secs(60)).await;
-                Ok::<_, ToolError>(json!({}))
-            }),
+            long(),
         ])
         .expect("tools register");
     let store: Arc<dyn Store> = Arc::new(SqliteStore::open_in_memory().await.unwrap());
@@ -206,20 +203,21 @@ async fn a_worker_counts_what_becomes_of_its_jobs_and_its_slots() {
     assert_eq!(sample(&metrics, &slots), Some(0.0));
 }
 
+/// A job tool that runs for a minute.
+fn long() -> ToolDecl {
+    ToolDecl::job("long").run(|_: CallCtx, _: serde_json::Value| async {
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        Ok::<_, ToolError>(json!({}))
+    })
+}
+
 /// A worker told to stop takes no more jobs: its slots stop counting at
 /// once, while the job it runs finishes within the grace.
 #[tokio::test]
 async fn slots_stop_counting_when_the_worker_stops_taking_jobs() {
     let metrics = Arc::new(Metrics::new());
     let mut runtime = Runtime::builder().metrics(metrics.clone()).build();
-    runtime
-        .register_all([
-            ToolDecl::job("long").run(|_: CallCtx, _: serde_json::Value| async {
-                tokio::time::sleep(Duration::from_secs(60)).await;
-                Ok::<_, ToolError>(json!({}))
-            }),
-        ])
-        .expect("tools register");
+    runtime.register_all([long()]).expect("tools register");
     let store: Arc<dyn Store> = Arc::new(SqliteStore::open_in_memory().await.unwrap());
     let broker = MemoryBroker::new();
     let mut config = WorkerConfig::new(POOL);
