@@ -382,9 +382,9 @@ impl Worker {
         // is settled, as the prefetch is.
         let (held, kept) = if early { (held, None) } else { (None, held) };
         let hold = Hold {
-            slot: None,
             held,
             delivery: early.then_some(&mut delivery),
+            ..Hold::default()
         };
         let (handled, span) = self.claim_and_run(&job_id, trace.as_ref(), hold).await;
         // `delivery` is `None` once acknowledged after its job ran.
@@ -431,12 +431,7 @@ impl Worker {
 
     /// Claims and runs one job.
     pub async fn run_job(&self, job_id: &str) -> Handled {
-        let hold = Hold {
-            slot: None,
-            held: None,
-            delivery: None,
-        };
-        self.claim_and_run(job_id, None, hold).await.0
+        self.claim_and_run(job_id, None, Hold::default()).await.0
     }
 
     /// Claims `job_id` and runs it in its `job` span, which it answers when
@@ -1075,7 +1070,9 @@ enum Outcome {
     LeaseLost,
 }
 
-/// What a delivery's job holds while it is claimed and run.
+/// What a delivery's job holds while it is claimed and run (nothing, by
+/// default: a job run by its id alone).
+#[derive(Default)]
 struct Hold<'a> {
     /// The slot an ordered pool takes before its claim.
     slot: Option<tokio::sync::OwnedSemaphorePermit>,
