@@ -54,6 +54,7 @@ macro_rules! broker_conformance {
             concurrent_consumers_lose_and_duplicate_nothing,
             concurrent_publishes_each_arrive_once,
             prefetch_bounds_unacked_deliveries,
+            prefetch_grows_and_shrinks,
             requeue_redelivers,
             dropped_consumer_gives_back_unacked,
             rejected_message_is_not_redelivered,
@@ -303,6 +304,56 @@ pub mod broker {
         assert_eq!(third.job_id, ids[2], "the wait lost or reordered nothing");
         ack(second).await;
         ack(third).await;
+    }
+
+    /// `set_prefetch` takes effect on a live consumer: growing, more come at
+    /// once; shrinking, those in hand stay and no more come until they are
+    /// settled; never below the prefetch the consumer was opened with.
+    /// Each delivery came between the consume and its taking.
+    pub async fn prefetch_grows_and_shrinks(broker: &dyn Broker) {
+        let pool = unique("reprefetch");
+        let ids = job_ids(12);
+        publish_all(broker, &pool, &ids).await;
+        let opened = std::time::Instant::now();
+        let mut consumer = consume(broker, &pool, 2).await;
+        let mut held = Vec::new();
+        for _ in 0..2 {
+            held.push(next_delivery(consumer.as_mut(), "under prefetch 2").await);
+        }
+        assert_nothing_delivered(consumer.as_mut(), "a third beyond prefetch 2").await;
+        consumer.set_prefetch(5);
+        for _ in 0..3 {
+            held.push(next_delivery(consumer.as_mut(), "the prefetch grown to 5").await);
+        }
+        assert_nothing_delivered(consumer.as_mut(), "a sixth beyond prefetch 5").await;
+        consumer.set_prefetch(2);
+        assert_nothing_delivered(consumer.as_mut(), "more while 5 are held, shrunk to 2").await;
+        for delivery in &held {
+            let taken = std::time::Instant::now();
+            assert!(
+                delivery.received >= opened && delivery.received <= taken,
+                "{} received between the consume and its taking",
+                delivery.job_id
+            );
+        }
+        for delivery in held.drain(..) {
+            ack(delivery).await;
+        }
+        for _ in 0..2 {
+            held.push(next_delivery(consumer.as_mut(), "the prefetch back at 2").await);
+        }
+        assert_nothing_delivered(consumer.as_mut(), "a third beyond prefetch 2 again").await;
+        consumer.set_prefetch(1);
+        for delivery in held.drain(..) {
+            ack(delivery).await;
+        }
+        for _ in 0..2 {
+            held.push(next_delivery(consumer.as_mut(), "never below the prefetch opened").await);
+        }
+        assert_nothing_delivered(consumer.as_mut(), "a third after asking for 1").await;
+        for delivery in held {
+            ack(delivery).await;
+        }
     }
 
     /// A requeued message comes back, marked redelivered.

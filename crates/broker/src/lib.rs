@@ -17,7 +17,7 @@
 //! (on RabbitMQ, two where the HTTP API runs: outcomes and every event, see
 //! [`split`]).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
@@ -74,6 +74,10 @@ pub struct Delivery {
     /// Of a dead letter: when the broker dead-lettered it, in Unix
     /// milliseconds, when the broker says (RabbitMQ's `x-death` time).
     pub died_at: Option<i64>,
+    /// When the broker handed its message to this process: RabbitMQ's
+    /// `consumer_timeout` runs from then until the message is settled (the
+    /// same instant for each id of a message of several).
+    pub received: Instant,
     acker: Box<dyn Acker>,
 }
 
@@ -87,6 +91,7 @@ impl Delivery {
             trace: None,
             dead_reason: None,
             died_at: None,
+            received: Instant::now(),
             acker,
         }
     }
@@ -100,6 +105,12 @@ impl Delivery {
     /// This delivery, a dead letter for `reason`.
     pub fn with_dead_reason(mut self, reason: Option<String>) -> Self {
         self.dead_reason = reason;
+        self
+    }
+
+    /// This delivery, its message handed to this process at `received`.
+    pub fn with_received(mut self, received: Instant) -> Self {
+        self.received = received;
         self
     }
 
@@ -153,6 +164,13 @@ pub trait Acker: Send + Sync {
 pub trait Consumer: Send {
     /// The next delivery; `None` once the consumer is closed.
     async fn next(&mut self) -> Option<Delivery>;
+    /// Holds at most `prefetch` unacknowledged messages from now on, or
+    /// the prefetch it was opened with where that is more: more are
+    /// delivered at once when it grows; when it shrinks, those delivered
+    /// already stay in hand, and it never holds more than before (a
+    /// broker may go on delivering while those are settled, within its
+    /// earlier prefetch). Kept across reconnects.
+    fn set_prefetch(&mut self, prefetch: u16);
 }
 
 /// Moves job ids to the workers of a pool.

@@ -205,6 +205,7 @@ impl Broker for MemoryBroker {
             // AMQP reads 0 as "unlimited"; every queue here is bounded, so a
             // consumer always holds at least one and at most `prefetch`.
             prefetch: usize::from(prefetch.max(1)),
+            opened: usize::from(prefetch.max(1)),
             changed,
         }))
     }
@@ -443,6 +444,8 @@ struct MemoryConsumer {
     pool: String,
     id: u64,
     prefetch: usize,
+    /// The prefetch it was opened with: the least it holds.
+    opened: usize,
     changed: Arc<Notify>,
 }
 
@@ -462,6 +465,10 @@ impl Consumer for MemoryConsumer {
                 Ok(None) => changed.await,
             }
         }
+    }
+
+    fn set_prefetch(&mut self, prefetch: u16) {
+        self.prefetch = usize::from(prefetch).max(self.opened);
     }
 }
 

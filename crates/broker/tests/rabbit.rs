@@ -1077,6 +1077,64 @@ async fn a_message_of_several_ids_is_settled_once_each_id_is() {
     assert_eq!(broker.0.depth(&pool).await, Ok(0));
 }
 
+/// A consumer whose prefetch grew takes from two consumers of the queue on
+/// one channel, whose deliveries may reach it out of their tags' order:
+/// acknowledged as they come, each on its own task, each is acknowledged
+/// once (an ack naming a tag twice would close the channel, and what it
+/// held would come again, redelivered), and none stays behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grown_prefetch_acknowledges_each_delivery_once() {
+    let options = options();
+    let broker = broker_with(options.clone()).await;
+    let pool = unique("grown");
+    let queue = format!("{}.pool.{pool}", options.prefix);
+    broker.0.publish(&pool, "job-first").await.unwrap();
+    // A message each, published at once.
+    let ids: Vec<String> = (0..3000).map(|n| format!("job-{n}")).collect();
+    let connection = raw_connection().await;
+    let channel = connection.create_channel().await.expect("a channel");
+    for id in &ids {
+        let publish = channel.basic_publish(
+            "".into(),
+            queue.as_str().into(),
+            lapin::options::BasicPublishOptions::default(),
+            id.as_bytes(),
+            lapin::BasicProperties::default(),
+        );
+        publish.await.expect("published");
+    }
+    let ids: Vec<&str> = std::iter::once("job-first")
+        .chain(ids.iter().map(String::as_str))
+        .collect();
+    let mut consumer = consume(&broker.0, &pool, 4).await;
+    let held = next_deliveries(consumer.as_mut(), 4, "under prefetch 4").await;
+    consumer.set_prefetch(400);
+    let mut acks = tokio::task::JoinSet::new();
+    let mut seen = std::collections::HashSet::new();
+    for delivery in held {
+        seen.insert(delivery.job_id.clone());
+        acks.spawn(delivery.ack());
+    }
+    while seen.len() < ids.len() {
+        let delivery = next_delivery(consumer.as_mut(), "the rest").await;
+        assert!(!delivery.redelivered, "{} came again", delivery.job_id);
+        assert!(
+            seen.insert(delivery.job_id.clone()),
+            "{} twice",
+            delivery.job_id
+        );
+        acks.spawn(delivery.ack());
+    }
+    while let Some(ack) = acks.join_next().await {
+        assert_eq!(ack.expect("an ack's task"), Ok(()));
+    }
+    assert_nothing_delivered(consumer.as_mut(), "once every one was acknowledged").await;
+    drop(consumer);
+    let mut after = consume(&broker.0, &pool, 10).await;
+    assert_nothing_delivered(after.as_mut(), "a new consumer: nothing came back").await;
+    assert_eq!(broker.0.depth(&pool).await, Ok(0));
+}
+
 /// A pool of long jobs (and every pool with `jobs_per_message` 1) has each
 /// job published alone, however many are published together.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

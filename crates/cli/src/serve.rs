@@ -210,7 +210,7 @@ pub(crate) async fn start(
             let mut worker_config = WorkerConfig::new(pool);
             worker_config.ordered = ordered;
             worker_config.concurrency = config.concurrency;
-            worker_config.ahead = prefetch_ahead(&config, long);
+            (worker_config.ahead, worker_config.ahead_max) = prefetch_ahead(&config, long);
             worker_config.lease = lease;
             let worker = Worker::new(
                 worker_config,
@@ -375,20 +375,28 @@ async fn open_shared(
 /// multiplier).
 const AHEAD_PER_SLOT: usize = 4;
 
-/// The jobs a worker of a pool holds beyond its slots, claimed ahead: none
-/// for a pool of long jobs (they wait in the queue, where any worker may
-/// take them), else `prefetch_ahead`, by default [`AHEAD_PER_SLOT`] per
-/// slot (a message may carry many jobs, and each held message's clock
-/// toward RabbitMQ's `consumer_timeout` runs from its delivery), at most
-/// what a prefetch counts.
-fn prefetch_ahead(config: &Config, long: bool) -> usize {
+/// Jobs a worker holds beyond its slots, per slot, at most, while its
+/// pool's messages leave its hand quickly (unless `prefetch_ahead` says):
+/// its claims and settlements go to the store in larger groups.
+const DEEP_AHEAD_PER_SLOT: usize = 16;
+
+/// The jobs a worker of a pool holds beyond its slots, claimed ahead, and
+/// the most it holds while they leave its hand quickly: none for a pool of
+/// long jobs (they wait in the queue, where any worker may take them), else
+/// `prefetch_ahead` (both), by default [`AHEAD_PER_SLOT`] per slot deepening
+/// to [`DEEP_AHEAD_PER_SLOT`] (a message may carry many jobs, and each held
+/// message's clock toward RabbitMQ's `consumer_timeout` runs from its
+/// delivery), at most what a prefetch counts.
+fn prefetch_ahead(config: &Config, long: bool) -> (usize, usize) {
     if long {
-        return 0;
+        return (0, 0);
     }
-    let ahead = config
-        .prefetch_ahead
-        .unwrap_or(config.concurrency.saturating_mul(AHEAD_PER_SLOT));
-    ahead.min(usize::from(u16::MAX).saturating_sub(config.concurrency))
+    let most = usize::from(u16::MAX).saturating_sub(config.concurrency);
+    let per_slot = |n: usize| config.concurrency.saturating_mul(n).min(most);
+    match config.prefetch_ahead {
+        Some(ahead) => (ahead.min(most), ahead.min(most)),
+        None => (per_slot(AHEAD_PER_SLOT), per_slot(DEEP_AHEAD_PER_SLOT)),
+    }
 }
 
 /// `lease_s`, at least 0.3 seconds.
@@ -690,19 +698,21 @@ mod tests {
         toolfleet_fleet::backends::rabbit_options(&config.backend_settings(), prefetch, agent_pools)
     }
 
-    /// A worker holds four jobs ahead per slot unless `prefetch_ahead`
-    /// says otherwise, bounded by what a prefetch counts; a pool of long
-    /// jobs holds none.
+    /// A worker holds four jobs ahead per slot, sixteen while they leave
+    /// its hand quickly, unless `prefetch_ahead` fixes it, bounded by what
+    /// a prefetch counts; a pool of long jobs holds none.
     #[test]
     fn workers_hold_messages_ahead_except_for_long_jobs() {
         let config = parse("concurrency = 8");
-        assert_eq!(prefetch_ahead(&config, false), 32);
-        assert_eq!(prefetch_ahead(&config, true), 0);
+        assert_eq!(prefetch_ahead(&config, false), (32, 128));
+        assert_eq!(prefetch_ahead(&config, true), (0, 0));
         let config = parse("concurrency = 8\nprefetch_ahead = 5");
-        assert_eq!(prefetch_ahead(&config, false), 5);
-        assert_eq!(prefetch_ahead(&config, true), 0);
+        assert_eq!(prefetch_ahead(&config, false), (5, 5));
+        assert_eq!(prefetch_ahead(&config, true), (0, 0));
         let config = parse("concurrency = 8\nprefetch_ahead = 100000");
-        assert_eq!(prefetch_ahead(&config, false), 65_535 - 8);
+        assert_eq!(prefetch_ahead(&config, false), (65_535 - 8, 65_535 - 8));
+        let config = parse("concurrency = 5000");
+        assert_eq!(prefetch_ahead(&config, false), (20_000, 65_535 - 5000));
     }
 
     /// A process's event subscriptions on RabbitMQ are as deep as its fan-out.

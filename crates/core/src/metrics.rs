@@ -227,6 +227,8 @@ pub struct PoolGauges {
     pub busy_slots: Gauge,
     /// Slots of the pool: its capacity.
     pub slots: Gauge,
+    /// Messages its workers may hold unacknowledged: their prefetch.
+    pub prefetch: Gauge,
 }
 
 /// The metrics of one process.
@@ -250,6 +252,7 @@ pub struct Metrics {
     worker_in_flight: Family<PoolLabel, Gauge>,
     worker_busy_slots: Family<PoolLabel, Gauge>,
     worker_slots: Family<PoolLabel, Gauge>,
+    worker_prefetch: Family<PoolLabel, Gauge>,
     agent_steps: Family<ToolLabel, Counter>,
     agent_tokens: Family<TokenLabels, Counter>,
     backend_errors: Family<BackendLabel, Counter>,
@@ -310,6 +313,7 @@ impl Metrics {
             worker_in_flight: Family::default(),
             worker_busy_slots: Family::default(),
             worker_slots: Family::default(),
+            worker_prefetch: Family::default(),
             agent_steps: Family::default(),
             agent_tokens: Family::default(),
             backend_errors: Family::default(),
@@ -411,6 +415,11 @@ impl Metrics {
             "worker_slots",
             "Worker slots: jobs a pool runs at once in this process",
             m.worker_slots.clone(),
+        );
+        r.register(
+            "worker_prefetch",
+            "Messages a pool's workers in this process may hold unacknowledged: slots and jobs held ahead, deeper while jobs are short",
+            m.worker_prefetch.clone(),
         );
         r.register(
             "agent_steps",
@@ -617,6 +626,7 @@ impl Metrics {
             in_flight: self.worker_in_flight.get_or_create_owned(&label),
             busy_slots: self.worker_busy_slots.get_or_create_owned(&label),
             slots: self.worker_slots.get_or_create_owned(&label),
+            prefetch: self.worker_prefetch.get_or_create_owned(&label),
         }
     }
 
@@ -788,6 +798,7 @@ mod tests {
             ("toolfleet_worker_jobs_in_flight", "gauge"),
             ("toolfleet_worker_busy_slots", "gauge"),
             ("toolfleet_worker_slots", "gauge"),
+            ("toolfleet_worker_prefetch", "gauge"),
             ("toolfleet_agent_steps", "counter"),
             ("toolfleet_agent_tokens", "counter"),
             ("toolfleet_backend_errors", "counter"),

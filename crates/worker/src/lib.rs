@@ -23,6 +23,7 @@
 //! with the job. The span is made once the job is claimed, every field given
 //! at creation; every line logged while the job runs carries them.
 
+mod depth;
 mod input;
 
 use std::collections::HashMap;
@@ -30,6 +31,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use backon::{BackoffBuilder, ExponentialBuilder};
+use depth::{Depth, Place};
 use tokio::sync::{Notify, Semaphore, watch};
 use toolfleet_broker::{Broker, Delivery, EventState, Notices, Subscription};
 use toolfleet_core::lifecycle::{self, Transition};
@@ -63,6 +65,13 @@ pub struct WorkerConfig {
     /// ordered) a delivery is acknowledged once its job has run, before
     /// it is settled. A worker that stops hands them back unrun.
     pub ahead: usize,
+    /// Where above `ahead` (and the worker holds jobs ahead), the most it
+    /// holds ahead while its pool's messages leave the hand quickly: it
+    /// deepens its prefetch to `concurrency + ahead_max` once a whole hand
+    /// left within a fraction of a second, and comes back to `concurrency
+    /// + ahead` as soon as one was held over a second or none left for a
+    /// second (see the `depth` module).
+    pub ahead_max: usize,
     /// A claim holds the job this long; heartbeats extend it.
     pub lease: Duration,
     /// First retry delay; doubled per attempt, with jitter.
@@ -85,6 +94,7 @@ impl WorkerConfig {
             pool,
             concurrency: 8,
             ahead: 0,
+            ahead_max: 0,
             lease: Duration::from_secs(30),
             backoff_min: Duration::from_secs(1),
             backoff_max: Duration::from_secs(300),
@@ -202,6 +212,17 @@ impl Drop for Listening<'_> {
     }
 }
 
+/// The next prefetch `wanted`; never, for a worker whose depth is fixed.
+async fn wanted_change(wanted: &mut Option<watch::Receiver<u16>>) -> u16 {
+    match wanted {
+        Some(wanted) => match wanted.changed().await {
+            Ok(()) => *wanted.borrow_and_update(),
+            Err(_) => std::future::pending().await,
+        },
+        None => std::future::pending().await,
+    }
+}
+
 /// Aborts a task when dropped.
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
@@ -257,8 +278,15 @@ impl Worker {
         // what waits. Holding jobs ahead, a delivery leaves the hand (and is
         // acknowledged) once its job has run, while it settles.
         let in_hand = capacity.saturating_add(self.config.ahead);
-        let slots = Arc::new(Semaphore::new(in_hand));
         let prefetch = u16::try_from(in_hand).unwrap_or(u16::MAX);
+        // Holding jobs ahead, the prefetch deepens while messages leave the
+        // hand quickly; the places in hand are those of the deepest.
+        let early = self.config.ahead > 0 && !self.config.ordered;
+        let deepest = capacity.saturating_add(self.config.ahead_max);
+        let depth = (early && deepest > in_hand)
+            .then(|| Depth::new(prefetch, u16::try_from(deepest).unwrap_or(u16::MAX)));
+        let places = depth.as_ref().map_or(in_hand, |d| usize::from(d.deepest()));
+        let slots = Arc::new(Semaphore::new(places));
         let subscribing = async {
             loop {
                 match self.broker.consume(&self.config.pool, prefetch).await {
@@ -300,32 +328,51 @@ impl Worker {
         );
         let _cancels =
             cancels.map(|events| AbortOnDrop(tokio::spawn(self.clone().follow_cancels(events))));
+        let mut prefetched = Held::by(&self.gauges.prefetch, i64::from(prefetch));
+        let mut wanted = depth.as_ref().map(|depth| depth.subscribe());
+        let _stalls = depth
+            .clone()
+            .map(|depth| AbortOnDrop(tokio::spawn(depth.watch_stalls())));
         let mut tasks = tokio::task::JoinSet::new();
         loop {
             // Shutdown comes first, both while every slot is busy and when a
-            // delivery is ready at the same moment: after it, nothing is taken.
+            // delivery is ready at the same moment: after it, nothing is
+            // taken. A change of depth is made while waiting for either.
             let permit = tokio::select! {
                 biased;
                 _ = shutdown.changed() => break,
+                prefetch = wanted_change(&mut wanted) => {
+                    consumer.set_prefetch(prefetch);
+                    prefetched = Held::by(&self.gauges.prefetch, i64::from(prefetch));
+                    continue;
+                }
                 permit = slots.clone().acquire_owned() => match permit {
                     Ok(permit) => permit,
                     Err(_) => break,
                 },
             };
-            let delivery = tokio::select! {
-                biased;
-                _ = shutdown.changed() => None,
-                delivery = consumer.next() => delivery,
+            let delivery = loop {
+                tokio::select! {
+                    biased;
+                    _ = shutdown.changed() => break None,
+                    prefetch = wanted_change(&mut wanted) => {
+                        consumer.set_prefetch(prefetch);
+                        prefetched = Held::by(&self.gauges.prefetch, i64::from(prefetch));
+                    }
+                    delivery = consumer.next() => break delivery,
+                }
             };
             let Some(delivery) = delivery else { break };
+            let place = Place::new(permit, delivery.received, depth.clone());
             let worker = self.clone();
             // Boxed: a job's future is large (some 12 KB), and a task
             // moves its future a few times as it is spawned.
             tasks.spawn(Box::pin(async move {
-                worker.handle_holding(delivery, Some(permit)).await;
+                worker.handle_holding(delivery, Some(place)).await;
             }));
             while tasks.try_join_next().is_some() {}
         }
+        drop(prefetched);
         // Jobs claimed ahead and not started go back now. The worker takes
         // no more: its slots stop counting (and its process stops being
         // ready) while the running jobs finish.
@@ -359,11 +406,7 @@ impl Worker {
     /// broker's next message is taken and claimed while it settles. A
     /// worker that holds none (long jobs) acknowledges once the job
     /// settled.
-    async fn handle_holding(
-        &self,
-        delivery: Delivery,
-        held: Option<tokio::sync::OwnedSemaphorePermit>,
-    ) {
+    async fn handle_holding(&self, delivery: Delivery, held: Option<Place>) {
         if !is_job_id(&delivery.job_id) {
             // No job can be claimed for it: dead-letter it rather than drop it.
             let body: String = delivery.job_id.chars().take(64).collect();
@@ -1077,7 +1120,7 @@ struct Hold<'a> {
     /// The slot an ordered pool takes before its claim.
     slot: Option<tokio::sync::OwnedSemaphorePermit>,
     /// The delivery's place in hand, given back once the job has run.
-    held: Option<tokio::sync::OwnedSemaphorePermit>,
+    held: Option<Place>,
     /// The delivery, taken and acknowledged once its job has run.
     delivery: Option<&'a mut Option<Delivery>>,
 }

@@ -405,3 +405,101 @@ async fn a_job_taken_over_waited_from_when_the_lost_lease_ended() {
     .expect("a wait");
     assert!((10.0..60.0).contains(&waited), "waited {waited} s");
 }
+
+/// A worker of `ahead` and `ahead_max` beyond its two slots draining
+/// `jobs` quick jobs; answers the prefetch gauges read while they drain,
+/// once all settled, and after the worker stopped.
+async fn drain_quick_jobs(ahead: usize, ahead_max: usize, jobs: usize) -> (Vec<f64>, f64) {
+    let metrics = Arc::new(Metrics::new());
+    let mut runtime = Runtime::builder().metrics(metrics.clone()).build();
+    runtime
+        .register(
+            ToolDecl::job("quick")
+                .run(|_: CallCtx, _: serde_json::Value| async { Ok::<_, ToolError>(json!({})) }),
+        )
+        .expect("tool registers");
+    let store: Arc<dyn Store> = Arc::new(SqliteStore::open_in_memory().await.unwrap());
+    let broker = MemoryBroker::new();
+    let mut config = WorkerConfig::new(POOL);
+    config.concurrency = 2;
+    config.ahead = ahead;
+    config.ahead_max = ahead_max;
+    let worker = Worker::new(
+        config,
+        Arc::new(runtime),
+        store.clone(),
+        Arc::new(broker.clone()),
+        Arc::new(MemoryNotices::new()),
+    );
+    let prefetch = format!("toolfleet_worker_prefetch{{pool=\"{POOL}\"}}");
+    let (stop, stopped) = watch::channel(false);
+    let run = tokio::spawn(worker.run(stopped, Duration::from_secs(1)));
+    let mut ids = Vec::new();
+    for _ in 0..jobs {
+        ids.push(insert(store.as_ref(), "quick", 1).await);
+    }
+    let usual = (2 + ahead) as f64;
+    until(Duration::from_secs(5), "the worker consumes", async || {
+        sample(&metrics, &prefetch) == Some(usual)
+    })
+    .await;
+    let mut seen = vec![usual];
+    for id in &ids {
+        broker.publish(POOL, id).await.unwrap();
+    }
+    let settled = async || {
+        for id in &ids {
+            if store.job_by_id(id).await.unwrap().unwrap().state != JobState::Succeeded {
+                return false;
+            }
+        }
+        true
+    };
+    until(Duration::from_secs(20), "every job settles", async || {
+        seen.extend(sample(&metrics, &prefetch));
+        settled().await
+    })
+    .await;
+    seen.extend(sample(&metrics, &prefetch));
+    // Idle for a while: a deepened prefetch comes back.
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    let idle = sample(&metrics, &prefetch).expect("a prefetch");
+    stop.send(true).unwrap();
+    run.await.unwrap();
+    seen.push(idle);
+    seen.extend(sample(&metrics, &prefetch));
+    (seen, idle)
+}
+
+/// Holding jobs ahead, a worker deepens its prefetch once a whole hand of
+/// deliveries left it quickly, comes back to its usual depth once none
+/// leaves for a second, and counts none once it stopped; one whose
+/// `ahead_max` is its `ahead` keeps its depth.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_deepens_its_prefetch_while_jobs_leave_quickly() {
+    let (seen, idle) = drain_quick_jobs(4, 16, 200).await;
+    assert_eq!(
+        seen.first(),
+        Some(&6.0),
+        "starts at 2 slots + 4 ahead: {seen:?}"
+    );
+    assert!(seen.contains(&18.0), "deepened to 2 + 16: {seen:?}");
+    assert_eq!(idle, 6.0, "back to 2 + 4 once idle: {seen:?}");
+    assert_eq!(seen.last(), Some(&0.0), "none once stopped: {seen:?}");
+    assert!(
+        seen.iter().all(|p| [0.0, 6.0, 18.0].contains(p)),
+        "{seen:?}"
+    );
+
+    let (seen, idle) = drain_quick_jobs(4, 4, 200).await;
+    let counted: Vec<_> = seen[..seen.len() - 1]
+        .iter()
+        .filter(|p| **p != 0.0)
+        .collect();
+    assert!(
+        !counted.is_empty() && counted.iter().all(|p| **p == 6.0),
+        "a fixed depth stays: {seen:?}"
+    );
+    assert_eq!(idle, 6.0);
+    assert_eq!(seen.last(), Some(&0.0));
+}

@@ -11,9 +11,13 @@
 //!
 //! It must never send a `multiple` ack that reaches a delivery not
 //! acknowledged by its holder (one still running, or being requeued or
-//! rejected), nor name a delivery tag twice (RabbitMQ closes the channel
-//! for an unknown tag): a tag is named only from the queue, which holds each
-//! tag once, and a `multiple` ack covers only tags below every unsettled one.
+//! rejected, or not handed out yet), nor name a delivery tag twice
+//! (RabbitMQ closes the channel for an unknown tag): a tag is named only
+//! from the queue, which holds each tag once, and a `multiple` ack covers
+//! only tags below every unsettled one and below every one not seen yet.
+//! A channel's tags count its deliveries from 1, but with two consumers on
+//! the channel they may be handed out of order: one seen proves nothing
+//! of those below it.
 //! An ack that cannot be sent (the channel closed) is lost with the channel,
 //! and RabbitMQ delivers the message again, as it does for every delivery
 //! unsettled when a channel closes. Once the group's connection is gone,
@@ -49,14 +53,67 @@ pub(super) struct AckGroup {
     sent: watch::Sender<u64>,
 }
 
-#[derive(Default)]
-struct Pending {
+/// `A`: how an ack is sent (lapin's acker; a tag alone in the tests).
+struct Pending<A = lapin::Acker> {
     /// Delivered and neither acknowledged nor sent back.
     open: BTreeSet<u64>,
     /// Acknowledged by their holder, not sent yet.
-    acked: BTreeMap<u64, lapin::Acker>,
+    acked: BTreeMap<u64, A>,
     /// Rounds of acks taken to be sent: those queued now go in the next.
     round: u64,
+    /// Every tag up to this one has been delivered (tags start at 1).
+    seen_through: u64,
+    /// Tags delivered above `seen_through + 1`.
+    seen_ahead: BTreeSet<u64>,
+}
+
+impl<A> Default for Pending<A> {
+    fn default() -> Self {
+        Pending {
+            open: BTreeSet::new(),
+            acked: BTreeMap::new(),
+            round: 0,
+            seen_through: 0,
+            seen_ahead: BTreeSet::new(),
+        }
+    }
+}
+
+impl<A> Pending<A> {
+    /// `tag` was delivered and is unsettled.
+    fn delivered(&mut self, tag: u64) {
+        self.open.insert(tag);
+        self.seen(tag);
+    }
+
+    fn seen(&mut self, tag: u64) {
+        if tag != self.seen_through + 1 {
+            if tag > self.seen_through {
+                self.seen_ahead.insert(tag);
+            }
+            return;
+        }
+        self.seen_through = tag;
+        while self.seen_ahead.remove(&(self.seen_through + 1)) {
+            self.seen_through += 1;
+        }
+    }
+
+    /// The acks queued, to be sent as the next round, and its number.
+    fn take_round(&mut self) -> (Plan<A>, u64) {
+        let acked = std::mem::take(&mut self.acked);
+        self.round += 1;
+        (plan(acked, self.bound()), self.round)
+    }
+
+    /// The lowest tag a `multiple` ack must not reach: the oldest
+    /// unsettled, or the first not seen.
+    fn bound(&self) -> u64 {
+        let unseen = self.seen_through.saturating_add(1);
+        self.open
+            .first()
+            .map_or(unseen, |oldest| unseen.min(*oldest))
+    }
 }
 
 /// What one flush sends: one `multiple` ack naming the highest of the
@@ -67,9 +124,9 @@ struct Plan<T> {
     single: Vec<T>,
 }
 
-/// Splits `acked` (ascending tags) around the oldest unsettled tag.
-fn plan<T>(acked: BTreeMap<u64, T>, oldest_open: Option<u64>) -> Plan<T> {
-    let below = oldest_open.unwrap_or(u64::MAX);
+/// Splits `acked` (ascending tags) around `below`, the lowest tag a
+/// `multiple` ack must not reach.
+fn plan<T>(acked: BTreeMap<u64, T>, below: u64) -> Plan<T> {
     let mut multiple = None;
     let mut single = Vec::new();
     for (tag, acker) in acked {
@@ -100,11 +157,6 @@ impl AckGroup {
         group
     }
 
-    /// The group's channel is on connection `generation`.
-    pub(super) fn is_on(&self, generation: u64) -> bool {
-        self.generation == generation
-    }
-
     /// The group's connection is no longer the one in use.
     pub(super) fn is_gone(&self) -> bool {
         self.link.is_gone(self.generation)
@@ -116,7 +168,7 @@ impl AckGroup {
 
     /// `tag` was delivered and is unsettled.
     pub(super) fn delivered(&self, tag: u64) {
-        lock(&self.state).open.insert(tag);
+        lock(&self.state).delivered(tag);
     }
 
     /// `tag` is acknowledged: answered once the flusher sent it, with
@@ -176,12 +228,7 @@ impl AckGroup {
         loop {
             let _ = tokio::time::timeout(IDLE, self.queued.notified()).await;
             let turn = self.turn.lock().await;
-            let (planned, round) = {
-                let mut state = lock(&self.state);
-                let acked = std::mem::take(&mut state.acked);
-                state.round += 1;
-                (plan(acked, state.open.first().copied()), state.round)
-            };
+            let (planned, round) = lock(&self.state).take_round();
             if let Some(acker) = planned.multiple {
                 let multiple = BasicAckOptions { multiple: true };
                 if let Err(error) = acker.ack(multiple).await {
@@ -215,7 +262,7 @@ mod tests {
 
     #[test]
     fn acks_below_the_oldest_unsettled_go_as_one_the_rest_alone() {
-        let planned = plan(acked(&[1, 2, 3, 7, 9]), Some(5));
+        let planned = plan(acked(&[1, 2, 3, 7, 9]), 5);
         assert_eq!(
             planned,
             Plan {
@@ -227,7 +274,7 @@ mod tests {
 
     #[test]
     fn with_nothing_unsettled_one_ack_names_them_all() {
-        let planned = plan(acked(&[4, 5, 6]), None);
+        let planned = plan(acked(&[4, 5, 6]), u64::MAX);
         assert_eq!(
             planned,
             Plan {
@@ -237,9 +284,60 @@ mod tests {
         );
     }
 
+    /// Tags seen out of order (two consumers on one channel): a round's
+    /// `multiple` ack stops below the first not seen, and below the oldest
+    /// unsettled.
+    #[test]
+    fn a_multiple_ack_never_reaches_a_tag_not_seen() {
+        let mut pending = Pending::<u64>::default();
+        for tag in [2, 3, 5] {
+            pending.delivered(tag);
+        }
+        pending.acked = acked(&[2, 3, 5]);
+        pending.open.clear();
+        let (planned, round) = pending.take_round();
+        assert_eq!(round, 1);
+        assert_eq!(
+            planned,
+            Plan {
+                multiple: None,
+                single: vec![2, 3, 5]
+            },
+            "1 not seen: nothing may go as one"
+        );
+        pending.delivered(1);
+        pending.delivered(4);
+        pending.delivered(7);
+        pending.open = [4].into();
+        pending.acked = acked(&[1, 7]);
+        let (planned, _) = pending.take_round();
+        assert_eq!(
+            planned,
+            Plan {
+                multiple: Some(1),
+                single: vec![7]
+            },
+            "1 to 5 seen, 4 unsettled, 6 not seen"
+        );
+        pending.delivered(6);
+        pending.delivered(2);
+        pending.open.clear();
+        pending.acked = acked(&[4, 6]);
+        let (planned, round) = pending.take_round();
+        assert_eq!(round, 3);
+        assert_eq!(
+            planned,
+            Plan {
+                multiple: Some(6),
+                single: vec![]
+            },
+            "1 to 7 seen, none unsettled"
+        );
+    }
+
     #[test]
     fn an_unsettled_oldest_delivery_keeps_every_ack_alone() {
-        let planned = plan(acked(&[2, 3]), Some(1));
+        let planned = plan(acked(&[2, 3]), 1);
         assert_eq!(
             planned,
             Plan {
@@ -247,7 +345,7 @@ mod tests {
                 single: vec![2, 3]
             }
         );
-        let none = plan(acked(&[]), Some(1));
+        let none = plan(acked(&[]), 1);
         assert_eq!(
             none,
             Plan {

@@ -8,14 +8,18 @@
 //! put it back, and it comes again).
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use futures_util::StreamExt;
 use lapin::message::Delivery as LapinDelivery;
-use lapin::options::{BasicConsumeOptions, BasicNackOptions, BasicQosOptions, BasicRejectOptions};
+use lapin::options::{
+    BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions, BasicRejectOptions,
+};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 use toolfleet_core::TraceContext;
 
 use super::acks::AckGroup;
@@ -56,9 +60,14 @@ impl RabbitBroker {
     ) -> Result<Box<dyn Consumer>, BrokerError> {
         let shared = self.shared();
         let (sender, deliveries) = mpsc::unbounded_channel();
+        let wanted = Arc::new(Wanted {
+            prefetch: AtomicU16::new(prefetch),
+            changed: Notify::new(),
+        });
         let feed = PoolFeed {
             queues: self.queues(pool)?,
             prefetch,
+            wanted: Arc::clone(&wanted),
             dead,
             sender,
         };
@@ -66,6 +75,7 @@ impl RabbitBroker {
         Ok(Box::new(RabbitConsumer {
             shared: Arc::clone(shared),
             deliveries,
+            wanted,
             timeout: shared.options.operation_timeout,
             dead,
             parts: VecDeque::new(),
@@ -112,14 +122,76 @@ fn death_of(headers: &FieldTable) -> (Option<String>, Option<i64>) {
 
 /// A worker's feed: one pool queue (or its dead-letter queue), manual
 /// acks, a bounded prefetch.
+///
+/// RabbitMQ counts a prefetch per consumer, fixed when it consumes, so a
+/// feed grows past the prefetch it was opened with by a second consumer of
+/// the same queue on the same channel (its deliveries acknowledged on that
+/// channel like the first's), and shrinks back by cancelling it: what that
+/// one delivered stays in hand until settled, and no more comes to it.
 struct PoolFeed {
     queues: PoolQueues,
+    /// The first consumer's prefetch.
     prefetch: u16,
+    /// The prefetch the consumer asks for now.
+    wanted: Arc<Wanted>,
     /// The dead-letter queue rather than the pool queue.
     dead: bool,
-    /// Unbounded here because RabbitMQ bounds it: at most `prefetch`
+    /// Unbounded here because RabbitMQ bounds it: at most the prefetch of
     /// unacknowledged deliveries are ever in flight.
-    sender: mpsc::UnboundedSender<(u64, LapinDelivery)>,
+    sender: mpsc::UnboundedSender<Came>,
+}
+
+/// A delivery as it came: on which connection and channel, and when.
+struct Came {
+    generation: u64,
+    /// The subscription whose channel it came on ([`Subscribed::serial`]).
+    serial: u64,
+    received: Instant,
+    delivery: LapinDelivery,
+}
+
+/// The prefetch a consumer asks its feed for.
+struct Wanted {
+    prefetch: AtomicU16,
+    changed: Notify,
+}
+
+impl PoolFeed {
+    fn queue(&self) -> &str {
+        match self.dead {
+            true => &self.queues.dead,
+            false => &self.queues.pool,
+        }
+    }
+
+    /// Consumes the feed's queue on `channel`, at most `prefetch`
+    /// unacknowledged.
+    async fn consume_on(
+        &self,
+        shared: &Shared,
+        channel: &lapin::Channel,
+        prefetch: u16,
+    ) -> Result<lapin::Consumer, BrokerError> {
+        let qos = channel.basic_qos(prefetch, BasicQosOptions::default());
+        shared.bounded("setting the prefetch", qos).await?;
+        let queue = self.queue();
+        let consume = channel.basic_consume(
+            name(queue)?,
+            ShortString::default(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        );
+        shared.bounded(&format!("consuming {queue}"), consume).await
+    }
+
+    /// What the second consumer should take: the wanted prefetch beyond
+    /// the first one's.
+    fn extra(&self) -> u16 {
+        self.wanted
+            .prefetch
+            .load(Ordering::Relaxed)
+            .saturating_sub(self.prefetch)
+    }
 }
 
 impl Feed for PoolFeed {
@@ -131,41 +203,68 @@ impl Feed for PoolFeed {
             shared.declare_pool(link, &self.queues).await?;
         }
         let channel = shared.channel(link).await?;
-        let qos = channel.basic_qos(self.prefetch, BasicQosOptions::default());
-        shared.bounded("setting the prefetch", qos).await?;
-        let queue = match self.dead {
-            true => &self.queues.dead,
-            false => &self.queues.pool,
-        };
-        let consume = channel.basic_consume(
-            name(queue)?,
-            ShortString::default(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        );
-        let consumer = shared
-            .bounded(&format!("consuming {queue}"), consume)
-            .await?;
-        Ok(Subscribed {
-            generation: link.generation,
-            consumer,
-            _channel: channel,
-        })
+        let consumer = self.consume_on(shared, &channel, self.prefetch).await?;
+        let mut sub = Subscribed::new(link.generation, consumer, channel);
+        self.adjust(shared, &mut sub).await?;
+        Ok(sub)
     }
 
-    fn forward(&self, generation: u64, delivery: LapinDelivery) -> bool {
-        self.sender.send((generation, delivery)).is_ok()
+    fn forward(&self, generation: u64, serial: u64, delivery: LapinDelivery) -> bool {
+        let came = Came {
+            generation,
+            serial,
+            received: Instant::now(),
+            delivery,
+        };
+        self.sender.send(came).is_ok()
     }
 
     async fn abandoned(&self) {
         self.sender.closed().await;
     }
+
+    async fn wants_adjusting(&self) {
+        self.wanted.changed.notified().await;
+    }
+
+    async fn adjust(&self, shared: &Shared, sub: &mut Subscribed) -> Result<(), BrokerError> {
+        let wanted = self.extra();
+        if sub.extra.as_ref().map_or(0, |(_, prefetch)| *prefetch) == wanted {
+            return Ok(());
+        }
+        if let Some((mut extra, _)) = sub.extra.take() {
+            let tag = extra.tag();
+            let cancel = sub.channel.basic_cancel(tag, BasicCancelOptions::default());
+            shared.bounded("cancelling a consumer", cancel).await?;
+            // Once the cancel is answered, what it delivered is all in
+            // lapin's hands: handed on, its stream ends.
+            let handed = async {
+                while let Some(next) = extra.next().await {
+                    if let Ok(delivery) = next {
+                        self.forward(sub.generation, sub.serial, delivery);
+                    }
+                }
+            };
+            if tokio::time::timeout(shared.options.operation_timeout, handed)
+                .await
+                .is_err()
+            {
+                tracing::debug!("a cancelled consumer did not end");
+            }
+        }
+        if wanted > 0 {
+            let extra = self.consume_on(shared, &sub.channel, wanted).await?;
+            sub.extra = Some((extra, wanted));
+        }
+        Ok(())
+    }
 }
 
 struct RabbitConsumer {
     shared: Arc<Shared>,
-    /// Each with the generation of the connection it came on.
-    deliveries: mpsc::UnboundedReceiver<(u64, LapinDelivery)>,
+    deliveries: mpsc::UnboundedReceiver<Came>,
+    /// The prefetch asked of the feed.
+    wanted: Arc<Wanted>,
     timeout: Duration,
     /// Of dead letters: each delivery says why it was dead-lettered.
     dead: bool,
@@ -173,9 +272,9 @@ struct RabbitConsumer {
     /// message.
     parts: VecDeque<Delivery>,
     message: Option<Arc<Mutex<SharedMessage>>>,
-    /// The acks of the current channel's deliveries and its latest tag: a
-    /// tag not above it, or another connection, comes from a new channel
-    /// (tags start at 1 on each).
+    /// The acks of the current channel's deliveries, and the serial of its
+    /// subscription: a delivery of another comes from a new channel (tags
+    /// start at 1 on each).
     group: Option<(Arc<AckGroup>, u64)>,
 }
 
@@ -198,17 +297,24 @@ impl Consumer for RabbitConsumer {
         self.parts.clear();
         self.message = None;
         loop {
-            let (generation, delivery) = self.deliveries.recv().await?;
+            let came = self.deliveries.recv().await?;
             // One from a channel that has since closed is back in its queue
             // and comes again; handing it out would only fail its ack.
-            if delivery.acker.usable() && !self.shared.is_gone(generation) {
-                let (mut parts, message) = self.deliveries_of(generation, delivery);
+            if came.delivery.acker.usable() && !self.shared.is_gone(came.generation) {
+                let (mut parts, message) = self.deliveries_of(came);
                 if let Some(first) = parts.pop_front() {
                     self.parts = parts;
                     self.message = message;
                     return Some(first);
                 }
             }
+        }
+    }
+
+    fn set_prefetch(&mut self, prefetch: u16) {
+        let before = self.wanted.prefetch.swap(prefetch, Ordering::Relaxed);
+        if before != prefetch {
+            self.wanted.changed.notify_one();
         }
     }
 }
@@ -218,16 +324,21 @@ impl RabbitConsumer {
     /// several (their acks settle the message together, which comes too).
     fn deliveries_of(
         &mut self,
-        generation: u64,
-        delivery: LapinDelivery,
+        came: Came,
     ) -> (VecDeque<Delivery>, Option<Arc<Mutex<SharedMessage>>>) {
+        let Came {
+            generation,
+            serial,
+            received,
+            delivery,
+        } = came;
         let tag = delivery.delivery_tag;
         let group = match &self.group {
-            Some((group, last)) if group.is_on(generation) && tag > *last => Arc::clone(group),
+            Some((group, of)) if *of == serial => Arc::clone(group),
             _ => AckGroup::start(Arc::clone(&self.shared), generation),
         };
         group.delivered(tag);
-        self.group = Some((Arc::clone(&group), tag));
+        self.group = Some((Arc::clone(&group), serial));
         let acker = RabbitAcker {
             acker: delivery.acker,
             timeout: self.timeout,
@@ -244,6 +355,7 @@ impl RabbitConsumer {
         if ids.len() <= 1 {
             let trace = headers.and_then(trace_of);
             let one = Delivery::new(body.into_owned(), delivery.redelivered, Box::new(acker))
+                .with_received(received)
                 .with_trace(trace)
                 .with_dead_reason(reason)
                 .with_died_at(died_at);
@@ -263,6 +375,7 @@ impl RabbitConsumer {
                     settled: false,
                 };
                 Delivery::new(id.to_owned(), delivery.redelivered, Box::new(part))
+                    .with_received(received)
                     .with_dead_reason(reason.clone())
                     .with_died_at(died_at)
             })

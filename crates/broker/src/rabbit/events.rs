@@ -274,14 +274,10 @@ impl Feed for EventFeed {
                 self.exchange
             )));
         }
-        Ok(Subscribed {
-            generation: link.generation,
-            consumer,
-            _channel: channel,
-        })
+        Ok(Subscribed::new(link.generation, consumer, channel))
     }
 
-    fn forward(&self, _generation: u64, delivery: LapinDelivery) -> bool {
+    fn forward(&self, _generation: u64, _serial: u64, delivery: LapinDelivery) -> bool {
         if delivery.routing_key.as_str() == LISTENING_KEY {
             self.unheard.heard_from(&delivery.data);
             return true;

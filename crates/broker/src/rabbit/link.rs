@@ -361,13 +361,37 @@ pub(super) fn redact(url: &str) -> String {
     }
 }
 
+/// Numbers each subscription, so that deliveries say which channel they
+/// came on.
+static SUBSCRIPTIONS: AtomicU64 = AtomicU64::new(0);
+
 /// One channel consuming one queue.
 pub(super) struct Subscribed {
     pub(super) generation: u64,
+    /// This subscription's channel among every one of the process: its
+    /// deliveries' tags are counted on it.
+    pub(super) serial: u64,
     pub(super) consumer: lapin::Consumer,
+    /// A second consumer of the same queue on the same channel, and its
+    /// prefetch: what a feed takes beyond its first consumer's prefetch
+    /// ([`Feed::adjust`]).
+    pub(super) extra: Option<(lapin::Consumer, u16)>,
     /// Held so that the channel lives exactly as long as the subscription:
     /// dropping it closes the channel and RabbitMQ requeues what was unacked.
-    pub(super) _channel: Channel,
+    pub(super) channel: Channel,
+}
+
+impl Subscribed {
+    /// The first consumer of `channel`, on connection `generation`.
+    pub(super) fn new(generation: u64, consumer: lapin::Consumer, channel: Channel) -> Self {
+        Subscribed {
+            generation,
+            serial: SUBSCRIPTIONS.fetch_add(1, Ordering::Relaxed),
+            consumer,
+            extra: None,
+            channel,
+        }
+    }
 }
 
 /// What a consumer or subscription consumes, and where its messages go.
@@ -378,11 +402,26 @@ pub(super) trait Feed: Send + Sync + 'static {
         shared: &Shared,
         link: &Link,
     ) -> impl Future<Output = Result<Subscribed, BrokerError>> + Send;
-    /// Hands one message on, delivered on connection `generation`; false
-    /// once nobody listens.
-    fn forward(&self, generation: u64, delivery: LapinDelivery) -> bool;
+    /// Hands one message on, delivered on connection `generation` and the
+    /// channel of subscription `serial`; false once nobody listens.
+    fn forward(&self, generation: u64, serial: u64, delivery: LapinDelivery) -> bool;
     /// Completes once nobody listens.
     fn abandoned(&self) -> impl Future<Output = ()> + Send;
+    /// Completes when the feed wants its subscription adjusted
+    /// ([`Feed::adjust`]); never, for a feed that is not.
+    fn wants_adjusting(&self) -> impl Future<Output = ()> + Send {
+        std::future::pending()
+    }
+    /// Brings `sub` to what the feed wants now (a pool's prefetch); an
+    /// error leaves it as it was, or its channel closing (and the feed
+    /// subscribing again).
+    fn adjust(
+        &self,
+        _shared: &Shared,
+        _sub: &mut Subscribed,
+    ) -> impl Future<Output = Result<(), BrokerError>> + Send {
+        std::future::ready(Ok(()))
+    }
 }
 
 /// Subscribes `feed` now, so a caller learns at once if it cannot, then
@@ -414,7 +453,7 @@ async fn pump<F: Feed>(shared: &Arc<Shared>, feed: &F, mut sub: Subscribed) -> b
             () = shared.until_closed() => return false,
             next = sub.consumer.next() => match next {
                 Some(Ok(delivery)) => {
-                    if !feed.forward(sub.generation, delivery) {
+                    if !feed.forward(sub.generation, sub.serial, delivery) {
                         return false;
                     }
                 }
@@ -425,7 +464,34 @@ async fn pump<F: Feed>(shared: &Arc<Shared>, feed: &F, mut sub: Subscribed) -> b
                     return true;
                 }
             },
+            next = next_extra(&mut sub.extra) => match next {
+                Some(Ok(delivery)) => {
+                    if !feed.forward(sub.generation, sub.serial, delivery) {
+                        return false;
+                    }
+                }
+                Some(Err(error)) => tracing::debug!(%error, "consumer interrupted"),
+                // Cancelled by RabbitMQ (its queue deleted) or its channel
+                // closed: the first consumer ends too.
+                None => sub.extra = None,
+            },
+            () = feed.wants_adjusting() => {
+                if let Err(error) = feed.adjust(shared, &mut sub).await {
+                    tracing::warn!(%error, "could not adjust a subscription");
+                }
+            }
         }
+    }
+}
+
+/// The next delivery of a subscription's second consumer; never, while it
+/// has none.
+async fn next_extra(
+    extra: &mut Option<(lapin::Consumer, u16)>,
+) -> Option<lapin::Result<LapinDelivery>> {
+    match extra {
+        Some((consumer, _)) => consumer.next().await,
+        None => std::future::pending().await,
     }
 }
 

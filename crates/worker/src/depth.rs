@@ -1,0 +1,236 @@
+//! How many deliveries a worker holds: its prefetch, deepened while its
+//! pool's messages come and go quickly, back to its usual depth as soon as
+//! they do not.
+//!
+//! A worker that holds more ahead of its slots claims and settles in larger
+//! groups, each costing the store and the broker less per job, so a pool of
+//! short jobs drains faster. But RabbitMQ closes a consumer's channel when a
+//! message stays unacknowledged past its `consumer_timeout`, and every
+//! message held waits its turn behind those before it: a deep prefetch is
+//! only safe while messages leave the hand quickly. So a worker starts at
+//! its usual depth (`concurrency + ahead`), deepens (to `concurrency +
+//! ahead_max`) once a whole hand of deliveries left it quickly enough that
+//! the deep hand would still turn over within [`SLOW`], and comes back as
+//! soon as one delivery stayed longer than [`SLOW`] or none left for
+//! [`STALL`] (jobs grown long, or the pool idle: the next burst starts at
+//! the usual depth again).
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{OwnedSemaphorePermit, watch};
+
+/// A delivery in hand longer than this brings the prefetch back to its
+/// usual depth.
+pub(crate) const SLOW: Duration = Duration::from_secs(1);
+
+/// With no delivery leaving the hand for this long, the prefetch comes back
+/// to its usual depth.
+pub(crate) const STALL: Duration = Duration::from_secs(1);
+
+/// A worker's prefetch: the usual depth and the deep one, and the one it
+/// wants now.
+pub(crate) struct Depth {
+    usual: u16,
+    deep: u16,
+    state: Mutex<State>,
+    wanted: watch::Sender<u16>,
+}
+
+struct State {
+    /// Deliveries that left the hand quickly, in a row.
+    quick: usize,
+    /// When the last one left.
+    last: Instant,
+}
+
+impl Depth {
+    /// A prefetch between `usual` and `deep`, at `usual` first.
+    pub(crate) fn new(usual: u16, deep: u16) -> Arc<Depth> {
+        Arc::new(Depth {
+            usual,
+            deep: deep.max(usual),
+            state: Mutex::new(State {
+                quick: 0,
+                last: Instant::now(),
+            }),
+            wanted: watch::Sender::new(usual),
+        })
+    }
+
+    /// The deep prefetch.
+    pub(crate) fn deepest(&self) -> u16 {
+        self.deep
+    }
+
+    /// The prefetch wanted, as it changes.
+    pub(crate) fn subscribe(&self) -> watch::Receiver<u16> {
+        self.wanted.subscribe()
+    }
+
+    /// The prefetch wanted now.
+    pub(crate) fn wanted(&self) -> u16 {
+        *self.wanted.borrow()
+    }
+
+    /// How long a delivery may stay in hand at the usual depth for the
+    /// deep one to turn over within [`SLOW`]: a hand's time scales with
+    /// its depth.
+    fn quick(&self) -> Duration {
+        SLOW.mul_f64(f64::from(self.usual) / f64::from(self.deep))
+    }
+
+    /// A delivery left the hand `age` after its message came.
+    pub(crate) fn left(&self, age: Duration) {
+        let mut state = lock(&self.state);
+        state.last = Instant::now();
+        let deep = self.wanted() == self.deep;
+        if age > SLOW {
+            state.quick = 0;
+            if deep {
+                self.wanted.send_replace(self.usual);
+            }
+        } else if age <= self.quick() {
+            state.quick = state.quick.saturating_add(1);
+            if !deep && state.quick >= usize::from(self.usual) {
+                self.wanted.send_replace(self.deep);
+            }
+        } else {
+            state.quick = 0;
+        }
+    }
+
+    /// Brings the prefetch back to its usual depth if no delivery left the
+    /// hand for [`STALL`].
+    pub(crate) fn check_stall(&self) {
+        let mut state = lock(&self.state);
+        if self.wanted() == self.deep && state.last.elapsed() >= STALL {
+            state.quick = 0;
+            self.wanted.send_replace(self.usual);
+        }
+    }
+
+    /// Checks for stalls until dropped.
+    pub(crate) async fn watch_stalls(self: Arc<Self>) {
+        let mut ticks = tokio::time::interval(STALL / 4);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticks.tick().await;
+            self.check_stall();
+        }
+    }
+}
+
+fn lock(state: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
+    state
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A delivery's place in hand: given back when dropped, telling its
+/// [`Depth`] how long the delivery's message was held.
+pub(crate) struct Place {
+    _permit: OwnedSemaphorePermit,
+    received: Instant,
+    depth: Option<Arc<Depth>>,
+}
+
+impl Place {
+    /// The place `permit` of a delivery whose message came at `received`.
+    pub(crate) fn new(
+        permit: OwnedSemaphorePermit,
+        received: Instant,
+        depth: Option<Arc<Depth>>,
+    ) -> Place {
+        Place {
+            _permit: permit,
+            received,
+            depth,
+        }
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        if let Some(depth) = &self.depth {
+            depth.left(self.received.elapsed());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const QUICKLY: Duration = Duration::from_millis(5);
+
+    #[test]
+    fn a_whole_hand_leaving_quickly_deepens_it() {
+        let depth = Depth::new(10, 40);
+        assert_eq!(depth.wanted(), 10);
+        for _ in 0..9 {
+            depth.left(QUICKLY);
+        }
+        assert_eq!(depth.wanted(), 10, "nine of a hand of ten");
+        depth.left(QUICKLY);
+        assert_eq!(depth.wanted(), 40, "a whole hand left quickly");
+    }
+
+    #[test]
+    fn a_delivery_held_too_long_for_the_deep_hand_starts_the_count_again() {
+        let depth = Depth::new(10, 40);
+        for _ in 0..9 {
+            depth.left(QUICKLY);
+        }
+        // Quick at 10, but a hand four times deeper would take over SLOW.
+        depth.left(SLOW / 3);
+        for _ in 0..9 {
+            depth.left(QUICKLY);
+        }
+        assert_eq!(depth.wanted(), 10, "the count started again");
+        depth.left(QUICKLY);
+        assert_eq!(depth.wanted(), 40);
+    }
+
+    #[test]
+    fn one_slow_delivery_brings_it_back() {
+        let depth = Depth::new(10, 40);
+        for _ in 0..10 {
+            depth.left(QUICKLY);
+        }
+        assert_eq!(depth.wanted(), 40);
+        depth.left(SLOW / 2);
+        assert_eq!(
+            depth.wanted(),
+            40,
+            "slower, but the deep hand turns over within SLOW"
+        );
+        depth.left(SLOW + Duration::from_millis(1));
+        assert_eq!(depth.wanted(), 10, "held past SLOW");
+    }
+
+    #[test]
+    fn a_hand_none_leaves_comes_back() {
+        let depth = Depth::new(10, 40);
+        for _ in 0..10 {
+            depth.left(QUICKLY);
+        }
+        depth.check_stall();
+        assert_eq!(depth.wanted(), 40, "one left just now");
+        lock(&depth.state).last = Instant::now() - STALL;
+        depth.check_stall();
+        assert_eq!(depth.wanted(), 10, "none left for STALL");
+    }
+
+    #[tokio::test]
+    async fn a_place_tells_its_depth_when_it_is_given_back() {
+        let depth = Depth::new(1, 4);
+        let permits = Arc::new(tokio::sync::Semaphore::new(1));
+        let permit = permits.clone().try_acquire_owned().unwrap();
+        let place = Place::new(permit, Instant::now(), Some(depth.clone()));
+        assert_eq!(permits.available_permits(), 0);
+        drop(place);
+        assert_eq!(permits.available_permits(), 1, "the place is given back");
+        assert_eq!(depth.wanted(), 4, "a hand of one left quickly");
+    }
+}
