@@ -164,13 +164,18 @@ mod tests {
 
     const QUICKLY: Duration = Duration::from_millis(5);
 
+    /// `n` deliveries left `depth` quickly.
+    fn quick(depth: &Depth, n: usize) {
+        for _ in 0..n {
+            depth.left(QUICKLY);
+        }
+    }
+
     #[test]
     fn a_whole_hand_leaving_quickly_deepens_it() {
         let depth = Depth::new(10, 40);
         assert_eq!(depth.wanted(), 10);
-        for _ in 0..9 {
-            depth.left(QUICKLY);
-        }
+        quick(&depth, 9);
         assert_eq!(depth.wanted(), 10, "nine of a hand of ten");
         depth.left(QUICKLY);
         assert_eq!(depth.wanted(), 40, "a whole hand left quickly");
@@ -179,14 +184,10 @@ mod tests {
     #[test]
     fn a_delivery_held_too_long_for_the_deep_hand_starts_the_count_again() {
         let depth = Depth::new(10, 40);
-        for _ in 0..9 {
-            depth.left(QUICKLY);
-        }
+        quick(&depth, 9);
         // Quick at 10, but a hand four times deeper would take over SLOW.
         depth.left(SLOW / 3);
-        for _ in 0..9 {
-            depth.left(QUICKLY);
-        }
+        quick(&depth, 9);
         assert_eq!(depth.wanted(), 10, "the count started again");
         depth.left(QUICKLY);
         assert_eq!(depth.wanted(), 40);
@@ -195,9 +196,7 @@ mod tests {
     #[test]
     fn one_slow_delivery_brings_it_back() {
         let depth = Depth::new(10, 40);
-        for _ in 0..10 {
-            depth.left(QUICKLY);
-        }
+        quick(&depth, 10);
         assert_eq!(depth.wanted(), 40);
         depth.left(SLOW / 2);
         assert_eq!(
@@ -212,9 +211,7 @@ mod tests {
     #[test]
     fn a_hand_none_leaves_comes_back() {
         let depth = Depth::new(10, 40);
-        for _ in 0..10 {
-            depth.left(QUICKLY);
-        }
+        quick(&depth, 10);
         depth.check_stall();
         assert_eq!(depth.wanted(), 40, "one left just now");
         lock(&depth.state).last = Instant::now() - STALL;

@@ -222,13 +222,7 @@ async fn slots_stop_counting_when_the_worker_stops_taking_jobs() {
     let broker = MemoryBroker::new();
     let mut config = WorkerConfig::new(POOL);
     config.concurrency = 2;
-    let worker = Worker::new(
-        config,
-        Arc::new(runtime),
-        store.clone(),
-        Arc::new(broker.clone()),
-        Arc::new(MemoryNotices::new()),
-    );
+    let worker = memory_worker(config, runtime, &store, &broker);
     let slots = format!("toolfleet_worker_slots{{pool=\"{POOL}\"}}");
     let in_flight = format!("toolfleet_worker_jobs_in_flight{{pool=\"{POOL}\"}}");
     let (stop, stopped) = watch::channel(false);
@@ -359,17 +353,40 @@ async fn slots_count_only_while_the_worker_consumes() {
     assert_eq!(sample(&metrics, &slots), Some(0.0), "dropped");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_job_taken_over_waited_from_when_the_lost_lease_ended() {
+/// A worker of `config` on `store`, `broker` and notices in memory.
+fn memory_worker(
+    config: WorkerConfig,
+    runtime: Runtime,
+    store: &Arc<dyn Store>,
+    broker: &MemoryBroker,
+) -> Arc<Worker> {
+    Worker::new(
+        config,
+        Arc::new(runtime),
+        store.clone(),
+        Arc::new(broker.clone()),
+        Arc::new(MemoryNotices::new()),
+    )
+}
+
+/// A runtime counting into its metrics with one job tool, `tool`, that
+/// does nothing, and a store in memory.
+async fn one_noop_tool(tool: &str) -> (Arc<Metrics>, Runtime, Arc<dyn Store>) {
     let metrics = Arc::new(Metrics::new());
     let mut runtime = Runtime::builder().metrics(metrics.clone()).build();
     runtime
         .register(
-            ToolDecl::job("resumed")
+            ToolDecl::job(tool)
                 .run(|_: CallCtx, _: serde_json::Value| async { Ok::<_, ToolError>(json!({})) }),
         )
         .expect("tool registers");
     let store: Arc<dyn Store> = Arc::new(SqliteStore::open_in_memory().await.unwrap());
+    (metrics, runtime, store)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_taken_over_waited_from_when_the_lost_lease_ended() {
+    let (metrics, runtime, store) = one_noop_tool("resumed").await;
     let worker = Worker::new(
         WorkerConfig::new(POOL),
         Arc::new(runtime),
@@ -410,27 +427,13 @@ async fn a_job_taken_over_waited_from_when_the_lost_lease_ended() {
 /// `jobs` quick jobs; answers the prefetch gauges read while they drain,
 /// once all settled, and after the worker stopped.
 async fn drain_quick_jobs(ahead: usize, ahead_max: usize, jobs: usize) -> (Vec<f64>, f64) {
-    let metrics = Arc::new(Metrics::new());
-    let mut runtime = Runtime::builder().metrics(metrics.clone()).build();
-    runtime
-        .register(
-            ToolDecl::job("quick")
-                .run(|_: CallCtx, _: serde_json::Value| async { Ok::<_, ToolError>(json!({})) }),
-        )
-        .expect("tool registers");
-    let store: Arc<dyn Store> = Arc::new(SqliteStore::open_in_memory().await.unwrap());
+    let (metrics, runtime, store) = one_noop_tool("quick").await;
     let broker = MemoryBroker::new();
     let mut config = WorkerConfig::new(POOL);
     config.concurrency = 2;
     config.ahead = ahead;
     config.ahead_max = ahead_max;
-    let worker = Worker::new(
-        config,
-        Arc::new(runtime),
-        store.clone(),
-        Arc::new(broker.clone()),
-        Arc::new(MemoryNotices::new()),
-    );
+    let worker = memory_worker(config, runtime, &store, &broker);
     let prefetch = format!("toolfleet_worker_prefetch{{pool=\"{POOL}\"}}");
     let (stop, stopped) = watch::channel(false);
     let run = tokio::spawn(worker.run(stopped, Duration::from_secs(1)));
