@@ -15,10 +15,11 @@
 //! [`STALL`] (jobs grown long, or the pool idle: the next burst starts at
 //! the usual depth again).
 
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use tokio::sync::{OwnedSemaphorePermit, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
 /// A delivery in hand longer than this brings the prefetch back to its
 /// usual depth.
@@ -28,6 +29,11 @@ pub(crate) const SLOW: Duration = Duration::from_secs(1);
 /// to its usual depth.
 pub(crate) const STALL: Duration = Duration::from_secs(1);
 
+/// Once back at its usual depth, the prefetch deepens again only after
+/// this long: what the deep hand took is settled by then, and a pool of
+/// mostly short jobs with a few long ones does not go back and forth.
+pub(crate) const HOLD_DOWN: Duration = Duration::from_secs(5);
+
 /// A worker's prefetch: the usual depth and the deep one, and the one it
 /// wants now.
 pub(crate) struct Depth {
@@ -35,6 +41,11 @@ pub(crate) struct Depth {
     deep: u16,
     state: Mutex<State>,
     wanted: watch::Sender<u16>,
+    /// Places in hand still to be taken out of the worker's semaphore
+    /// since the prefetch came back: each is forgotten as it is given back.
+    owed: AtomicUsize,
+    /// The prefetch the places in hand were last brought to.
+    placed: Mutex<u16>,
 }
 
 struct State {
@@ -42,6 +53,8 @@ struct State {
     quick: usize,
     /// When the last one left.
     last: Instant,
+    /// When the prefetch last came back to its usual depth.
+    back: Option<Instant>,
 }
 
 impl Depth {
@@ -53,14 +66,12 @@ impl Depth {
             state: Mutex::new(State {
                 quick: 0,
                 last: Instant::now(),
+                back: None,
             }),
             wanted: watch::Sender::new(usual),
+            owed: AtomicUsize::new(0),
+            placed: Mutex::new(usual),
         })
-    }
-
-    /// The deep prefetch.
-    pub(crate) fn deepest(&self) -> u16 {
-        self.deep
     }
 
     /// The prefetch wanted, as it changes.
@@ -88,11 +99,12 @@ impl Depth {
         if age > SLOW {
             state.quick = 0;
             if deep {
-                self.wanted.send_replace(self.usual);
+                self.come_back(&mut state);
             }
         } else if age <= self.quick() {
             state.quick = state.quick.saturating_add(1);
-            if !deep && state.quick >= usize::from(self.usual) {
+            let held_down = state.back.is_some_and(|back| back.elapsed() < HOLD_DOWN);
+            if !deep && !held_down && state.quick >= usize::from(self.usual) {
                 self.wanted.send_replace(self.deep);
             }
         } else {
@@ -100,14 +112,54 @@ impl Depth {
         }
     }
 
+    fn come_back(&self, state: &mut State) {
+        state.quick = 0;
+        state.back = Some(Instant::now());
+        self.wanted.send_replace(self.usual);
+    }
+
     /// Brings the prefetch back to its usual depth if no delivery left the
     /// hand for [`STALL`].
     pub(crate) fn check_stall(&self) {
         let mut state = lock(&self.state);
         if self.wanted() == self.deep && state.last.elapsed() >= STALL {
-            state.quick = 0;
-            self.wanted.send_replace(self.usual);
+            self.come_back(&mut state);
         }
+    }
+
+    /// Brings the places in hand, `slots`, to `prefetch`: added at once
+    /// when it deepens; when it comes back, those free are taken out at
+    /// once and the rest as they are given back.
+    pub(crate) fn resize(&self, slots: &Semaphore, prefetch: u16) {
+        {
+            let mut placed = self.placed.lock().unwrap_or_else(PoisonError::into_inner);
+            if *placed == prefetch {
+                return;
+            }
+            *placed = prefetch;
+        }
+        let extra = usize::from(self.deep - self.usual);
+        if prefetch == self.deep {
+            let repaid = self
+                .owed
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |owed| {
+                    Some(owed.saturating_sub(extra))
+                })
+                .map_or(0, |owed| owed.min(extra));
+            slots.add_permits(extra - repaid);
+        } else {
+            let taken = slots.forget_permits(extra);
+            self.owed.fetch_add(extra - taken, Ordering::AcqRel);
+        }
+    }
+
+    /// Whether a place given back is to be taken out rather than freed.
+    fn take_owed(&self) -> bool {
+        self.owed
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |owed| {
+                owed.checked_sub(1)
+            })
+            .is_ok()
     }
 
     /// Checks for stalls until dropped.
@@ -130,7 +182,7 @@ fn lock(state: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
 /// A delivery's place in hand: given back when dropped, telling its
 /// [`Depth`] how long the delivery's message was held.
 pub(crate) struct Place {
-    _permit: OwnedSemaphorePermit,
+    permit: Option<OwnedSemaphorePermit>,
     received: Instant,
     depth: Option<Arc<Depth>>,
 }
@@ -143,7 +195,7 @@ impl Place {
         depth: Option<Arc<Depth>>,
     ) -> Place {
         Place {
-            _permit: permit,
+            permit: Some(permit),
             received,
             depth,
         }
@@ -154,6 +206,11 @@ impl Drop for Place {
     fn drop(&mut self) {
         if let Some(depth) = &self.depth {
             depth.left(self.received.elapsed());
+            if depth.take_owed()
+                && let Some(permit) = self.permit.take()
+            {
+                permit.forget();
+            }
         }
     }
 }
@@ -217,6 +274,52 @@ mod tests {
         lock(&depth.state).last = Instant::now() - STALL;
         depth.check_stall();
         assert_eq!(depth.wanted(), 10, "none left for STALL");
+    }
+
+    #[test]
+    fn once_back_it_deepens_again_only_after_the_hold_down() {
+        let depth = Depth::new(10, 40);
+        quick(&depth, 10);
+        depth.left(SLOW * 2);
+        assert_eq!(depth.wanted(), 10, "back");
+        quick(&depth, 30);
+        assert_eq!(depth.wanted(), 10, "held down");
+        lock(&depth.state).back = Some(Instant::now() - HOLD_DOWN);
+        quick(&depth, 10);
+        assert_eq!(depth.wanted(), 40, "deep again after the hold-down");
+    }
+
+    /// The places in hand follow the prefetch: added when it deepens,
+    /// taken out when it comes back, those in use as they are given back.
+    #[tokio::test]
+    async fn the_places_in_hand_follow_the_prefetch() {
+        let depth = Depth::new(2, 5);
+        let slots = Arc::new(Semaphore::new(2));
+        depth.resize(&slots, 5);
+        assert_eq!(slots.available_permits(), 5);
+        depth.resize(&slots, 5);
+        assert_eq!(slots.available_permits(), 5, "once only");
+        let place = |slots: &Arc<Semaphore>| {
+            let permit = slots.clone().try_acquire_owned().expect("a place");
+            Place::new(permit, Instant::now(), Some(depth.clone()))
+        };
+        let held: Vec<Place> = (0..4).map(|_| place(&slots)).collect();
+        depth.resize(&slots, 2);
+        assert_eq!(slots.available_permits(), 0, "the free one taken out");
+        let mut held = held.into_iter();
+        drop(held.next());
+        drop(held.next());
+        assert_eq!(
+            slots.available_permits(),
+            0,
+            "two more taken out as given back"
+        );
+        drop(held.next());
+        assert_eq!(slots.available_permits(), 1, "then given back");
+        depth.resize(&slots, 5);
+        assert_eq!(slots.available_permits(), 4, "three added back");
+        drop(held);
+        assert_eq!(slots.available_permits(), 5);
     }
 
     #[tokio::test]

@@ -280,13 +280,12 @@ impl Worker {
         let in_hand = capacity.saturating_add(self.config.ahead);
         let prefetch = u16::try_from(in_hand).unwrap_or(u16::MAX);
         // Holding jobs ahead, the prefetch deepens while messages leave the
-        // hand quickly; the places in hand are those of the deepest.
+        // hand quickly, and the places in hand with it.
         let early = self.config.ahead > 0 && !self.config.ordered;
         let deepest = capacity.saturating_add(self.config.ahead_max);
         let depth = (early && deepest > in_hand)
             .then(|| Depth::new(prefetch, u16::try_from(deepest).unwrap_or(u16::MAX)));
-        let places = depth.as_ref().map_or(in_hand, |d| usize::from(d.deepest()));
-        let slots = Arc::new(Semaphore::new(places));
+        let slots = Arc::new(Semaphore::new(in_hand));
         let subscribing = async {
             loop {
                 match self.broker.consume(&self.config.pool, prefetch).await {
@@ -343,6 +342,9 @@ impl Worker {
                 _ = shutdown.changed() => break,
                 prefetch = wanted_change(&mut wanted) => {
                     consumer.set_prefetch(prefetch);
+                    if let Some(depth) = &depth {
+                        depth.resize(&slots, prefetch);
+                    }
                     prefetched = Held::by(&self.gauges.prefetch, i64::from(prefetch));
                     continue;
                 }
@@ -357,6 +359,9 @@ impl Worker {
                     _ = shutdown.changed() => break None,
                     prefetch = wanted_change(&mut wanted) => {
                         consumer.set_prefetch(prefetch);
+                        if let Some(depth) = &depth {
+                            depth.resize(&slots, prefetch);
+                        }
                         prefetched = Held::by(&self.gauges.prefetch, i64::from(prefetch));
                     }
                     delivery = consumer.next() => break delivery,

@@ -249,7 +249,9 @@ impl Feed for PoolFeed {
                 .await
                 .is_err()
             {
-                tracing::debug!("a cancelled consumer did not end");
+                return Err(BrokerError::Unavailable(
+                    "a cancelled consumer did not end".into(),
+                ));
             }
         }
         if wanted > 0 {

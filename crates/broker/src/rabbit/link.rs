@@ -412,9 +412,8 @@ pub(super) trait Feed: Send + Sync + 'static {
     fn wants_adjusting(&self) -> impl Future<Output = ()> + Send {
         std::future::pending()
     }
-    /// Brings `sub` to what the feed wants now (a pool's prefetch); an
-    /// error leaves it as it was, or its channel closing (and the feed
-    /// subscribing again).
+    /// Brings `sub` to what the feed wants now (a pool's prefetch); after
+    /// an error the subscription ends and the feed subscribes again.
     fn adjust(
         &self,
         _shared: &Shared,
@@ -471,15 +470,34 @@ async fn pump<F: Feed>(shared: &Arc<Shared>, feed: &F, mut sub: Subscribed) -> b
                     }
                 }
                 Some(Err(error)) => tracing::debug!(%error, "consumer interrupted"),
-                // Cancelled by RabbitMQ (its queue deleted) or its channel
-                // closed: the first consumer ends too.
-                None => sub.extra = None,
+                // Cancelled by RabbitMQ, or its channel closed (the first
+                // consumer ends too): consumed again while the feed wants it.
+                None => {
+                    sub.extra = None;
+                    if !adjusted(shared, feed, &mut sub).await {
+                        return true;
+                    }
+                }
             },
             () = feed.wants_adjusting() => {
-                if let Err(error) = feed.adjust(shared, &mut sub).await {
-                    tracing::warn!(%error, "could not adjust a subscription");
+                if !adjusted(shared, feed, &mut sub).await {
+                    return true;
                 }
             }
+        }
+    }
+}
+
+/// Adjusts `sub` ([`Feed::adjust`]); false when it could not, and the
+/// subscription is to end: its channel closes (RabbitMQ takes back what it
+/// holds) and the feed subscribes again, rather than go on with a consumer
+/// whose deliveries nobody reads.
+async fn adjusted<F: Feed>(shared: &Arc<Shared>, feed: &F, sub: &mut Subscribed) -> bool {
+    match feed.adjust(shared, sub).await {
+        Ok(()) => true,
+        Err(error) => {
+            tracing::warn!(%error, "could not adjust a subscription; subscribing again");
+            false
         }
     }
 }
