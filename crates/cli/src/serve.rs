@@ -384,18 +384,22 @@ const DEEP_AHEAD_PER_SLOT: usize = 16;
 /// the most it holds while they leave its hand quickly: none for a pool of
 /// long jobs (they wait in the queue, where any worker may take them), else
 /// `prefetch_ahead` (both), by default [`AHEAD_PER_SLOT`] per slot deepening
-/// to [`DEEP_AHEAD_PER_SLOT`] (a message may carry many jobs, and each held
-/// message's clock toward RabbitMQ's `consumer_timeout` runs from its
-/// delivery), at most what a prefetch counts.
+/// to [`DEEP_AHEAD_PER_SLOT`] on RabbitMQ (a message may carry many jobs,
+/// and each held message's clock toward RabbitMQ's `consumer_timeout` runs
+/// from its delivery), at most what a prefetch counts. The in-process
+/// queue does not deepen: it hands a message over only when the worker
+/// takes it, and there the claims of a deeper hand only contend with the
+/// calls' inserts for SQLite's one writer.
 fn prefetch_ahead(config: &Config, long: bool) -> (usize, usize) {
     if long {
         return (0, 0);
     }
     let most = usize::from(u16::MAX).saturating_sub(config.concurrency);
     let per_slot = |n: usize| config.concurrency.saturating_mul(n).min(most);
-    match config.prefetch_ahead {
-        Some(ahead) => (ahead.min(most), ahead.min(most)),
-        None => (per_slot(AHEAD_PER_SLOT), per_slot(DEEP_AHEAD_PER_SLOT)),
+    match (config.prefetch_ahead, &config.broker_url) {
+        (Some(ahead), _) => (ahead.min(most), ahead.min(most)),
+        (None, Some(_)) => (per_slot(AHEAD_PER_SLOT), per_slot(DEEP_AHEAD_PER_SLOT)),
+        (None, None) => (per_slot(AHEAD_PER_SLOT), per_slot(AHEAD_PER_SLOT)),
     }
 }
 
@@ -698,20 +702,23 @@ mod tests {
         toolfleet_fleet::backends::rabbit_options(&config.backend_settings(), prefetch, agent_pools)
     }
 
-    /// A worker holds four jobs ahead per slot, sixteen while they leave
-    /// its hand quickly, unless `prefetch_ahead` fixes it, bounded by what
-    /// a prefetch counts; a pool of long jobs holds none.
+    /// A worker holds four jobs ahead per slot, on RabbitMQ sixteen while
+    /// they leave its hand quickly, unless `prefetch_ahead` fixes it,
+    /// bounded by what a prefetch counts; a pool of long jobs holds none.
     #[test]
     fn workers_hold_messages_ahead_except_for_long_jobs() {
-        let config = parse("concurrency = 8");
+        let rabbit = "database_url = \"postgres://x\"\nbroker_url = \"amqp://y\"\n";
+        let config = parse(&format!("{rabbit}concurrency = 8"));
         assert_eq!(prefetch_ahead(&config, false), (32, 128));
         assert_eq!(prefetch_ahead(&config, true), (0, 0));
-        let config = parse("concurrency = 8\nprefetch_ahead = 5");
+        let config = parse("concurrency = 8");
+        assert_eq!(prefetch_ahead(&config, false), (32, 32), "in-process");
+        let config = parse(&format!("{rabbit}concurrency = 8\nprefetch_ahead = 5"));
         assert_eq!(prefetch_ahead(&config, false), (5, 5));
         assert_eq!(prefetch_ahead(&config, true), (0, 0));
-        let config = parse("concurrency = 8\nprefetch_ahead = 100000");
+        let config = parse(&format!("{rabbit}concurrency = 8\nprefetch_ahead = 100000"));
         assert_eq!(prefetch_ahead(&config, false), (65_535 - 8, 65_535 - 8));
-        let config = parse("concurrency = 5000");
+        let config = parse(&format!("{rabbit}concurrency = 5000"));
         assert_eq!(prefetch_ahead(&config, false), (20_000, 65_535 - 5000));
     }
 
