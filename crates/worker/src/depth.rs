@@ -44,8 +44,6 @@ pub(crate) struct Depth {
     /// Places in hand still to be taken out of the worker's semaphore
     /// since the prefetch came back: each is forgotten as it is given back.
     owed: AtomicUsize,
-    /// The prefetch the places in hand were last brought to.
-    placed: Mutex<u16>,
 }
 
 struct State {
@@ -55,6 +53,8 @@ struct State {
     last: Instant,
     /// When the prefetch last came back to its usual depth.
     back: Option<Instant>,
+    /// The prefetch the places in hand were last brought to.
+    placed: u16,
 }
 
 impl Depth {
@@ -67,10 +67,10 @@ impl Depth {
                 quick: 0,
                 last: Instant::now(),
                 back: None,
+                placed: usual,
             }),
             wanted: watch::Sender::new(usual),
             owed: AtomicUsize::new(0),
-            placed: Mutex::new(usual),
         })
     }
 
@@ -132,11 +132,11 @@ impl Depth {
     /// once and the rest as they are given back.
     pub(crate) fn resize(&self, slots: &Semaphore, prefetch: u16) {
         {
-            let mut placed = self.placed.lock().unwrap_or_else(PoisonError::into_inner);
-            if *placed == prefetch {
+            let mut state = lock(&self.state);
+            if state.placed == prefetch {
                 return;
             }
-            *placed = prefetch;
+            state.placed = prefetch;
         }
         let extra = usize::from(self.deep - self.usual);
         if prefetch == self.deep {
@@ -174,9 +174,7 @@ impl Depth {
 }
 
 fn lock(state: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
-    state
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
+    state.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// A delivery's place in hand: given back when dropped, telling its

@@ -341,11 +341,7 @@ impl Worker {
                 biased;
                 _ = shutdown.changed() => break,
                 prefetch = wanted_change(&mut wanted) => {
-                    consumer.set_prefetch(prefetch);
-                    if let Some(depth) = &depth {
-                        depth.resize(&slots, prefetch);
-                    }
-                    prefetched = Held::by(&self.gauges.prefetch, i64::from(prefetch));
+                    prefetched = self.follow_depth(consumer.as_mut(), depth.as_deref(), &slots, prefetch);
                     continue;
                 }
                 permit = slots.clone().acquire_owned() => match permit {
@@ -358,11 +354,7 @@ impl Worker {
                     biased;
                     _ = shutdown.changed() => break None,
                     prefetch = wanted_change(&mut wanted) => {
-                        consumer.set_prefetch(prefetch);
-                        if let Some(depth) = &depth {
-                            depth.resize(&slots, prefetch);
-                        }
-                        prefetched = Held::by(&self.gauges.prefetch, i64::from(prefetch));
+                        prefetched = self.follow_depth(consumer.as_mut(), depth.as_deref(), &slots, prefetch);
                     }
                     delivery = consumer.next() => break delivery,
                 }
@@ -392,6 +384,22 @@ impl Worker {
             tasks.abort_all();
             while tasks.join_next().await.is_some() {}
         }
+    }
+
+    /// Brings the consumer, the places in hand and the prefetch gauge to
+    /// `prefetch`, the depth wanted now; answers the gauge's new share.
+    fn follow_depth(
+        &self,
+        consumer: &mut dyn toolfleet_broker::Consumer,
+        depth: Option<&Depth>,
+        slots: &Semaphore,
+        prefetch: u16,
+    ) -> Held {
+        consumer.set_prefetch(prefetch);
+        if let Some(depth) = depth {
+            depth.resize(slots, prefetch);
+        }
+        Held::by(&self.gauges.prefetch, i64::from(prefetch))
     }
 
     /// Handles one delivery and acknowledges it; a message that is not a

@@ -451,25 +451,23 @@ async fn pump<F: Feed>(shared: &Arc<Shared>, feed: &F, mut sub: Subscribed) -> b
             () = feed.abandoned() => return false,
             () = shared.until_closed() => return false,
             next = sub.consumer.next() => match next {
-                Some(Ok(delivery)) => {
-                    if !feed.forward(sub.generation, sub.serial, delivery) {
+                // lapin follows an error with the end of the stream.
+                Some(next) => {
+                    if !hand_on(feed, &sub, next) {
                         return false;
                     }
                 }
-                // lapin follows an error with the end of the stream.
-                Some(Err(error)) => tracing::debug!(%error, "consumer interrupted"),
                 None => {
                     shared.check(sub.generation);
                     return true;
                 }
             },
             next = next_extra(&mut sub.extra) => match next {
-                Some(Ok(delivery)) => {
-                    if !feed.forward(sub.generation, sub.serial, delivery) {
+                Some(next) => {
+                    if !hand_on(feed, &sub, next) {
                         return false;
                     }
                 }
-                Some(Err(error)) => tracing::debug!(%error, "consumer interrupted"),
                 // Cancelled by RabbitMQ, or its channel closed (the first
                 // consumer ends too): consumed again while the feed wants it.
                 None => {
@@ -484,6 +482,17 @@ async fn pump<F: Feed>(shared: &Arc<Shared>, feed: &F, mut sub: Subscribed) -> b
                     return true;
                 }
             }
+        }
+    }
+}
+
+/// Hands on what one of `sub`'s consumers gave; false once nobody listens.
+fn hand_on<F: Feed>(feed: &F, sub: &Subscribed, next: lapin::Result<LapinDelivery>) -> bool {
+    match next {
+        Ok(delivery) => feed.forward(sub.generation, sub.serial, delivery),
+        Err(error) => {
+            tracing::debug!(%error, "consumer interrupted");
+            true
         }
     }
 }
