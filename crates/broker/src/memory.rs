@@ -198,14 +198,15 @@ impl Broker for MemoryBroker {
 
     async fn consume(&self, pool: &str, prefetch: u16) -> Result<Box<dyn Consumer>, BrokerError> {
         let (id, changed) = self.shared().register_consumer(pool)?;
+        // AMQP reads 0 as "unlimited"; every queue here is bounded, so a
+        // consumer always holds at least one and at most `prefetch`.
+        let prefetch = usize::from(prefetch.max(1));
         Ok(Box::new(MemoryConsumer {
             shared: Arc::clone(self.shared()),
             pool: pool.to_owned(),
             id,
-            // AMQP reads 0 as "unlimited"; every queue here is bounded, so a
-            // consumer always holds at least one and at most `prefetch`.
-            prefetch: usize::from(prefetch.max(1)),
-            opened: usize::from(prefetch.max(1)),
+            prefetch,
+            opened: prefetch,
             changed,
         }))
     }

@@ -905,26 +905,38 @@ async fn a_subscription_for_some_states_hears_only_those() {
 /// Publishes `body` to `queue` over a connection of the test's own, as
 /// another program (or an older one) could, and waits for the confirm.
 async fn raw_publish(connection: &Connection, queue: &str, body: &str) {
+    raw_publish_all(connection, queue, &[body]).await;
+}
+
+/// Publishes each of `bodies` to `queue` as a message of its own, on one
+/// channel, and waits until RabbitMQ confirmed every one.
+async fn raw_publish_all(connection: &Connection, queue: &str, bodies: &[&str]) {
     use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
     let channel = connection.create_channel().await.expect("a channel");
     channel
         .confirm_select(ConfirmSelectOptions::default())
         .await
         .expect("confirms");
-    let confirm = channel
-        .basic_publish(
-            "".into(),
-            queue.into(),
-            BasicPublishOptions::default(),
-            body.as_bytes(),
-            lapin::BasicProperties::default().with_delivery_mode(2),
-        )
-        .await
-        .expect("published");
-    assert!(
-        confirm.await.expect("confirmed").is_ack(),
-        "RabbitMQ took {body}"
-    );
+    let mut confirms = Vec::with_capacity(bodies.len());
+    for body in bodies {
+        let confirm = channel
+            .basic_publish(
+                "".into(),
+                queue.into(),
+                BasicPublishOptions::default(),
+                body.as_bytes(),
+                lapin::BasicProperties::default().with_delivery_mode(2),
+            )
+            .await
+            .expect("published");
+        confirms.push((body, confirm));
+    }
+    for (body, confirm) in confirms {
+        assert!(
+            confirm.await.expect("confirmed").is_ack(),
+            "RabbitMQ took {body}"
+        );
+    }
 }
 
 /// The next `count` deliveries' job ids, and the deliveries.
@@ -1091,21 +1103,9 @@ async fn a_grown_prefetch_acknowledges_each_delivery_once() {
     broker.0.publish(&pool, "job-first").await.unwrap();
     // A message each, published at once.
     let ids: Vec<String> = (0..3000).map(|n| format!("job-{n}")).collect();
-    let connection = raw_connection().await;
-    let channel = connection.create_channel().await.expect("a channel");
-    for id in &ids {
-        let publish = channel.basic_publish(
-            "".into(),
-            queue.as_str().into(),
-            lapin::options::BasicPublishOptions::default(),
-            id.as_bytes(),
-            lapin::BasicProperties::default(),
-        );
-        publish.await.expect("published");
-    }
-    let ids: Vec<&str> = std::iter::once("job-first")
-        .chain(ids.iter().map(String::as_str))
-        .collect();
+    let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+    raw_publish_all(&raw_connection().await, &queue, &ids).await;
+    let ids: Vec<&str> = std::iter::once("job-first").chain(ids).collect();
     let mut consumer = consume(&broker.0, &pool, 4).await;
     let held = next_deliveries(consumer.as_mut(), 4, "under prefetch 4").await;
     consumer.set_prefetch(400);
