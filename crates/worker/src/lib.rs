@@ -362,7 +362,7 @@ impl Worker {
             let Some(delivery) = delivery else { break };
             let place = Place::new(permit, delivery.received, depth.clone());
             let worker = self.clone();
-            // Boxed: a job's future is large (some 12 KB), and a task
+            // Boxed: a job's future is large (some 7 KB), and a task
             // moves its future a few times as it is spawned.
             tasks.spawn(Box::pin(async move {
                 worker.handle_holding(delivery, Some(place)).await;
@@ -562,8 +562,10 @@ impl Worker {
             self.store.claim(by_id).await
         };
         let pool = &self.config.pool;
+        // Boxed: a record is some 700 bytes, which every future it passes
+        // through (the run, its settling) would otherwise hold a copy of.
         let job = match claimed {
-            Ok(Some(job)) => job,
+            Ok(Some(job)) => Box::new(job),
             Ok(None) => {
                 tracing::debug!(
                     pool = %pool,
@@ -689,7 +691,7 @@ impl Worker {
     /// Runs a job this worker has just claimed as `lease`, in the trace `trace`.
     async fn run_claimed(
         &self,
-        job: JobRecord,
+        job: Box<JobRecord>,
         lease: &LeaseRef,
         claimed_at: i64,
         trace: TraceContext,
@@ -720,12 +722,12 @@ impl Worker {
         };
         let slot = match slot {
             Slot::Taken(slot) => slot,
-            Slot::Stopping => return self.defer(&job, lease, GIVE_BACK).await,
+            Slot::Stopping => return Box::pin(self.defer(&job, lease, GIVE_BACK)).await,
             Slot::Lost(outcome) => return self.settle(job, lease, outcome).await,
         };
         let busy = Held::new(&self.gauges.busy_slots);
         if let Some(wait) = self.start_wait(&job).await {
-            return self.defer(&job, lease, wait).await;
+            return Box::pin(self.defer(&job, lease, wait)).await;
         }
         tracing::info!("job started");
         let metrics = self.runtime.metrics();
@@ -891,14 +893,19 @@ impl Worker {
 
     /// Settles what the attempt `lease` of `job` came to, as its holder: an
     /// attempt that no longer holds the job settles and announces nothing.
-    async fn settle(&self, job: JobRecord, lease: &LeaseRef, outcome: Outcome) -> Handled {
+    ///
+    /// The paths few jobs take (asking the client, reading a job someone
+    /// else settled, deferring) are boxed here and in `run_claimed`: a
+    /// future is as large as its largest path, and each job's is copied
+    /// whole into the task that runs it.
+    async fn settle(&self, job: Box<JobRecord>, lease: &LeaseRef, outcome: Outcome) -> Handled {
         let now = now_ms();
         let settled = match outcome {
             Outcome::Done(Err(error)) if error.is_parked() => {
                 // The executor parked its job (it waits for a person): the
                 // store says how it stands; there is nothing to settle.
                 tracing::info!("job parked: {}", error.message);
-                return self.as_it_stands(&job.id, true).await;
+                return Box::pin(self.as_it_stands(&job.id, true)).await;
             }
             Outcome::Done(Ok(result)) => {
                 // A tool that asks its client may answer with questions.
@@ -906,7 +913,7 @@ impl Worker {
                     let value = result.to_value();
                     if let Some((requests, state)) = toolfleet_core::client_requests(&value) {
                         let (requests, state) = (requests.clone(), state.cloned());
-                        return self.ask(job, lease, requests, state).await;
+                        return Box::pin(self.ask(job, lease, requests, state)).await;
                     }
                 }
                 let done = Succeed {
@@ -960,7 +967,7 @@ impl Worker {
             }
             Outcome::Cancelled => {
                 tracing::info!("job cancelled while running");
-                let handled = self.as_it_stands(&job.id, false).await;
+                let handled = Box::pin(self.as_it_stands(&job.id, false)).await;
                 if let Handled::Ran(state @ JobState::Cancelled) = handled {
                     let tool = self.runtime.tool_label(&job.tool);
                     self.runtime.metrics().job_state(tool, state);
@@ -1013,7 +1020,7 @@ impl Worker {
     /// [`toolfleet_core::MAX_ASKING_ROUNDS`], or one a client cannot answer, fails the job.
     async fn ask(
         &self,
-        job: JobRecord,
+        job: Box<JobRecord>,
         lease: &LeaseRef,
         requests: serde_json::Map<String, serde_json::Value>,
         state: Option<serde_json::Value>,
