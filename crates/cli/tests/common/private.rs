@@ -193,15 +193,38 @@ impl PrivatePostgres {
 
     /// Creates a cluster and starts it.
     pub(crate) fn start() -> PrivatePostgres {
-        let pg = PrivatePostgres::init();
-        pg.start_again();
-        pg
+        PrivatePostgres::started(PrivatePostgres::init)
+    }
+
+    /// A cluster `make` creates, started. A port found free may be taken
+    /// before the server binds it (another test's server, or an outgoing
+    /// connection's ephemeral port): a new cluster on a new port is then
+    /// tried, three times at most.
+    fn started(make: impl Fn() -> PrivatePostgres) -> PrivatePostgres {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let pg = make();
+            match pg.launch() {
+                Ok(()) => return pg,
+                Err(why) if tries < 3 && why.contains("Address already in use") => {
+                    eprintln!("a private PostgreSQL's port was taken; trying another");
+                }
+                Err(why) => panic!("{why}"),
+            }
+        }
     }
 
     /// Creates a cluster that speaks TLS with `certs`' server certificate
     /// and refuses every TCP connection without it (`hostssl` lines only:
     /// trust, but a password over SCRAM for role `tf_scram`), and starts it.
     pub(crate) fn start_tls(certs: &TestCerts) -> PrivatePostgres {
+        PrivatePostgres::started(|| PrivatePostgres::init_tls(certs))
+    }
+
+    /// A cluster configured for TLS as [`PrivatePostgres::start_tls`] says,
+    /// not yet started.
+    fn init_tls(certs: &TestCerts) -> PrivatePostgres {
         let pg = PrivatePostgres::init();
         let (cert, key) = (pg.dir.join("server.crt"), pg.dir.join("server.key"));
         std::fs::copy(&certs.cert, &cert).expect("certificate copied");
@@ -233,7 +256,6 @@ impl PrivatePostgres {
              hostssl all all 127.0.0.1/32 trust\n",
         )
         .expect("pg_hba.conf written");
-        pg.start_again();
         pg
     }
 
@@ -301,6 +323,14 @@ impl PrivatePostgres {
     /// Starts the (stopped) server on its port and waits until it accepts
     /// connections.
     pub(crate) fn start_again(&self) {
+        if let Err(why) = self.launch() {
+            panic!("{why}");
+        }
+    }
+
+    /// Starts the server and waits until it accepts connections; why not
+    /// when `pg_ctl` failed (with the server's log).
+    fn launch(&self) -> Result<(), String> {
         let options = format!(
             "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200",
             self.port,
@@ -315,12 +345,11 @@ impl PrivatePostgres {
             .args(["-o", &options, "-w", "-t", "60", "start"])
             .output()
             .expect("pg_ctl runs");
-        assert!(
-            started.status.success(),
-            "pg_ctl start: {}\n{}",
-            said(&started),
-            self.log()
-        );
+        if started.status.success() {
+            Ok(())
+        } else {
+            Err(format!("pg_ctl start: {}\n{}", said(&started), self.log()))
+        }
     }
 
     /// Stops the server (fast: sessions are disconnected) and waits.
@@ -414,10 +443,30 @@ impl PrivateRabbit {
         PrivateRabbit::start_with(Some(certs))
     }
 
+    /// A fresh node on free ports, started. A port found free may be taken
+    /// before the node binds it (another test's server, or an outgoing
+    /// connection's ephemeral port): the node then stops at boot, and a
+    /// new node on new ports is tried, three times at most.
     fn start_with(certs: Option<&TestCerts>) -> PrivateRabbit {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let mut rabbit = PrivateRabbit::configured(certs);
+            match rabbit.launch() {
+                Ok(()) => return rabbit,
+                Err(why) if tries < 3 && why.contains("eaddrinuse") => {
+                    eprintln!("a private RabbitMQ's port was taken; trying new ones");
+                }
+                Err(why) => panic!("{why}"),
+            }
+        }
+    }
+
+    /// A node's directory and configuration, on free ports, not started.
+    fn configured(certs: Option<&TestCerts>) -> PrivateRabbit {
         let dir = fresh_dir("rabbit");
         let id = uuid::Uuid::now_v7().simple().to_string();
-        let mut rabbit = PrivateRabbit {
+        let rabbit = PrivateRabbit {
             node: format!("tf-{}@localhost", &id[id.len() - 12..]),
             port: free_port(),
             tls_port: certs.map(|_| free_port()),
@@ -448,7 +497,6 @@ impl PrivateRabbit {
         std::fs::write(rabbit.dir.join("enabled_plugins"), "[].\n").expect("plugins written");
         // Not /etc/rabbitmq/rabbitmq-env.conf, which names the shared node.
         std::fs::write(rabbit.dir.join("rabbitmq-env.conf"), "").expect("env written");
-        rabbit.start_again();
         rabbit
     }
 
@@ -481,6 +529,14 @@ impl PrivateRabbit {
 
     /// Starts the (stopped) node on its port, with the data it had.
     pub(crate) fn start_again(&mut self) {
+        if let Err(why) = self.launch() {
+            panic!("{why}");
+        }
+    }
+
+    /// Starts the node and waits until it listens; why not when its
+    /// process exited first (with its console and log).
+    fn launch(&mut self) -> Result<(), String> {
         assert!(self.child.is_none(), "the node is already running");
         self.starts += 1;
         let out = std::fs::File::create(self.dir.join(format!("console-{}.log", self.starts)))
@@ -515,10 +571,10 @@ impl PrivateRabbit {
                 .and_then(|c| c.try_wait().ok().flatten())
             {
                 self.child = None;
-                panic!(
+                return Err(format!(
                     "rabbitmq-server exited with {status} before listening\n{}",
                     self.log()
-                );
+                ));
             }
             assert!(
                 Instant::now() < deadline,
@@ -527,6 +583,7 @@ impl PrivateRabbit {
             );
             std::thread::sleep(Duration::from_millis(100));
         }
+        Ok(())
     }
 
     /// Stops the node as an operator would (SIGTERM: RabbitMQ shuts down
