@@ -196,23 +196,13 @@ impl PrivatePostgres {
         PrivatePostgres::started(PrivatePostgres::init)
     }
 
-    /// A cluster `make` creates, started. A port found free may be taken
-    /// before the server binds it (another test's server, or an outgoing
-    /// connection's ephemeral port): a new cluster on a new port is then
-    /// tried, three times at most.
+    /// A cluster `make` creates, started, on a new port while its port was
+    /// taken (see [`on_free_ports`]).
     fn started(make: impl Fn() -> PrivatePostgres) -> PrivatePostgres {
-        let mut tries = 0;
-        loop {
-            tries += 1;
+        on_free_ports("PostgreSQL", "Address already in use", || {
             let pg = make();
-            match pg.launch() {
-                Ok(()) => return pg,
-                Err(why) if tries < 3 && why.contains("Address already in use") => {
-                    eprintln!("a private PostgreSQL's port was taken; trying another");
-                }
-                Err(why) => panic!("{why}"),
-            }
-        }
+            pg.launch().map(|()| pg)
+        })
     }
 
     /// Creates a cluster that speaks TLS with `certs`' server certificate
@@ -443,23 +433,13 @@ impl PrivateRabbit {
         PrivateRabbit::start_with(Some(certs))
     }
 
-    /// A fresh node on free ports, started. A port found free may be taken
-    /// before the node binds it (another test's server, or an outgoing
-    /// connection's ephemeral port): the node then stops at boot, and a
-    /// new node on new ports is tried, three times at most.
+    /// A fresh node on free ports, started, on new ports while one of its
+    /// ports was taken (see [`on_free_ports`]).
     fn start_with(certs: Option<&TestCerts>) -> PrivateRabbit {
-        let mut tries = 0;
-        loop {
-            tries += 1;
+        on_free_ports("RabbitMQ", "eaddrinuse", || {
             let mut rabbit = PrivateRabbit::configured(certs);
-            match rabbit.launch() {
-                Ok(()) => return rabbit,
-                Err(why) if tries < 3 && why.contains("eaddrinuse") => {
-                    eprintln!("a private RabbitMQ's port was taken; trying new ones");
-                }
-                Err(why) => panic!("{why}"),
-            }
-        }
+            rabbit.launch().map(|()| rabbit)
+        })
     }
 
     /// A node's directory and configuration, on free ports, not started.
@@ -673,6 +653,26 @@ impl Drop for PrivateRabbit {
             }
         }
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A private server that `start` makes on ports found free and starts
+/// (or says why it did not). A port found free may be taken before the
+/// server binds it (another test's server, or an outgoing connection's
+/// ephemeral port): when why it did not start says `in_use`, a new server
+/// on new ports is tried, three times at most; any other failure, or a
+/// third taken port, fails the test with why.
+fn on_free_ports<T>(what: &str, in_use: &str, start: impl Fn() -> Result<T, String>) -> T {
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match start() {
+            Ok(server) => return server,
+            Err(why) if tries < 3 && why.contains(in_use) => {
+                eprintln!("a private {what}'s port was taken; trying new ones");
+            }
+            Err(why) => panic!("{why}"),
+        }
     }
 }
 
