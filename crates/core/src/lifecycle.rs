@@ -375,6 +375,19 @@ pub fn sql_list(states: &[JobState]) -> String {
     format!("({})", names.join(", "))
 }
 
+/// `states` as a condition on `column` by equalities, `(state = 'queued'
+/// OR state = 'retrying')`: what SQLite's statements and partial indexes
+/// write instead of [`sql_list`]. SQLite evaluates an `IN` list of three
+/// or more values by building a temporary b-tree of them, again on every
+/// run of a statement (for a write, once for each partial index and CHECK
+/// that names one); equalities are compared in place. A partial index
+/// serves a statement only when the statement repeats its condition, so
+/// both must be written by this function, in the same order.
+pub fn sql_any(column: &str, states: &[JobState]) -> String {
+    let terms: Vec<String> = states.iter().map(|s| format!("{column} = '{s}'")).collect();
+    format!("({})", terms.join(" OR "))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -454,6 +467,14 @@ mod tests {
         assert_eq!(
             sql_list(&JobState::SETTLED),
             "('succeeded', 'failed', 'cancelled')"
+        );
+        assert_eq!(
+            sql_any("state", Transition::Claim.from()),
+            "(state = 'queued' OR state = 'scheduled' OR state = 'retrying')"
+        );
+        assert_eq!(
+            sql_any("r.state", &[JobState::Running]),
+            "(r.state = 'running')"
         );
     }
 }

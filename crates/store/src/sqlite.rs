@@ -61,7 +61,7 @@ const PRUNE_BATCH: i64 = 100;
 mod sql {
     use std::sync::LazyLock;
 
-    use toolfleet_core::lifecycle::{JobState, Transition, sql_list};
+    use toolfleet_core::lifecycle::{JobState, Transition, sql_any, sql_list};
 
     use crate::RunState;
 
@@ -104,11 +104,11 @@ mod sql {
                           ELSE run_at END,
             lease_owner = ?2, lease_until = ?4, updated_at = ?3, started_at = ?3
         WHERE id = ?1
-          AND ((state IN {claimed} AND run_at <= ?3)
+          AND (({claimed} AND run_at <= ?3)
                OR (state IN {taken} AND lease_until < ?3))
         RETURNING *",
             running = Transition::Claim.to(),
-            claimed = sql_list(Transition::Claim.from()),
+            claimed = sql_any("state", Transition::Claim.from()),
             taken = sql_list(Transition::TakeOver.from()),
         )
     });
@@ -128,8 +128,8 @@ mod sql {
             lease_owner = ?2, lease_until = ?4, updated_at = ?3, started_at = ?3
         WHERE id = (SELECT id FROM jobs INDEXED BY jobs_ordered
             WHERE pool = ?1 AND priority IS NOT NULL
-              AND state IN ('queued', 'scheduled', 'retrying', 'running')
-              AND ((state IN {claimed} AND run_at <= ?3)
+              AND {ordered}
+              AND (({claimed} AND run_at <= ?3)
                    OR (state IN {taken} AND lease_until < ?3))
               AND (concurrency_key IS NULL OR concurrency_limit > (
                   SELECT count(*) FROM jobs r INDEXED BY jobs_keyed
@@ -139,10 +139,20 @@ mod sql {
             ORDER BY priority DESC, fair_rank, run_at, id LIMIT 1)
         RETURNING *",
             running = Transition::Claim.to(),
-            claimed = sql_list(Transition::Claim.from()),
+            ordered = sql_any("state", &ORDERED),
+            claimed = sql_any("state", Transition::Claim.from()),
             taken = sql_list(Transition::TakeOver.from()),
         )
     });
+
+    /// The states of `jobs_ordered`'s condition, as migration 26 writes
+    /// them: the claim's and the take-over's.
+    const ORDERED: [JobState; 4] = [
+        JobState::Queued,
+        JobState::Scheduled,
+        JobState::Retrying,
+        JobState::Running,
+    ];
 
     // Every statement of a running job's holder names its attempt (`?1`
     // the job, `?2` the lease owner, `?3` the attempt): by lease owner and
@@ -263,10 +273,10 @@ mod sql {
             "
         UPDATE jobs SET state = '{to}', error = ?3,
             lease_owner = NULL, lease_until = NULL, waiting_on = NULL, updated_at = ?4
-        WHERE id = ?1 AND tenant = ?2 AND state IN {from}
+        WHERE id = ?1 AND tenant = ?2 AND {from}
         RETURNING *",
             to = Transition::Cancel.to(),
-            from = sql_list(Transition::Cancel.from())
+            from = sql_any("state", Transition::Cancel.from())
         )
     });
 
@@ -277,11 +287,11 @@ mod sql {
             "
         UPDATE jobs SET state = '{to}', error = ?2,
             lease_owner = NULL, lease_until = NULL, updated_at = ?3
-        WHERE id = ?1 AND (state IN {waiting} OR (state = '{running}' AND lease_until < ?3))
+        WHERE id = ?1 AND ({waiting} OR (state = '{running}' AND lease_until < ?3))
           AND (?4 IS NULL OR updated_at <= ?4)
         RETURNING *",
             to = Transition::DeadLetter.to(),
-            waiting = sql_list(crate::unheld_states()),
+            waiting = sql_any("state", crate::unheld_states()),
             running = JobState::Running,
         )
     });
@@ -321,8 +331,9 @@ mod sql {
     /// The earliest due of the waiting jobs and of the expired leases (at
     /// most `?2` of each), oldest first, each read off an index in its
     /// order. `jobs_waiting_due` is partial: SQLite uses it only for a
-    /// WHERE that implies its predicate, so the state list here must stay
-    /// as it is in migration 13, literally (the plan test checks).
+    /// WHERE that implies its predicate, so the states here must stay as
+    /// migration 26 writes them, by `sql_any` in the same order (the plan
+    /// test checks).
     /// The lists are those of `claim` and `take_over`. Waiting jobs are
     /// read up to `?3`, a time that may be ahead of now (`?1`); scheduled
     /// ones have a part of their own, off `jobs_scheduled` (migration 17),
@@ -332,7 +343,7 @@ mod sql {
         format!(
             "
         SELECT * FROM (SELECT * FROM jobs INDEXED BY jobs_waiting_due
-            WHERE state IN {claimed} AND run_at <= ?3
+            WHERE {claimed} AND run_at <= ?3
             ORDER BY run_at LIMIT ?2)
         UNION
         SELECT * FROM (SELECT * FROM jobs INDEXED BY jobs_scheduled
@@ -342,25 +353,24 @@ mod sql {
         SELECT * FROM (SELECT * FROM jobs WHERE state IN {taken} AND lease_until < ?1
             ORDER BY lease_until LIMIT ?2)
         ORDER BY id",
-            claimed = sql_list(Transition::Claim.from()),
+            claimed = sql_any("state", Transition::Claim.from()),
             scheduled = Transition::Schedule.to(),
             taken = sql_list(Transition::TakeOver.from()),
         )
     });
 
-    /// The list is the settled states', as `jobs_callbacks` (migration 4)
-    /// names them.
+    /// The settled states, as `jobs_callbacks` (migration 26) names them.
     pub(super) static UNNOTIFIED: Built = LazyLock::new(|| {
         format!(
             "
         SELECT * FROM jobs j
         WHERE callback_url IS NOT NULL
-          AND state IN {settled}
+          AND {settled}
           AND updated_at >= ?2 AND updated_at < ?3
           AND NOT EXISTS (SELECT 1 FROM notices n WHERE n.key = ?1 || j.id || ':' || j.state
             || CASE WHEN j.requeues > 0 THEN ':' || j.requeues ELSE '' END)
         ORDER BY updated_at, id LIMIT ?4",
-            settled = sql_list(&JobState::SETTLED)
+            settled = sql_any("state", &JobState::SETTLED)
         )
     });
 
@@ -587,10 +597,10 @@ mod sql {
     pub(super) static PRUNE_JOBS: Built = LazyLock::new(|| {
         format!(
             "DELETE FROM jobs WHERE id IN (SELECT id FROM jobs INDEXED BY jobs_settled
-                WHERE state IN {settled} AND updated_at < ?1
+                WHERE {settled} AND updated_at < ?1
                   AND NOT EXISTS (SELECT 1 FROM run_waits w WHERE w.item = jobs.id)
                 ORDER BY updated_at LIMIT ?2)",
-            settled = sql_list(&JobState::SETTLED)
+            settled = sql_any("state", &JobState::SETTLED)
         )
     });
 
@@ -2440,6 +2450,36 @@ mod tests {
             if index != "jobs_due" && parts == 1 {
                 assert!(!text.contains("TEMP B-TREE"), "{state} sorted:\n{text}");
             }
+        }
+    }
+
+    /// The opcodes SQLite runs `statement` with.
+    async fn opcodes(store: &SqliteStore, statement: &'static str) -> Vec<String> {
+        let explain = format!("EXPLAIN {statement}");
+        store
+            .call(move |c| {
+                let count = c.prepare(&explain)?.parameter_count();
+                let params = rusqlite::params_from_iter(vec![0_i64; count]);
+                query_all(c, &explain, params, |row| Ok(row.get::<_, String>(1)?))
+            })
+            .await
+            .expect("a program")
+    }
+
+    /// A claim and a success build one temporary b-tree each, for the
+    /// rows of RETURNING, and none for the states they test: before
+    /// migration 26 they built ten, one for the statement's own IN list,
+    /// one for the state CHECK's and one for each partial index's
+    /// condition, for the row left and the row written. The statements,
+    /// the CHECK and the indexes name their states by equalities
+    /// (`sql_any`).
+    #[tokio::test]
+    async fn a_jobs_writes_build_no_temporary_tree_for_its_states() {
+        let store = SqliteStore::open_in_memory().await.expect("a store");
+        for statement in [sql::CLAIM.as_str(), sql::SUCCEED.as_str()] {
+            let ops = opcodes(&store, statement).await;
+            let built = ops.iter().filter(|op| *op == "OpenEphemeral").count();
+            assert_eq!(built, 1, "{statement}: {ops:?}");
         }
     }
 

@@ -258,6 +258,102 @@ async fn a_version_8_file_moves_its_parked_jobs_to_their_state() {
     remove(&path);
 }
 
+/// A file of schema version 25 is brought to version 26 on open, where the
+/// jobs table is made again with its CHECK and partial indexes naming
+/// their states by equalities: every row reads back as it was, column by
+/// column, every index is there, and a state outside the lifecycle's is
+/// still refused.
+#[tokio::test]
+async fn a_version_25_file_keeps_its_jobs_whole() {
+    let path = temp_db();
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).expect("create the directory");
+    }
+    let mut conn = rusqlite::Connection::open(&path).expect("open directly");
+    embedded::migrations::runner()
+        .set_target(refinery::Target::Version(25))
+        .run(&mut conn)
+        .expect("migrate to version 25");
+    for (n, state, lease, priority, callback) in [
+        (1, "queued", None, None, None),
+        (2, "running", Some(1_700_000_030_000_i64), Some(5_i64), None),
+        (
+            3,
+            "succeeded",
+            None,
+            None,
+            Some("https://hooks.example/done"),
+        ),
+        (4, "parked", None, Some(1), None),
+    ] {
+        conn.execute(
+            "INSERT INTO jobs (id, tenant, user, tool, pool, args, state, attempts, max_attempts,
+                 timeout_ms, run_at, lease_owner, lease_until, result, idempotency_key, run_id,
+                 call_id, callback_url, created_at, updated_at, requeues, priority,
+                 concurrency_key, concurrency_limit, fair_rank, started_at, attempts_log)
+             VALUES (?1, 'acme', 'alice', 'ocr', 'default', '{\"n\":1}', ?2, 1, 3, 60000,
+                 1700000000000, ?3, ?4, ?5, ?6, 'run-1', 'call-1', ?7, 1700000000000,
+                 1700000000001, 2, ?8, 'key-1', 4, 7, 1700000000002, '[]')",
+            rusqlite::params![
+                format!("j{n}"),
+                state,
+                lease.map(|_| "w1"),
+                lease,
+                (state == "succeeded").then_some("{\"ok\":true}"),
+                format!("idem-{n}"),
+                callback,
+                priority,
+            ],
+        )
+        .expect("a job of version 25");
+    }
+    let everything =
+        |conn: &rusqlite::Connection| -> (Vec<Vec<rusqlite::types::Value>>, Vec<String>) {
+            let mut rows = conn
+                .prepare("SELECT * FROM jobs ORDER BY id")
+                .expect("prepare");
+            let columns = rows.column_count();
+            let rows = rows
+                .query_map([], |r| (0..columns).map(|i| r.get(i)).collect())
+                .expect("rows")
+                .collect::<Result<Vec<Vec<rusqlite::types::Value>>, _>>()
+                .expect("values");
+            let mut names = conn
+            .prepare("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'jobs' ORDER BY name")
+            .expect("prepare");
+            let names = names
+                .query_map([], |r| r.get(0))
+                .expect("indexes")
+                .collect::<Result<Vec<String>, _>>()
+                .expect("names");
+            (rows, names)
+        };
+    let before = everything(&conn);
+    drop(conn);
+
+    let store = SqliteStore::open(&path).await.expect("open and migrate");
+    let job = store.job("acme", "j2").await.expect("job").expect("kept");
+    assert_eq!((job.state, job.priority), (JobState::Running, Some(5)));
+    store.close().await.expect("close");
+    let conn = rusqlite::Connection::open(&path).expect("open directly");
+    assert_eq!(everything(&conn), before);
+    let table: String = conn
+        .query_row(
+            "SELECT sql FROM sqlite_master WHERE name = 'jobs'",
+            [],
+            |r| r.get(0),
+        )
+        .expect("the table");
+    assert!(table.contains("state = 'cancelled'"), "{table}");
+    let refused = conn.execute("UPDATE jobs SET state = 'lost' WHERE id = 'j1'", []);
+    assert!(
+        refused.is_err(),
+        "a state outside the lifecycle was written"
+    );
+    drop(conn);
+    remove(&path);
+}
+
 /// A file of schema version 9, whose webhook notices were kept in the
 /// commit log, is brought to version 10 on open: the notices move to their
 /// own table (a sent one is not claimed again) and the commit log keeps the
