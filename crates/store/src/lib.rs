@@ -557,7 +557,7 @@ pub struct Succeed<'a> {
     pub now: i64,
     /// The record this attempt's claim answered, where the caller holds
     /// it: a store may build its answer from it and read back only what
-    /// can change under a lease (PostgreSQL does, so a job's arguments are
+    /// can change under a lease (both stores do, so a job's arguments are
     /// not sent back). One of another job or attempt is not used.
     pub claimed: Option<&'a JobRecord>,
 }

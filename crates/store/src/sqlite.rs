@@ -234,17 +234,23 @@ mod sql {
     });
 
     /// `succeed`: running (this attempt) -> succeeded.
-    pub(super) static SUCCEED: Built = LazyLock::new(|| {
+    pub(super) static SUCCEED: Built = LazyLock::new(|| succeed("*"));
+
+    /// As [`SUCCEED`], reading back only what may change under a lease
+    /// (its progress): for successes whose holder has the claimed record.
+    pub(super) static SUCCEED_LEAN: Built = LazyLock::new(|| succeed("id, progress"));
+
+    fn succeed(returning: &str) -> String {
         format!(
             "
         UPDATE jobs SET state = '{to}', result = ?4,
             lease_owner = NULL, lease_until = NULL, updated_at = ?5
         WHERE {held}
-        RETURNING *",
+        RETURNING {returning}",
             to = Transition::Succeed.to(),
             held = held()
         )
-    });
+    }
 
     /// `retry` (with a time ?5) or `fail` (without): running (this
     /// attempt) -> retrying at ?5, or failed. The lifecycle decided which
@@ -1023,6 +1029,9 @@ struct Fields<'a, 'r> {
     /// The row's column names, read once: a lookup by name through the
     /// row itself asks SQLite for every column's name in turn, each time.
     columns: Vec<&'a str>,
+    /// Where the next lookup starts: past the column found last, as
+    /// `rows` reads a record's columns in about the table's order.
+    next: std::cell::Cell<usize>,
 }
 
 impl<'a, 'r> Fields<'a, 'r> {
@@ -1033,12 +1042,21 @@ impl<'a, 'r> Fields<'a, 'r> {
             other => other.as_str().map(str::to_owned).unwrap_or_default(),
         };
         let name = RowName { table, id };
-        Ok(Fields { row, name, columns })
+        let next = std::cell::Cell::new(0);
+        Ok(Fields {
+            row,
+            name,
+            columns,
+            next,
+        })
     }
 
     fn get<T: rusqlite::types::FromSql>(&self, column: &str) -> Result<T, StoreError> {
-        position(&self.columns, column)
-            .and_then(|at| self.row.get(at))
+        position_from(&self.columns, column, self.next.get())
+            .and_then(|at| {
+                self.next.set(at + 1);
+                self.row.get(at)
+            })
             .map_err(|e| self.corrupt(column, e))
     }
 }
@@ -1046,9 +1064,19 @@ impl<'a, 'r> Fields<'a, 'r> {
 /// Where `column` is among a row's `columns`, named as SQLite matches
 /// names (ASCII case aside).
 fn position(columns: &[&str], column: &str) -> rusqlite::Result<usize> {
-    columns
+    position_from(columns, column, 0)
+}
+
+/// [`position`], looking from `start` on and then before it.
+fn position_from(columns: &[&str], column: &str, start: usize) -> rusqlite::Result<usize> {
+    let start = start.min(columns.len());
+    let (before, after) = columns.split_at(start);
+    let matches = |name: &&str| name.eq_ignore_ascii_case(column);
+    after
         .iter()
-        .position(|name| name.eq_ignore_ascii_case(column))
+        .position(matches)
+        .map(|at| start + at)
+        .or_else(|| before.iter().position(matches))
         .ok_or_else(|| rusqlite::Error::InvalidColumnName(column.to_owned()))
 }
 
@@ -1818,12 +1846,7 @@ impl Store for SqliteStore {
     }
 
     async fn succeed(&self, done: Succeed<'_>) -> Result<Option<JobRecord>, StoreError> {
-        let success = groups::Success {
-            lease: done.lease.clone(),
-            result: done.result.get().to_owned(),
-            now: done.now,
-        };
-        self.groups.succeed.run(success).await
+        self.groups.succeed.run(done.into()).await
     }
 
     async fn fail(&self, failed: Fail<'_>) -> Result<Option<JobRecord>, StoreError> {
@@ -2450,6 +2473,23 @@ mod tests {
             if index != "jobs_due" && parts == 1 {
                 assert!(!text.contains("TEMP B-TREE"), "{state} sorted:\n{text}");
             }
+        }
+    }
+
+    /// A column is found by name wherever the lookup starts, ASCII case
+    /// aside; a name the row lacks is an error from every start.
+    #[test]
+    fn a_column_is_found_from_any_start() {
+        let columns = ["id", "tenant", "State", "run_at"];
+        for start in 0..=columns.len() + 1 {
+            for (at, name) in ["ID", "tenant", "state", "run_at"].iter().enumerate() {
+                assert_eq!(
+                    position_from(&columns, name, start).ok(),
+                    Some(at),
+                    "{name} from {start}"
+                );
+            }
+            assert!(position_from(&columns, "args", start).is_err());
         }
     }
 

@@ -12,17 +12,15 @@ use std::sync::Arc;
 use deadpool_postgres::Pool;
 use futures_util::future::join_all;
 use tokio_postgres::Row;
-use toolfleet_core::Json;
 use toolfleet_core::group::Group;
-use toolfleet_core::lifecycle::Transition;
 
 use super::rows::{Fields, Insert, job_from_row};
 use super::schema::pool_error;
 use super::statements;
 use super::store::{Params, insert_job};
-use crate::grouped::{Claim, MAX_GROUP};
+use crate::grouped::{Claim, MAX_GROUP, Success};
 use crate::rows::Columns;
-use crate::{Inserted, JobRecord, LeaseRef, StoreError};
+use crate::{Inserted, JobRecord, StoreError};
 
 /// Grouped statements of one kind running at once. Few slots make large
 /// groups: `toolfleet bench` settled 2,313 jobs/s with one slot, 2,251 with
@@ -33,16 +31,7 @@ const GROUP_SLOTS: usize = 2;
 /// One group per operation on every job's path: inserts, claims and
 /// successes. Under load each becomes one statement and one commit for
 /// many jobs; alone, each runs at once (see [`toolfleet_core::group`]).
-pub(super) type Groups = crate::grouped::Groups<Insert, Success>;
-
-pub(super) struct Success {
-    pub(super) lease: LeaseRef,
-    pub(super) result: Json,
-    pub(super) now: i64,
-    /// The record this attempt's claim answered (its id and attempt the
-    /// lease's), when the holder gave it.
-    pub(super) claimed: Option<JobRecord>,
-}
+pub(super) type Groups = crate::grouped::Groups<Insert>;
 
 /// Statements each group runs at once with a pool of `pool_size`.
 fn slots(pool_size: usize) -> usize {
@@ -70,7 +59,7 @@ impl super::PgStore {
     }
 }
 
-impl crate::grouped::Groups<Insert, Success> {
+impl crate::grouped::Groups<Insert> {
     /// Each group runs at most [`GROUP_SLOTS`] statements at once, and never
     /// more than a quarter of the pool's connections, so the three together
     /// leave room for reads, heartbeats and the rest.
@@ -248,16 +237,9 @@ async fn succeed_many(
     }))
 }
 
-/// The record of `job` once `success` settled it: the claimed record, with
-/// what the success set and the progress the lean statement read back.
+/// The record of `job` once `success` settled it, with the progress the
+/// lean statement read back.
 fn settled(row: &Row, job: &JobRecord, success: &Success) -> Result<JobRecord, StoreError> {
-    Ok(JobRecord {
-        state: Transition::Succeed.to(),
-        result: Some(success.result.clone()),
-        progress: Fields::new(row, "job", "id").json_opt("progress")?,
-        lease_owner: None,
-        lease_until: None,
-        updated_at: success.now,
-        ..job.clone()
-    })
+    let progress = Fields::new(row, "job", "id").json_opt("progress")?;
+    Ok(success.settled(job, progress))
 }

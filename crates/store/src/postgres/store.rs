@@ -13,7 +13,6 @@ use toolfleet_core::middleware::canonical_json;
 use toolfleet_core::{AuditRecord, Envelope, ErrorCode, JobState, ToolError};
 
 use super::PgStore;
-use super::groups::Success;
 use super::rows::{
     AuditColumns, Fields, Insert, audit_from_row, job_from_row, run_from_row, ticket_from_row,
 };
@@ -670,17 +669,7 @@ impl Store for PgStore {
     }
 
     async fn succeed(&self, done: Succeed<'_>) -> Result<Option<JobRecord>, StoreError> {
-        let lease = done.lease;
-        let claimed = done
-            .claimed
-            .filter(|job| job.id == lease.job_id && job.attempts == lease.attempt);
-        let success = Success {
-            lease: lease.clone(),
-            result: done.result.clone(),
-            now: done.now,
-            claimed: claimed.cloned(),
-        };
-        self.groups.succeed.run(success).await
+        self.groups.succeed.run(done.into()).await
     }
 
     async fn fail(&self, failed: Fail<'_>) -> Result<Option<JobRecord>, StoreError> {

@@ -12,19 +12,21 @@
 //! transaction SQLite rolled back (a full disk, an I/O error) answers every
 //! request with the error, as nothing of it holds.
 
-use rusqlite::{Connection, TransactionBehavior, params};
+use rusqlite::{Connection, Row, TransactionBehavior, params};
+use serde_json::Value;
 use toolfleet_core::group::Group;
 
-use super::{call, insert_job, job_from_row, query_one, sql};
-use crate::grouped::{Claim, MAX_GROUP};
-use crate::{Inserted, JobRecord, LeaseRef, NewJob, StoreError};
+use super::{Fields, call, insert_job, job_from_row, query_one, sql};
+use crate::grouped::{Claim, MAX_GROUP, Success};
+use crate::rows::Columns;
+use crate::{Inserted, JobRecord, NewJob, StoreError};
 
 /// Batches in flight at once: one runs on the connection's thread while
 /// the next one waits in its queue, already formed.
 const GROUP_SLOTS: usize = 2;
 
 /// One group per operation on every job's path.
-pub(super) type Groups = crate::grouped::Groups<Insert, Success>;
+pub(super) type Groups = crate::grouped::Groups<Insert>;
 
 /// A job to record, its JSON columns encoded before it joins a group, so a
 /// value that cannot be encoded fails its own call and no other.
@@ -36,13 +38,7 @@ pub(super) struct Insert {
     pub(super) scopes: Option<String>,
 }
 
-pub(super) struct Success {
-    pub(super) lease: LeaseRef,
-    pub(super) result: String,
-    pub(super) now: i64,
-}
-
-impl crate::grouped::Groups<Insert, Success> {
+impl crate::grouped::Groups<Insert> {
     pub(super) fn spawn(conn: &tokio_rusqlite::Connection) -> Groups {
         Groups {
             insert: grouped("recording jobs", conn, insert_one),
@@ -62,16 +58,30 @@ fn claim_one(c: &Connection, claim: Claim) -> Result<Option<JobRecord>, StoreErr
     query_one(c, &sql::CLAIM, params, job_from_row)
 }
 
+/// A success, given the record its claim answered, reads back only the
+/// job's progress and builds the settled record from the claimed one, as
+/// PostgreSQL does: SQLite's RETURNING stores every row it answers in a
+/// temporary table, and decoding the whole row again costs more than the
+/// claimed record's copy.
 fn succeed_one(c: &Connection, done: Success) -> Result<Option<JobRecord>, StoreError> {
     let lease = &done.lease;
     let params = params![
         lease.job_id,
         lease.worker,
         lease.attempt,
-        done.result,
+        done.result.get(),
         done.now
     ];
-    query_one(c, &sql::SUCCEED, params, job_from_row)
+    match &done.claimed {
+        None => query_one(c, &sql::SUCCEED, params, job_from_row),
+        Some(job) => Ok(query_one(c, &sql::SUCCEED_LEAN, params, progress_of)?
+            .map(|progress| done.settled(job, progress))),
+    }
+}
+
+/// The progress a lean success read back.
+fn progress_of(row: &Row<'_>) -> Result<Option<Value>, StoreError> {
+    Fields::new(row, "job", "id")?.json_opt("progress")
 }
 
 /// The operation that runs one request on a connection.
