@@ -2402,19 +2402,32 @@ impl Store for SqliteStore {
 mod tests {
     use super::*;
 
-    /// The steps of SQLite's plan for `statement`, its first parameter 0
-    /// and every other 10.
-    async fn plan(store: &SqliteStore, statement: &'static str) -> Vec<String> {
-        let explain = format!("EXPLAIN QUERY PLAN {statement}");
+    /// The rows SQLite explains `statement` with (`how`: `EXPLAIN` or
+    /// `EXPLAIN QUERY PLAN`), column `column` of each, its first parameter
+    /// 0 and every other 10.
+    async fn explained(
+        store: &SqliteStore,
+        how: &str,
+        statement: &'static str,
+        column: usize,
+    ) -> Vec<String> {
+        let explain = format!("{how} {statement}");
         store
             .call(move |c| {
-                let count = c.prepare(&explain)?.parameter_count();
+                let mut explaining = c.prepare(&explain)?;
+                let count = explaining.parameter_count();
                 let values: Vec<i64> = (0..count).map(|n| if n == 0 { 0 } else { 10 }).collect();
                 let params = rusqlite::params_from_iter(values);
-                query_all(c, &explain, params, |row| Ok(row.get::<_, String>(3)?))
+                let rows = explaining.query_map(params, |row| row.get::<_, String>(column))?;
+                Ok(rows.collect::<Result<Vec<_>, _>>()?)
             })
             .await
-            .expect("a plan")
+            .expect("an explanation")
+    }
+
+    /// The steps of SQLite's plan for `statement`.
+    async fn plan(store: &SqliteStore, statement: &'static str) -> Vec<String> {
+        explained(store, "EXPLAIN QUERY PLAN", statement, 3).await
     }
 
     /// Retention reads each kind off its own index, in its order: never
@@ -2495,15 +2508,7 @@ mod tests {
 
     /// The opcodes SQLite runs `statement` with.
     async fn opcodes(store: &SqliteStore, statement: &'static str) -> Vec<String> {
-        let explain = format!("EXPLAIN {statement}");
-        store
-            .call(move |c| {
-                let count = c.prepare(&explain)?.parameter_count();
-                let params = rusqlite::params_from_iter(vec![0_i64; count]);
-                query_all(c, &explain, params, |row| Ok(row.get::<_, String>(1)?))
-            })
-            .await
-            .expect("a program")
+        explained(store, "EXPLAIN", statement, 1).await
     }
 
     /// A claim and a success build one temporary b-tree each, for the

@@ -130,20 +130,27 @@ mod embedded {
     refinery::embed_migrations!("../../migrations/sqlite");
 }
 
-/// A file that an older toolfleet left at schema version 1 is brought up to
-/// date on open; its jobs read back without lineage or checkpoint, and take
-/// a checkpoint once claimed.
-#[tokio::test]
-async fn a_version_1_file_is_migrated_on_open() {
+/// A new file brought to schema `version` only, as an older toolfleet
+/// left it, and a connection to it.
+fn file_at_version(version: i32) -> (PathBuf, rusqlite::Connection) {
     let path = temp_db();
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).expect("create the directory");
     }
     let mut conn = rusqlite::Connection::open(&path).expect("open directly");
     embedded::migrations::runner()
-        .set_target(refinery::Target::Version(1))
+        .set_target(refinery::Target::Version(version))
         .run(&mut conn)
-        .expect("migrate to version 1");
+        .expect("migrate to the version");
+    (path, conn)
+}
+
+/// A file that an older toolfleet left at schema version 1 is brought up to
+/// date on open; its jobs read back without lineage or checkpoint, and take
+/// a checkpoint once claimed.
+#[tokio::test]
+async fn a_version_1_file_is_migrated_on_open() {
+    let (path, conn) = file_at_version(1);
     let id = new_id();
     conn.execute(
         "INSERT INTO jobs (id, tenant, user, tool, pool, args, state, max_attempts, timeout_ms,
@@ -191,15 +198,7 @@ async fn a_version_1_file_is_migrated_on_open() {
 /// the table again too).
 #[tokio::test]
 async fn a_version_8_file_moves_its_parked_jobs_to_their_state() {
-    let path = temp_db();
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).expect("create the directory");
-    }
-    let mut conn = rusqlite::Connection::open(&path).expect("open directly");
-    embedded::migrations::runner()
-        .set_target(refinery::Target::Version(8))
-        .run(&mut conn)
-        .expect("migrate to version 8");
+    let (path, conn) = file_at_version(8);
     let indexes = |conn: &rusqlite::Connection| -> Vec<String> {
         let mut stmt = conn
             .prepare("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'jobs' AND sql IS NOT NULL ORDER BY name")
@@ -265,15 +264,7 @@ async fn a_version_8_file_moves_its_parked_jobs_to_their_state() {
 /// still refused.
 #[tokio::test]
 async fn a_version_25_file_keeps_its_jobs_whole() {
-    let path = temp_db();
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).expect("create the directory");
-    }
-    let mut conn = rusqlite::Connection::open(&path).expect("open directly");
-    embedded::migrations::runner()
-        .set_target(refinery::Target::Version(25))
-        .run(&mut conn)
-        .expect("migrate to version 25");
+    let (path, conn) = file_at_version(25);
     for (n, state, lease, priority, callback) in [
         (1, "queued", None, None, None),
         (2, "running", Some(1_700_000_030_000_i64), Some(5_i64), None),
@@ -360,15 +351,7 @@ async fn a_version_25_file_keeps_its_jobs_whole() {
 /// confirm tokens' outcomes only.
 #[tokio::test]
 async fn a_version_9_file_moves_its_notices_out_of_the_commit_log() {
-    let path = temp_db();
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).expect("create the directory");
-    }
-    let mut conn = rusqlite::Connection::open(&path).expect("open directly");
-    embedded::migrations::runner()
-        .set_target(refinery::Target::Version(9))
-        .run(&mut conn)
-        .expect("migrate to version 9");
+    let (path, conn) = file_at_version(9);
     let far = 4_000_000_000_000_i64;
     conn.execute(
         "INSERT INTO commits (key, state, envelope, keep_until) VALUES
@@ -422,15 +405,7 @@ async fn a_version_9_file_moves_its_notices_out_of_the_commit_log() {
 /// the inbox and answered as before.
 #[tokio::test]
 async fn a_version_10_file_keeps_its_tickets_as_questions() {
-    let path = temp_db();
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).expect("create the directory");
-    }
-    let mut conn = rusqlite::Connection::open(&path).expect("open directly");
-    embedded::migrations::runner()
-        .set_target(refinery::Target::Version(10))
-        .run(&mut conn)
-        .expect("migrate to version 10");
+    let (path, conn) = file_at_version(10);
     let id = format!("t_{}", new_id());
     conn.execute(
         "INSERT INTO tickets (id, tenant, user, tool, question, options, args, run_id,
