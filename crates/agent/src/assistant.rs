@@ -308,7 +308,7 @@ impl Pass {
         self.announced += entries.len();
         let mut event = run_event(&self.run, notice, entries);
         // Where its entries sit in the transcript.
-        event.body["from"] = json!(from);
+        std::sync::Arc::make_mut(&mut event.body)["from"] = json!(from);
         if let Err(error) = self.env.notices().publish(&event).await {
             tracing::warn!(run_id = %self.run.id, %error, "announcing a run's step failed");
         }

@@ -675,7 +675,7 @@ pub mod notices {
             tool: "receipt_ocr".to_owned(),
             state: crate::EventState::parse("succeeded").expect("a state"),
             run_id: "run-1".to_owned(),
-            body: json!({"status": "ok", "n": n}),
+            body: json!({"status": "ok", "n": n}).into(),
             callback: n % 2 == 1,
             life: 0,
             ..Default::default()
@@ -795,7 +795,7 @@ pub mod notices {
             for n in 0..2 {
                 let mut e = event(&tenant, n);
                 e.state = crate::EventState::parse(state).expect("a state");
-                e.body = json!({"n": n, "state": state});
+                e.body = json!({"n": n, "state": state}).into();
                 events.push(e);
             }
         }

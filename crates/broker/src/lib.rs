@@ -17,6 +17,7 @@
 //! (on RabbitMQ, two where the HTTP API runs: outcomes and every event, see
 //! [`split`]).
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -436,8 +437,10 @@ pub struct Event {
     pub state: EventState,
     /// The agent run of the call that made it.
     pub run_id: String,
-    /// The envelope `get_job` would answer now (or the ticket).
-    pub body: Value,
+    /// The envelope `get_job` would answer now (or the ticket): shared by
+    /// every copy of the event, as each subscriber of a process gets its
+    /// own copy and most read only the fields above.
+    pub body: Arc<Value>,
     /// The call named a `callback_url`, so a webhook may be due: only then
     /// does a dispatcher look the callback up in the store.
     #[serde(default)]
@@ -473,7 +476,7 @@ impl Event {
             // As the contract shows it: a parked job is `retrying`.
             state: EventState::Job(state.shown()),
             run_id: run_id.to_owned(),
-            body: serde_json::to_value(envelope).unwrap_or_default(),
+            body: Arc::new(serde_json::to_value(envelope).unwrap_or_default()),
             callback: false,
             life: 0,
         }
@@ -600,7 +603,7 @@ mod batch_tests {
             tool: tool.into(),
             state: EventState::parse(state).expect("a state"),
             run_id: "r".into(),
-            body: Value::Null,
+            body: Default::default(),
             callback: false,
             life: 0,
             ..Default::default()

@@ -125,7 +125,7 @@ mod tests {
             tool: "ocr".into(),
             state: crate::EventState::parse("succeeded").expect("a state"),
             run_id: "r".into(),
-            body: serde_json::Value::Null,
+            body: Default::default(),
             callback: false,
             life: 0,
             ..Default::default()

@@ -1068,7 +1068,7 @@ mod tests {
             tool: "ocr".into(),
             state: crate::EventState::parse("succeeded").expect("a state"),
             run_id: "run-1".into(),
-            body,
+            body: body.into(),
             callback: true,
             life: 0,
             ..Default::default()

@@ -82,7 +82,7 @@ mod tests {
             tool: "ocr".into(),
             state: crate::EventState::parse("succeeded").expect("a state"),
             run_id: "r".into(),
-            body: json!({"n": n}),
+            body: json!({"n": n}).into(),
             callback: false,
             life: 0,
             ..Default::default()

@@ -279,7 +279,7 @@ async fn notices_take_any_buffer_and_need_no_subscriber() {
             tool: "receipt_ocr".to_owned(),
             state: toolfleet_broker::EventState::parse("succeeded").expect("a state"),
             run_id: "run-1".to_owned(),
-            body: serde_json::json!({}),
+            body: serde_json::json!({}).into(),
             callback: false,
             life: 0,
             ..Default::default()
@@ -377,7 +377,7 @@ fn event(tenant: &str, id: &str) -> Event {
         tool: "receipt_ocr".to_owned(),
         state: toolfleet_broker::EventState::parse("succeeded").expect("a state"),
         run_id: "run-1".to_owned(),
-        body: serde_json::json!({}),
+        body: serde_json::json!({}).into(),
         callback: false,
         life: 0,
         ..Default::default()

@@ -153,7 +153,7 @@ fn event(tenant: &str, id: &str, body: serde_json::Value) -> Event {
         tool: "receipt_ocr".to_owned(),
         state: toolfleet_broker::EventState::parse("succeeded").expect("a state"),
         run_id: "run-1".to_owned(),
-        body,
+        body: body.into(),
         callback: true,
         life: 0,
         ..Default::default()

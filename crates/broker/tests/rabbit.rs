@@ -308,7 +308,7 @@ fn job_event(tenant: &str, state: &str) -> Event {
         tool: "receipt_ocr".to_owned(),
         state: toolfleet_broker::EventState::parse(state).expect("a state"),
         run_id: "run-1".to_owned(),
-        body: serde_json::json!({"state": state}),
+        body: serde_json::json!({"state": state}).into(),
         callback: false,
         life: 0,
         ..Default::default()
@@ -861,7 +861,7 @@ async fn a_subscription_for_some_states_hears_only_those() {
         tool: "receipt.ocr.v2".to_owned(),
         state: toolfleet_broker::EventState::parse(state).expect("a state"),
         run_id: "run-1".to_owned(),
-        body: serde_json::json!({"state": state}),
+        body: serde_json::json!({"state": state}).into(),
         callback: false,
         life: 0,
         ..Default::default()

@@ -118,7 +118,7 @@ mod tests {
             tool: "x".into(),
             state: toolfleet_broker::EventState::parse("running").expect("a state"),
             run_id: "r".into(),
-            body: serde_json::Value::Null,
+            body: Default::default(),
             callback: false,
             life: 0,
             ..Default::default()

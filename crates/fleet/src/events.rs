@@ -37,7 +37,7 @@ pub fn ticket_event(ticket: &TicketRecord) -> Event {
         tool: ticket.tool.clone(),
         state: ticket_state(ticket),
         run_id: ticket.run_id.clone(),
-        body: ticket_view(ticket),
+        body: ticket_view(ticket).into(),
         callback: ticket.callback_url.is_some(),
         life: 0,
     }

@@ -203,7 +203,7 @@ pub fn run_event(run: &RunRecord, notice: RunNotice, entries: Vec<Value>) -> Eve
         tool: run.agent.clone().unwrap_or_else(|| "run".to_owned()),
         state: EventState::Run(notice),
         run_id: run.id.clone(),
-        body,
+        body: body.into(),
         callback: run.callback_url.is_some(),
         life: 0,
     }

@@ -1149,6 +1149,19 @@ fn event_states(query: Option<&str>) -> Result<Option<Vec<EventState>>, String> 
     Ok(Some(states))
 }
 
+/// What an SSE stream sends of an event, its keys in the order `json!`
+/// would give them, borrowed from the event: the body is written as it
+/// stands, not copied into a new value first.
+#[derive(serde::Serialize)]
+struct SseData<'a> {
+    body: &'a Value,
+    id: &'a str,
+    kind: EventKind,
+    run_id: &'a str,
+    state: EventState,
+    tool: &'a str,
+}
+
 async fn events(
     State(state): State<AppState>,
     Caller(principal): Caller,
@@ -1209,17 +1222,27 @@ async fn events(
                     continue;
                 }
                 // A job's result only to those who may read it.
+                let refused;
                 let body = match access.result_refused(&principal, &event.tool) {
                     Some(refusal) if event.kind == EventKind::Job => {
-                        serde_json::to_value(Envelope::error(refusal)).unwrap_or_default()
+                        refused =
+                            serde_json::to_value(Envelope::error(refusal)).unwrap_or_default();
+                        &refused
                     }
-                    _ => event.body,
+                    _ => event.body.as_ref(),
                 };
-                let data = json!({"kind": event.kind, "id": event.id, "tool": event.tool, "state": event.state, "run_id": event.run_id, "body": body});
+                let data = SseData {
+                    body,
+                    id: &event.id,
+                    kind: event.kind,
+                    run_id: &event.run_id,
+                    state: event.state,
+                    tool: &event.tool,
+                };
                 let sse = SseEvent::default()
                     .event(event.kind.as_str())
                     .id(event.id.clone())
-                    .data(data.to_string());
+                    .data(serde_json::to_string(&data).unwrap_or_default());
                 return Some((Ok::<_, Infallible>(sse), subscription));
             }
         }

@@ -584,7 +584,7 @@ pub(crate) async fn events(
         toolfleet_fleet::runs::notice_of(run.state),
         transcript,
     );
-    first.body["from"] = json!(0);
+    std::sync::Arc::make_mut(&mut first.body)["from"] = json!(0);
     let stopping = state.stopping.clone();
     let start = (Some(first), subscription, false);
     let stream = futures_util::stream::unfold(start, move |(first, mut subscription, ended)| {

@@ -137,7 +137,7 @@ async fn callback_of(store: &dyn Store, event: &Event) -> Option<String> {
 /// The body of a notice: the final envelope plus `event`, `run_id` and
 /// `tenant`.
 pub fn notice_body(event: &Event) -> Value {
-    let mut body = match &event.body {
+    let mut body = match event.body.as_ref() {
         Value::Object(map) => Value::Object(map.clone()),
         other => json!({ "body": other }),
     };

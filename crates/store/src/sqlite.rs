@@ -960,8 +960,14 @@ fn configure(c: &mut Connection) -> Result<(), StoreError> {
     let _mode: String = c.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))?;
     c.pragma_update(None, "synchronous", "NORMAL")?;
     c.pragma_update(None, "foreign_keys", true)?;
+    // Every statement of the store stays prepared (rusqlite keeps 16 by
+    // default; the store has more, and a batch's BEGIN and COMMIT besides).
+    c.set_prepared_statement_cache_capacity(STATEMENTS_CACHED);
     Ok(())
 }
+
+/// Prepared statements kept per connection: more than the store has.
+const STATEMENTS_CACHED: usize = 256;
 
 /// Configures the connection and applies the embedded migrations, after
 /// checking that the database was not migrated by a newer program, whose

@@ -364,7 +364,7 @@ mod tests {
             tool: "x".into(),
             state: crate::EventState::parse("succeeded").expect("a state"),
             run_id: "r".into(),
-            body: serde_json::json!({"status": "ok"}),
+            body: serde_json::json!({"status": "ok"}).into(),
             callback: false,
             life: 0,
             ..Default::default()

@@ -12,7 +12,7 @@
 //! transaction SQLite rolled back (a full disk, an I/O error) answers every
 //! request with the error, as nothing of it holds.
 
-use rusqlite::{Connection, Row, TransactionBehavior, params};
+use rusqlite::{Connection, Row, params};
 use serde_json::Value;
 use toolfleet_core::group::Group;
 
@@ -110,19 +110,24 @@ where
 /// request that fails leaves the others' writes standing (SQLite undoes a
 /// failed statement alone), unless SQLite rolled the whole transaction
 /// back, which fails the batch.
+///
+/// The transaction's `BEGIN IMMEDIATE` and `COMMIT` are cached statements
+/// of the connection, as the requests' own are: begun and committed through
+/// rusqlite's `Transaction`, each would be parsed and compiled again for
+/// every batch.
 fn in_one_transaction<R, O>(
-    c: &mut Connection,
+    c: &Connection,
     batch: Vec<R>,
     op: Op<R, O>,
 ) -> Result<Vec<Result<O, StoreError>>, StoreError> {
     if batch.len() == 1 {
         return Ok(batch.into_iter().map(|request| op(c, request)).collect());
     }
-    let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let open = Open::begin(c)?;
     let mut answers = Vec::with_capacity(batch.len());
     for request in batch {
-        let answer = op(&tx, request);
-        if tx.is_autocommit() {
+        let answer = op(open.0, request);
+        if open.0.is_autocommit() {
             // SQLite ended the transaction: nothing of the batch holds.
             return Err(answer.err().unwrap_or_else(|| {
                 StoreError::Unavailable("sqlite: a batch's transaction was rolled back".into())
@@ -130,8 +135,34 @@ fn in_one_transaction<R, O>(
         }
         answers.push(answer);
     }
-    tx.commit()?;
+    open.commit()?;
     Ok(answers)
+}
+
+/// A batch's open transaction, rolled back when dropped uncommitted (an
+/// error, a panic) so the connection is left in autocommit either way.
+struct Open<'c>(&'c Connection);
+
+impl<'c> Open<'c> {
+    fn begin(c: &'c Connection) -> Result<Self, StoreError> {
+        c.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
+        Ok(Open(c))
+    }
+
+    fn commit(self) -> Result<(), StoreError> {
+        self.0.prepare_cached("COMMIT")?.execute([])?;
+        // Dropped committed: nothing is left to roll back.
+        Ok(())
+    }
+}
+
+impl Drop for Open<'_> {
+    fn drop(&mut self) {
+        if !self.0.is_autocommit() {
+            // A failed COMMIT (SQLite busy, a full disk) leaves it open.
+            let _ = self.0.execute_batch("ROLLBACK");
+        }
+    }
 }
 
 #[cfg(test)]
@@ -159,8 +190,8 @@ mod tests {
 
     #[test]
     fn a_batch_runs_in_one_transaction_and_each_request_gets_its_own_answer() {
-        let mut c = memory();
-        let answers = in_one_transaction(&mut c, vec![1, 2, 1, 3], add).expect("committed");
+        let c = memory();
+        let answers = in_one_transaction(&c, vec![1, 2, 1, 3], add).expect("committed");
         assert_eq!(answers.len(), 4);
         assert_eq!(answers[0].as_ref().ok(), Some(&false));
         assert_eq!(answers[1].as_ref().ok(), Some(&false));
@@ -173,8 +204,8 @@ mod tests {
 
     #[test]
     fn a_request_alone_runs_in_autocommit() {
-        let mut c = memory();
-        let answers = in_one_transaction(&mut c, vec![7], add).expect("committed");
+        let c = memory();
+        let answers = in_one_transaction(&c, vec![7], add).expect("committed");
         assert_eq!(answers[0].as_ref().ok(), Some(&true));
         assert_eq!(count(&c), 1);
     }
@@ -189,14 +220,31 @@ mod tests {
             }
             add(c, n)
         }
-        let mut c = memory();
-        let failed = in_one_transaction(&mut c, vec![1, 2, 3], end);
+        let c = memory();
+        let failed = in_one_transaction(&c, vec![1, 2, 3], end);
         assert!(
             matches!(&failed, Err(StoreError::Unavailable(m)) if m == "disk full"),
             "{:?}",
             failed.map(|a| a.len())
         );
         assert_eq!(count(&c), 0, "nothing of the batch holds");
+        assert!(c.is_autocommit());
+    }
+
+    #[test]
+    fn a_batch_left_uncommitted_is_rolled_back() {
+        let c = memory();
+        {
+            let open = Open::begin(&c).expect("begun");
+            add(open.0, 1).expect("added");
+            assert!(!c.is_autocommit());
+        }
+        assert_eq!(count(&c), 0, "nothing of it holds");
+        assert!(c.is_autocommit());
+        // The cached statements begin and commit the next batch as before.
+        let answers = in_one_transaction(&c, vec![4, 5], add).expect("committed");
+        assert_eq!(answers.len(), 2);
+        assert_eq!(count(&c), 2);
         assert!(c.is_autocommit());
     }
 }
