@@ -83,6 +83,7 @@ macro_rules! notices_conformance {
             lagging_subscriber_skips_and_keeps_up,
             a_batch_arrives_whole_each_jobs_events_in_order,
             a_settled_subscription_hears_every_outcome_in_order,
+            whoever_subscribes_is_heard,
         ]);
     };
 }
@@ -873,5 +874,28 @@ pub mod notices {
             }
         }
         assert_eq!(heard.iter().collect::<Vec<_>>(), expected);
+    }
+
+    /// `hears` may answer false only where no subscriber would get the
+    /// event: with a subscription to outcomes, every outcome's key is heard;
+    /// with a subscription to everything, every key.
+    pub async fn whoever_subscribes_is_heard(notices: &dyn Notices) {
+        let tenant = unique("tenant");
+        let key = |state: &str| {
+            let state = crate::EventState::parse(state).expect("a state");
+            Event::key(&tenant, "receipt_ocr", state)
+        };
+        let outcomes = match within("subscribe_settled", notices.subscribe_settled()).await {
+            Ok(subscription) => subscription,
+            Err(e) => panic!("subscribing to outcomes: {e}"),
+        };
+        for state in ["succeeded", "failed", "cancelled", "answered"] {
+            assert!(notices.hears(&key(state)), "an outcome, {state}, unheard");
+        }
+        drop(outcomes);
+        let _every = subscribe(notices).await;
+        for state in ["queued", "running", "retrying", "succeeded", "open"] {
+            assert!(notices.hears(&key(state)), "{state} unheard");
+        }
     }
 }

@@ -538,11 +538,18 @@ impl Drop for MemoryAcker {
     }
 }
 
-/// The in-process [`Notices`]: a bounded broadcast channel. Clones publish to
-/// the same subscribers; subscriptions end when the last clone is dropped.
+/// The in-process [`Notices`]: two bounded broadcast channels, one of every
+/// event and one of the outcomes alone ([`crate::SETTLED_STATES`], what
+/// [`Notices::subscribe_settled`] hears). An event goes only to a channel
+/// someone receives from, and [`Notices::hears`] answers whether it would
+/// go to either: where every subscriber waits for outcomes (a worker's
+/// cancels, long polls, an SSE stream of outcomes), a job's `queued` and
+/// `running` events are not even made. Clones publish to the same
+/// subscribers; subscriptions end when the last clone is dropped.
 #[derive(Clone, Debug)]
 pub struct MemoryNotices {
-    sender: broadcast::Sender<Event>,
+    every: broadcast::Sender<Event>,
+    settled: broadcast::Sender<Event>,
 }
 
 impl MemoryNotices {
@@ -556,8 +563,11 @@ impl MemoryNotices {
     /// skipping, between one and [`MAX_NOTICE_BUFFER`].
     pub fn with_capacity(buffer: usize) -> Self {
         // The channel refuses (panics on) zero and absurdly large buffers.
-        let (sender, _) = broadcast::channel(buffer.clamp(1, MAX_NOTICE_BUFFER));
-        MemoryNotices { sender }
+        let buffer = buffer.clamp(1, MAX_NOTICE_BUFFER);
+        MemoryNotices {
+            every: broadcast::channel(buffer).0,
+            settled: broadcast::channel(buffer).0,
+        }
     }
 }
 
@@ -567,19 +577,41 @@ impl Default for MemoryNotices {
     }
 }
 
+/// Whether an event of routing key `key` ([`Event::key`]: its state last)
+/// is an outcome.
+fn key_settled(key: &str) -> bool {
+    let state = key.rsplit('.').next().unwrap_or(key);
+    crate::SETTLED_STATES.iter().any(|s| s.as_str() == state)
+}
+
 #[async_trait]
 impl Notices for MemoryNotices {
     async fn publish(&self, event: &Event) -> Result<(), BrokerError> {
         // An error only says that nobody is subscribed, which is no failure:
         // events are announcements, not messages anyone must receive.
-        let _ = self.sender.send(event.clone());
+        if self.every.receiver_count() > 0 {
+            let _ = self.every.send(event.clone());
+        }
+        if self.settled.receiver_count() > 0 && crate::SETTLED_STATES.contains(&event.state) {
+            let _ = self.settled.send(event.clone());
+        }
         Ok(())
     }
 
     async fn subscribe(&self) -> Result<Box<dyn Subscription>, BrokerError> {
         Ok(Box::new(MemorySubscription {
-            receiver: self.sender.subscribe(),
+            receiver: self.every.subscribe(),
         }))
+    }
+
+    async fn subscribe_settled(&self) -> Result<Box<dyn Subscription>, BrokerError> {
+        Ok(Box::new(MemorySubscription {
+            receiver: self.settled.subscribe(),
+        }))
+    }
+
+    fn hears(&self, key: &str) -> bool {
+        self.every.receiver_count() > 0 || (self.settled.receiver_count() > 0 && key_settled(key))
     }
 }
 

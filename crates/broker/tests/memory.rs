@@ -268,6 +268,48 @@ async fn dropping_notices_ends_subscriptions() {
     assert!(matches!(ended, Ok(None)), "{ended:?}");
 }
 
+/// Where every subscriber waits for outcomes, a job's other events are
+/// not heard (so the announcer does not make them) and do not reach them;
+/// with nobody subscribed nothing is heard; a subscriber to everything
+/// hears everything.
+#[tokio::test]
+async fn notices_hear_only_what_their_subscribers_wait_for() {
+    let notices = MemoryNotices::new();
+    let event = |state: &str| toolfleet_broker::Event {
+        kind: toolfleet_broker::EventKind::Job,
+        id: format!("job-{state}"),
+        tenant: "acme".to_owned(),
+        tool: "receipt_ocr".to_owned(),
+        state: toolfleet_broker::EventState::parse(state).expect("a state"),
+        ..Default::default()
+    };
+    let (running, succeeded) = (event("running"), event("succeeded"));
+    assert!(!notices.hears(&running.routing_key()));
+    assert!(!notices.hears(&succeeded.routing_key()));
+
+    let mut outcomes = notices.subscribe_settled().await.expect("subscribed");
+    assert!(
+        !notices.hears(&running.routing_key()),
+        "nobody waits for it"
+    );
+    assert!(notices.hears(&succeeded.routing_key()));
+    notices.publish(&running).await.expect("published");
+    notices.publish(&succeeded).await.expect("published");
+    let got = tokio::time::timeout(ARRIVAL, outcomes.next()).await;
+    assert_eq!(got.ok().flatten().map(|e| e.id), Some(succeeded.id.clone()));
+
+    let mut every = notices.subscribe().await.expect("subscribed");
+    assert!(notices.hears(&running.routing_key()));
+    notices.publish(&running).await.expect("published");
+    notices.publish(&succeeded).await.expect("published");
+    for expected in [&running, &succeeded] {
+        let got = tokio::time::timeout(ARRIVAL, every.next()).await;
+        assert_eq!(got.ok().flatten().map(|e| e.id), Some(expected.id.clone()));
+    }
+    let got = tokio::time::timeout(ARRIVAL, outcomes.next()).await;
+    assert_eq!(got.ok().flatten().map(|e| e.id), Some(succeeded.id.clone()));
+}
+
 #[tokio::test]
 async fn notices_take_any_buffer_and_need_no_subscriber() {
     for buffer in [0, usize::MAX] {
