@@ -141,12 +141,16 @@ impl TraceContext {
 
     /// The trace id, 32 lowercase hex digits.
     pub fn trace_id(&self) -> String {
-        hex::encode(self.trace_id)
+        let mut id = String::with_capacity(32);
+        push_hex(&mut id, &self.trace_id);
+        id
     }
 
     /// The span id, 16 lowercase hex digits.
     pub fn span_id(&self) -> String {
-        hex::encode(self.span_id)
+        let mut id = String::with_capacity(16);
+        push_hex(&mut id, &self.span_id);
+        id
     }
 
     /// The trace id as 16 bytes.
@@ -166,12 +170,15 @@ impl TraceContext {
 
     /// The `traceparent` header of this context.
     pub fn traceparent(&self) -> String {
-        format!(
-            "00-{}-{}-{:02x}",
-            self.trace_id(),
-            self.span_id(),
-            if self.sampled { SAMPLED } else { 0 }
-        )
+        // Written into one string of its length: made for every job.
+        let mut header = String::with_capacity(55);
+        header.push_str("00-");
+        push_hex(&mut header, &self.trace_id);
+        header.push('-');
+        push_hex(&mut header, &self.span_id);
+        header.push('-');
+        push_hex(&mut header, &[if self.sampled { SAMPLED } else { 0 }]);
+        header
     }
 
     /// The `tracestate` header received with the trace, if any.
@@ -186,6 +193,15 @@ impl fmt::Debug for TraceContext {
             .field("traceparent", &self.traceparent())
             .field("tracestate", &self.state)
             .finish()
+    }
+}
+
+/// Appends `bytes` to `out` as lowercase hex digits, two a byte.
+fn push_hex(out: &mut String, bytes: &[u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for byte in bytes {
+        out.push(char::from(DIGITS[usize::from(byte >> 4)]));
+        out.push(char::from(DIGITS[usize::from(byte & 0x0f)]));
     }
 }
 
@@ -266,6 +282,18 @@ mod tests {
     use super::*;
 
     const VALID: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+    #[test]
+    fn ids_are_written_as_lowercase_hex_of_their_bytes() {
+        for _ in 0..64 {
+            let context = TraceContext::new_root();
+            let (trace, span) = (context.trace_id_bytes(), context.span_id_bytes());
+            assert_eq!(context.trace_id(), hex::encode(trace));
+            assert_eq!(context.span_id(), hex::encode(span));
+            let header = format!("00-{}-{}-01", hex::encode(trace), hex::encode(span));
+            assert_eq!(context.traceparent(), header);
+        }
+    }
 
     #[test]
     fn a_valid_traceparent_reads_back_as_written() {
