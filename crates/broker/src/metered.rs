@@ -175,12 +175,16 @@ mod tests {
     }
 
     /// Whether anyone listens is asked of what the metered notices wrap.
-    #[test]
-    fn whether_anyone_listens_is_the_inner_notices_answer() {
+    #[tokio::test]
+    async fn whether_anyone_listens_is_the_inner_notices_answer() {
         let metrics = Arc::new(Metrics::new());
         let deaf = MeteredNotices::new(Arc::new(Deaf), metrics.clone());
         assert!(!deaf.hears("t.ocr.queued"));
-        let hearing = MeteredNotices::new(Arc::new(MemoryNotices::new()), metrics);
+        // In-process notices hear what their subscribers wait for.
+        let inner = Arc::new(MemoryNotices::new());
+        let hearing = MeteredNotices::new(inner.clone(), metrics);
+        assert!(!hearing.hears("t.ocr.queued"));
+        let _every = inner.subscribe().await.expect("subscribed");
         assert!(hearing.hears("t.ocr.queued"));
     }
 }
