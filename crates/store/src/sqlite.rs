@@ -344,10 +344,10 @@ mod sql {
     /// turn into a walk of the whole table.
     /// The earliest due of the waiting jobs and of the expired leases (at
     /// most `?2` of each), oldest first, each read off an index in its
-    /// order. `jobs_waiting_due` is partial: SQLite uses it only for a
-    /// WHERE that implies its predicate, so the states here must stay as
-    /// migration 26 writes them, by `sql_any` in the same order (the plan
-    /// test checks).
+    /// order. `jobs_waiting_due` and `jobs_lease` are partial: SQLite uses
+    /// one only for a WHERE that implies its predicate, so the states here
+    /// must stay as migrations 26 and 27 write them, by `sql_any` in the
+    /// same order (the plan test checks).
     /// The lists are those of `claim` and `take_over`. Waiting jobs are
     /// read up to `?3`, a time that may be ahead of now (`?1`); scheduled
     /// ones have a part of their own, off `jobs_scheduled` (migration 17),
@@ -364,12 +364,13 @@ mod sql {
             WHERE state = '{scheduled}' AND run_at <= ?3
             ORDER BY run_at LIMIT ?2)
         UNION
-        SELECT * FROM (SELECT * FROM jobs WHERE state IN {taken} AND lease_until < ?1
+        SELECT * FROM (SELECT * FROM jobs INDEXED BY jobs_lease
+            WHERE {taken} AND lease_until < ?1
             ORDER BY lease_until LIMIT ?2)
         ORDER BY id",
             claimed = sql_any("state", Transition::Claim.from()),
             scheduled = Transition::Schedule.to(),
-            taken = sql_list(Transition::TakeOver.from()),
+            taken = sql_any("state", Transition::TakeOver.from()),
         )
     });
 
@@ -1381,8 +1382,11 @@ fn list_hint(state: JobState) -> &'static str {
     }
 }
 
+/// Jobs by state, off `jobs_due`, which holds every job by state.
+const JOB_COUNTS: &str = "SELECT state, COUNT(*) FROM jobs GROUP BY state";
+
 fn job_counts(c: &Connection) -> Result<Vec<(JobState, u64)>, StoreError> {
-    let mut stmt = c.prepare_cached("SELECT state, COUNT(*) FROM jobs GROUP BY state")?;
+    let mut stmt = c.prepare_cached(JOB_COUNTS)?;
     let mut rows = stmt.query([])?;
     let mut counts: Vec<(JobState, u64)> = JobState::ALL.into_iter().map(|s| (s, 0)).collect();
     while let Some(row) = rows.next()? {
@@ -2636,6 +2640,16 @@ mod tests {
                 "{statement} may abort: {checks:?}"
             );
         }
+    }
+
+    /// Counting jobs by state (the queue-depth gauges) reads an index that
+    /// holds every job by state, never the table's rows: `jobs_lease`
+    /// holds running jobs only since migration 27.
+    #[tokio::test]
+    async fn jobs_are_counted_by_state_off_an_index() {
+        let store = SqliteStore::open_in_memory().await.expect("a store");
+        let text = plan(&store, JOB_COUNTS).await.join("\n");
+        assert!(text.contains("USING COVERING INDEX jobs_due"), "{text}");
     }
 
     /// due_jobs reads each half off an index in its order: the waiting

@@ -591,3 +591,53 @@ async fn the_wal_starts_over_though_writes_never_pause() {
         );
     }
 }
+
+/// jobs_lease holds the running jobs only (version 27): a queued job and a
+/// settled one hold no place in it, so inserting and settling a job never
+/// change it. `ANALYZE` counts the index's entries (the first number of its
+/// `sqlite_stat1` row).
+#[tokio::test]
+async fn only_running_jobs_hold_a_place_in_the_lease_index() {
+    let path = temp_db();
+    let store = SqliteStore::open(&path).await.expect("a store");
+    let now = 1_700_000_000_000;
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        let mut one = job("t-lease");
+        one.idempotency_key = None;
+        ids.push(one.id.clone());
+        store.insert_job(one).await.expect("inserted");
+    }
+    let mut claimed = Vec::new();
+    for id in &ids[..2] {
+        let claim = toolfleet_store::ClaimJob {
+            id,
+            worker: "w1",
+            now,
+            lease_ms: 30_000,
+        };
+        claimed.push(store.claim(claim).await.expect("claim").expect("claimable"));
+    }
+    let lease = claimed[0].lease_ref().expect("held");
+    let done = toolfleet_store::Succeed {
+        lease: &lease,
+        result: &toolfleet_core::Json::encode(&json!({"ok": true})).expect("json"),
+        now: now + 1,
+        claimed: Some(&claimed[0]),
+    };
+    assert!(store.succeed(done).await.expect("succeed").is_some());
+    store.close().await.expect("close");
+
+    let conn = rusqlite::Connection::open(&path).expect("open directly");
+    conn.execute_batch("ANALYZE jobs").expect("analyze");
+    let stat: String = conn
+        .query_row(
+            "SELECT stat FROM sqlite_stat1 WHERE idx = 'jobs_lease'",
+            [],
+            |r| r.get(0),
+        )
+        .expect("the index's statistics");
+    assert_eq!(stat.split(' ').next(), Some("1"), "entries: {stat}");
+    drop(conn);
+    remove(&path);
+}
