@@ -800,11 +800,16 @@ pub struct SqliteStore {
 /// steady writes one always lands while the checkpoint runs, so the WAL
 /// never started over: it grew by every write (254 MB after 3,000 jobs
 /// called one at a time), and each write past the file's end made the
-/// kernel zero the rest of its pages. So when a pass leaves
-/// [`Checkpointer::RESTART_FRAMES`] or more frames in the WAL, the writer's
-/// own connection runs one more passive checkpoint between two of its
-/// statements: it copies only what came since, no write can come between,
-/// and the writer's next transaction writes from the WAL's start.
+/// kernel zero the rest of its pages. So when the WAL holds
+/// [`Checkpointer::RESTART_FRAMES`] frames or more after a pass, the
+/// writer's own connection runs one more passive checkpoint between two of
+/// its statements (the pass cannot tell: it counts only the frames there
+/// were when it began, all copied or not): it copies only what came
+/// since, no write of this store can come between, and the writer's next
+/// transaction writes from the WAL's start. (Other processes writing the
+/// same file, or holding a read open, can still keep it from starting
+/// over at that pass; a later one does.) A pass that fails is logged once
+/// until one succeeds again: while none does, the WAL grows.
 struct Checkpointer {
     task: tokio::task::JoinHandle<()>,
 }
@@ -823,22 +828,38 @@ impl Checkpointer {
             .await
             .map_err(|e| StoreError::Unavailable(format!("cannot start the checkpointer: {e}")))?;
         call(&own, |c| Ok(c.busy_timeout(BUSY_TIMEOUT)?)).await?;
+        let name = path.display().to_string();
         let task = tokio::spawn(async move {
             let mut ticks = tokio::time::interval(Self::PERIOD);
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             ticks.tick().await;
+            let mut failing = false;
             loop {
                 ticks.tick().await;
-                // A busy or failed pass is tried again on the next tick.
-                let _ = Self::pass(&own, &writer, Self::RESTART_FRAMES).await;
+                // A failed pass is tried again on the next tick (a busy one
+                // is no error: it copies what it can).
+                match Self::pass(&own, &writer, Self::RESTART_FRAMES).await {
+                    Ok(_) if failing => {
+                        failing = false;
+                        tracing::info!(database = %name, "WAL checkpoints succeed again");
+                    }
+                    Ok(_) => {}
+                    Err(error) if !failing => {
+                        failing = true;
+                        tracing::warn!(database = %name, %error, "a WAL checkpoint failed; the WAL grows until one succeeds");
+                    }
+                    Err(_) => {}
+                }
             }
         });
         Ok(Checkpointer { task })
     }
 
-    /// One pass: a passive checkpoint on `own`, then, if it leaves
-    /// `restart_at` frames or more in the WAL, one on the `writer`'s
-    /// connection. Answers the frames left after the last checkpoint run.
+    /// One pass: a passive checkpoint on `own`, then, if the WAL held
+    /// `restart_at` frames or more when it began, one on the `writer`'s
+    /// connection (on an idle store whose WAL is copied whole, it finds
+    /// nothing to do). Answers the frames in the WAL when the last
+    /// checkpoint run began.
     async fn pass(
         own: &tokio_rusqlite::Connection,
         writer: &tokio_rusqlite::Connection,
@@ -852,7 +873,8 @@ impl Checkpointer {
     }
 }
 
-/// A passive checkpoint on `c`, answering the frames in the WAL.
+/// A passive checkpoint on `c`, answering the frames in the WAL when it
+/// began.
 fn checkpoint(c: &mut Connection) -> Result<i64, StoreError> {
     Ok(c.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| r.get(1))?)
 }

@@ -593,9 +593,9 @@ async fn the_wal_starts_over_though_writes_never_pause() {
 }
 
 /// jobs_lease holds the running jobs only (version 27): a queued job and a
-/// settled one hold no place in it, so inserting and settling a job never
-/// change it. `ANALYZE` counts the index's entries (the first number of its
-/// `sqlite_stat1` row).
+/// settled one hold no place in it, so inserting a job never changes it
+/// and settling one only removes its entry. `ANALYZE` counts the index's
+/// entries (the first number of its `sqlite_stat1` row).
 #[tokio::test]
 async fn only_running_jobs_hold_a_place_in_the_lease_index() {
     let path = temp_db();
