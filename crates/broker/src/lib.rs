@@ -558,6 +558,13 @@ pub const SETTLED_STATES: [EventState; 10] = [
     EventState::Run(RunNotice::Cancelled),
 ];
 
+/// Whether an event of routing key `key` ([`Event::key`]: its state last)
+/// is an outcome, one of [`SETTLED_STATES`].
+pub fn settled_key(key: &str) -> bool {
+    let state = key.rsplit('.').next().unwrap_or(key);
+    SETTLED_STATES.iter().any(|s| s.as_str() == state)
+}
+
 /// Splits `events` into groups that share a routing key, so that each group
 /// can travel as one message, without reordering any job's own events: the
 /// n-th event of a job in the list goes into the n-th round, rounds come in

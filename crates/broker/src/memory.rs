@@ -577,13 +577,6 @@ impl Default for MemoryNotices {
     }
 }
 
-/// Whether an event of routing key `key` ([`Event::key`]: its state last)
-/// is an outcome.
-fn key_settled(key: &str) -> bool {
-    let state = key.rsplit('.').next().unwrap_or(key);
-    crate::SETTLED_STATES.iter().any(|s| s.as_str() == state)
-}
-
 #[async_trait]
 impl Notices for MemoryNotices {
     async fn publish(&self, event: &Event) -> Result<(), BrokerError> {
@@ -611,7 +604,8 @@ impl Notices for MemoryNotices {
     }
 
     fn hears(&self, key: &str) -> bool {
-        self.every.receiver_count() > 0 || (self.settled.receiver_count() > 0 && key_settled(key))
+        self.every.receiver_count() > 0
+            || (self.settled.receiver_count() > 0 && crate::settled_key(key))
     }
 }
 

@@ -141,16 +141,12 @@ impl TraceContext {
 
     /// The trace id, 32 lowercase hex digits.
     pub fn trace_id(&self) -> String {
-        let mut id = String::with_capacity(32);
-        push_hex(&mut id, &self.trace_id);
-        id
+        hex_string(&self.trace_id)
     }
 
     /// The span id, 16 lowercase hex digits.
     pub fn span_id(&self) -> String {
-        let mut id = String::with_capacity(16);
-        push_hex(&mut id, &self.span_id);
-        id
+        hex_string(&self.span_id)
     }
 
     /// The trace id as 16 bytes.
@@ -194,6 +190,13 @@ impl fmt::Debug for TraceContext {
             .field("tracestate", &self.state)
             .finish()
     }
+}
+
+/// `bytes` as lowercase hex digits, two a byte.
+fn hex_string(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(2 * bytes.len());
+    push_hex(&mut out, bytes);
+    out
 }
 
 /// Appends `bytes` to `out` as lowercase hex digits, two a byte.

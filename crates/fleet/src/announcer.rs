@@ -202,9 +202,7 @@ mod tests {
         }
 
         fn hears(&self, key: &str) -> bool {
-            toolfleet_broker::SETTLED_STATES
-                .iter()
-                .any(|state| key.ends_with(&format!(".{state}")))
+            toolfleet_broker::settled_key(key)
         }
     }
 

@@ -838,12 +838,12 @@ impl Checkpointer {
                 ticks.tick().await;
                 // A failed pass is tried again on the next tick (a busy one
                 // is no error: it copies what it can).
-                match Self::pass(&own, &writer, Self::RESTART_FRAMES).await {
-                    Ok(_) if failing => {
+                match Self::pass(&own, &writer).await {
+                    Ok(()) if failing => {
                         failing = false;
                         tracing::info!(database = %name, "WAL checkpoints succeed again");
                     }
-                    Ok(_) => {}
+                    Ok(()) => {}
                     Err(error) if !failing => {
                         failing = true;
                         tracing::warn!(database = %name, %error, "a WAL checkpoint failed; the WAL grows until one succeeds");
@@ -856,20 +856,17 @@ impl Checkpointer {
     }
 
     /// One pass: a passive checkpoint on `own`, then, if the WAL held
-    /// `restart_at` frames or more when it began, one on the `writer`'s
-    /// connection (on an idle store whose WAL is copied whole, it finds
-    /// nothing to do). Answers the frames in the WAL when the last
-    /// checkpoint run began.
+    /// [`Checkpointer::RESTART_FRAMES`] frames or more when it began, one
+    /// on the `writer`'s connection (on an idle store whose WAL is copied
+    /// whole, it finds nothing to do).
     async fn pass(
         own: &tokio_rusqlite::Connection,
         writer: &tokio_rusqlite::Connection,
-        restart_at: i64,
-    ) -> Result<i64, StoreError> {
-        let frames = call(own, checkpoint).await?;
-        if frames < restart_at {
-            return Ok(frames);
+    ) -> Result<(), StoreError> {
+        if call(own, checkpoint).await? >= Self::RESTART_FRAMES {
+            call(writer, checkpoint).await?;
         }
-        call(writer, checkpoint).await
+        Ok(())
     }
 }
 
