@@ -16,6 +16,7 @@
 //! span's trace ids before the span is made whenever it can (when nothing
 //! is exported), so they are creation fields too.
 
+mod fields;
 mod json;
 mod otlp;
 
@@ -86,6 +87,7 @@ impl Telemetry {
             tracing_subscriber::fmt::layer()
                 .with_writer(std::io::stderr)
                 .with_ansi(ansi)
+                .fmt_fields(fields::PlainFields)
         });
         let json = (format == LogFormat::Json).then(|| {
             tracing_subscriber::fmt::layer()
