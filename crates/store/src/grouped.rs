@@ -70,18 +70,21 @@ impl From<Succeed<'_>> for Success {
 }
 
 impl Success {
-    /// The record of `job`, as its claim answered it, once this success
-    /// settled it: what the success set, and `progress` as read back (the
-    /// one column that changes under a lease besides those).
-    pub(crate) fn settled(&self, job: &JobRecord, progress: Option<Value>) -> JobRecord {
-        JobRecord {
+    /// The record of the job as its claim answered it (the record this
+    /// success carries, taken), once this success settled it: what the
+    /// success set, and `progress` as read back (the one column that
+    /// changes under a lease besides those). `None` without a claimed
+    /// record.
+    pub(crate) fn settled(self, progress: Option<Value>) -> Option<JobRecord> {
+        let job = self.claimed?;
+        Some(JobRecord {
             state: Transition::Succeed.to(),
-            result: Some(self.result.clone()),
+            result: Some(self.result),
             progress,
             lease_owner: None,
             lease_until: None,
             updated_at: self.now,
-            ..job.clone()
-        }
+            ..job
+        })
     }
 }

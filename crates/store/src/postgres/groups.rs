@@ -177,7 +177,7 @@ fn by_ordinal_with(
     rows: &[Row],
     ord: &str,
     count: usize,
-    decode: impl Fn(&Row, usize) -> Result<JobRecord, StoreError>,
+    mut decode: impl FnMut(&Row, usize) -> Result<JobRecord, StoreError>,
 ) -> Vec<Result<Option<JobRecord>, StoreError>> {
     let mut answers: Vec<Result<Option<JobRecord>, StoreError>> =
         (0..count).map(|_| Ok(None)).collect();
@@ -212,34 +212,37 @@ async fn succeed_many(
     done: Vec<Success>,
 ) -> Answers<Option<JobRecord>> {
     let c = pool.get().await.map_err(|e| pool_error(e, &place))?;
-    let ids: Vec<&str> = done.iter().map(|s| s.lease.job_id.as_str()).collect();
-    let workers: Vec<&str> = done.iter().map(|s| s.lease.worker.as_str()).collect();
-    let attempts: Vec<i64> = done.iter().map(|s| i64::from(s.lease.attempt)).collect();
-    let results: Vec<&str> = done.iter().map(|s| s.result.get()).collect();
-    let nows: Vec<i64> = done.iter().map(|s| s.now).collect();
-    let params: Params<'_> = &[&ids, &workers, &attempts, &results, &nows];
-    let claimed: Option<Vec<&JobRecord>> = done.iter().map(|s| s.claimed.as_ref()).collect();
-    let Some(claimed) = claimed else {
-        let stmt = c.prepare_cached(&statements::SUCCEED_MANY).await?;
-        let rows = c.query(&stmt, params).await?;
-        return Ok(by_ordinal(&rows, "s_ord", done.len()));
-    };
     // Every holder gave its claimed record: the settled records are built
     // from them, and only what may have changed under the lease is read
     // back (not the arguments, nor anything else the claim answered).
-    let stmt = c.prepare_cached(&statements::SUCCEED_MANY_LEAN).await?;
-    let rows = c.query(&stmt, params).await?;
-    Ok(by_ordinal_with(&rows, "s_ord", done.len(), |row, i| {
-        let (job, success) = claimed.get(i).zip(done.get(i)).ok_or_else(|| {
-            Fields::new(row, "job", "id").corrupt("s_ord", "no success of the batch has it")
-        })?;
-        settled(row, job, success)
+    let lean = done.iter().all(|s| s.claimed.is_some());
+    let rows = {
+        let ids: Vec<&str> = done.iter().map(|s| s.lease.job_id.as_str()).collect();
+        let workers: Vec<&str> = done.iter().map(|s| s.lease.worker.as_str()).collect();
+        let attempts: Vec<i64> = done.iter().map(|s| i64::from(s.lease.attempt)).collect();
+        let results: Vec<&str> = done.iter().map(|s| s.result.get()).collect();
+        let nows: Vec<i64> = done.iter().map(|s| s.now).collect();
+        let params: Params<'_> = &[&ids, &workers, &attempts, &results, &nows];
+        let sql = match lean {
+            true => &statements::SUCCEED_MANY_LEAN,
+            false => &statements::SUCCEED_MANY,
+        };
+        let stmt = c.prepare_cached(sql).await?;
+        c.query(&stmt, params).await?
+    };
+    if !lean {
+        return Ok(by_ordinal(&rows, "s_ord", done.len()));
+    }
+    // Each success's claimed record becomes its settled one (moved, not
+    // copied), once: a second row of the same place finds none.
+    let count = done.len();
+    let mut done: Vec<Option<Success>> = done.into_iter().map(Some).collect();
+    Ok(by_ordinal_with(&rows, "s_ord", count, |row, i| {
+        let fields = Fields::new(row, "job", "id");
+        let progress = fields.json_opt("progress")?;
+        done.get_mut(i)
+            .and_then(Option::take)
+            .and_then(|success| success.settled(progress))
+            .ok_or_else(|| fields.corrupt("s_ord", "no success of the batch has it"))
     }))
-}
-
-/// The record of `job` once `success` settled it, with the progress the
-/// lean statement read back.
-fn settled(row: &Row, job: &JobRecord, success: &Success) -> Result<JobRecord, StoreError> {
-    let progress = Fields::new(row, "job", "id").json_opt("progress")?;
-    Ok(success.settled(job, progress))
 }

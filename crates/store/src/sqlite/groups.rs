@@ -72,11 +72,12 @@ fn succeed_one(c: &Connection, done: Success) -> Result<Option<JobRecord>, Store
         done.result.get(),
         done.now
     ];
-    match &done.claimed {
-        None => query_one(c, &sql::SUCCEED, params, job_from_row),
-        Some(job) => Ok(query_one(c, &sql::SUCCEED_LEAN, params, progress_of)?
-            .map(|progress| done.settled(job, progress))),
+    if done.claimed.is_none() {
+        return query_one(c, &sql::SUCCEED, params, job_from_row);
     }
+    // The claimed record becomes the settled one, moved rather than copied.
+    Ok(query_one(c, &sql::SUCCEED_LEAN, params, progress_of)?
+        .and_then(|progress| done.settled(progress)))
 }
 
 /// The progress a lean success read back.
