@@ -212,9 +212,9 @@ async fn succeed_many(
     done: Vec<Success>,
 ) -> Answers<Option<JobRecord>> {
     let c = pool.get().await.map_err(|e| pool_error(e, &place))?;
-    // Every holder gave its claimed record: the settled records are built
-    // from them, and only what may have changed under the lease is read
-    // back (not the arguments, nor anything else the claim answered).
+    // Where every holder gave its claimed record, the settled records are
+    // built from them, and only what may have changed under the lease is
+    // read back (not the arguments, nor anything else the claim answered).
     let lean = done.iter().all(|s| s.claimed.is_some());
     let rows = {
         let ids: Vec<&str> = done.iter().map(|s| s.lease.job_id.as_str()).collect();
@@ -223,9 +223,10 @@ async fn succeed_many(
         let results: Vec<&str> = done.iter().map(|s| s.result.get()).collect();
         let nows: Vec<i64> = done.iter().map(|s| s.now).collect();
         let params: Params<'_> = &[&ids, &workers, &attempts, &results, &nows];
-        let sql = match lean {
-            true => &statements::SUCCEED_MANY_LEAN,
-            false => &statements::SUCCEED_MANY,
+        let sql = if lean {
+            &statements::SUCCEED_MANY_LEAN
+        } else {
+            &statements::SUCCEED_MANY
         };
         let stmt = c.prepare_cached(sql).await?;
         c.query(&stmt, params).await?
