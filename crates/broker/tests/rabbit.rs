@@ -1027,6 +1027,78 @@ async fn publishes_close_behind_the_last_message_share_the_next() {
     assert_eq!(get_from(&connection, &queue).await, "job-4");
 }
 
+/// While a pool's queue has no consumer no job published to it can start,
+/// so its publisher lingers `idle_publish_linger`: ids further apart than
+/// `publish_linger` (here none) share a message. Once a worker consumes the
+/// queue, the publisher counts it (within `CONSUMER_CHECK` of a publish) and
+/// lingers `publish_linger` again: each id goes alone, with its trace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_without_consumers_lingers_longer() {
+    let idle = Duration::from_millis(300);
+    let options = RabbitOptions {
+        publish_linger: Duration::ZERO,
+        idle_publish_linger: idle,
+        ..options()
+    };
+    let broker = broker_with(options.clone()).await;
+    let pool = unique("idle");
+    let queue = format!("{}.pool.{pool}", options.prefix);
+    let connection = raw_connection().await;
+    // The first publish declares the queue; one after it is counted with
+    // the queue there and no consumer (basic.get consumes nothing).
+    publish(&broker.0, &pool, "job-0").await;
+    sleep(toolfleet_broker::rabbit::CONSUMER_CHECK * 2).await;
+    publish(&broker.0, &pool, "job-1").await;
+    sleep(idle + toolfleet_broker::rabbit::CONSUMER_CHECK * 2).await;
+    assert_eq!(get_from(&connection, &queue).await, "job-0");
+    assert_eq!(get_from(&connection, &queue).await, "job-1");
+
+    // Idle: the first goes at once; the next two, 50 ms apart, wait for
+    // the idle linger and go together.
+    publish(&broker.0, &pool, "job-2").await;
+    let third = tokio::spawn({
+        let (broker, pool) = (broker.0.clone(), pool.clone());
+        async move { broker.publish(&pool, "job-3").await }
+    });
+    sleep(Duration::from_millis(50)).await;
+    publish(&broker.0, &pool, "job-4").await;
+    assert_eq!(third.await.expect("the third caller"), Ok(()));
+    assert_eq!(get_from(&connection, &queue).await, "job-2");
+    let mut together: Vec<String> = get_from(&connection, &queue)
+        .await
+        .split('\n')
+        .map(str::to_owned)
+        .collect();
+    together.sort();
+    assert_eq!(together, ["job-3", "job-4"], "one message while idle");
+
+    // A consumer: counted after the next publish, the pool lingers no more.
+    let mut consumer = consume(&broker.0, &pool, 10).await;
+    publish(&broker.0, &pool, "job-5").await;
+    sleep(idle + toolfleet_broker::rabbit::CONSUMER_CHECK * 2).await;
+    let fifth = next_delivery(consumer.as_mut(), "job-5").await;
+    assert_eq!(fifth.job_id, "job-5");
+    assert_eq!(fifth.ack().await, Ok(()));
+    let trace = TraceContext::new_root();
+    let traced = |id: &'static str| {
+        let (broker, pool, trace) = (broker.0.clone(), pool.clone(), trace.clone());
+        async move { broker.publish_traced(&pool, id, Some(&trace)).await }
+    };
+    assert_eq!(traced("job-6").await, Ok(()));
+    let seventh = tokio::spawn(traced("job-7"));
+    sleep(Duration::from_millis(50)).await;
+    assert_eq!(traced("job-8").await, Ok(()));
+    assert_eq!(seventh.await.expect("the seventh caller"), Ok(()));
+    let alone = next_deliveries(consumer.as_mut(), 3, "jobs 6 to 8").await;
+    let mut ids = ids_of(&alone);
+    ids.sort_unstable();
+    assert_eq!(ids, ["job-6", "job-7", "job-8"]);
+    assert!(
+        alone.iter().all(|d| d.trace.as_ref() == Some(&trace)),
+        "each went alone, with its trace"
+    );
+}
+
 /// A message of several ids is handed out one delivery per id, and settled
 /// as a whole once each is: acknowledged when all are, requeued (all of it)
 /// when one was requeued or dropped, dead-lettered when one was rejected.

@@ -22,6 +22,9 @@
 //! further apart than the linger go at once as before; those that come
 //! closer (one caller after another, each awaiting its answer) go a few to
 //! a batch instead of one each, so a broker confirms one message for them.
+//! Its owner may change the linger as it runs ([`Group::set_linger`]): a
+//! broker's publisher lingers longer while no consumer could take what it
+//! sends.
 //!
 //! Each request gets its own answer; a batch that fails as a whole answers
 //! every request in it with the same error.
@@ -62,7 +65,8 @@ pub struct Group<R, O, E> {
 
 /// The linger of a group and when its last batch started.
 struct Pace {
-    linger: Duration,
+    /// The linger in microseconds (zero: none).
+    linger: AtomicU64,
     born: Instant,
     /// Microseconds from `born` to the last batch's start, plus one (zero:
     /// none yet).
@@ -70,9 +74,13 @@ struct Pace {
 }
 
 impl Pace {
-    /// A batch starts now (noted only where the group lingers).
+    fn linger(&self) -> Duration {
+        Duration::from_micros(self.linger.load(Ordering::Relaxed))
+    }
+
+    /// A batch starts now (noted only while the group lingers).
     fn started(&self) {
-        if self.linger.is_zero() {
+        if self.linger().is_zero() {
             return;
         }
         let since = self.born.elapsed().as_micros();
@@ -83,14 +91,15 @@ impl Pace {
     /// How long a request made now waits for others: what is left of the
     /// linger since the last batch's start.
     fn wait(&self) -> Duration {
-        if self.linger.is_zero() {
+        let linger = self.linger();
+        if linger.is_zero() {
             return Duration::ZERO;
         }
         let last = match self.last.load(Ordering::Acquire) {
             0 => return Duration::ZERO,
             n => Duration::from_micros(n - 1),
         };
-        (last + self.linger).saturating_sub(self.born.elapsed())
+        (last + linger).saturating_sub(self.born.elapsed())
     }
 }
 
@@ -139,7 +148,7 @@ impl<R: Send + 'static, O: Send + 'static, E: GroupError> Group<R, O, E> {
             slots: slots.clone(),
             in_flight: Arc::new(AtomicUsize::new(0)),
             pace: Arc::new(Pace {
-                linger,
+                linger: AtomicU64::new(micros(linger)),
                 born: Instant::now(),
                 last: AtomicU64::new(0),
             }),
@@ -205,6 +214,17 @@ impl<R: Send + 'static, O: Send + 'static, E: GroupError> Group<R, O, E> {
         group
     }
 
+    /// Changes the linger from the next request on (zero: none); a request
+    /// already waiting keeps the wait it began.
+    pub fn set_linger(&self, linger: Duration) {
+        self.pace.linger.store(micros(linger), Ordering::Relaxed);
+    }
+
+    /// The linger now.
+    pub fn linger(&self) -> Duration {
+        self.pace.linger()
+    }
+
     /// Runs `request` in the next batch and answers its result. A request
     /// made while no other is in flight, with a slot free beside the one
     /// the batching task waits with, and not within the linger of the last
@@ -235,6 +255,11 @@ impl<R: Send + 'static, O: Send + 'static, E: GroupError> Group<R, O, E> {
             E::unanswered(format!("{}: the batch was dropped unanswered", self.what))
         })?
     }
+}
+
+/// `linger` in whole microseconds, at most `u64::MAX`.
+fn micros(linger: Duration) -> u64 {
+    u64::try_from(linger.as_micros()).unwrap_or(u64::MAX)
 }
 
 /// The error of a batch of `count` that answered `answered` results.
@@ -462,6 +487,49 @@ mod tests {
         assert_eq!(second.await.expect("the second caller"), Ok(2));
         assert_eq!(began.elapsed(), linger, "held until the linger had passed");
         assert_eq!(*batches.lock().unwrap(), vec![vec![1], vec![2, 3]]);
+    }
+
+    /// A linger changed as the group runs holds from the next request on:
+    /// lengthened, a request close behind the last batch waits for it;
+    /// set to zero, requests go at once again.
+    #[tokio::test(start_paused = true)]
+    async fn a_changed_linger_holds_from_the_next_request() {
+        let (group, batches) = lingering(Duration::ZERO);
+        assert_eq!(group.linger(), Duration::ZERO);
+        assert_eq!(group.run(1).await, Ok(1));
+        let linger = Duration::from_millis(100);
+        group.set_linger(linger);
+        assert_eq!(group.linger(), linger);
+        // The batch of 1 went while the group did not linger, so nothing
+        // is close behind a batch yet: 2 goes at once.
+        let began = Instant::now();
+        assert_eq!(group.run(2).await, Ok(2));
+        assert_eq!(
+            began.elapsed(),
+            Duration::ZERO,
+            "the first after the change"
+        );
+        let fourth = tokio::spawn({
+            let group = group.clone();
+            async move { group.run(4).await }
+        });
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(group.run(3).await, Ok(3));
+        assert_eq!(fourth.await.expect("the fourth caller"), Ok(4));
+        assert_eq!(
+            began.elapsed(),
+            linger,
+            "held until the new linger had passed"
+        );
+        group.set_linger(Duration::ZERO);
+        let asked = Instant::now();
+        assert_eq!(group.run(5).await, Ok(5));
+        assert_eq!(asked.elapsed(), Duration::ZERO, "no linger, no wait");
+        let mut seen = batches.lock().unwrap().clone();
+        for batch in &mut seen {
+            batch.sort_unstable();
+        }
+        assert_eq!(seen, vec![vec![1], vec![2], vec![3, 4], vec![5]]);
     }
 
     /// Requests further apart than the linger each go at once, alone.

@@ -185,7 +185,7 @@ impl Shared {
         }
     }
 
-    async fn until_closed(&self) {
+    pub(super) async fn until_closed(&self) {
         let mut states = self.state.subscribe();
         // An error means the sender is gone, which is closed too.
         let _ = states.wait_for(|s| matches!(s, LinkState::Closed)).await;

@@ -77,8 +77,10 @@ use toolfleet_core::TraceContext;
 pub use self::events::RabbitNotices;
 pub use self::heard::{LISTENING_KEY, UNHEARD_FOR};
 use self::link::{CloseOnDrop, Shared, redact};
-use self::publish::Publisher;
-pub use self::publish::{MAX_IDS_PER_MESSAGE, PUBLISH_LINGER, PUBLISH_SLOTS};
+use self::publish::PoolPublisher;
+pub use self::publish::{
+    CONSUMER_CHECK, IDLE_PUBLISH_LINGER, MAX_IDS_PER_MESSAGE, PUBLISH_LINGER, PUBLISH_SLOTS,
+};
 use self::topology::PoolQueues;
 pub use self::topology::{
     MAX_DELAY, dead_letter_queue_name, delay_bucket, delay_queue_name, pool_queue_name,
@@ -142,6 +144,12 @@ pub struct RabbitOptions {
     /// pool waits for others to share a message ([`PUBLISH_LINGER`]; zero:
     /// never). Ids further apart go at once.
     pub publish_linger: Duration,
+    /// The linger of a pool whose queue has no consumer
+    /// ([`IDLE_PUBLISH_LINGER`]): no job published to it can start before a
+    /// worker comes, so its ids wait longer for others and fewer, fuller
+    /// messages wait for the worker. Not above `publish_linger`: the pool
+    /// lingers as `publish_linger` says whatever its consumers.
+    pub idle_publish_linger: Duration,
 }
 
 impl Default for RabbitOptions {
@@ -160,6 +168,7 @@ impl Default for RabbitOptions {
             ca_file: None,
             unheard_for: UNHEARD_FOR,
             publish_linger: PUBLISH_LINGER,
+            idle_publish_linger: IDLE_PUBLISH_LINGER,
         }
     }
 }
@@ -172,7 +181,7 @@ impl Default for RabbitOptions {
 pub struct RabbitBroker {
     handle: Arc<CloseOnDrop>,
     /// Each pool's publishes, grouped into shared messages under load.
-    publishers: Arc<Mutex<HashMap<String, Arc<Publisher>>>>,
+    publishers: Arc<Mutex<HashMap<String, Arc<PoolPublisher>>>>,
 }
 
 impl RabbitBroker {

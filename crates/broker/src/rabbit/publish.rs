@@ -1,5 +1,6 @@
 //! Putting job ids on a pool's queue: under load, or close behind the last
-//! message (within [`PUBLISH_LINGER`]), through the pool's [`Publisher`],
+//! message (within [`PUBLISH_LINGER`], or [`IDLE_PUBLISH_LINGER`] while the
+//! queue has no consumer), through the pool's [`Publisher`],
 //! several to a message (one per line, no trace headers);
 //! alone, one id and its trace headers; delayed, through the delay queue of
 //! its step on the ladder. Every publish, of events too, waits for
@@ -8,7 +9,8 @@
 //! several ids (the worker takes each job's trace from the store), nor hold
 //! a caller for a delay.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use lapin::options::BasicPublishOptions;
@@ -32,6 +34,19 @@ pub const PUBLISH_SLOTS: usize = 2;
 /// starts at most this much later.
 pub const PUBLISH_LINGER: Duration = Duration::from_millis(1);
 
+/// The linger of a pool whose queue has no consumer, by default: no job
+/// published to it can start before a worker comes (a pool scaled to none,
+/// or a backlog queued before the workers start), so its ids wait this
+/// long for others and the worker that comes takes fewer, fuller messages
+/// (each message costs RabbitMQ and the worker more than each id in it).
+/// A worker that comes finds its first jobs at most this much later, and
+/// for at most [`CONSUMER_CHECK`].
+pub const IDLE_PUBLISH_LINGER: Duration = Duration::from_millis(20);
+
+/// How often a pool's publisher counts its queue's consumers, while it
+/// publishes: one passive declare each time.
+pub const CONSUMER_CHECK: Duration = Duration::from_millis(100);
+
 /// The most job ids one message carries: the default of
 /// [`RabbitOptions::jobs_per_message`] and its bound.
 ///
@@ -40,6 +55,13 @@ pub const MAX_IDS_PER_MESSAGE: usize = 64;
 
 /// Publishes job ids to one pool's queue, several to a message under load.
 pub(super) type Publisher = Group<Publish, (), BrokerError>;
+
+/// A pool's [`Publisher`], and whether it has published since its queue's
+/// consumers were last counted.
+pub(super) struct PoolPublisher {
+    group: Publisher,
+    busy: AtomicBool,
+}
 
 /// One job id to publish.
 pub(super) struct Publish {
@@ -56,7 +78,7 @@ impl GroupError for BrokerError {
 impl RabbitBroker {
     /// The publisher of `pool`, started on its first publish; `None` where
     /// each job goes in a message of its own.
-    fn publisher(&self, pool: &str) -> Result<Option<Arc<Publisher>>, BrokerError> {
+    fn publisher(&self, pool: &str) -> Result<Option<Arc<PoolPublisher>>, BrokerError> {
         let options = &self.shared().options;
         if options.jobs_per_message <= 1 || options.one_job_per_message.contains(pool) {
             return Ok(None);
@@ -67,7 +89,7 @@ impl RabbitBroker {
         }
         let queues = Arc::new(self.queues(pool)?);
         let shared = self.shared().clone();
-        let publisher = Arc::new(Group::spawn_lingering(
+        let group = Group::spawn_lingering(
             "publishing job ids",
             PUBLISH_SLOTS,
             shared
@@ -75,14 +97,25 @@ impl RabbitBroker {
                 .jobs_per_message
                 .clamp(1, MAX_IDS_PER_MESSAGE),
             shared.options.publish_linger,
-            move |batch: Vec<Publish>| {
+            {
                 let (shared, queues) = (shared.clone(), queues.clone());
-                async move {
-                    let sent = shared.publish_ids(&queues, &batch).await;
-                    Ok(vec![sent; batch.len()])
+                move |batch: Vec<Publish>| {
+                    let (shared, queues) = (shared.clone(), queues.clone());
+                    async move {
+                        let sent = shared.publish_ids(&queues, &batch).await;
+                        Ok(vec![sent; batch.len()])
+                    }
                 }
             },
-        ));
+        );
+        let publisher = Arc::new(PoolPublisher {
+            group,
+            busy: AtomicBool::new(true),
+        });
+        if shared.options.idle_publish_linger > shared.options.publish_linger {
+            let follow = follow_consumers(shared, queues, Arc::downgrade(&publisher));
+            tokio::spawn(follow);
+        }
         publishers.insert(pool.to_owned(), publisher.clone());
         Ok(Some(publisher))
     }
@@ -101,7 +134,10 @@ impl RabbitBroker {
             trace: trace.cloned(),
         };
         match self.publisher(pool)? {
-            Some(publisher) => publisher.run(publish).await,
+            Some(publisher) => {
+                publisher.busy.store(true, Ordering::Relaxed);
+                publisher.group.run(publish).await
+            }
             None => {
                 let queues = self.queues(pool)?;
                 self.shared().publish_ids(&queues, &[publish]).await
@@ -134,6 +170,39 @@ impl RabbitBroker {
                 .await
         };
         shared.noting_loss(&link, sent.await)
+    }
+}
+
+/// Keeps `publisher` lingering [`RabbitOptions::idle_publish_linger`] while
+/// its pool's queue has no consumer, and
+/// [`RabbitOptions::publish_linger`] while it has one or RabbitMQ cannot
+/// say: counted at once, then every [`CONSUMER_CHECK`] in which the pool
+/// published, until the publisher or the broker is gone.
+///
+/// [`RabbitOptions::idle_publish_linger`]: super::RabbitOptions::idle_publish_linger
+/// [`RabbitOptions::publish_linger`]: super::RabbitOptions::publish_linger
+async fn follow_consumers(
+    shared: Arc<Shared>,
+    queues: Arc<PoolQueues>,
+    publisher: Weak<PoolPublisher>,
+) {
+    let mut channel = None;
+    loop {
+        let Some(pool) = publisher.upgrade() else {
+            return;
+        };
+        if pool.busy.swap(false, Ordering::Relaxed) {
+            let consumers = shared.consumers(&queues.pool, &mut channel).await;
+            pool.group.set_linger(match consumers {
+                Some(0) => shared.options.idle_publish_linger,
+                _ => shared.options.publish_linger,
+            });
+        }
+        drop(pool);
+        tokio::select! {
+            () = tokio::time::sleep(CONSUMER_CHECK) => {}
+            () = shared.until_closed() => return,
+        }
     }
 }
 

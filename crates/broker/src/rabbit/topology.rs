@@ -280,6 +280,42 @@ impl Shared {
         Ok(declared.message_count())
     }
 
+    /// How many consumers `queue` has, asked on `channel` (opened on the
+    /// connection of the moment when it has none or has lost it); `None`
+    /// when RabbitMQ cannot say (down, or the queue is not declared yet, a
+    /// refusal that closes the channel, so the next count opens another).
+    pub(super) async fn consumers(
+        self: &Arc<Self>,
+        queue: &str,
+        channel: &mut Option<lapin::Channel>,
+    ) -> Option<u32> {
+        let link = self.link().ok()?;
+        let open = channel.take().filter(|c| c.status().connected());
+        let asking = match open {
+            Some(open) => open,
+            None => self.channel(&link).await.ok()?,
+        };
+        let passive = QueueDeclareOptions {
+            passive: true,
+            ..QueueDeclareOptions::default()
+        };
+        let declared = asking.queue_declare(name(queue).ok()?, passive, FieldTable::default());
+        match self.timed(declared).await {
+            Ok(declared) => {
+                *channel = Some(asking);
+                Some(declared.consumer_count())
+            }
+            Err(_) => {
+                // A refusal closed it already; one that timed out is closed
+                // here rather than left open on the connection.
+                if asking.status().connected() {
+                    let _ = self.timed(asking.close(200, "toolfleet".into())).await;
+                }
+                None
+            }
+        }
+    }
+
     async fn delete_queue(&self, link: &Link, queue: &str) -> Result<(), BrokerError> {
         let channel = self.channel(link).await?;
         let deleted = channel.queue_delete(name(queue)?, QueueDeleteOptions::default());
