@@ -376,6 +376,17 @@ async fn get_from(connection: &Connection, queue: &str) -> String {
     }
 }
 
+/// The job ids of the next message of `queue` (one per line), sorted.
+async fn sorted_ids_from(connection: &Connection, queue: &str) -> Vec<String> {
+    let mut ids: Vec<String> = get_from(connection, queue)
+        .await
+        .split('\n')
+        .map(str::to_owned)
+        .collect();
+    ids.sort();
+    ids
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rejected_message_lands_in_the_dead_letter_queue() {
     let options = options();
@@ -1014,12 +1025,7 @@ async fn publishes_close_behind_the_last_message_share_the_next() {
     let connection = raw_connection().await;
     let queue = format!("{}.pool.{pool}", options.prefix);
     assert_eq!(get_from(&connection, &queue).await, "job-1");
-    let mut together: Vec<String> = get_from(&connection, &queue)
-        .await
-        .split('\n')
-        .map(str::to_owned)
-        .collect();
-    together.sort();
+    let together = sorted_ids_from(&connection, &queue).await;
     assert_eq!(together, ["job-2", "job-3"], "one message for both");
     // Well past the linger, an id goes alone again.
     sleep(Duration::from_millis(600)).await;
@@ -1064,12 +1070,7 @@ async fn a_pool_without_consumers_lingers_longer() {
     publish(&broker.0, &pool, "job-4").await;
     assert_eq!(third.await.expect("the third caller"), Ok(()));
     assert_eq!(get_from(&connection, &queue).await, "job-2");
-    let mut together: Vec<String> = get_from(&connection, &queue)
-        .await
-        .split('\n')
-        .map(str::to_owned)
-        .collect();
-    together.sort();
+    let together = sorted_ids_from(&connection, &queue).await;
     assert_eq!(together, ["job-3", "job-4"], "one message while idle");
 
     // A consumer: counted after the next publish, the pool lingers no more.

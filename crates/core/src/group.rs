@@ -468,6 +468,22 @@ mod tests {
         (Arc::new(group), batches)
     }
 
+    /// Runs `first` in a task of its own and `then` 10 ms later; both
+    /// answers.
+    async fn ten_ms_apart(
+        group: &Arc<Group<u32, u32, TestError>>,
+        first: u32,
+        then: u32,
+    ) -> (Result<u32, TestError>, Result<u32, TestError>) {
+        let earlier = tokio::spawn({
+            let group = group.clone();
+            async move { group.run(first).await }
+        });
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let later = group.run(then).await;
+        (earlier.await.expect("the earlier caller"), later)
+    }
+
     /// Requests one after another, each awaited, within the linger of the
     /// last batch's start: the next waits for others (here one made 10 ms
     /// later joins it), at most until the linger has passed since that start.
@@ -478,13 +494,7 @@ mod tests {
         let began = Instant::now();
         assert_eq!(group.run(1).await, Ok(1));
         assert_eq!(began.elapsed(), Duration::ZERO, "the first goes at once");
-        let second = tokio::spawn({
-            let group = group.clone();
-            async move { group.run(2).await }
-        });
-        tokio::time::sleep(Duration::from_millis(10)).await;
-        assert_eq!(group.run(3).await, Ok(3));
-        assert_eq!(second.await.expect("the second caller"), Ok(2));
+        assert_eq!(ten_ms_apart(&group, 2, 3).await, (Ok(2), Ok(3)));
         assert_eq!(began.elapsed(), linger, "held until the linger had passed");
         assert_eq!(*batches.lock().unwrap(), vec![vec![1], vec![2, 3]]);
     }
@@ -509,13 +519,7 @@ mod tests {
             Duration::ZERO,
             "the first after the change"
         );
-        let fourth = tokio::spawn({
-            let group = group.clone();
-            async move { group.run(4).await }
-        });
-        tokio::time::sleep(Duration::from_millis(10)).await;
-        assert_eq!(group.run(3).await, Ok(3));
-        assert_eq!(fourth.await.expect("the fourth caller"), Ok(4));
+        assert_eq!(ten_ms_apart(&group, 3, 4).await, (Ok(3), Ok(4)));
         assert_eq!(
             began.elapsed(),
             linger,
