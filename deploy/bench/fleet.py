@@ -6,9 +6,10 @@ job read from /proc for each kind of process around what is measured.
   fleet.py drain  BIN N   N jobs queued with no worker, then one worker
                           (concurrency 32): jobs settled per second from its
                           /readyz, and from its spawn to the last one
-                          (--one-by-one: queued by single calls, so each
-                          job is a message of its own; --ahead N: the
-                          worker's prefetch_ahead)
+                          (--one-by-one: queued by single calls, which
+                          share messages as the publisher groups them:
+                          with no worker consuming, those of up to 20 ms;
+                          --ahead N: the worker's prefetch_ahead)
   fleet.py bulk   BIN N   N jobs in batches of 1,000 with a worker draining:
                           accepted and settled per second (--no-worker:
                           accepted alone)
@@ -315,7 +316,7 @@ def main():
     parser.add_argument("n", type=int)
     parser.add_argument("--no-worker", action="store_true", help="bulk: accepted alone")
     parser.add_argument("--one-by-one", action="store_true",
-                        help="drain: the jobs enqueued by single calls, a message each")
+                        help="drain: the jobs enqueued by single calls")
     parser.add_argument("--ahead", type=int, metavar="N",
                         help="the workers' prefetch_ahead (default: theirs, four per slot)")
     a = parser.parse_args()
