@@ -147,8 +147,9 @@ pub struct RabbitOptions {
     /// The linger of a pool whose queue has no consumer
     /// ([`IDLE_PUBLISH_LINGER`]): no job published to it can start before a
     /// worker comes, so its ids wait longer for others and fewer, fuller
-    /// messages wait for the worker. Not above `publish_linger`: the pool
-    /// lingers as `publish_linger` says whatever its consumers.
+    /// messages wait for the worker. If not above `publish_linger`, the
+    /// consumers are not counted and the pool always lingers
+    /// `publish_linger`.
     pub idle_publish_linger: Duration,
 }
 

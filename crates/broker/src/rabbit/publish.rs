@@ -39,8 +39,10 @@ pub const PUBLISH_LINGER: Duration = Duration::from_millis(1);
 /// or a backlog queued before the workers start), so its ids wait this
 /// long for others and the worker that comes takes fewer, fuller messages
 /// (each message costs RabbitMQ and the worker more than each id in it).
-/// A worker that comes finds its first jobs at most this much later, and
-/// for at most [`CONSUMER_CHECK`].
+/// A worker that comes finds its first jobs at most this much later, for
+/// about [`CONSUMER_CHECK`] and a count's round trip. A message still
+/// carries at most `jobs_per_message` ids, as under load: the first worker
+/// to come takes its prefetch of them.
 pub const IDLE_PUBLISH_LINGER: Duration = Duration::from_millis(20);
 
 /// How often a pool's publisher counts its queue's consumers, while it
@@ -177,7 +179,8 @@ impl RabbitBroker {
 /// its pool's queue has no consumer, and
 /// [`RabbitOptions::publish_linger`] while it has one or RabbitMQ cannot
 /// say: counted at once, then every [`CONSUMER_CHECK`] in which the pool
-/// published, until the publisher or the broker is gone.
+/// published, until the publisher or the broker is gone. The channel the
+/// counts are asked on is closed while the pool publishes nothing.
 ///
 /// [`RabbitOptions::idle_publish_linger`]: super::RabbitOptions::idle_publish_linger
 /// [`RabbitOptions::publish_linger`]: super::RabbitOptions::publish_linger
@@ -197,6 +200,8 @@ async fn follow_consumers(
                 Some(0) => shared.options.idle_publish_linger,
                 _ => shared.options.publish_linger,
             });
+        } else if let Some(idle) = channel.take() {
+            let _ = shared.timed(idle.close(200, "toolfleet".into())).await;
         }
         drop(pool);
         tokio::select! {
