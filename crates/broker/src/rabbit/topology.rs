@@ -268,16 +268,20 @@ impl Shared {
     /// The queue's ready messages; a refusal names why (not found, say).
     /// The server closes the channel on a refusal, so it gets its own.
     async fn passive_declare(&self, link: &Link, queue: &str) -> lapin::Result<u32> {
+        let channel = self.timed(link.connection.create_channel()).await?;
+        Ok(self.passive(&channel, queue).await?.message_count())
+    }
+
+    /// What RabbitMQ says of `queue` (its ready messages, its consumers),
+    /// asked on `channel`, which a refusal closes.
+    async fn passive(&self, channel: &lapin::Channel, queue: &str) -> lapin::Result<lapin::Queue> {
         let passive = QueueDeclareOptions {
             passive: true,
             ..QueueDeclareOptions::default()
         };
-        let channel = self.timed(link.connection.create_channel()).await?;
         let queue = ShortString::try_new(queue).map_err(std::io::Error::other)?;
-        let declared = self
-            .timed(channel.queue_declare(queue, passive, FieldTable::default()))
-            .await?;
-        Ok(declared.message_count())
+        self.timed(channel.queue_declare(queue, passive, FieldTable::default()))
+            .await
     }
 
     /// How many consumers `queue` has, asked on `channel` (opened on the
@@ -289,18 +293,12 @@ impl Shared {
         queue: &str,
         channel: &mut Option<lapin::Channel>,
     ) -> Option<u32> {
-        let link = self.link().ok()?;
         let open = channel.take().filter(|c| c.status().connected());
         let asking = match open {
             Some(open) => open,
-            None => self.channel(&link).await.ok()?,
+            None => self.channel(&*self.link().ok()?).await.ok()?,
         };
-        let passive = QueueDeclareOptions {
-            passive: true,
-            ..QueueDeclareOptions::default()
-        };
-        let declared = asking.queue_declare(name(queue).ok()?, passive, FieldTable::default());
-        match self.timed(declared).await {
+        match self.passive(&asking, queue).await {
             Ok(declared) => {
                 *channel = Some(asking);
                 Some(declared.consumer_count())
