@@ -17,10 +17,22 @@ job read from /proc for each kind of process around what is measured.
   fleet.py latency BIN N  worker warm, N calls one at a time, each followed by
                           GET /v1/jobs/{id}?wait_s=10 until it settles: round
                           trip p50, p99, and where the time went (the store's
-                          created, started and settled times, in ms)
+                          created, started and settled times, in ms; the
+                          round trips over twice the p50, and when they came
+                          from the first round trip's start); --after M: first
+                          M jobs in batches of 1,000, settled just before the
+                          round trips start, as the peers harness's burst
+                          comes just before its round trips
   fleet.py fleet  BIN N   two dispatchers and two workers; two drivers each
                           enqueue N jobs in batches of 1,000 at once: jobs
                           settled end to end per second
+  fleet.py backlog BIN N  N jobs of a second each, one at a time, on one
+                          worker at concurrency 1 with lease_s 3 (a sweep
+                          every 3 s): the duplicate deliveries the sweeper's
+                          passes cost while the backlog drains (deliveries
+                          that found their job not claimable, from the
+                          worker's debug lines), and the most messages the
+                          queue held
 
 BIN is a toolfleet release build. The servers are TOOLFLEET_TEST_DATABASE_URL
 and TOOLFLEET_TEST_AMQP_URL, else the local defaults; cleaning up needs psql
@@ -73,9 +85,11 @@ def cpu_seconds(names):
 class Fleet:
     """Processes of one schema and prefix; everything is stopped and dropped at exit."""
 
-    def __init__(self, binary, ahead=None):
+    def __init__(self, binary, ahead=None, slow=False):
         self.bin = binary
         self.ahead = ahead
+        # One slot and short leases: the backlog probe's.
+        self.slow = slow
         self.comm = os.path.basename(binary)[:15]
         tag = f"{os.getpid()}_{int(time.time() * 1000) % 10**8}"
         self.schema, self.prefix = f"probe_{tag}", f"probe-{tag}"
@@ -90,7 +104,8 @@ class Fleet:
             f.write(f"""listen = "127.0.0.1:{port}"
 metrics_listen = "127.0.0.1:{mport}"
 data_dir = ".toolfleet"
-concurrency = 32
+concurrency = {1 if self.slow else 32}
+{"lease_s = 3" if self.slow else ""}
 {"" if self.ahead is None else f"prefetch_ahead = {self.ahead}"}
 database_url = "{DATABASE}"
 database_schema = "{self.schema}"
@@ -110,6 +125,13 @@ description = "Does nothing, as a job."
 shape = "job"
 input_schema = {{ type = "object" }}
 executor = {{ kind = "builtin", name = "toolfleet.noop" }}
+
+[[tools]]
+name = "probe_second"
+description = "Sleeps a second, as a job."
+shape = "job"
+input_schema = {{ type = "object" }}
+executor = {{ kind = "exec", program = "/bin/sh", args = ["-c", "cat >/dev/null; sleep 1; echo '{{}}'"] }}
 """)
         return d
 
@@ -129,6 +151,9 @@ executor = {{ kind = "builtin", name = "toolfleet.noop" }}
     def spawn(self, d, role, mport):
         log = open(os.path.join(d, f"{role}.log"), "ab")
         env = dict(os.environ, TOOLFLEET_METRICS_LISTEN=f"127.0.0.1:{mport}")
+        if self.slow and role == "worker":
+            env["TOOLFLEET_LOG"] = "warn,toolfleet_worker=debug"
+
         self.procs.append(subprocess.Popen([self.bin, role], cwd=d, stdout=log, stderr=subprocess.STDOUT,
                                            env=env, start_new_session=True))
 
@@ -263,8 +288,8 @@ def single(fleet, n):
             "p99_ms": round(times[n * 99 // 100] * 1000, 2), "cpu_us_per_call": per_job(before, fleet.cpu(), n)}
 
 
-def latency(fleet, n):
-    port, _ = fleet.member()
+def latency(fleet, n, after=0):
+    port, wport = fleet.member()
     conn = http.client.HTTPConnection("127.0.0.1", port)
 
     def round_trip():
@@ -274,10 +299,14 @@ def latency(fleet, n):
         settled = json.loads(request(conn, "GET", f"/v1/jobs/{job}?wait_s=10"))
         if settled.get("status") != "ok":
             raise SystemExit(f"job {job} answered {settled}")
-        return job, posted - t, time.perf_counter() - t
+        return job, posted - t, time.perf_counter() - t, t
 
-    for _ in range(20):
+    warm = 20
+    for _ in range(warm):
         round_trip()
+    if after:
+        enqueue(port, after)
+        wait_settled([wport], warm + after // 1000 * 1000)
     rows = [round_trip() for _ in range(n)]
     ids = ",".join(f"'{job}'" for job, _, _ in rows)
     # Milliseconds in the store: created (the call's commit), started (the
@@ -286,12 +315,16 @@ def latency(fleet, n):
                           f"SELECT avg(started_at - created_at), avg(updated_at - started_at) "
                           f"FROM {fleet.schema}.jobs WHERE id IN ({ids})"],
                          capture_output=True, text=True, check=True).stdout.strip().split("|")
-    posts = sorted(p for _, p, _ in rows)
-    totals = sorted(t for _, _, t in rows)
+    posts = sorted(p for _, p, _, _ in rows)
+    totals = sorted(t for _, _, t, _ in rows)
     ms = lambda v: round(v * 1000, 2)  # noqa: E731
-    return {"p50_ms": ms(totals[n // 2]), "p99_ms": ms(totals[n * 99 // 100]),
-            "post_p50_ms": ms(posts[n // 2]), "mean_created_to_started_ms": round(float(out[0]), 2),
-            "mean_started_to_settled_ms": round(float(out[1]), 2)}
+    p50 = totals[n // 2]
+    slow = [round((at - rows[0][3]) * 1000) for _, _, t, at in rows if t > 2 * p50]
+    return {"p50_ms": ms(p50), "p99_ms": ms(totals[n * 99 // 100]),
+            "post_p50_ms": ms(posts[n // 2]), "post_p99_ms": ms(posts[n * 99 // 100]),
+            "mean_created_to_started_ms": round(float(out[0]), 2),
+            "mean_started_to_settled_ms": round(float(out[1]), 2),
+            "over_twice_p50": len(slow), "over_twice_p50_from_ms": slow[:1] + slow[-1:]}
 
 
 def two_by_two(fleet, n):
@@ -309,18 +342,46 @@ def two_by_two(fleet, n):
             "cpu_us_per_job": per_job(before, fleet.cpu(), 2 * n)}
 
 
+def backlog(fleet, n):
+    port, _ = fleet.member()
+    conn = http.client.HTTPConnection("127.0.0.1", port)
+    second = json.dumps({"tool": "probe_second", "args": {}})
+    for _ in range(n):
+        request(conn, "POST", "/v1/calls", second)
+    queue, most = f"{fleet.prefix}.pool.default", 0
+    deadline = time.perf_counter() + 3 * n + 60
+    while time.perf_counter() < deadline:
+        time.sleep(1)
+        listed = subprocess.run(["rabbitmqctl", "list_queues", "-q", "name", "messages_ready"],
+                                capture_output=True, text=True).stdout.split("\n")
+        ready = next((int(line.split()[1]) for line in listed if line.split()[:1] == [queue]), 0)
+        most = max(most, ready)
+        left = subprocess.run(["psql", DATABASE, "-Atc",
+                               f"SELECT count(*) FROM {fleet.schema}.jobs WHERE state <> 'succeeded'"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+        if ready == 0 and left == "0":
+            break
+    else:
+        raise SystemExit(f"the backlog did not drain in {3 * n + 60} s")
+    with open(os.path.join(fleet.dirs[0], "worker.log")) as f:
+        duplicates = f.read().count("not claimable")
+    return {"jobs": n, "duplicate_deliveries": duplicates, "most_messages_ready": most}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("probe", choices=["drain", "bulk", "single", "latency", "fleet"])
+    parser.add_argument("probe", choices=["drain", "bulk", "single", "latency", "fleet", "backlog"])
     parser.add_argument("bin")
     parser.add_argument("n", type=int)
     parser.add_argument("--no-worker", action="store_true", help="bulk: accepted alone")
     parser.add_argument("--one-by-one", action="store_true",
                         help="drain: the jobs enqueued by single calls")
+    parser.add_argument("--after", type=int, metavar="M", default=0,
+                        help="latency: M jobs in batches of 1,000 settled just before the round trips")
     parser.add_argument("--ahead", type=int, metavar="N",
                         help="the workers' prefetch_ahead (default: theirs, four per slot)")
     a = parser.parse_args()
-    fleet = Fleet(os.path.abspath(a.bin), a.ahead)
+    fleet = Fleet(os.path.abspath(a.bin), a.ahead, slow=a.probe == "backlog")
     try:
         if a.probe == "drain":
             result = drain(fleet, a.n, a.one_by_one)
@@ -329,7 +390,9 @@ def main():
         elif a.probe == "single":
             result = single(fleet, a.n)
         elif a.probe == "latency":
-            result = latency(fleet, a.n)
+            result = latency(fleet, a.n, a.after)
+        elif a.probe == "backlog":
+            result = backlog(fleet, a.n)
         else:
             result = two_by_two(fleet, a.n)
     finally:

@@ -25,32 +25,64 @@ pub fn sweep_period(lease: Duration) -> Duration {
     lease.min(Duration::from_secs(10))
 }
 
+/// How many periods apart, at most, a pass publishes a queued job again once
+/// it has waited this many.
+const QUEUED_AGAIN_EVERY: i64 = 8;
+
+/// Whether the pass of a sweep of `period` (milliseconds) that finds a job
+/// queued `age` milliseconds ago publishes it again: at the pass in its
+/// first, second, fourth and eighth whole period of waiting, then every
+/// eighth. A job whose message was lost (a publish that failed past the
+/// outbox's retries, a broker that lost it, a message that found its job not
+/// claimable) starts about a period after it was queued, as every pass
+/// published it before; one whose message waits behind a backlog gets a
+/// duplicate at those passes only, a few for a wait of many periods instead
+/// of one per pass. Passes come a period apart or a little more, so now and
+/// then a job's wait skips a whole period between two passes: skipping one
+/// of those named, it is published at the next.
+pub fn publish_queued(age: i64, period: i64) -> bool {
+    if period <= 0 {
+        return true;
+    }
+    match age.div_euclid(period) {
+        1 | 2 | 4 => true,
+        whole => whole >= QUEUED_AGAIN_EVERY && whole % QUEUED_AGAIN_EVERY == 0,
+    }
+}
+
 /// Publishes every job the store says should run now or within `ahead`:
 /// at start (the in-process queue is empty after a restart) and then
 /// periodically, for messages never confirmed, leases that expired, and
 /// scheduled jobs and retries that fall due before the next pass (published
-/// with the delay left, so they start on time). Queued jobs younger than
-/// `queued_before` are left alone: their message is most likely still in the
-/// queue. Duplicates are harmless either way. The publishes go at once, so a
-/// broker that groups publishes (RabbitMQ) carries them in a few messages;
-/// the first failure, if any, is answered once all have been tried.
+/// with the delay left, so they start on time). Given the sweep's `period`,
+/// a queued job is published again only as it ages ([`publish_queued`]):
+/// a younger one's message is most likely still in the queue, and so is an
+/// older one's while a backlog drains, so each pass publishing every queued
+/// job past a period would fill a backlogged queue with duplicates (and
+/// its depth, which autoscalers read); without one (a fleet's first
+/// sweep), every queued job. Duplicates are harmless either way. The
+/// publishes go at once, so a broker that groups publishes (RabbitMQ)
+/// carries them in a few messages; the first failure, if any, is answered
+/// once all have been tried.
 pub async fn sweep(
     store: &dyn Store,
     broker: &dyn Broker,
     limit: u32,
-    queued_before: Option<i64>,
+    period: Option<Duration>,
     ahead: Duration,
 ) -> Result<usize, String> {
     let now = now_ms();
     let ahead_ms = i64::try_from(ahead.as_millis()).unwrap_or(i64::MAX);
+    let period_ms = period.map(|p| i64::try_from(p.as_millis()).unwrap_or(i64::MAX));
     let due = store
         .due_jobs(now, now.saturating_add(ahead_ms), limit)
         .await
         .map_err(|e| e.to_string())?;
-    let stale = due.iter().filter(|job| {
-        let fresh =
-            job.state == JobState::Queued && queued_before.is_some_and(|t| job.updated_at > t);
-        !fresh
+    let stale = due.iter().filter(|job| match period_ms {
+        Some(period) if job.state == JobState::Queued => {
+            publish_queued(now.saturating_sub(job.updated_at), period)
+        }
+        _ => true,
     });
     let sent = futures_util::future::join_all(stale.map(|job| {
         // Due later than now only while waiting (a taken-over job's run_at
@@ -126,9 +158,10 @@ pub async fn run_people_sweeper(
     }
 }
 
-/// Sweeps every `period` until `shutdown`; a queued job is republished once
-/// it has waited a whole `period` (and stays in the queue's order otherwise),
-/// and what falls due within the next `period` is published with its delay.
+/// Sweeps every `period` until `shutdown`; a queued job is republished as it
+/// ages ([`publish_queued`]: first once it has waited a whole `period`, and
+/// stays in the queue's order otherwise), and what falls due within the next
+/// `period` is published with its delay.
 pub async fn run_sweeper(
     store: Arc<dyn Store>,
     broker: Arc<dyn Broker>,
@@ -140,10 +173,30 @@ pub async fn run_sweeper(
             _ = tokio::time::sleep(period) => {}
             _ = shutdown.changed() => return,
         }
-        let stale = now_ms() - period.as_millis() as i64;
-        let swept = sweep(store.as_ref(), broker.as_ref(), 1000, Some(stale), period).await;
+        let swept = sweep(store.as_ref(), broker.as_ref(), 1000, Some(period), period).await;
         if let Err(error) = swept {
             tracing::warn!(%error, "sweep failed");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A queued job is published again at the passes in its first, second,
+    /// fourth and eighth whole period of waiting, then every eighth; never
+    /// while younger than a period.
+    #[test]
+    fn a_queued_job_is_published_again_ever_less_often_as_it_waits() {
+        let period = 10_000;
+        let passes: Vec<i64> = (0..50)
+            .filter(|whole| publish_queued(whole * period + 3_000, period))
+            .collect();
+        assert_eq!(passes, [1, 2, 4, 8, 16, 24, 32, 40, 48]);
+        assert!(!publish_queued(period - 1, period));
+        assert!(publish_queued(period, period));
+        assert!(!publish_queued(-5, period), "a clock a little behind");
+        assert!(publish_queued(0, 0), "no period: every pass");
     }
 }

@@ -103,6 +103,19 @@ impl Rig {
         timeout_ms: i64,
         key: Option<&str>,
     ) -> String {
+        self.insert_at(tool, max_attempts, timeout_ms, key, now_ms())
+            .await
+    }
+
+    /// A job queued at `now`.
+    async fn insert_at(
+        &self,
+        tool: &str,
+        max_attempts: u32,
+        timeout_ms: i64,
+        key: Option<&str>,
+        now: i64,
+    ) -> String {
         let id = new_id();
         let inserted = self
             .store
@@ -122,7 +135,7 @@ impl Rig {
                 trace: None,
                 max_attempts,
                 timeout_ms,
-                now: now_ms(),
+                now,
                 run_at: None,
                 priority: None,
                 concurrency_key: None,
@@ -1110,6 +1123,46 @@ async fn the_sweeper_publishes_what_is_due_at_once() {
     );
     assert_eq!(broker.most.load(Ordering::SeqCst), 50);
     assert_eq!(broker.inner.depth(POOL).await, Ok(50));
+}
+
+/// A periodic pass publishes a queued job again only as it ages, at the
+/// passes in its first, second, fourth and eighth whole period of waiting
+/// and every eighth after: a backlog waiting many periods gets a duplicate
+/// at a few passes, not at each. A fleet's first sweep publishes them all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sweeper_publishes_a_waiting_job_again_ever_less_often() {
+    let rig = Rig::new(vec![], worker_config(Duration::from_secs(5), 1)).await;
+    let period = Duration::from_secs(10);
+    let now = now_ms();
+    let mut again = Vec::new();
+    for whole in [0, 1, 2, 3, 4, 5, 8, 9, 16] {
+        let queued = now - whole * 10_000 - 2_000;
+        let id = rig.insert_at("nothing", 1, 5_000, None, queued).await;
+        if [1, 2, 4, 8, 16].contains(&whole) {
+            again.push(id);
+        }
+    }
+    let swept = sweep(rig.store.as_ref(), &rig.broker, 100, Some(period), period).await;
+    assert_eq!(swept, Ok(again.len()));
+    let mut queue = rig.broker.consume(POOL, 100).await.unwrap();
+    // Held, not acknowledged: a delivery dropped goes back to the queue.
+    let mut held = Vec::new();
+    for _ in 0..again.len() {
+        let delivery = tokio::time::timeout(Duration::from_secs(5), queue.next())
+            .await
+            .expect("a published job")
+            .expect("the queue is open");
+        held.push(delivery);
+    }
+    let mut published: Vec<_> = held.iter().map(|d| d.job_id.clone()).collect();
+    published.sort();
+    again.sort();
+    assert_eq!(published, again);
+    assert_eq!(rig.broker.depth(POOL).await, Ok(0), "nothing else");
+    assert_eq!(
+        sweep(rig.store.as_ref(), &rig.broker, 100, None, period).await,
+        Ok(9)
+    );
 }
 
 // Claiming ahead.
