@@ -21,8 +21,7 @@ job read from /proc for each kind of process around what is measured.
                           round trips over twice the p50, and when they came
                           from the first round trip's start); --after M: first
                           M jobs in batches of 1,000, settled just before the
-                          round trips start, as the peers harness's burst
-                          comes just before its round trips
+                          round trips start
   fleet.py fleet  BIN N   two dispatchers and two workers; two drivers each
                           enqueue N jobs in batches of 1,000 at once: jobs
                           settled end to end per second
@@ -306,9 +305,9 @@ def latency(fleet, n, after=0):
         round_trip()
     if after:
         enqueue(port, after)
-        wait_settled([wport], warm + after // 1000 * 1000)
+        wait_settled([wport], warm + after)
     rows = [round_trip() for _ in range(n)]
-    ids = ",".join(f"'{job}'" for job, _, _ in rows)
+    ids = ",".join(f"'{job}'" for job, _, _, _ in rows)
     # Milliseconds in the store: created (the call's commit), started (the
     # claim's), updated (the settle's); means over n show sub-millisecond parts.
     out = subprocess.run(["psql", DATABASE, "-Atc",
@@ -324,7 +323,7 @@ def latency(fleet, n, after=0):
             "post_p50_ms": ms(posts[n // 2]), "post_p99_ms": ms(posts[n * 99 // 100]),
             "mean_created_to_started_ms": round(float(out[0]), 2),
             "mean_started_to_settled_ms": round(float(out[1]), 2),
-            "over_twice_p50": len(slow), "over_twice_p50_from_ms": slow[:1] + slow[-1:]}
+            "over_twice_p50": len(slow), "over_twice_p50_from_ms": slow[:1] + slow[1:][-1:]}
 
 
 def two_by_two(fleet, n):
@@ -360,6 +359,7 @@ def backlog(fleet, n):
                                f"SELECT count(*) FROM {fleet.schema}.jobs WHERE state <> 'succeeded'"],
                               capture_output=True, text=True, check=True).stdout.strip()
         if ready == 0 and left == "0":
+            time.sleep(2)  # what the worker still holds, skipped
             break
     else:
         raise SystemExit(f"the backlog did not drain in {3 * n + 60} s")
@@ -381,6 +381,8 @@ def main():
     parser.add_argument("--ahead", type=int, metavar="N",
                         help="the workers' prefetch_ahead (default: theirs, four per slot)")
     a = parser.parse_args()
+    if a.after % 1000:
+        parser.error("--after counts batches of 1,000 jobs: give a multiple of 1,000")
     fleet = Fleet(os.path.abspath(a.bin), a.ahead, slow=a.probe == "backlog")
     try:
         if a.probe == "drain":

@@ -6,13 +6,14 @@
 //! job's state (a worker's claim does), and a duplicate it sends costs a
 //! worker one failed claim.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
 use toolfleet_broker::{Broker, Notices};
 use toolfleet_core::{JobState, Runtime, now_ms};
-use toolfleet_store::Store;
+use toolfleet_store::{JobRecord, Store};
 
 use crate::runs::{recover_loops, resume_stale};
 use crate::tickets::{Deciding, sweep_tickets};
@@ -25,28 +26,31 @@ pub fn sweep_period(lease: Duration) -> Duration {
     lease.min(Duration::from_secs(10))
 }
 
-/// How many periods apart, at most, a pass publishes a queued job again once
-/// it has waited this many.
+/// How many periods apart, at most, a pass publishes a queued job of a
+/// backlogged pool again once it has waited this many.
 const QUEUED_AGAIN_EVERY: i64 = 8;
 
 /// Whether the pass of a sweep of `period` (milliseconds) that finds a job
-/// queued `age` milliseconds ago publishes it again: at the pass in its
-/// first, second, fourth and eighth whole period of waiting, then every
-/// eighth. A job whose message was lost (a publish that failed past the
-/// outbox's retries, a broker that lost it, a message that found its job not
-/// claimable) starts about a period after it was queued, as every pass
-/// published it before; one whose message waits behind a backlog gets a
-/// duplicate at those passes only, a few for a wait of many periods instead
-/// of one per pass. Passes come a period apart or a little more, so now and
-/// then a job's wait skips a whole period between two passes: skipping one
-/// of those named, it is published at the next.
-pub fn publish_queued(age: i64, period: i64) -> bool {
+/// queued `age` milliseconds ago publishes it again, `backlog` telling
+/// whether its pool's queue holds messages ready. Never before a whole
+/// period. While the queue holds none, at every pass, as a message that
+/// was lost (a publish that failed past the outbox's retries, a broker that
+/// lost it, a keyed job's wake that never went) is not waiting there. While
+/// it holds some, the job's message most likely waits behind them: at the
+/// pass in its first, second, fourth and eighth whole period of waiting,
+/// then every eighth, a few duplicates for a wait of many periods instead
+/// of one a pass, which would fill a slow pool's queue (and its depth,
+/// which autoscalers read) with them. Passes come a period apart or a
+/// little more, so now and then a job's wait skips a whole period between
+/// two passes: skipping one of those named, it waits for the next.
+pub fn publish_queued(age: i64, period: i64, backlog: bool) -> bool {
     if period <= 0 {
         return true;
     }
     match age.div_euclid(period) {
+        i64::MIN..=0 => false,
         1 | 2 | 4 => true,
-        whole => whole >= QUEUED_AGAIN_EVERY && whole % QUEUED_AGAIN_EVERY == 0,
+        whole => !backlog || (whole >= QUEUED_AGAIN_EVERY && whole % QUEUED_AGAIN_EVERY == 0),
     }
 }
 
@@ -55,15 +59,13 @@ pub fn publish_queued(age: i64, period: i64) -> bool {
 /// periodically, for messages never confirmed, leases that expired, and
 /// scheduled jobs and retries that fall due before the next pass (published
 /// with the delay left, so they start on time). Given the sweep's `period`,
-/// a queued job is published again only as it ages ([`publish_queued`]):
-/// a younger one's message is most likely still in the queue, and so is an
-/// older one's while a backlog drains, so each pass publishing every queued
-/// job past a period would fill a backlogged queue with duplicates (and
-/// its depth, which autoscalers read); without one (a fleet's first
-/// sweep), every queued job. Duplicates are harmless either way. The
-/// publishes go at once, so a broker that groups publishes (RabbitMQ)
-/// carries them in a few messages; the first failure, if any, is answered
-/// once all have been tried.
+/// a queued job is published again as [`publish_queued`] says, its pool's
+/// queue asked whether it holds messages ready when the answer matters (a
+/// queue that cannot say counts as empty); without one (the first sweep of
+/// an in-process fleet), every queued job. Duplicates are harmless either
+/// way. The publishes go at once, so a broker that groups publishes
+/// (RabbitMQ) carries them in a few messages; the first failure, if any, is
+/// answered once all have been tried.
 pub async fn sweep(
     store: &dyn Store,
     broker: &dyn Broker,
@@ -78,9 +80,25 @@ pub async fn sweep(
         .due_jobs(now, now.saturating_add(ahead_ms), limit)
         .await
         .map_err(|e| e.to_string())?;
+    let age = |job: &JobRecord| now.saturating_sub(job.updated_at);
+    // The pools whose queue holds messages ready, asked only for those with
+    // a queued job that only a backlog would hold back.
+    let mut backlogged = HashMap::new();
+    if let Some(period) = period_ms {
+        for job in due.iter().filter(|job| job.state == JobState::Queued) {
+            if !backlogged.contains_key(job.pool.as_str())
+                && publish_queued(age(job), period, false)
+                && !publish_queued(age(job), period, true)
+            {
+                let ready = matches!(broker.depth(&job.pool).await, Ok(n) if n > 0);
+                backlogged.insert(job.pool.as_str(), ready);
+            }
+        }
+    }
     let stale = due.iter().filter(|job| match period_ms {
         Some(period) if job.state == JobState::Queued => {
-            publish_queued(now.saturating_sub(job.updated_at), period)
+            let backlog = backlogged.get(job.pool.as_str()).copied().unwrap_or(false);
+            publish_queued(age(job), period, backlog)
         }
         _ => true,
     });
@@ -158,10 +176,10 @@ pub async fn run_people_sweeper(
     }
 }
 
-/// Sweeps every `period` until `shutdown`; a queued job is republished as it
-/// ages ([`publish_queued`]: first once it has waited a whole `period`, and
-/// stays in the queue's order otherwise), and what falls due within the next
-/// `period` is published with its delay.
+/// Sweeps every `period` until `shutdown`; a queued job is republished once
+/// it has waited a whole `period` (and stays in the queue's order otherwise),
+/// while its pool has a backlog only now and then ([`publish_queued`]), and
+/// what falls due within the next `period` is published with its delay.
 pub async fn run_sweeper(
     store: Arc<dyn Store>,
     broker: Arc<dyn Broker>,
@@ -184,19 +202,29 @@ pub async fn run_sweeper(
 mod tests {
     use super::*;
 
-    /// A queued job is published again at the passes in its first, second,
-    /// fourth and eighth whole period of waiting, then every eighth; never
-    /// while younger than a period.
+    /// A queued job is published again at every pass once it waited a
+    /// period while its pool's queue holds nothing ready; while it holds
+    /// some, at the passes in its first, second, fourth and eighth whole
+    /// period of waiting, then every eighth. Never while younger than a
+    /// period.
     #[test]
-    fn a_queued_job_is_published_again_ever_less_often_as_it_waits() {
+    fn a_queued_job_behind_a_backlog_is_published_again_ever_less_often() {
         let period = 10_000;
-        let passes: Vec<i64> = (0..50)
-            .filter(|whole| publish_queued(whole * period + 3_000, period))
-            .collect();
-        assert_eq!(passes, [1, 2, 4, 8, 16, 24, 32, 40, 48]);
-        assert!(!publish_queued(period - 1, period));
-        assert!(publish_queued(period, period));
-        assert!(!publish_queued(-5, period), "a clock a little behind");
-        assert!(publish_queued(0, 0), "no period: every pass");
+        let passes = |backlog| -> Vec<i64> {
+            (0..50)
+                .filter(|whole| publish_queued(whole * period + 3_000, period, backlog))
+                .collect()
+        };
+        assert_eq!(passes(true), [1, 2, 4, 8, 16, 24, 32, 40, 48]);
+        assert_eq!(passes(false), (1..50).collect::<Vec<_>>());
+        for backlog in [true, false] {
+            assert!(!publish_queued(period - 1, period, backlog));
+            assert!(publish_queued(period, period, backlog));
+            assert!(
+                !publish_queued(-5, period, backlog),
+                "a clock a little behind"
+            );
+            assert!(publish_queued(0, 0, backlog), "no period: every pass");
+        }
     }
 }

@@ -1125,25 +1125,34 @@ async fn the_sweeper_publishes_what_is_due_at_once() {
     assert_eq!(broker.inner.depth(POOL).await, Ok(50));
 }
 
-/// A periodic pass publishes a queued job again only as it ages, at the
-/// passes in its first, second, fourth and eighth whole period of waiting
-/// and every eighth after: a backlog waiting many periods gets a duplicate
-/// at a few passes, not at each. A fleet's first sweep publishes them all.
+/// A periodic pass publishes a queued job that waited a period again at
+/// every pass while its pool's queue holds nothing ready (its message is
+/// not there); while the queue holds some, only at the passes in its first,
+/// second, fourth and eighth whole period of waiting and every eighth
+/// after: a backlog waiting many periods gets a duplicate at a few passes,
+/// not at each. A fleet's first sweep publishes them all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_sweeper_publishes_a_waiting_job_again_ever_less_often() {
+async fn the_sweeper_publishes_a_job_behind_a_backlog_again_ever_less_often() {
     let rig = Rig::new(vec![], worker_config(Duration::from_secs(5), 1)).await;
     let period = Duration::from_secs(10);
     let now = now_ms();
-    let mut again = Vec::new();
+    let (mut again, mut stale) = (Vec::new(), Vec::new());
     for whole in [0, 1, 2, 3, 4, 5, 8, 9, 16] {
         let queued = now - whole * 10_000 - 2_000;
         let id = rig.insert_at("nothing", 1, 5_000, None, queued).await;
         if [1, 2, 4, 8, 16].contains(&whole) {
+            again.push(id.clone());
+        }
+        if whole > 0 {
+            stale.push(id.clone());
+        } else {
+            // The young job's message waits in the queue: a backlog.
+            rig.publish(&id).await;
             again.push(id);
         }
     }
     let swept = sweep(rig.store.as_ref(), &rig.broker, 100, Some(period), period).await;
-    assert_eq!(swept, Ok(again.len()));
+    assert_eq!(swept, Ok(5));
     let mut queue = rig.broker.consume(POOL, 100).await.unwrap();
     // Held, not acknowledged: a delivery dropped goes back to the queue.
     let mut held = Vec::new();
@@ -1159,6 +1168,24 @@ async fn the_sweeper_publishes_a_waiting_job_again_ever_less_often() {
     again.sort();
     assert_eq!(published, again);
     assert_eq!(rig.broker.depth(POOL).await, Ok(0), "nothing else");
+
+    // Nothing ready in the queue: every job that waited a period.
+    let swept = sweep(rig.store.as_ref(), &rig.broker, 100, Some(period), period).await;
+    assert_eq!(swept, Ok(stale.len()));
+    for _ in 0..stale.len() {
+        let delivery = tokio::time::timeout(Duration::from_secs(5), queue.next())
+            .await
+            .expect("a published job")
+            .expect("the queue is open");
+        held.push(delivery);
+    }
+    let mut published: Vec<_> = held[again.len()..]
+        .iter()
+        .map(|d| d.job_id.clone())
+        .collect();
+    published.sort();
+    stale.sort();
+    assert_eq!(published, stale);
     assert_eq!(
         sweep(rig.store.as_ref(), &rig.broker, 100, None, period).await,
         Ok(9)
