@@ -6,7 +6,7 @@
 //! job's state (a worker's claim does), and a duplicate it sends costs a
 //! worker one failed claim.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,9 +26,13 @@ pub fn sweep_period(lease: Duration) -> Duration {
     lease.min(Duration::from_secs(10))
 }
 
-/// How many periods apart, at most, a pass publishes a queued job of a
-/// backlogged pool again once it has waited this many.
+/// Every how many periods a pass publishes a queued job of a backlogged pool
+/// again once it has waited this many.
 const QUEUED_AGAIN_EVERY: i64 = 8;
+
+/// How long a pass waits for a pool's queue to say whether it holds
+/// messages ready, before it counts it empty (publishing as if it did).
+const DEPTH_WAIT: Duration = Duration::from_secs(2);
 
 /// Whether the pass of a sweep of `period` (milliseconds) that finds a job
 /// queued `age` milliseconds ago publishes it again, `backlog` telling
@@ -50,7 +54,7 @@ pub fn publish_queued(age: i64, period: i64, backlog: bool) -> bool {
     match age.div_euclid(period) {
         i64::MIN..=0 => false,
         1 | 2 | 4 => true,
-        whole => !backlog || (whole >= QUEUED_AGAIN_EVERY && whole % QUEUED_AGAIN_EVERY == 0),
+        whole => !backlog || whole % QUEUED_AGAIN_EVERY == 0,
     }
 }
 
@@ -81,20 +85,28 @@ pub async fn sweep(
         .await
         .map_err(|e| e.to_string())?;
     let age = |job: &JobRecord| now.saturating_sub(job.updated_at);
-    // The pools whose queue holds messages ready, asked only for those with
-    // a queued job that only a backlog would hold back.
-    let mut backlogged = HashMap::new();
-    if let Some(period) = period_ms {
-        for job in due.iter().filter(|job| job.state == JobState::Queued) {
-            if !backlogged.contains_key(job.pool.as_str())
-                && publish_queued(age(job), period, false)
-                && !publish_queued(age(job), period, true)
-            {
-                let ready = matches!(broker.depth(&job.pool).await, Ok(n) if n > 0);
-                backlogged.insert(job.pool.as_str(), ready);
-            }
-        }
-    }
+    // The pools whose queue holds messages ready, asked at once and only for
+    // those with a queued job that only a backlog would hold back; a queue
+    // that does not answer within DEPTH_WAIT counts as empty.
+    let asked: HashSet<&str> = match period_ms {
+        Some(period) => due
+            .iter()
+            .filter(|job| job.state == JobState::Queued)
+            .filter(|job| {
+                publish_queued(age(job), period, false) && !publish_queued(age(job), period, true)
+            })
+            .map(|job| job.pool.as_str())
+            .collect(),
+        None => HashSet::new(),
+    };
+    let backlogged: HashMap<&str, bool> =
+        futures_util::future::join_all(asked.into_iter().map(|pool| async move {
+            let depth = tokio::time::timeout(DEPTH_WAIT, broker.depth(pool)).await;
+            (pool, matches!(depth, Ok(Ok(n)) if n > 0))
+        }))
+        .await
+        .into_iter()
+        .collect();
     let stale = due.iter().filter(|job| match period_ms {
         Some(period) if job.state == JobState::Queued => {
             let backlog = backlogged.get(job.pool.as_str()).copied().unwrap_or(false);
