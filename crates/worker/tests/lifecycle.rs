@@ -1154,42 +1154,46 @@ async fn the_sweeper_publishes_a_job_behind_a_backlog_again_ever_less_often() {
     let swept = sweep(rig.store.as_ref(), &rig.broker, 100, Some(period), period).await;
     assert_eq!(swept, Ok(5));
     let mut queue = rig.broker.consume(POOL, 100).await.unwrap();
-    // Held, not acknowledged: a delivery dropped goes back to the queue.
     let mut held = Vec::new();
-    for _ in 0..again.len() {
-        let delivery = tokio::time::timeout(Duration::from_secs(5), queue.next())
-            .await
-            .expect("a published job")
-            .expect("the queue is open");
-        held.push(delivery);
-    }
-    let mut published: Vec<_> = held.iter().map(|d| d.job_id.clone()).collect();
-    published.sort();
     again.sort();
-    assert_eq!(published, again);
+    assert_eq!(
+        take_held(queue.as_mut(), again.len(), &mut held).await,
+        again
+    );
     assert_eq!(rig.broker.depth(POOL).await, Ok(0), "nothing else");
 
     // Nothing ready in the queue: every job that waited a period.
     let swept = sweep(rig.store.as_ref(), &rig.broker, 100, Some(period), period).await;
     assert_eq!(swept, Ok(stale.len()));
-    for _ in 0..stale.len() {
-        let delivery = tokio::time::timeout(Duration::from_secs(5), queue.next())
-            .await
-            .expect("a published job")
-            .expect("the queue is open");
-        held.push(delivery);
-    }
-    let mut published: Vec<_> = held[again.len()..]
-        .iter()
-        .map(|d| d.job_id.clone())
-        .collect();
-    published.sort();
     stale.sort();
-    assert_eq!(published, stale);
+    assert_eq!(
+        take_held(queue.as_mut(), stale.len(), &mut held).await,
+        stale
+    );
     assert_eq!(
         sweep(rig.store.as_ref(), &rig.broker, 100, None, period).await,
         Ok(9)
     );
+}
+
+/// The ids of the next `n` deliveries of `queue`, sorted; the deliveries
+/// are kept in `held`, unacknowledged (one dropped goes back to the queue).
+async fn take_held(
+    queue: &mut dyn toolfleet_broker::Consumer,
+    n: usize,
+    held: &mut Vec<Delivery>,
+) -> Vec<String> {
+    let mut ids = Vec::new();
+    for _ in 0..n {
+        let delivery = tokio::time::timeout(Duration::from_secs(5), queue.next())
+            .await
+            .expect("a published job")
+            .expect("the queue is open");
+        ids.push(delivery.job_id.clone());
+        held.push(delivery);
+    }
+    ids.sort();
+    ids
 }
 
 // Claiming ahead.
