@@ -1049,6 +1049,22 @@ struct Overlapping {
     inner: MemoryBroker,
     in_flight: AtomicUsize,
     most: AtomicUsize,
+    /// The pools whose depth was asked.
+    depths: Mutex<Vec<String>>,
+    /// Whether asking a depth fails.
+    depth_fails: bool,
+}
+
+impl Overlapping {
+    fn new(depth_fails: bool) -> Overlapping {
+        Overlapping {
+            inner: MemoryBroker::new(),
+            in_flight: AtomicUsize::new(0),
+            most: AtomicUsize::new(0),
+            depths: Mutex::new(Vec::new()),
+            depth_fails,
+        }
+    }
 }
 
 #[async_trait]
@@ -1092,6 +1108,10 @@ impl Broker for Overlapping {
     }
 
     async fn depth(&self, pool: &str) -> Result<u64, BrokerError> {
+        self.depths.lock().unwrap().push(pool.to_owned());
+        if self.depth_fails {
+            return Err(BrokerError::Unavailable("no answer".into()));
+        }
         self.inner.depth(pool).await
     }
 
@@ -1112,11 +1132,7 @@ async fn the_sweeper_publishes_what_is_due_at_once() {
     for _ in 0..50 {
         rig.insert("nothing", 1, 5_000).await;
     }
-    let broker = Overlapping {
-        inner: MemoryBroker::new(),
-        in_flight: AtomicUsize::new(0),
-        most: AtomicUsize::new(0),
-    };
+    let broker = Overlapping::new(false);
     assert_eq!(
         sweep(rig.store.as_ref(), &broker, 100, None, Duration::ZERO).await,
         Ok(50)
@@ -1174,6 +1190,28 @@ async fn the_sweeper_publishes_a_job_behind_a_backlog_again_ever_less_often() {
         sweep(rig.store.as_ref(), &rig.broker, 100, None, period).await,
         Ok(9)
     );
+}
+
+/// A pass asks a pool's queue for its depth once, however many of its
+/// queued jobs the answer decides, and a queue that cannot answer counts
+/// as empty: every job that waited a period is published, as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sweeper_asks_each_queue_once_and_publishes_when_it_cannot_tell() {
+    let rig = Rig::new(vec![], worker_config(Duration::from_secs(5), 1)).await;
+    let period = Duration::from_secs(10);
+    let now = now_ms();
+    for whole in [3, 5, 6, 9] {
+        let queued = now - whole * 10_000 - 2_000;
+        rig.insert_at("nothing", 1, 5_000, None, queued).await;
+    }
+    for depth_fails in [false, true] {
+        let broker = Overlapping::new(depth_fails);
+        // A backlog, for a queue that can say so.
+        broker.inner.publish(POOL, "young").await.unwrap();
+        let swept = sweep(rig.store.as_ref(), &broker, 100, Some(period), period).await;
+        assert_eq!(swept, Ok(if depth_fails { 4 } else { 0 }), "{depth_fails}");
+        assert_eq!(*broker.depths.lock().unwrap(), [POOL], "asked once");
+    }
 }
 
 /// The ids of the next `n` deliveries of `queue`, sorted; the deliveries
