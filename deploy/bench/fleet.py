@@ -152,7 +152,6 @@ executor = {{ kind = "exec", program = "/bin/sh", args = ["-c", "cat >/dev/null;
         env = dict(os.environ, TOOLFLEET_METRICS_LISTEN=f"127.0.0.1:{mport}")
         if self.slow and role == "worker":
             env["TOOLFLEET_LOG"] = "warn,toolfleet_worker=debug"
-
         self.procs.append(subprocess.Popen([self.bin, role], cwd=d, stdout=log, stderr=subprocess.STDOUT,
                                            env=env, start_new_session=True))
 
