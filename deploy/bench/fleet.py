@@ -32,6 +32,10 @@ job read from /proc for each kind of process around what is measured.
                           that found their job not claimable, from the
                           worker's debug lines), and the most messages the
                           queue held
+  fleet.py fanout BIN N   N jobs scheduled in batches of 1,000 for one instant
+                          20 s ahead (beyond a sweep period, so the sweeper
+                          publishes them): how long after that instant the
+                          first and the last settled
 
 BIN is a toolfleet release build. The servers are TOOLFLEET_TEST_DATABASE_URL
 and TOOLFLEET_TEST_AMQP_URL, else the local defaults; cleaning up needs psql
@@ -367,9 +371,32 @@ def backlog(fleet, n):
     return {"jobs": n, "duplicate_deliveries": duplicates, "most_messages_ready": most}
 
 
+def fanout(fleet, n):
+    port, wport = fleet.member()
+    conn = http.client.HTTPConnection("127.0.0.1", port)
+    due = time.time() + 20
+    at = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(due)) + ".000Z"
+    due = int(due)
+    batch = json.dumps({"calls": [{"tool": "probe_noop", "args": {}, "run_at": at} for _ in range(1000)]})
+    for _ in range(n // 1000):
+        request(conn, "POST", "/v1/calls", batch)
+    first = None
+    while True:
+        done = settled([wport])
+        now = time.time()
+        if done and first is None:
+            first = now
+        if done >= n:
+            break
+        if now - due > 300:
+            raise SystemExit(f"{done} of {n} settled in 300 s after their time")
+        time.sleep(0.05)
+    return {"jobs": n, "first_settled_after_s": round(first - due, 2), "last_settled_after_s": round(now - due, 2)}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("probe", choices=["drain", "bulk", "single", "latency", "fleet", "backlog"])
+    parser.add_argument("probe", choices=["drain", "bulk", "single", "latency", "fleet", "backlog", "fanout"])
     parser.add_argument("bin")
     parser.add_argument("n", type=int)
     parser.add_argument("--no-worker", action="store_true", help="bulk: accepted alone")
@@ -394,6 +421,8 @@ def main():
             result = latency(fleet, a.n, a.after)
         elif a.probe == "backlog":
             result = backlog(fleet, a.n)
+        elif a.probe == "fanout":
+            result = fanout(fleet, a.n)
         else:
             result = two_by_two(fleet, a.n)
     finally:

@@ -13,7 +13,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use toolfleet_broker::{Broker, Notices};
 use toolfleet_core::{JobState, Runtime, now_ms};
-use toolfleet_store::{JobRecord, Store};
+use toolfleet_store::{DueAfter, DueJobs, JobRecord, Store};
 
 use crate::runs::{recover_loops, resume_stale};
 use crate::tickets::{Deciding, sweep_tickets};
@@ -58,77 +58,121 @@ pub fn publish_queued(age: i64, period: i64, backlog: bool) -> bool {
     }
 }
 
+/// Due jobs of each kind one read of a pass asks the store for.
+const PAGE: u32 = 1000;
+
+/// Due jobs of each kind a periodic pass publishes at most: ten pages.
+const PERIODIC_MOST: u32 = 10 * PAGE;
+
 /// Publishes every job the store says should run now or within `ahead`:
 /// at start (the in-process queue is empty after a restart) and then
 /// periodically, for messages never confirmed, leases that expired, and
 /// scheduled jobs and retries that fall due before the next pass (published
-/// with the delay left, so they start on time). Given the sweep's `period`,
-/// a queued job is published again as [`publish_queued`] says, its pool's
-/// queue asked whether it holds messages ready when the answer matters (a
-/// queue that cannot say counts as empty); without one (the first sweep of
-/// an in-process fleet), every queued job. Duplicates are harmless either
-/// way. The publishes go at once, so a broker that groups publishes
-/// (RabbitMQ) carries them in a few messages; the first failure, if any, is
-/// answered once all have been tried.
+/// with the delay left, so they start on time). It reads them a page at a
+/// time, up to `most` of each kind (waiting, scheduled, expired), so a
+/// backlog longer than a page is published in one pass, not a page a pass.
+/// Given the sweep's `period`, a queued job is published again as
+/// [`publish_queued`] says, its pool's queue asked (once a pass) whether it
+/// holds messages ready when the answer matters (a queue that cannot say
+/// counts as empty); without one (the first sweep of an in-process fleet),
+/// every queued job. Duplicates are harmless either way. A page's publishes
+/// go at once, so a broker that groups publishes (RabbitMQ) carries them in
+/// a few messages; the first failure, if any, is answered once all of its
+/// page have been tried, and ends the pass.
 pub async fn sweep(
     store: &dyn Store,
     broker: &dyn Broker,
-    limit: u32,
+    most: u32,
     period: Option<Duration>,
     ahead: Duration,
 ) -> Result<usize, String> {
     let now = now_ms();
     let ahead_ms = i64::try_from(ahead.as_millis()).unwrap_or(i64::MAX);
     let period_ms = period.map(|p| i64::try_from(p.as_millis()).unwrap_or(i64::MAX));
-    let due = store
-        .due_jobs(now, now.saturating_add(ahead_ms), limit)
-        .await
-        .map_err(|e| e.to_string())?;
-    let age = |job: &JobRecord| now.saturating_sub(job.updated_at);
-    // The pools whose queue holds messages ready, asked at once and only for
-    // those with a queued job that only a backlog would hold back; a queue
-    // that does not answer within DEPTH_WAIT counts as empty.
-    let asked: HashSet<&str> = match period_ms {
-        Some(period) => due
-            .iter()
-            .filter(|job| job.state == JobState::Queued)
-            .filter(|job| {
-                publish_queued(age(job), period, false) && !publish_queued(age(job), period, true)
+    let limit = PAGE.min(most).max(1);
+    let mut after = DueAfter::default();
+    let mut backlogged: HashMap<String, bool> = HashMap::new();
+    let mut sent: HashSet<String> = HashSet::new();
+    for _ in 0..most.div_ceil(limit).max(1) {
+        let page = store
+            .due_jobs(DueJobs {
+                now,
+                due_by: now.saturating_add(ahead_ms),
+                after: &after,
+                limit,
             })
-            .map(|job| job.pool.as_str())
-            .collect(),
-        None => HashSet::new(),
-    };
-    let backlogged: HashMap<&str, bool> =
-        futures_util::future::join_all(asked.into_iter().map(|pool| async move {
-            let depth = tokio::time::timeout(DEPTH_WAIT, broker.depth(pool)).await;
-            (pool, matches!(depth, Ok(Ok(n)) if n > 0))
-        }))
-        .await
-        .into_iter()
-        .collect();
-    let stale = due.iter().filter(|job| match period_ms {
-        Some(period) if job.state == JobState::Queued => {
-            let backlog = backlogged.get(job.pool.as_str()).copied().unwrap_or(false);
-            publish_queued(age(job), period, backlog)
+            .await
+            .map_err(|e| e.to_string())?;
+        let due: Vec<&JobRecord> = page
+            .jobs
+            .iter()
+            .filter(|job| !sent.contains(&job.id))
+            .collect();
+        if let Some(period) = period_ms {
+            ask_backlogs(broker, &due, now, period, &mut backlogged).await;
         }
-        _ => true,
-    });
-    let sent = futures_util::future::join_all(stale.map(|job| {
-        // Due later than now only while waiting (a taken-over job's run_at
-        // is its old lease's end, already past).
-        let wait = u64::try_from(job.run_at.saturating_sub(now)).unwrap_or(0);
-        let delay = Duration::from_millis(wait);
-        broker.publish_after_traced(&job.pool, &job.id, delay, job.trace.as_ref())
+        let stale: Vec<&JobRecord> = due
+            .into_iter()
+            .filter(|job| match period_ms {
+                Some(period) if job.state == JobState::Queued => {
+                    let backlog = backlogged.get(&job.pool).copied().unwrap_or(false);
+                    publish_queued(now.saturating_sub(job.updated_at), period, backlog)
+                }
+                _ => true,
+            })
+            .collect();
+        let published = futures_util::future::join_all(stale.iter().map(|job| {
+            // Due later than now only while waiting (a taken-over job's
+            // run_at is its old lease's end, already past).
+            let wait = u64::try_from(job.run_at.saturating_sub(now)).unwrap_or(0);
+            let delay = Duration::from_millis(wait);
+            broker.publish_after_traced(&job.pool, &job.id, delay, job.trace.as_ref())
+        }))
+        .await;
+        let failed = published.iter().find_map(|sent| sent.as_ref().err());
+        for (job, _) in stale.iter().zip(&published).filter(|(_, p)| p.is_ok()) {
+            sent.insert(job.id.clone());
+        }
+        if let Some(error) = failed {
+            return Err(format!(
+                "{error} ({} of the due jobs were published)",
+                sent.len()
+            ));
+        }
+        match page.next {
+            Some(next) => after = next,
+            None => break,
+        }
+    }
+    Ok(sent.len())
+}
+
+/// Asks, at once, the queues of the pools of `due` not asked yet this pass
+/// whether they hold messages ready, only those with a queued job that only
+/// a backlog would hold back; a queue that does not answer within
+/// [`DEPTH_WAIT`] counts as empty.
+async fn ask_backlogs(
+    broker: &dyn Broker,
+    due: &[&JobRecord],
+    now: i64,
+    period: i64,
+    backlogged: &mut HashMap<String, bool>,
+) {
+    let asked: HashSet<&str> = due
+        .iter()
+        .filter(|job| job.state == JobState::Queued && !backlogged.contains_key(&job.pool))
+        .filter(|job| {
+            let age = now.saturating_sub(job.updated_at);
+            publish_queued(age, period, false) && !publish_queued(age, period, true)
+        })
+        .map(|job| job.pool.as_str())
+        .collect();
+    let answers = futures_util::future::join_all(asked.into_iter().map(|pool| async move {
+        let depth = tokio::time::timeout(DEPTH_WAIT, broker.depth(pool)).await;
+        (pool.to_owned(), matches!(depth, Ok(Ok(n)) if n > 0))
     }))
     .await;
-    let published = sent.iter().filter(|sent| sent.is_ok()).count();
-    match sent.into_iter().find_map(Result::err) {
-        Some(error) => Err(format!(
-            "{error} ({published} of the due jobs were published)"
-        )),
-        None => Ok(published),
-    }
+    backlogged.extend(answers);
 }
 
 /// What the sweeper of people's tickets and waiting runs works on.
@@ -203,7 +247,14 @@ pub async fn run_sweeper(
             _ = tokio::time::sleep(period) => {}
             _ = shutdown.changed() => return,
         }
-        let swept = sweep(store.as_ref(), broker.as_ref(), 1000, Some(period), period).await;
+        let swept = sweep(
+            store.as_ref(),
+            broker.as_ref(),
+            PERIODIC_MOST,
+            Some(period),
+            period,
+        )
+        .await;
         if let Err(error) = swept {
             tracing::warn!(%error, "sweep failed");
         }

@@ -308,11 +308,11 @@ mod tests {
     use toolfleet_broker::{BrokerError, Consumer};
     use toolfleet_core::{AuditRecord, JobState, TraceContext};
     use toolfleet_store::{
-        AnswerTicket, Answered, CancelJob, ClaimCommit, ClaimJob, ClaimNotice, CommitClaim, Fail,
-        Heartbeat, Inserted, JobPage, JobRecord, Lease, ListJobs, ListRuns, ListTickets, NewJob,
-        NewRun, NewTicket, Park, RunInserted, RunPage, RunRecord, SaveCheckpoint, SetProgress,
-        SettleCommit, SettleNotice, SettleTicket, StaleRuns, StoreError, Succeed, TicketPage,
-        TicketRecord, Unnotified, UpdateRun,
+        AnswerTicket, Answered, CancelJob, ClaimCommit, ClaimJob, ClaimNotice, CommitClaim,
+        DueJobs, DuePage, Fail, Heartbeat, Inserted, JobPage, JobRecord, Lease, ListJobs, ListRuns,
+        ListTickets, NewJob, NewRun, NewTicket, Park, RunInserted, RunPage, RunRecord,
+        SaveCheckpoint, SetProgress, SettleCommit, SettleNotice, SettleTicket, StaleRuns,
+        StoreError, Succeed, TicketPage, TicketRecord, Unnotified, UpdateRun,
     };
 
     /// A broker that never answers.
@@ -463,7 +463,7 @@ mod tests {
         async fn cancel(&self, _: CancelJob<'_>) -> Result<Option<JobRecord>, StoreError> {
             unreachable!()
         }
-        async fn due_jobs(&self, _: i64, _: i64, _: u32) -> Result<Vec<JobRecord>, StoreError> {
+        async fn due_jobs(&self, _: DueJobs<'_>) -> Result<DuePage, StoreError> {
             unreachable!()
         }
         async fn insert_ticket(&self, _: NewTicket) -> Result<TicketRecord, StoreError> {

@@ -77,6 +77,7 @@ macro_rules! store_conformance {
             queue_stats_count_a_tenants_jobs_by_pool_state_and_minute,
             the_job_list_takes_the_jobs_made_within_a_time_window,
             due_jobs_lists_what_should_run_oldest_first,
+            due_jobs_read_a_backlog_a_page_at_a_time,
             a_scheduled_job_waits_for_its_time,
             a_failed_or_cancelled_job_is_put_back_as_new,
             requeue_many_puts_back_what_its_filter_names,
@@ -853,7 +854,7 @@ pub async fn a_settled_job_is_never_claimed_again(store: &dyn Store) {
         assert_eq!(claim(store, &job.id, "w2", late).await, None, "{before:?}");
         assert_eq!(reread(store, job).await, before);
     }
-    let due = store.due_jobs(late, late, 1000).await.expect("due_jobs");
+    let due = first_due(store, late, late, 1000).await;
     assert!(due.iter().all(|j| j.tenant != t), "{due:?}");
 }
 
@@ -1454,7 +1455,7 @@ pub async fn a_scheduled_job_waits_for_its_time(store: &dyn Store) {
 
     let id = job.id.as_str();
     let due = |now: i64, due_by: i64| async move {
-        let due = store.due_jobs(now, due_by, 1000).await.expect("due_jobs");
+        let due = first_due(store, now, due_by, 1000).await;
         due.iter().any(|j| j.id == id)
     };
     assert!(!due(t0 + 1, t0 + 1).await, "not due yet");
@@ -1465,7 +1466,7 @@ pub async fn a_scheduled_job_waits_for_its_time(store: &dyn Store) {
     for _ in 0..3 {
         backlog.push(insert(store, job_for(&t, "ocr", json!({}), None, t0 - 1_000)).await);
     }
-    let few = store.due_jobs(t0 + 1, at, 2).await.expect("due_jobs");
+    let few = first_due(store, t0 + 1, at, 2).await;
     assert!(few.iter().any(|j| j.id == job.id), "{few:?}");
     assert!(due(at, at).await, "due at its time");
 
@@ -1759,7 +1760,7 @@ pub async fn due_jobs_lists_what_should_run_oldest_first(store: &dyn Store) {
     succeed(store, &lease(&done.id, "w1", 1), &result_doc(), t0 + 3).await;
     let not_yet = add(now + 1).await;
 
-    let due = store.due_jobs(now, now, 1000).await.expect("due_jobs");
+    let due = first_due(store, now, now, 1000).await;
     let mine: Vec<&str> = due
         .iter()
         .filter(|j| j.tenant == t)
@@ -1772,16 +1773,146 @@ pub async fn due_jobs_lists_what_should_run_oldest_first(store: &dyn Store) {
     ];
     assert_eq!(mine, expected);
     // At most the limit of each kind: one waiting, one expired.
-    assert_eq!(
-        store.due_jobs(now, now, 1).await.expect("due_jobs").len(),
-        2
-    );
+    assert_eq!(first_due(store, now, now, 1).await.len(), 2);
 
     for job in [queued_due, held, abandoned, waiting, retry_due, not_yet] {
         store
             .cancel(crate::CancelJob {
                 tenant: &t,
                 id: &job.id,
+                now,
+            })
+            .await
+            .expect("cancel");
+    }
+}
+
+/// The first page of [`Store::due_jobs`]: at most `limit` of each kind.
+async fn first_due(store: &dyn Store, now: i64, due_by: i64, limit: u32) -> Vec<JobRecord> {
+    let after = crate::DueAfter::default();
+    let due = crate::DueJobs {
+        now,
+        due_by,
+        after: &after,
+        limit,
+    };
+    store.due_jobs(due).await.expect("due_jobs").jobs
+}
+
+/// A backlog longer than a page is read whole, a page at a time: each kind
+/// in its own order (many jobs of one `run_at` by id), at most the limit of
+/// each kind a page, every due job named, none twice within its kind, and
+/// the last page says there is no next one.
+pub async fn due_jobs_read_a_backlog_a_page_at_a_time(store: &dyn Store) {
+    let t = tenant();
+    // Later than the times other tests read due jobs at before BASE (a
+    // store may be shared): none of these is due for them.
+    let t0 = BASE - 20 * 24 * 3_600_000;
+    // Past every lease taken at t0 or t0 + 1.
+    let now = t0 + LEASE + 10_000;
+    let mut waiting = Vec::new();
+    for at in [t0, t0, t0, t0, t0 + 1, t0, t0 + 1] {
+        waiting.push(insert(store, job_for(&t, "ocr", json!({}), None, at)).await);
+    }
+    let mut scheduled = Vec::new();
+    for _ in 0..3 {
+        let job = NewJob {
+            run_at: Some(t0 + 5_000),
+            ..job_for(&t, "ocr", json!({}), None, t0)
+        };
+        scheduled.push(insert(store, job).await);
+    }
+    let mut expired = Vec::new();
+    for at in [t0, t0 + 1, t0] {
+        let job = insert(store, job_for(&t, "ocr", json!({}), None, at)).await;
+        expired.push(claim(store, &job.id, "w1", at).await.expect("claimable"));
+    }
+    let not_yet = insert(store, job_for(&t, "ocr", json!({}), None, now + 1)).await;
+    // The order of each kind: by key, then id.
+    let by_key = |jobs: &mut Vec<JobRecord>, key: fn(&JobRecord) -> i64| {
+        jobs.sort_by(|a, b| (key(a), &a.id).cmp(&(key(b), &b.id)));
+        jobs.iter().map(|j| j.id.clone()).collect::<Vec<_>>()
+    };
+    let waiting = by_key(&mut waiting, |j| j.run_at);
+    let scheduled = by_key(&mut scheduled, |j| j.run_at);
+    let expired = by_key(&mut expired, |j| j.lease_until.unwrap_or_default());
+
+    let limit = 2;
+    let mut after = crate::DueAfter::default();
+    let (mut read, mut pages) = (Vec::new(), 0);
+    loop {
+        pages += 1;
+        assert!(pages <= 100_000, "the pages never end: {after:?}");
+        let due = crate::DueJobs {
+            now,
+            due_by: now,
+            after: &after,
+            limit,
+        };
+        let page = store.due_jobs(due).await.expect("due_jobs");
+        let mine: Vec<JobRecord> = page.jobs.into_iter().filter(|j| j.tenant == t).collect();
+        let ids: Vec<&str> = mine.iter().map(|j| j.id.as_str()).collect();
+        let mut sorted = ids.clone();
+        sorted.sort_unstable();
+        assert_eq!(ids, sorted, "a page is by id");
+        let count = |state: JobState| mine.iter().filter(|j| j.state == state).count();
+        assert!(count(JobState::Queued) <= limit as usize, "{ids:?}");
+        assert!(count(JobState::Running) <= limit as usize, "{ids:?}");
+        read.push(mine);
+        match page.next {
+            Some(next) => after = next,
+            None => break,
+        }
+    }
+    // Each kind in its order across the pages, whole: within a page by its
+    // key, then id.
+    let key = |j: &JobRecord| match j.state {
+        JobState::Running => (j.lease_until.unwrap_or_default(), j.id.clone()),
+        _ => (j.run_at, j.id.clone()),
+    };
+    let named = |kind: &[String]| -> Vec<String> {
+        let mut named = Vec::new();
+        for page in &read {
+            let mut here: Vec<&JobRecord> = page.iter().filter(|j| kind.contains(&j.id)).collect();
+            here.sort_by_key(|j| key(j));
+            named.extend(here.into_iter().map(|j| j.id.clone()));
+        }
+        named
+    };
+    assert_eq!(
+        named(&waiting),
+        waiting,
+        "the waiting, once each, by run_at and id"
+    );
+    assert_eq!(
+        named(&expired),
+        expired,
+        "the expired, once each, by lease and id"
+    );
+    // A scheduled job is due as waiting too: named by both kinds, at most.
+    let times = named(&scheduled);
+    for id in &scheduled {
+        let n = times.iter().filter(|named| *named == id).count();
+        assert!((1..=2).contains(&n), "scheduled {id} named {n} times");
+    }
+    assert!(
+        read.iter().flatten().all(|j| j.id != not_yet.id),
+        "not due yet"
+    );
+    assert!(
+        pages >= 4,
+        "seven waiting jobs take four pages of two: {pages}"
+    );
+
+    let mut jobs: Vec<String> = waiting;
+    jobs.extend(scheduled);
+    jobs.extend(expired);
+    jobs.push(not_yet.id);
+    for id in jobs {
+        store
+            .cancel(crate::CancelJob {
+                tenant: &t,
+                id: &id,
                 now,
             })
             .await
@@ -2922,10 +3053,7 @@ pub async fn the_trace_context_travels_with_the_job(store: &dyn Store) {
         .expect("list_jobs");
     assert_eq!(listed.jobs[0].trace.as_ref(), Some(&given));
     // The sweeper republishes what due_jobs names, context and all.
-    let due = store
-        .due_jobs(t0 + 1, t0 + 1, 1000)
-        .await
-        .expect("due_jobs");
+    let due = first_due(store, t0 + 1, t0 + 1, 1000).await;
     let found = due.iter().find(|j| j.id == job.id).expect("the job is due");
     assert_eq!(found.trace.as_ref(), Some(&given));
 

@@ -21,6 +21,7 @@ use toolfleet_core::tool::Lineage;
 use toolfleet_core::{AnsweredBy, AuditRecord, Envelope, JobState, Json, ToolError, TraceContext};
 
 pub mod conformance;
+mod due;
 mod grouped;
 pub mod metered;
 pub mod postgres;
@@ -29,6 +30,7 @@ pub mod runs;
 pub mod sqlite;
 mod view;
 
+pub use due::{DueAfter, DueFrom, DueJobs, DuePage};
 pub use runs::{
     Answerer, ListRuns, ListTickets, NewRun, RunFilter, RunInserted, RunPage, RunRecord, RunState,
     RunWait, SettleTicket, StaleRuns, TicketKind, TicketPage, TicketShown, UpdateRun, WaitFor,
@@ -1352,15 +1354,11 @@ pub trait Store: Send + Sync + 'static {
     /// and due by `due_by` (a time at or after `now`: the sweeper reads a
     /// period ahead, to publish what falls due before its next pass), or
     /// running with a lease expired at `now`; by id, at most `limit` of
-    /// each kind (waiting, scheduled, expired), taken from the earliest due
-    /// of each (so a long backlog is not read whole, and a backlog of
-    /// queued jobs does not hide the scheduled ones).
-    async fn due_jobs(
-        &self,
-        now: i64,
-        due_by: i64,
-        limit: u32,
-    ) -> Result<Vec<JobRecord>, StoreError>;
+    /// each kind (waiting, scheduled, expired), each kind read in its own
+    /// order from where `after` says (so a long backlog is read a page at a
+    /// time, never whole, and a backlog of queued jobs does not hide the
+    /// scheduled ones), with where the next page of each starts.
+    async fn due_jobs(&self, due: DueJobs<'_>) -> Result<DuePage, StoreError>;
     /// Counts of jobs by state, for metrics.
     async fn job_counts(&self) -> Result<Vec<(JobState, u64)>, StoreError>;
     /// `tenant`'s jobs by pool: those not settled by state (with the

@@ -17,9 +17,9 @@ use toolfleet_core::{AuditRecord, JobState, Metrics};
 
 use crate::{
     AdvanceSchedule, AnswerTicket, Answered, CancelJob, ClaimCommit, ClaimJob, ClaimNext,
-    ClaimNotice, CommitClaim, DeadLetter, Defer, Fail, HandleInfo, HandleOwner, HandleRecord,
-    Heartbeat, Inserted, JobPage, JobRecord, Lease, ListJobs, ListRuns, ListTickets, NewHandle,
-    NewJob, NewRun, NewTicket, Park, PoolRow, Prune, QueuedFrom, Requeue, RequeueMany,
+    ClaimNotice, CommitClaim, DeadLetter, Defer, DueJobs, DuePage, Fail, HandleInfo, HandleOwner,
+    HandleRecord, Heartbeat, Inserted, JobPage, JobRecord, Lease, ListJobs, ListRuns, ListTickets,
+    NewHandle, NewJob, NewRun, NewTicket, Park, PoolRow, Prune, QueuedFrom, Requeue, RequeueMany,
     RespondTicket, Responded, RunInserted, RunPage, RunRecord, SaveCheckpoint, ScheduleRecord,
     SetProgress, SettleCommit, SettleNotice, SettleTicket, SilentDispatcher, StaleRuns, Store,
     StoreError, Succeed, TakeToken, TicketPage, TicketRecord, Unnotified, UpdateRun,
@@ -67,7 +67,7 @@ impl Store, for MeteredStore, error StoreError {
     fn succeed(&self, done: Succeed<'_>) -> Option<JobRecord>;
     fn fail(&self, failed: Fail<'_>) -> Option<JobRecord>;
     fn cancel(&self, cancel: CancelJob<'_>) -> Option<JobRecord>;
-    fn due_jobs(&self, now: i64, due_by: i64, limit: u32) -> Vec<JobRecord>;
+    fn due_jobs(&self, due: DueJobs<'_>) -> DuePage;
     fn job_counts(&self) -> Vec<(JobState, u64)>;
     fn queue_stats(&self, tenant: &str, since: i64) -> Vec<PoolRow>;
     fn beat_dispatcher(&self, origin: &str, now: i64) -> ();

@@ -34,6 +34,7 @@ use crate::{
     SilentDispatcher, StaleRuns, Store, StoreError, Succeed, TicketKind, TicketPage, TicketRecord,
     TicketShown, Unnotified, UpdateRun,
 };
+use crate::{DueFrom, DueJobs, DuePage};
 use crate::{HandleInfo, HandleOwner, HandleRecord, NewHandle};
 
 mod embedded {
@@ -340,39 +341,52 @@ mod sql {
         )
     });
 
-    /// Two range scans, one per index, rather than an OR the planner may
-    /// turn into a walk of the whole table.
-    /// The earliest due of the waiting jobs and of the expired leases (at
-    /// most `?2` of each), oldest first, each read off an index in its
-    /// order. `jobs_waiting_due` and `jobs_lease` are partial: SQLite uses
-    /// one only for a WHERE that implies its predicate, so the states here
-    /// must stay as migrations 26 and 27 write them, by `sql_any` in the
-    /// same order (the plan test checks).
-    /// The lists are those of `claim` and `take_over`. Waiting jobs are
-    /// read up to `?3`, a time that may be ahead of now (`?1`); scheduled
-    /// ones have a part of their own, off `jobs_scheduled` (migration 17),
-    /// which a backlog of queued jobs cannot fill. At most `?2` of each
-    /// part; a job in two parts is named once.
-    pub(super) static DUE: Built = LazyLock::new(|| {
-        format!(
-            "
-        SELECT * FROM (SELECT * FROM jobs INDEXED BY jobs_waiting_due
-            WHERE {claimed} AND run_at <= ?3
-            ORDER BY run_at LIMIT ?2)
-        UNION
-        SELECT * FROM (SELECT * FROM jobs INDEXED BY jobs_scheduled
-            WHERE state = '{scheduled}' AND run_at <= ?3
-            ORDER BY run_at LIMIT ?2)
-        UNION
-        SELECT * FROM (SELECT * FROM jobs INDEXED BY jobs_lease
-            WHERE {taken} AND lease_until < ?1
-            ORDER BY lease_until LIMIT ?2)
-        ORDER BY id",
-            claimed = sql_any("state", Transition::Claim.from()),
-            scheduled = Transition::Schedule.to(),
-            taken = sql_any("state", Transition::TakeOver.from()),
+    /// The due jobs of one kind ([`crate::Store::due_jobs`]), each a range
+    /// scan of its own index in its order, rather than an OR the planner may
+    /// turn into a walk of the whole table: the earliest past the key `?1`
+    /// and id `?2` of the page before, at most `?4`, by key and then id, as
+    /// the indexes hold them (migration 28). The indexes are partial:
+    /// SQLite uses one only for a WHERE that implies its predicate, so the
+    /// states here must stay as migrations 26 and 27 write them, by
+    /// `sql_any` in the same order (the plan test checks). The lists are
+    /// those of `claim` and `take_over`. Waiting jobs are read up to `?3`,
+    /// a time that may be ahead of now; scheduled ones have an index of
+    /// their own (`jobs_scheduled`), which a backlog of queued jobs cannot
+    /// fill; expired leases ended before `?3`, now.
+    pub(super) static DUE_WAITING: Built = LazyLock::new(|| {
+        due_part(
+            "jobs_waiting_due",
+            &sql_any("state", Transition::Claim.from()),
+            "run_at",
+            "run_at <= ?3",
         )
     });
+
+    /// [`DUE_WAITING`]'s scheduled part.
+    pub(super) static DUE_SCHEDULED: Built = LazyLock::new(|| {
+        let scheduled = format!("state = '{}'", Transition::Schedule.to());
+        due_part("jobs_scheduled", &scheduled, "run_at", "run_at <= ?3")
+    });
+
+    /// [`DUE_WAITING`]'s expired part.
+    pub(super) static DUE_EXPIRED: Built = LazyLock::new(|| {
+        due_part(
+            "jobs_lease",
+            &sql_any("state", Transition::TakeOver.from()),
+            "lease_until",
+            "lease_until < ?3",
+        )
+    });
+
+    /// One part of the due jobs: off `index`, of the jobs `states` names,
+    /// by `key` past `?1` and id `?2`, within `bound`, at most `?4`.
+    fn due_part(index: &str, states: &str, key: &str, bound: &str) -> String {
+        format!(
+            "SELECT * FROM jobs INDEXED BY {index}
+            WHERE {states} AND {bound} AND ({key}, id) > (?1, ?2)
+            ORDER BY {key}, id LIMIT ?4"
+        )
+    }
 
     /// The settled states, as `jobs_callbacks` (migration 26) names them.
     pub(super) static UNNOTIFIED: Built = LazyLock::new(|| {
@@ -1996,17 +2010,23 @@ impl Store for SqliteStore {
         .await
     }
 
-    /// At most 1000 jobs per call, so one sweep stays bounded.
-    async fn due_jobs(
-        &self,
-        now: i64,
-        due_by: i64,
-        limit: u32,
-    ) -> Result<Vec<JobRecord>, StoreError> {
-        let limit = limit.min(MAX_BATCH);
-        let due_by = due_by.max(now);
-        self.call(move |c| query_all(c, &sql::DUE, params![now, limit, due_by], job_from_row))
-            .await
+    /// At most 1000 jobs of each kind per call, so one read stays bounded.
+    async fn due_jobs(&self, due: DueJobs<'_>) -> Result<DuePage, StoreError> {
+        let (now, limit, after) = (due.now, due.limit.min(MAX_BATCH), due.after.clone());
+        let due_by = due.due_by.max(now);
+        self.call(move |c| {
+            let part = |sql: &str, from: &DueFrom, bound: i64| match from.key() {
+                Some((at, id)) => query_all(c, sql, params![at, id, bound, limit], job_from_row),
+                None => Ok(Vec::new()),
+            };
+            Ok(DuePage::of(
+                part(&sql::DUE_WAITING, &after.waiting, due_by)?,
+                part(&sql::DUE_SCHEDULED, &after.scheduled, due_by)?,
+                part(&sql::DUE_EXPIRED, &after.expired, now)?,
+                limit,
+            ))
+        })
+        .await
     }
 
     async fn job_counts(&self) -> Result<Vec<(JobState, u64)>, StoreError> {
@@ -2683,19 +2703,24 @@ mod tests {
         assert!(text.contains("USING COVERING INDEX jobs_due"), "{text}");
     }
 
-    /// due_jobs reads each half off an index in its order: the waiting
-    /// backlog and the expired leases are never sorted whole; only the at
-    /// most `limit` jobs each half gives are, by id.
+    /// due_jobs reads each kind off its index in its order, from the page's
+    /// key and id on: nothing is sorted, however many jobs share a time.
     #[tokio::test]
-    async fn due_jobs_read_each_half_in_index_order() {
+    async fn due_jobs_read_each_kind_in_index_order() {
         let store = SqliteStore::open_in_memory().await.expect("a store");
-        let steps = plan(&store, &sql::DUE).await;
-        let text = steps.join("\n");
-        assert!(text.contains("USING INDEX jobs_waiting_due"), "{text}");
-        assert!(text.contains("USING INDEX jobs_lease"), "{text}");
-        for pair in steps.windows(2) {
+        for (statement, index) in [
+            (&sql::DUE_WAITING, "jobs_waiting_due"),
+            (&sql::DUE_SCHEDULED, "jobs_scheduled"),
+            (&sql::DUE_EXPIRED, "jobs_lease"),
+        ] {
+            let text = plan(&store, statement).await.join("\n");
+            assert!(text.contains(&format!("USING INDEX {index} (")), "{text}");
             assert!(
-                !(pair[0].contains(" jobs ") && pair[1].contains("TEMP B-TREE")),
+                text.contains("(run_at,id)>(?,?)") || text.contains("(lease_until,id)>(?,?)"),
+                "a range from the page's key and id: {text}"
+            );
+            assert!(
+                !text.contains("TEMP B-TREE"),
                 "a read of jobs is sorted:\n{text}"
             );
         }

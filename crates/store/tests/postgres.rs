@@ -765,10 +765,14 @@ async fn due_jobs_read_the_earliest_of_a_backlog_not_all_of_it() {
         first.get_or_insert_with(|| new.id.clone());
         store.insert_job(new).await.expect("insert");
     }
-    let due = store
-        .due_jobs(i64::MAX, i64::MAX, 10)
-        .await
-        .expect("due jobs");
+    let after = toolfleet_store::DueAfter::default();
+    let due = toolfleet_store::DueJobs {
+        now: i64::MAX,
+        due_by: i64::MAX,
+        after: &after,
+        limit: 10,
+    };
+    let due = store.due_jobs(due).await.expect("due jobs").jobs;
     assert_eq!(due.len(), 10);
     assert_eq!(due.first().map(|j| j.id.clone()), first, "oldest first");
     store.close();

@@ -1192,6 +1192,41 @@ async fn the_sweeper_publishes_a_job_behind_a_backlog_again_ever_less_often() {
     );
 }
 
+/// A restarted in-process fleet's first sweep publishes every due job of a
+/// backlog longer than the store's page (1,000 of each kind a read), read a
+/// page at a time, each once; a later pass publishes what is due again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sweep_publishes_a_backlog_longer_than_a_page_in_one_pass() {
+    let rig = Rig::new(vec![], worker_config(Duration::from_secs(5), 1)).await;
+    // Many of one millisecond, as a batch of calls makes them.
+    let queued = now_ms() - 1_000;
+    let mut ids = Vec::new();
+    for n in 0..2_500 {
+        let at = queued + n / 1_000;
+        ids.push(rig.insert_at("nothing", 1, 5_000, None, at).await);
+    }
+    let swept = sweep(
+        rig.store.as_ref(),
+        &rig.broker,
+        100_000,
+        None,
+        Duration::ZERO,
+    )
+    .await;
+    assert_eq!(swept, Ok(2_500));
+    assert_eq!(rig.broker.depth(POOL).await, Ok(2_500));
+    let mut queue = rig.broker.consume(POOL, 2_500).await.unwrap();
+    let mut held = Vec::new();
+    ids.sort();
+    assert_eq!(take_held(queue.as_mut(), 2_500, &mut held).await, ids);
+    assert_eq!(rig.broker.depth(POOL).await, Ok(0), "each once");
+    // At most a page of each kind when asked for no more.
+    drop(held);
+    drop(queue);
+    let swept = sweep(rig.store.as_ref(), &rig.broker, 1_000, None, Duration::ZERO).await;
+    assert_eq!(swept, Ok(1_000));
+}
+
 /// A pass asks a pool's queue for its depth once, however many of its
 /// queued jobs the answer decides, and a queue that cannot answer counts
 /// as empty: every job that waited a period is published, as before.

@@ -366,41 +366,49 @@ pub(super) static REQUEUE_MANY: Built = LazyLock::new(|| {
     )
 });
 
-/// Two range scans, one per partial index, rather than an OR the planner
-/// may turn into a walk of the whole table.
-/// The earliest due of the waiting jobs (by `$3`, a time that may be
-/// ahead of now, `$1`) and of the expired leases (at most `$2` of each,
-/// read in the order of `jobs_due` and `jobs_lease`, so a backlog is not
-/// read whole), oldest first.
-/// The lists are those of `claim` and `take_over`, as the partial
-/// indexes (migrations 1 and 12) name them. Scheduled jobs have a part of
-/// their own, off `jobs_scheduled` (migration 16): in `jobs_due` a backlog
-/// of queued jobs sorts before them and would fill the limit. At most
-/// `$2` of each part; a job in two parts is named once.
-pub(super) static DUE: Built = LazyLock::new(|| {
+/// The due jobs of one kind ([`crate::Store::due_jobs`]), each a range
+/// scan of its own partial index in its order, rather than an OR the
+/// planner may turn into a walk of the whole table: the earliest past the
+/// key `$1` and id `$2` of the page before, at most `$4`, by key and then
+/// id, as the indexes hold them (migration 26). The lists are those of
+/// `claim` and `take_over`, as the partial indexes (migrations 12 and 26)
+/// name them. Waiting jobs are read up to `$3`, a
+/// time that may be ahead of now; scheduled ones have an index of their
+/// own (`jobs_scheduled`, migration 16): in `jobs_due` a backlog of queued
+/// jobs sorts before them and would fill the limit; expired leases ended
+/// before `$3`, now.
+pub(super) static DUE_WAITING: Built = LazyLock::new(|| {
+    let waiting = format!("state IN {}", sql_list(Transition::Claim.from()));
+    due_part(&waiting, "run_at", "run_at <= $3")
+});
+
+/// [`DUE_WAITING`]'s scheduled part.
+pub(super) static DUE_SCHEDULED: Built = LazyLock::new(|| {
+    let scheduled = format!("state = '{}'", Transition::Schedule.to());
+    due_part(&scheduled, "run_at", "run_at <= $3")
+});
+
+/// [`DUE_WAITING`]'s expired part.
+pub(super) static DUE_EXPIRED: Built = LazyLock::new(|| {
+    let taken = format!("state IN {}", sql_list(Transition::TakeOver.from()));
+    due_part(&taken, "lease_until", "lease_until < $3")
+});
+
+/// One part of the due jobs: of the jobs `states` names, by `key` past `$1`
+/// and id `$2`, within `bound`, at most `$4`.
+fn due_part(states: &str, key: &str, bound: &str) -> String {
     format!(
         concat!(
-            "SELECT * FROM (SELECT ",
+            "SELECT ",
             job_columns!(),
-            " FROM jobs WHERE state IN {claimed} AND run_at <= $3
-            ORDER BY run_at LIMIT $2) waiting
-        UNION
-        SELECT * FROM (SELECT ",
-            job_columns!(),
-            " FROM jobs WHERE state = '{scheduled}' AND run_at <= $3
-            ORDER BY run_at LIMIT $2) scheduled
-        UNION
-        SELECT * FROM (SELECT ",
-            job_columns!(),
-            " FROM jobs WHERE state IN {taken} AND lease_until < $1
-            ORDER BY lease_until LIMIT $2) expired
-        ORDER BY id"
+            " FROM jobs WHERE {states} AND {bound} AND ({key}, id) > ($1, $2)
+            ORDER BY {key}, id LIMIT $4"
         ),
-        claimed = sql_list(Transition::Claim.from()),
-        scheduled = Transition::Schedule.to(),
-        taken = sql_list(Transition::TakeOver.from()),
+        states = states,
+        bound = bound,
+        key = key,
     )
-});
+}
 
 /// Jobs by their owner rows (migration 25), newest first: `USING` merges
 /// the id, tenant and user of both, so the columns read as `jobs`' own,

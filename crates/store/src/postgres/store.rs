@@ -28,6 +28,7 @@ use crate::{
     SilentDispatcher, StaleRuns, Store, StoreError, Succeed, TicketKind, TicketPage, TicketRecord,
     TicketShown, Unnotified, UpdateRun,
 };
+use crate::{DueFrom, DueJobs, DuePage};
 use crate::{HandleInfo, HandleOwner, HandleRecord, NewHandle};
 
 /// Bound of one answer of [`Store::due_jobs`] and [`Store::audit`].
@@ -730,17 +731,24 @@ impl Store for PgStore {
         query_all(&c, &statements::REQUEUE_MANY, params, job_from_row).await
     }
 
-    /// At most 1000 jobs per call, so one sweep stays bounded.
-    async fn due_jobs(
-        &self,
-        now: i64,
-        due_by: i64,
-        limit: u32,
-    ) -> Result<Vec<JobRecord>, StoreError> {
-        let limit = i64::from(limit.min(MAX_BATCH));
-        let due_by = due_by.max(now);
+    /// At most 1000 jobs of each kind per call, so one read stays bounded.
+    async fn due_jobs(&self, due: DueJobs<'_>) -> Result<DuePage, StoreError> {
+        let limit = due.limit.min(MAX_BATCH);
+        let due_by = due.due_by.max(due.now);
         let c = self.client().await?;
-        query_all(&c, &statements::DUE, &[&now, &limit, &due_by], job_from_row).await
+        let part = async |sql: &str, from: &DueFrom, bound: i64| match from.key() {
+            Some((at, id)) => {
+                let params: [&(dyn ToSql + Sync); 4] = [&at, &id, &bound, &i64::from(limit)];
+                query_all(&c, sql, &params, job_from_row).await
+            }
+            None => Ok(Vec::new()),
+        };
+        Ok(DuePage::of(
+            part(&statements::DUE_WAITING, &due.after.waiting, due_by).await?,
+            part(&statements::DUE_SCHEDULED, &due.after.scheduled, due_by).await?,
+            part(&statements::DUE_EXPIRED, &due.after.expired, due.now).await?,
+            limit,
+        ))
     }
 
     async fn beat_dispatcher(&self, origin: &str, now: i64) -> Result<(), StoreError> {
