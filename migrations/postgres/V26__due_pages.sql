@@ -4,6 +4,9 @@
 -- ($1, $2) ORDER BY run_at, id"), however many jobs share one time (a
 -- schedule's fan-out, a batch accepted within a millisecond): with the
 -- time alone, every page read and sorted every job of its first time.
+--
+-- Applied by `toolfleet migrate`. Each new index is built before the old
+-- one is dropped; building it holds writes to `jobs` until it is done.
 
 CREATE INDEX jobs_due_paged ON jobs (run_at, id)
     WHERE state IN ('queued', 'scheduled', 'retrying');

@@ -69,12 +69,14 @@ const PERIODIC_MOST: u32 = 10 * PAGE;
 /// periodically, for messages never confirmed, leases that expired, and
 /// scheduled jobs and retries that fall due before the next pass (published
 /// with the delay left, so they start on time). It reads them a page at a
-/// time, up to `most` of each kind (waiting, scheduled, expired), so a
-/// backlog longer than a page is published in one pass, not a page a pass.
+/// time, up to `most` of each kind (waiting, scheduled, expired; rounded up
+/// to a whole page), so a backlog longer than a page is published in one
+/// pass, not a page a pass.
 /// Given the sweep's `period`, a queued job is published again as
 /// [`publish_queued`] says, its pool's queue asked (once a pass) whether it
 /// holds messages ready when the answer matters (a queue that cannot say
-/// counts as empty); without one (the first sweep of an in-process fleet),
+/// counts as empty, and so does one this pass published to before it was
+/// asked: what it holds may be the pass's own); without one (the first sweep of an in-process fleet),
 /// every queued job. Duplicates are harmless either way. A page's publishes
 /// go at once, so a broker that groups publishes (RabbitMQ) carries them in
 /// a few messages; the first failure, if any, is answered once all of its
@@ -132,6 +134,8 @@ pub async fn sweep(
         let failed = published.iter().find_map(|sent| sent.as_ref().err());
         for (job, _) in stale.iter().zip(&published).filter(|(_, p)| p.is_ok()) {
             sent.insert(job.id.clone());
+            // What its queue holds now may be this pass's own: not asked.
+            backlogged.entry(job.pool.clone()).or_insert(false);
         }
         if let Some(error) = failed {
             return Err(format!(
@@ -148,9 +152,9 @@ pub async fn sweep(
 }
 
 /// Asks, at once, the queues of the pools of `due` not asked yet this pass
-/// whether they hold messages ready, only those with a queued job that only
-/// a backlog would hold back; a queue that does not answer within
-/// [`DEPTH_WAIT`] counts as empty.
+/// (nor published to) whether they hold messages ready, only those with a
+/// queued job that only a backlog would hold back; a queue that does not
+/// answer within [`DEPTH_WAIT`] counts as empty.
 async fn ask_backlogs(
     broker: &dyn Broker,
     due: &[&JobRecord],

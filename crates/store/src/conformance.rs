@@ -1814,6 +1814,7 @@ pub async fn due_jobs_read_a_backlog_a_page_at_a_time(store: &dyn Store) {
     for at in [t0, t0, t0, t0, t0 + 1, t0, t0 + 1] {
         waiting.push(insert(store, job_for(&t, "ocr", json!({}), None, at)).await);
     }
+    // Later than every waiting job: the waiting kind reaches them last.
     let mut scheduled = Vec::new();
     for _ in 0..3 {
         let job = NewJob {
@@ -1823,7 +1824,7 @@ pub async fn due_jobs_read_a_backlog_a_page_at_a_time(store: &dyn Store) {
         scheduled.push(insert(store, job).await);
     }
     let mut expired = Vec::new();
-    for at in [t0, t0 + 1, t0] {
+    for at in [t0, t0, t0] {
         let job = insert(store, job_for(&t, "ocr", json!({}), None, at)).await;
         expired.push(claim(store, &job.id, "w1", at).await.expect("claimable"));
     }
@@ -1889,6 +1890,19 @@ pub async fn due_jobs_read_a_backlog_a_page_at_a_time(store: &dyn Store) {
         expired,
         "the expired, once each, by lease and id"
     );
+    // The scheduled kind, read on its own from the first page, is not
+    // hidden behind the waiting backlog: its first two pages name all three.
+    let first: Vec<String> = read
+        .iter()
+        .take(2)
+        .flat_map(|page| {
+            let mut here: Vec<&JobRecord> =
+                page.iter().filter(|j| scheduled.contains(&j.id)).collect();
+            here.sort_by_key(|j| key(j));
+            here.into_iter().map(|j| j.id.clone()).collect::<Vec<_>>()
+        })
+        .collect();
+    assert_eq!(first, scheduled, "the scheduled, by run_at and id");
     // A scheduled job is due as waiting too: named by both kinds, at most.
     let times = named(&scheduled);
     for id in &scheduled {

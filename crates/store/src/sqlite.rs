@@ -347,7 +347,7 @@ mod sql {
     /// and id `?2` of the page before, at most `?4`, by key and then id, as
     /// the indexes hold them (migration 28). The indexes are partial:
     /// SQLite uses one only for a WHERE that implies its predicate, so the
-    /// states here must stay as migrations 26 and 27 write them, by
+    /// states here must stay as migrations 26 to 28 write them, by
     /// `sql_any` in the same order (the plan test checks). The lists are
     /// those of `claim` and `take_over`. Waiting jobs are read up to `?3`,
     /// a time that may be ahead of now; scheduled ones have an index of

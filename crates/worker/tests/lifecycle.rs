@@ -1198,12 +1198,12 @@ async fn the_sweeper_publishes_a_job_behind_a_backlog_again_ever_less_often() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sweep_publishes_a_backlog_longer_than_a_page_in_one_pass() {
     let rig = Rig::new(vec![], worker_config(Duration::from_secs(5), 1)).await;
-    // Many of one millisecond, as a batch of calls makes them.
+    // All of one millisecond, as a schedule's fan-out makes them: a page
+    // starts past the last job read by its id.
     let queued = now_ms() - 1_000;
     let mut ids = Vec::new();
-    for n in 0..2_500 {
-        let at = queued + n / 1_000;
-        ids.push(rig.insert_at("nothing", 1, 5_000, None, at).await);
+    for _ in 0..2_500 {
+        ids.push(rig.insert_at("nothing", 1, 5_000, None, queued).await);
     }
     let swept = sweep(
         rig.store.as_ref(),
@@ -1225,6 +1225,37 @@ async fn a_sweep_publishes_a_backlog_longer_than_a_page_in_one_pass() {
     drop(queue);
     let swept = sweep(rig.store.as_ref(), &rig.broker, 1_000, None, Duration::ZERO).await;
     assert_eq!(swept, Ok(1_000));
+}
+
+/// A pool whose queued jobs span more than a page is asked for its depth
+/// before the pass publishes to it, or not at all: a later page does not
+/// take the pass's own publishes for a backlog and hold back jobs whose
+/// message was lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_later_page_does_not_take_the_pass_own_publishes_for_a_backlog() {
+    let rig = Rig::new(vec![], worker_config(Duration::from_secs(5), 1)).await;
+    let period = Duration::from_secs(10);
+    let now = now_ms();
+    // A page of jobs sixteen periods old (published whatever the queue
+    // holds), then five three periods old (published only while it holds
+    // nothing ready). The queue holds nothing.
+    for _ in 0..1_000 {
+        rig.insert_at("nothing", 1, 5_000, None, now - 162_000)
+            .await;
+    }
+    for _ in 0..5 {
+        rig.insert_at("nothing", 1, 5_000, None, now - 32_000).await;
+    }
+    let swept = sweep(
+        rig.store.as_ref(),
+        &rig.broker,
+        10_000,
+        Some(period),
+        period,
+    )
+    .await;
+    assert_eq!(swept, Ok(1_005));
+    assert_eq!(rig.broker.depth(POOL).await, Ok(1_005));
 }
 
 /// A pass asks a pool's queue for its depth once, however many of its
