@@ -122,3 +122,54 @@ async fn a_killed_server_loses_no_job() {
         assert_eq!(job["result"]["done"], true);
     }
 }
+
+/// A server started again with more due jobs than one read of the store
+/// gives (1,000 of each kind) puts them all back in its queue at once, not
+/// a thousand a sweep period: its first sweep reads the store a page at a
+/// time, and says how many it put back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_server_requeues_a_backlog_longer_than_a_page_at_once() {
+    let dir = TempDir::new("restart-backlog");
+    let noop = "[[tools]]\nname = \"noop_job\"\ndescription = \"Does nothing, as a job.\"\nshape = \"job\"\ninput_schema = { type = \"object\" }\nexecutor = { kind = \"builtin\", name = \"toolfleet.noop\" }\n";
+    let text = config_with(&dir.0, "", noop);
+    let mut server = Server::start(&dir.0, &text);
+    let client = server.client(TOKEN);
+    // Due within the first sweep's reach (a sweep period ahead), not before
+    // the server stops.
+    let call = json!({"tool": "noop_job", "args": {}, "delay_s": 4});
+    let batch = json!({ "calls": vec![call; 1_000] });
+    let mut ids = BTreeSet::new();
+    for _ in 0..3 {
+        let answered = client.post("/v1/calls", batch.clone()).await;
+        for envelope in answered["results"].as_array().expect("results") {
+            assert_eq!(envelope["status"], "running", "{envelope}");
+            ids.insert(envelope["job_id"].as_str().unwrap().to_owned());
+        }
+    }
+    assert_eq!(ids.len(), 3_000);
+    server.kill();
+
+    let config = server.config.clone();
+    let server = Server::start_role_env(
+        &config,
+        "serve",
+        "toolfleet serving on ",
+        &[("TOOLFLEET_LOG", "warn,toolfleet=info")],
+    );
+    let requeued = server
+        .startup
+        .iter()
+        .find(|line| line.contains("requeued jobs left from the last run"))
+        .unwrap_or_else(|| panic!("no requeue said: {:?}", server.startup));
+    assert!(requeued.contains("jobs=3000"), "{requeued}");
+    let client = server.client(TOKEN);
+    let after = eventually(Duration::from_secs(60), || {
+        let client = client.clone();
+        async move {
+            let s = states(&client).await;
+            (s.len() == 3_000 && s.values().all(|v| v == "succeeded")).then_some(s)
+        }
+    })
+    .await;
+    assert_eq!(after.keys().cloned().collect::<BTreeSet<_>>(), ids);
+}
