@@ -76,8 +76,9 @@ const PERIODIC_MOST: u32 = 10 * PAGE;
 /// [`publish_queued`] says, its pool's queue asked (once a pass) whether it
 /// holds messages ready when the answer matters (a queue that cannot say
 /// counts as empty, and so does one this pass published to before it was
-/// asked: what it holds may be the pass's own); without one (the first sweep of an in-process fleet),
-/// every queued job. Duplicates are harmless either way. A page's publishes
+/// asked: what it holds may be the pass's own); without one (the first
+/// sweep of an in-process fleet), every queued job. Duplicates are
+/// harmless either way. A page's publishes
 /// go at once, so a broker that groups publishes (RabbitMQ) carries them in
 /// a few messages; the first failure, if any, is answered once all of its
 /// page have been tried, and ends the pass.
@@ -90,6 +91,7 @@ pub async fn sweep(
 ) -> Result<usize, String> {
     let now = now_ms();
     let ahead_ms = i64::try_from(ahead.as_millis()).unwrap_or(i64::MAX);
+    let due_by = now.saturating_add(ahead_ms);
     let period_ms = period.map(|p| i64::try_from(p.as_millis()).unwrap_or(i64::MAX));
     let limit = PAGE.min(most).max(1);
     let mut after = DueAfter::default();
@@ -99,7 +101,7 @@ pub async fn sweep(
         let page = store
             .due_jobs(DueJobs {
                 now,
-                due_by: now.saturating_add(ahead_ms),
+                due_by,
                 after: &after,
                 limit,
             })

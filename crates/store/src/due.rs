@@ -101,11 +101,6 @@ impl DuePage {
             scheduled: DueFrom::next(&scheduled, limit, run_at),
             expired: DueFrom::next(&expired, limit, lease),
         };
-        let done = DueAfter {
-            waiting: DueFrom::Done,
-            scheduled: DueFrom::Done,
-            expired: DueFrom::Done,
-        };
         let mut seen = HashSet::new();
         let mut jobs: Vec<JobRecord> = [waiting, scheduled, expired]
             .into_iter()
@@ -113,9 +108,11 @@ impl DuePage {
             .filter(|job| seen.insert(job.id.clone()))
             .collect();
         jobs.sort_by(|a, b| a.id.cmp(&b.id));
+        let kinds = [&after.waiting, &after.scheduled, &after.expired];
+        let more = kinds.iter().any(|from| **from != DueFrom::Done);
         DuePage {
             jobs,
-            next: (after != done).then_some(after),
+            next: more.then_some(after),
         }
     }
 }

@@ -372,11 +372,11 @@ pub(super) static REQUEUE_MANY: Built = LazyLock::new(|| {
 /// key `$1` and id `$2` of the page before, at most `$4`, by key and then
 /// id, as the indexes hold them (migration 26). The lists are those of
 /// `claim` and `take_over`, as the partial indexes (migrations 12 and 26)
-/// name them. Waiting jobs are read up to `$3`, a
-/// time that may be ahead of now; scheduled ones have an index of their
-/// own (`jobs_scheduled`, migration 16): in `jobs_due` a backlog of queued
-/// jobs sorts before them and would fill the limit; expired leases ended
-/// before `$3`, now.
+/// name them. Waiting jobs are read up to `$3`, a time that may be ahead
+/// of now; scheduled ones have an index of their own (`jobs_scheduled`,
+/// migrations 16 and 26): in `jobs_due` a backlog of queued jobs sorts
+/// before them and would fill the limit; expired leases ended before `$3`,
+/// now.
 pub(super) static DUE_WAITING: Built = LazyLock::new(|| {
     let waiting = format!("state IN {}", sql_list(Transition::Claim.from()));
     due_part(&waiting, "run_at", "run_at <= $3")
